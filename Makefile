@@ -1,0 +1,41 @@
+# The two commands a new user runs: `make demo` and `make test`. Both set up .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SAMPLES ?= samples
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: setup demo test test-fast bench lint samples clean
+
+setup: $(STAMP)
+
+# Reinstall only when the dependency list changes. pip (not uv) takes the CPU torch wheel on disk.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+samples: $(STAMP)
+	$(BIN)/bertpipe samples fetch $(SAMPLES)
+
+demo: $(STAMP) samples
+	$(BIN)/python -m flows.demo --samples $(SAMPLES)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m "not slow"
+
+bench: $(STAMP) samples
+	$(BIN)/python -m benchmarks.run_all --samples $(SAMPLES)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf bertpipe-data .pytest_cache

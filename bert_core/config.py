@@ -1,0 +1,453 @@
+"""One typed config for the whole pipeline.
+
+Every stage reads its settings from one of these pydantic models; everything else (Beam
+``PipelineOptions``, the DeepSpeed config dict, the ``deepspeed`` launcher argv, Prefect flow
+parameters) is rendered from them. Presets are YAML files in ``bert_core/presets/`` with the
+shape of :class:`PipelineConfig`.
+
+    bertpipe config show --preset demo --set instances.dupe_factor=2
+
+Field names follow the BERT paper and google-research/bert (``masked_lm_prob``,
+``max_predictions_per_seq``, ``short_seq_prob``, ``dupe_factor``, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Model(BaseModel):
+    # Unknown keys are typos; refuse them so a misspelt setting never silently does nothing.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. The message names the field and what to do."""
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+class CorpusConfig(_Model):
+    """Stage 1: raw Wikipedia dumps and book folders -> document-level sentences."""
+
+    wikipedia: list[str] = Field(
+        default_factory=list,
+        description="Globs/URIs of Wikipedia XML dumps (.xml, .xml.bz2, multistream .xml.bz2).",
+    )
+    books: list[str] = Field(
+        default_factory=list, description="Globs/URIs of book files (.txt, .txt.gz), one book each."
+    )
+    min_sentences_per_doc: int = Field(
+        2, ge=1, description="Documents with fewer sentences are rejected (too_few_sentences)."
+    )
+    min_chars_per_doc: int = Field(
+        200, ge=0, description="Documents with fewer characters of text are rejected (too_short)."
+    )
+    min_chars_per_sentence: int = Field(
+        2, ge=1, description="Shorter sentences are removed from a document (not a reject)."
+    )
+    dedup_exact: bool = Field(True, description="Reject exact duplicates (hash of normalized text).")
+    dedup_near: bool = Field(True, description="Reject near-duplicate documents with MinHash.")
+    near_dup_threshold: float = Field(
+        0.8, gt=0, le=1, description="Estimated Jaccard similarity of 5-gram shingles above "
+        "which a document is a near duplicate of an earlier one."
+    )
+    minhash_num_perm: int = Field(128, ge=16, description="MinHash permutations (bands x rows).")
+    num_shards: int = Field(0, ge=0, description="Output document shards; 0 = automatic.")
+    text_format: Literal["none", "google"] = Field(
+        "none", description="'google' also writes one sentence per line, blank line between "
+        "documents (google-research/bert's input format)."
+    )
+
+
+# --------------------------------------------------------------------------- vocab
+
+
+class VocabConfig(_Model):
+    """Stage 2: a WordPiece vocab trained with HF tokenizers (or an existing vocab.txt)."""
+
+    vocab_file: str | None = Field(
+        None, description="Use this existing vocab.txt instead of training one (only validated)."
+    )
+    vocab_size: int = Field(30522, ge=128, description="Size of the trained vocab, specials included.")
+    lowercase: bool = Field(True, description="Uncased model: lowercase before tokenizing.")
+    strip_accents: bool | None = Field(
+        None, description="Strip accents; None follows `lowercase` (as BERT does)."
+    )
+    min_frequency: int = Field(2, ge=1, description="A merge must occur this often to be learnt.")
+    limit_alphabet: int = Field(1000, ge=1, description="Most frequent characters kept as the alphabet.")
+    num_unused: int = Field(
+        100, ge=0, description="[unusedN] slots reserved after [PAD] for later task tokens."
+    )
+    max_input_chars_per_word: int = Field(
+        200, ge=1, description="Longer words become [UNK]. Google uses 200, transformers 100."
+    )
+
+    @property
+    def do_strip_accents(self) -> bool:
+        return self.lowercase if self.strip_accents is None else self.strip_accents
+
+
+# --------------------------------------------------------------------------- instances
+
+
+class SequenceSpec(_Model):
+    """One output length of the instance stage (phase 1 uses 128, phase 2 uses 512)."""
+
+    max_seq_length: int = Field(128, ge=8, le=8192, description="Tokens per instance, incl. specials.")
+    max_predictions_per_seq: int = Field(
+        20, ge=1, description="Most masked positions per instance (paper: 20 at 128, 80 at 512)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SequenceSpec:
+        if self.max_predictions_per_seq > self.max_seq_length - 3:
+            raise ValueError(
+                f"max_predictions_per_seq={self.max_predictions_per_seq} cannot exceed "
+                f"max_seq_length - 3 = {self.max_seq_length - 3} (the tokens that can be masked); "
+                "lower max_predictions_per_seq or raise max_seq_length"
+            )
+        return self
+
+
+class InstanceConfig(_Model):
+    """Stage 3: masked-LM + next-sentence instances (create_pretraining_data.py's algorithm)."""
+
+    lengths: list[SequenceSpec] = Field(
+        default_factory=lambda: [SequenceSpec()],
+        description="One instance set per entry, written to seq{max_seq_length}/.",
+    )
+    masked_lm_prob: float = Field(0.15, gt=0, lt=1, description="Share of tokens to predict.")
+    short_seq_prob: float = Field(
+        0.1, ge=0, le=1, description="Probability of a shorter random target length per document."
+    )
+    dupe_factor: int = Field(10, ge=1, description="Passes over the corpus with different masks.")
+    whole_word_mask: bool = Field(False, description="Mask all word pieces of a word together.")
+    next_sentence_prediction: bool = Field(
+        True, description="False: packed segments without B and without NSP labels (RoBERTa)."
+    )
+    masking: Literal["static", "dynamic"] = Field(
+        "static", description="'dynamic' stores unmasked sequences; the loader masks each epoch."
+    )
+    seed: int = Field(12345, description="Every RNG is seeded from (seed, doc_id, dupe_index).")
+    num_shards: int = Field(0, ge=0, description="Shards per length; 0 = automatic.")
+    shard_multiple_of: int = Field(
+        1, ge=1, description="Round the shard count up to a multiple of this (world size x loader workers)."
+    )
+    random_doc_buckets: int = Field(
+        64, ge=1, description="Documents are hashed into this many buckets; a random-next B "
+        "segment comes from another document of the same bucket (bounded memory)."
+    )
+
+
+# --------------------------------------------------------------------------- model
+
+
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+    "mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+    "small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048),
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+}
+
+
+class ModelConfig(_Model):
+    """The encoder. Field names equal transformers' BertConfig so config.json round-trips."""
+
+    size: Literal["tiny", "mini", "small", "base", "large", "custom"] = Field(
+        "base", description="Named size; fills the four size fields not given explicitly."
+    )
+    vocab_size: int | None = Field(None, ge=8, description="None = taken from the vocab stage.")
+    hidden_size: int = Field(768, ge=8)
+    num_hidden_layers: int = Field(12, ge=1)
+    num_attention_heads: int = Field(12, ge=1)
+    intermediate_size: int = Field(3072, ge=8)
+    hidden_act: Literal["gelu", "gelu_new", "relu"] = "gelu"
+    hidden_dropout_prob: float = Field(0.1, ge=0, lt=1)
+    attention_probs_dropout_prob: float = Field(0.1, ge=0, lt=1)
+    max_position_embeddings: int = Field(512, ge=8)
+    type_vocab_size: int = Field(2, ge=1)
+    initializer_range: float = Field(0.02, gt=0)
+    layer_norm_eps: float = Field(1e-12, gt=0)
+    pre_layer_norm: bool = Field(False, description="Pre-LN (stabler at large batch); paper is post-LN.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_size(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("size", "base") != "custom":
+            size = data.get("size", "base")
+            if size in MODEL_SIZES:
+                data = {**MODEL_SIZES[size], **data}  # explicit fields win
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}; pick sizes where hidden_size % heads == 0"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- pre-training
+
+
+class PretrainPhase(_Model):
+    """One pre-training phase (paper: 90% of steps at 128 tokens, the rest at 512)."""
+
+    max_seq_length: int = Field(128, description="Which instance set (seq{L}/) this phase reads.")
+    max_steps: int = Field(1000, ge=1, description="Optimizer steps in this phase.")
+    global_batch_size: int = Field(256, ge=1, description="Sequences per optimizer step, all ranks.")
+    micro_batch_size: int = Field(32, ge=1, description="Sequences per rank per forward pass.")
+    learning_rate: float = Field(1e-4, gt=0, description="Peak learning rate.")
+    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps, then linear decay to 0.")
+
+
+class PretrainConfig(_Model):
+    """Stage 4: DeepSpeed pre-training (MLM + NSP)."""
+
+    phases: list[PretrainPhase] = Field(default_factory=lambda: [PretrainPhase()])
+    # where and how many
+    accelerator: Literal["cpu", "gpu"] = Field("cpu", description="cpu = gloo ranks; gpu = nccl.")
+    nodes: int = Field(1, ge=1, description="Machines.")
+    procs_per_node: int = Field(2, ge=1, description="Ranks per machine (GPUs, or CPU processes).")
+    launcher: Literal["local", "hostfile", "no_ssh"] = Field(
+        "local", description="local: one machine; hostfile: ssh/pdsh to the hosts of `hostfile`; "
+        "no_ssh: one launcher per node (Kubernetes pods) with --node_rank."
+    )
+    hostfile: str | None = Field(None, description="DeepSpeed hostfile for launcher=hostfile.")
+    master_addr: str = Field("127.0.0.1", description="Rendezvous address (rank 0's host).")
+    master_port: int = Field(29500, ge=1, le=65535)
+    # numerics
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fp32 on CPU.")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="LAMB for very large batches.")
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    weight_decay: float = Field(0.01, ge=0, description="Not applied to bias and LayerNorm.")
+    gradient_clipping: float = Field(1.0, ge=0)
+    seed: int = 42
+    # bookkeeping
+    log_every: int = Field(10, ge=1, description="Steps between metrics.jsonl lines.")
+    checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints.")
+    monitor: Literal["tensorboard", "csv", "none"] = "csv"
+    loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
+    peak_flops_per_rank: float | None = Field(
+        None, gt=0, description="Peak FLOP/s of one rank, for the MFU estimate (e.g. 312e12 A100 bf16)."
+    )
+    threads_per_rank: int = Field(1, ge=1, description="OMP/torch threads per rank on CPU.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @model_validator(mode="after")
+    def _check(self) -> PretrainConfig:
+        for i, p in enumerate(self.phases):
+            per_step = self.world_size * p.micro_batch_size
+            if p.global_batch_size % per_step:
+                raise ValueError(
+                    f"phases[{i}].global_batch_size={p.global_batch_size} is not divisible by "
+                    f"ranks x micro_batch_size = {self.world_size} x {p.micro_batch_size} = {per_step}; "
+                    f"use a multiple of {per_step} (e.g. {max(per_step, p.global_batch_size // per_step * per_step)})"
+                )
+            if p.warmup_steps > p.max_steps:
+                raise ValueError(
+                    f"phases[{i}].warmup_steps={p.warmup_steps} exceeds max_steps={p.max_steps}"
+                )
+        if self.launcher == "hostfile" and not self.hostfile:
+            raise ValueError("launcher=hostfile needs pretrain.hostfile (a DeepSpeed hostfile path)")
+        if self.accelerator == "cpu" and self.precision == "fp16":
+            raise ValueError("precision=fp16 needs accelerator=gpu; use fp32 (or bf16) on CPU")
+        return self
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+
+class FinetuneConfig(_Model):
+    """Stage 5: fine-tuning, one job per task x seed."""
+
+    tasks: list[str] = Field(default_factory=lambda: ["sst2"], description="Registered task names.")
+    data_dir: str | None = Field(None, description="Folder with one sub-folder of files per task.")
+    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3])
+    learning_rate: float = Field(2e-5, gt=0, description="Paper grid: 5e-5, 3e-5, 2e-5.")
+    batch_size: int = Field(32, ge=1)
+    num_train_epochs: float = Field(3.0, gt=0)
+    warmup_proportion: float = Field(0.1, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    max_seq_length: int = Field(128, ge=8, description="For sentence(-pair) tasks, NER and SWAG.")
+    # SQuAD
+    squad_max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    # execution
+    deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
+    max_train_examples: int | None = Field(None, ge=1, description="Cap for quick runs.")
+    threads: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> FinetuneConfig:
+        if self.doc_stride >= self.squad_max_seq_length - self.max_query_length - 3:
+            raise ValueError(
+                f"doc_stride={self.doc_stride} must be smaller than the context window "
+                f"squad_max_seq_length - max_query_length - 3 = "
+                f"{self.squad_max_seq_length - self.max_query_length - 3}"
+            )
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"finetune.seeds has repeats: {self.seeds}")
+        return self
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+class PipelineConfig(_Model):
+    """The whole DAG: clean -> vocab -> instances -> pre-train -> fine-tune."""
+
+    name: str = Field("bert", description="Run name; runs/<name>/ under the storage root.")
+    storage_root: str = Field(
+        "./bertpipe-data", description="Local folder or fsspec URL (gs://bucket/prefix) for all outputs."
+    )
+    workers: int = Field(2, ge=1, description="Beam worker processes on the local runner.")
+    beam_runner: str = Field(
+        "FnApiRunner", description="Beam runner: FnApiRunner (local), DataflowRunner, FlinkRunner, SparkRunner."
+    )
+    beam_args: list[str] = Field(default_factory=list, description="Extra Beam pipeline options.")
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    vocab: VocabConfig = Field(default_factory=VocabConfig)
+    instances: InstanceConfig = Field(default_factory=InstanceConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineConfig:
+        lengths = {s.max_seq_length for s in self.instances.lengths}
+        for i, p in enumerate(self.pretrain.phases):
+            if p.max_seq_length not in lengths:
+                raise ValueError(
+                    f"pretrain.phases[{i}].max_seq_length={p.max_seq_length} has no instances; "
+                    f"add it to instances.lengths (now {sorted(lengths)})"
+                )
+        longest = max(lengths)
+        if longest > self.model.max_position_embeddings:
+            raise ValueError(
+                f"instances.lengths has max_seq_length={longest} but model.max_position_embeddings="
+                f"{self.model.max_position_embeddings}; raise max_position_embeddings to >= {longest}"
+            )
+        if self.model.vocab_size is not None and self.vocab.vocab_file is None:
+            if self.model.vocab_size < self.vocab.vocab_size:
+                raise ValueError(
+                    f"model.vocab_size={self.model.vocab_size} < vocab.vocab_size="
+                    f"{self.vocab.vocab_size}; leave model.vocab_size unset to follow the vocab"
+                )
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def preset_names() -> list[str]:
+    files = resources.files("bert_core") / "presets"
+    return sorted(p.name[: -len(".yaml")] for p in files.iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    path = resources.files("bert_core") / "presets" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(preset_names())}")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_set(data: dict[str, Any], assignment: str) -> dict[str, Any]:
+    """Apply one ``a.b.c=value`` override; the value is parsed as YAML (so 3, true, [1,2] work).
+
+    A numeric part indexes a list: ``pretrain.phases.0.max_steps=10``.
+    """
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected key=value, e.g. instances.dupe_factor=2")
+    key, raw = assignment.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    parts = key.strip().split(".")
+    data = json.loads(json.dumps(data))  # deep copy
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        nxt = parts[depth + 1]
+        if isinstance(node, list):
+            node = node[int(part)]
+            continue
+        if part not in node or node[part] is None:
+            node[part] = [] if nxt.isdigit() else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        idx = int(last)
+        if idx >= len(node):
+            raise ConfigError(f"--set {key}: index {idx} is past the end of a list of {len(node)}")
+        node[idx] = value
+    else:
+        node[last] = value
+    return data
+
+
+def load_config(
+    preset: str | None = "demo",
+    config_file: str | Path | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+) -> PipelineConfig:
+    """Preset, then a YAML file of the same shape, then ``--set`` overrides; validated once."""
+    data: dict[str, Any] = preset_dict(preset) if preset else {}
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        data = _deep_merge(data, yaml.safe_load(path.read_text()) or {})
+    for assignment in sets:
+        data = apply_set(data, assignment)
+    return validate(data, source=preset or str(config_file) or "config")
+
+
+def validate(data: dict[str, Any], source: str = "config") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        lines = [f"invalid {source}:"]
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {where}: {msg}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def config_hash(*parts: Any) -> str:
+    """Short stable hash of configs and input manifests: the `<version>` of a stage's output."""
+    blob = json.dumps(
+        [p.model_dump(mode="json") if isinstance(p, BaseModel) else p for p in parts],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

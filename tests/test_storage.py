@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from bert_core import storage
+
+
+@pytest.fixture(params=["local", "file", "memory"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "out")
+    if request.param == "file":
+        return f"file://{tmp_path}/out"
+    return f"memory://bertpipe-test-{id(request)}/out"
+
+
+def test_write_read_list_and_manifest(root):
+    shard = storage.join(root, "part-00000-of-00001.txt")
+    storage.write_text(shard, "hello\n")
+    assert storage.exists(shard)
+    assert [u.rsplit("/", 1)[-1] for u in storage.list_files(root)] == ["part-00000-of-00001.txt"]
+    with pytest.raises(storage.UnfinishedWriteError, match="unfinished write"):
+        storage.read_manifest(root)
+    entry = storage.shard_entry(shard, count=1)
+    assert entry["sha256"] == "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+    storage.write_manifest(root, stage="test", config={"a": 1}, shards=[entry], counts={"read": 1})
+    m = storage.read_manifest(root)
+    assert m["stage"] == "test" and m["counts"] == {"read": 1} and m["schema_version"] == 1
+    assert m["code_version"]
+    assert storage.shard_uris(root, m) == [shard]
+    # the manifest is the last file and no temporary is left behind
+    assert sorted(u.rsplit("/", 1)[-1] for u in storage.list_files(root)) == [
+        "_MANIFEST.json", "part-00000-of-00001.txt"]
+
+
+def test_glob_and_join(tmp_path):
+    for name in ["a.txt", "b.txt", "c.md"]:
+        (tmp_path / name).write_text(name)
+    assert [p.rsplit("/", 1)[-1] for p in storage.glob(str(tmp_path / "*.txt"))] == ["a.txt", "b.txt"]
+    assert storage.join("gs://bucket/x/", "y", "z.parquet") == "gs://bucket/x/y/z.parquet"
+    assert storage.split_protocol("gs://b/p") == ("gs", "b/p")
+
+
+def test_manifest_of_missing_folder_says_so(tmp_path):
+    with pytest.raises(storage.UnfinishedWriteError, match="does not exist"):
+        storage.read_manifest(str(tmp_path / "nothing"))
+
+
+def test_newer_schema_is_refused(tmp_path):
+    (tmp_path / "_MANIFEST.json").write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(ValueError, match="schema_version 99"):
+        storage.read_manifest(str(tmp_path))
+
+
+def test_filesystem_is_rebuilt_after_fork():
+    import os
+
+    fs = storage.filesystem("/tmp")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: a fresh instance, not the parent's
+        os.write(w, b"1" if storage.filesystem("/tmp") is not fs else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
