@@ -1,0 +1,99 @@
+"""flows/artifacts.py against a real Prefect server (prefect_test_harness runs one on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+
+from flows import artifacts
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def _png_bytes(url: str) -> bytes:
+    prefix = "data:image/png;base64,"
+    assert url.startswith(prefix)
+    return base64.b64decode(url[len(prefix):], validate=True)
+
+
+def test_png_data_url_is_a_real_png_of_the_figure():
+    from PIL import Image
+
+    fig = artifacts.line_plot({"loss": ([0, 1, 2, 3], [9.0, 7.5, 6.0, 5.5])}, title="loss")
+    png = _png_bytes(artifacts.png_data_url(fig))
+    image = Image.open(io.BytesIO(png))
+    assert image.format == "PNG"
+    # 6 x 3.2 inches at 80 dpi, minus the tight bounding box trim
+    assert 300 < image.width <= 480 and 150 < image.height <= 256
+
+
+def test_histogram_takes_values_or_counts():
+    from PIL import Image
+
+    for fig in (artifacts.histogram([1, 2, 2, 3, 3, 3], "len", "tokens", bins=3),
+                artifacts.histogram({"128": 40, "64": 10, "96": 5}, "len", "tokens")):
+        bars = fig.axes[0].patches
+        assert sorted(round(p.get_height()) for p in bars) in ([1, 2, 3], [5, 10, 40])
+        assert Image.open(io.BytesIO(_png_bytes(artifacts.png_data_url(fig)))).format == "PNG"
+
+
+def test_metrics_curves_split_phases_and_skip_non_step_rows():
+    rows = [{"phase": 1, "step": s, "loss": 10 - s, "mlm_acc": s / 10, "nsp_acc": 0.5} for s in range(5)]
+    rows += [{"event": "checkpoint"}, {"phase": 2, "step": 5, "loss": 4.0, "mlm_acc": 0.6}]
+    figs = artifacts.metrics_curves(rows)
+    assert set(figs) == {"loss", "accuracy"}
+    loss_lines = {line.get_label(): list(line.get_ydata()) for line in figs["loss"].axes[0].lines}
+    assert loss_lines == {"loss phase 1": [10, 9, 8, 7, 6], "loss phase 2": [4.0]}
+    acc_labels = {line.get_label() for line in figs["accuracy"].axes[0].lines}
+    assert acc_labels == {"mlm_acc phase 1", "nsp_acc phase 1", "mlm_acc phase 2"}
+
+
+def test_bad_key_is_refused_before_reaching_the_server():
+    with pytest.raises(ValueError, match="lowercase letters"):
+        artifacts.publish_markdown("Pretrain_Report", "x")
+
+
+def test_artifacts_are_stored_intact_on_a_real_server(prefect_server):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    fig = artifacts.histogram([3, 5, 5, 8], "Instance length", "tokens", bins=4)
+    image_md = "# Report\n\n" + artifacts.markdown_image(fig, "lengths") + "\n"
+
+    @flow
+    def report() -> str:
+        artifacts.publish_table("test-counts", [{"reason": "too_short", "docs": 3},
+                                                {"reason": "redirect", "docs": 100, "note": 0.1234567}])
+        artifacts.publish_markdown("test-report", image_md, "with a picture")
+        first = artifacts.progress("test-progress", 0.25, "starting")
+        second = artifacts.progress("test-progress", 1.5, "done")  # clamped to 100 %
+        assert first == second
+        from prefect.runtime import flow_run
+        return flow_run.id
+
+    run_id = report()
+
+    def latest(key: str):
+        with get_client(sync_client=True) as client:
+            return client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+    (md,) = latest("test-report")
+    assert md.type == "markdown" and md.data == image_md and str(md.flow_run_id) == run_id
+    assert _png_bytes(md.data.split("(", 1)[1].rstrip(")\n"))[:8] == b"\x89PNG\r\n\x1a\n"
+    (table,) = latest("test-counts")
+    import json
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert rows == [{"reason": "too_short", "docs": 3, "note": None},
+                    {"reason": "redirect", "docs": 100, "note": 0.123457}]
+    (prog,) = latest("test-progress")  # one artifact, updated in place
+    assert prog.type == "progress" and float(prog.data) == 100.0 and prog.description == "done"
