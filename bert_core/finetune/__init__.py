@@ -1,0 +1,73 @@
+"""Fine-tuning: the task registry. Each task = a reader of the dataset's published format,
+a head over :class:`bert_core.model.BertModel`, and the task's official metric.
+
+    bertpipe finetune --task squad --data tests/fixtures/tasks --checkpoint samples/models/minilm --output /tmp/ft
+
+``TASKS`` maps a task name to its :class:`Task`; :func:`get_task` looks one up with a helpful
+error. A task's files live in ``<data_dir>/<task.folder>/`` (or ``--data`` may point at that
+folder itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["classification", "regression", "span", "token", "multiple_choice", "token_features"]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: Kind
+    folder: str  # sub-folder of data_dir, named as the dataset's own download names it
+    metric: str  # the headline metric (the paper's), a key of metrics.json
+    splits: tuple[str, ...]  # evaluation splits (file stems); train is always "train"
+    description: str
+
+
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task("cola", "classification", "CoLA", "mcc", ("dev",), "CoLA acceptability (Matthews corr.)"),
+        Task("sst2", "classification", "SST-2", "accuracy", ("dev",), "SST-2 sentiment"),
+        Task("mrpc", "classification", "MRPC", "f1", ("dev",), "MRPC paraphrase (F1/acc)"),
+        Task("stsb", "regression", "STS-B", "spearman", ("dev",), "STS-B similarity (Pearson/Spearman)"),
+        Task("qqp", "classification", "QQP", "f1", ("dev",), "QQP duplicate questions (acc/F1)"),
+        Task("mnli", "classification", "MNLI", "accuracy", ("dev_matched", "dev_mismatched"),
+             "MNLI entailment (matched/mismatched acc)"),
+        Task("qnli", "classification", "QNLI", "accuracy", ("dev",), "QNLI question entailment"),
+        Task("rte", "classification", "RTE", "accuracy", ("dev",), "RTE entailment"),
+        Task("wnli", "classification", "WNLI", "accuracy", ("dev",), "WNLI coreference entailment"),
+        Task("sentiment", "classification", "sentiment", "accuracy", ("dev",),
+             "real product-review and tweet sentiment (vaderSentiment ground truth)"),
+        Task("squad", "span", "squad", "f1", ("dev",), "SQuAD v1.1 (EM/F1, official script)"),
+        Task("squad_v2", "span", "squad_v2", "f1", ("dev",), "SQuAD v2.0 (EM/F1, tuned null threshold)"),
+        Task("ner", "token", "ner", "f1", ("valid",), "CoNLL-2003 NER (conlleval F1)"),
+        Task("ner_bilstm", "token_features", "ner", "f1", ("valid",),
+             "CoNLL-2003 NER, feature-based: BiLSTM on frozen BERT features (paper's ablation)"),
+        Task("swag", "multiple_choice", "swag", "accuracy", ("val",), "SWAG multiple choice"),
+    )
+}
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name.lower()]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}") from None
+
+
+def task_dir(data_dir: str, task: Task) -> str:
+    """``<data_dir>/<folder>`` if it exists, else ``data_dir`` itself (``--data`` names the folder)."""
+    from bert_core import storage
+
+    sub = storage.join(data_dir, task.folder)
+    if storage.exists(sub):
+        return sub
+    if storage.exists(data_dir):
+        return storage.to_uri(data_dir)
+    raise FileNotFoundError(
+        f"no data for task {task.name!r}: neither {sub} nor {storage.to_uri(data_dir)} exists; "
+        f"put the {task.description} files in {sub}"
+    )

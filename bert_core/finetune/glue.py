@@ -1,0 +1,220 @@
+"""GLUE tasks (TSV as distributed by GLUE) and the real ``sentiment`` sample: readers + metrics.
+
+Each reader returns ``(examples, rejects)``: a malformed line never stops a run and is never
+dropped silently (``kept + rejected = read``). Single sentences and pairs are encoded as
+``[CLS] A [SEP] B [SEP]`` by :func:`encode_pairs`.
+
+    bertpipe finetune --task mrpc --data glue_data --checkpoint runs/demo/hf --output finetune/demo
+
+Files, as in the GLUE download (``<data>/<folder>/``): CoLA, SST-2, MRPC, STS-B, QQP, MNLI
+(``dev_matched.tsv`` + ``dev_mismatched.tsv``), QNLI, RTE, WNLI: ``train.tsv`` and ``dev.tsv``.
+``sentiment``: the vaderSentiment ground-truth files (``id<TAB>mean rating<TAB>text``); label =
+sign of the mean rating, neutral (0) ratings are rejected with reason ``neutral``; a stable hash
+of the id puts 20% in dev.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bert_core import storage
+from bert_core.finetune import metrics as M
+
+
+@dataclass(frozen=True)
+class Example:
+    guid: str
+    text_a: str
+    text_b: str | None
+    label: Any  # str class name, or float for STS-B
+
+
+@dataclass(frozen=True)
+class Reject:
+    file: str
+    line: int
+    reason: str
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.file, "id": self.line, "reason": self.reason, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class GlueSpec:
+    """Where a task's columns are: by header name (or index when the file has no header)."""
+
+    folder: str
+    labels: tuple[str, ...]  # empty = regression
+    text_a: str | int
+    text_b: str | int | None
+    label: str | int
+    header: bool = True
+    dev_files: tuple[str, ...] = ("dev.tsv",)
+
+
+GLUE: dict[str, GlueSpec] = {
+    "cola": GlueSpec("CoLA", ("0", "1"), 3, None, 1, header=False),
+    "sst2": GlueSpec("SST-2", ("0", "1"), "sentence", None, "label"),
+    "mrpc": GlueSpec("MRPC", ("0", "1"), "#1 String", "#2 String", "Quality"),
+    "stsb": GlueSpec("STS-B", (), "sentence1", "sentence2", "score"),
+    "qqp": GlueSpec("QQP", ("0", "1"), "question1", "question2", "is_duplicate"),
+    "mnli": GlueSpec(
+        "MNLI", ("contradiction", "entailment", "neutral"), "sentence1", "sentence2", "gold_label",
+        dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
+    ),
+    "qnli": GlueSpec("QNLI", ("entailment", "not_entailment"), "question", "sentence", "label"),
+    "rte": GlueSpec("RTE", ("entailment", "not_entailment"), "sentence1", "sentence2", "label"),
+    "wnli": GlueSpec("WNLI", ("0", "1"), "sentence1", "sentence2", "label"),
+}
+
+
+def read_tsv(uri: str, spec: GlueSpec) -> tuple[list[Example], list[Reject]]:
+    """One GLUE TSV. No quoting (GLUE text contains bare quotes), tab-separated."""
+    # MRPC as Microsoft ships it starts with a byte-order mark.
+    lines = storage.read_text(uri).lstrip("\ufeff").splitlines()
+    examples: list[Example] = []
+    rejects: list[Reject] = []
+    header: list[str] = []
+    if spec.header and lines:
+        header, lines = lines[0].split("\t"), lines[1:]
+    width = len(header) if header else None
+
+    def column(key: str | int) -> int:
+        if isinstance(key, int):
+            return key
+        if key not in header:
+            raise ValueError(
+                f"{uri}: header has no column {key!r} (has {header}); is this the GLUE "
+                f"{spec.folder} file?"
+            )
+        return header.index(key)
+
+    cols = [column(spec.text_a), column(spec.text_b) if spec.text_b is not None else None,
+            column(spec.label)]
+    first = 2 if spec.header else 1
+    for n, line in enumerate(lines, first):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if width is not None and len(fields) != width:
+            rejects.append(Reject(uri, n, "bad_columns", f"{len(fields)} columns, header has {width}"))
+            continue
+        try:
+            text_a = fields[cols[0]]
+            text_b = fields[cols[1]] if cols[1] is not None else None
+            raw = fields[cols[2]].strip()
+        except IndexError:
+            rejects.append(Reject(uri, n, "bad_columns", f"only {len(fields)} columns"))
+            continue
+        if spec.labels:
+            if raw not in spec.labels:
+                rejects.append(Reject(uri, n, "unknown_label", f"{raw!r} not in {spec.labels}"))
+                continue
+            label: Any = raw
+        else:
+            try:
+                label = float(raw)
+            except ValueError:
+                rejects.append(Reject(uri, n, "bad_score", f"{raw!r} is not a number"))
+                continue
+        examples.append(Example(f"{uri.rsplit('/', 1)[-1]}-{n}", text_a, text_b, label))
+    return examples, rejects
+
+
+def read_glue(task: str, folder: str, split: str) -> tuple[list[Example], list[Reject]]:
+    """``split`` is ``train`` or one of the task's dev file stems (``dev``, ``dev_matched``...)."""
+    spec = GLUE[task]
+    name = f"{split}.tsv"
+    uri = storage.join(folder, name)
+    if not storage.exists(uri):
+        raise FileNotFoundError(
+            f"{uri} does not exist; put the GLUE {spec.folder} files (train.tsv, "
+            f"{', '.join(spec.dev_files)}) in {folder}"
+        )
+    return read_tsv(uri, spec)
+
+
+# --------------------------------------------------------------------------- sentiment
+
+
+SENTIMENT_LABELS = ("negative", "positive")
+
+
+def _in_dev(key: str, dev_percent: int = 20) -> bool:
+    # A stable hash, not Python's salted hash(): the split must be the same on every machine.
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100 < dev_percent
+
+
+def read_sentiment(folder: str, split: str) -> tuple[list[Example], list[Reject]]:
+    """Every ``*.txt`` in ``folder`` (vaderSentiment ``*_GroundTruth.txt``); train or dev part."""
+    files = storage.glob(storage.join(folder, "*.txt"))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.txt in {folder}; expected vaderSentiment ground-truth files "
+            "(`bertpipe samples fetch` puts them in samples/tasks/sentiment)"
+        )
+    if split not in ("train", "dev"):
+        raise ValueError(f"sentiment has splits train and dev, not {split!r}")
+    examples, rejects = [], []
+    for uri in files:
+        stem = uri.rsplit("/", 1)[-1].split("_")[0]
+        for n, line in enumerate(storage.read_text(uri).splitlines(), 1):
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) < 3:
+                rejects.append(Reject(uri, n, "bad_columns", f"{len(fields)} columns, need 3"))
+                continue
+            guid = f"{stem}:{fields[0]}"
+            if _in_dev(guid) != (split == "dev"):
+                continue
+            try:
+                rating = float(fields[1])
+            except ValueError:
+                rejects.append(Reject(uri, n, "bad_rating", f"{fields[1]!r} is not a number"))
+                continue
+            if rating == 0:
+                rejects.append(Reject(uri, n, "neutral", "mean rating 0 has no sentiment sign"))
+                continue
+            examples.append(Example(guid, "\t".join(fields[2:]), None, SENTIMENT_LABELS[rating > 0]))
+    return examples, rejects
+
+
+# --------------------------------------------------------------------------- encoding + metrics
+
+
+def encode_pairs(
+    tokenizer: Any, examples: Sequence[Example], max_seq_length: int
+) -> dict[str, list[list[int]]]:
+    """``[CLS] A [SEP] (B [SEP])``, truncating the longer segment first (as run_classifier.py)."""
+    a_ids = tokenizer.encode_batch([e.text_a for e in examples])
+    b_ids = tokenizer.encode_batch([e.text_b or "" for e in examples])
+    out: dict[str, list[list[int]]] = {"input_ids": [], "token_type_ids": []}
+    for e, a, b in zip(examples, a_ids, b_ids, strict=True):
+        a, b = list(a), list(b) if e.text_b is not None else []
+        budget = max_seq_length - (3 if e.text_b is not None else 2)
+        while len(a) + len(b) > budget:
+            (a if len(a) > len(b) else b).pop()
+        ids = [tokenizer.cls_id, *a, tokenizer.sep_id]
+        types = [0] * len(ids)
+        if e.text_b is not None:
+            ids += [*b, tokenizer.sep_id]
+            types += [1] * (len(b) + 1)
+        out["input_ids"].append(ids)
+        out["token_type_ids"].append(types)
+    return out
+
+
+def glue_metrics(task: str, labels: Sequence, preds: Sequence) -> dict[str, float]:
+    """The paper's metric(s) for a task; ``labels``/``preds`` are class ids or scores (STS-B)."""
+    if task == "cola":
+        return {"mcc": M.matthews_corrcoef(labels, preds), "accuracy": M.accuracy(labels, preds)}
+    if task == "stsb":
+        return {"pearson": M.pearson(labels, preds), "spearman": M.spearman(labels, preds)}
+    if task in ("mrpc", "qqp"):
+        return {"f1": M.f1_binary(labels, preds), "accuracy": M.accuracy(labels, preds)}
+    return {"accuracy": M.accuracy(labels, preds)}
