@@ -43,7 +43,9 @@ SetOpt = Annotated[
 ]
 
 # Stage command modules; each defines register(app). Listed, not discovered, so a typo fails loudly.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = [
+    "flows.cli_ops",
+]
 
 
 def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:

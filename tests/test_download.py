@@ -1,0 +1,172 @@
+"""bert_core/download.py against a dump site on 127.0.0.1 serving the real sample enwiki dump."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bert_core import storage
+from bert_core.download import ChecksumError, DownloadError, download_wikipedia, list_dump_files
+
+DATE = "20240601"
+NAME = f"enwiki-{DATE}-pages-articles1.xml-p10p30302.bz2"
+
+
+class DumpSite(ThreadingHTTPServer):
+    """Static files with HTTP Range, a request log, and transfers that can be cut short."""
+
+    daemon_threads = True
+
+    def __init__(self, root: Path):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root = root
+        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        self.cut_after: int | None = None  # bytes sent before the connection drops
+        self.cuts_left = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: DumpSite
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):
+        self.server.requests.append((self.path, self.headers.get("Range")))
+        path = self.server.root / self.path.lstrip("/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        start, status = 0, 200
+        if rng := self.headers.get("Range"):
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+            if start >= len(data):
+                self.send_error(416)
+                return
+            status = 206
+        body = data[start:]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        if path.suffix == ".bz2" and self.server.cuts_left > 0:
+            self.server.cuts_left -= 1
+            self.wfile.write(body[: self.server.cut_after])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+
+def _site_tree(root: Path, dump: Path, *, sha1: str | None = None, status: str = "done") -> str:
+    data = dump.read_bytes()
+    real = hashlib.sha1(data).hexdigest()
+    folder = root / "enwiki" / DATE
+    folder.mkdir(parents=True)
+    (folder / NAME).write_bytes(data)
+    (folder / f"enwiki-{DATE}-sha1sums.txt").write_text(
+        f"{sha1 or real}  {NAME}\n0000000000000000000000000000000000000000  enwiki-{DATE}-abstract.xml.gz\n")
+    (folder / "dumpstatus.json").write_text(json.dumps({"version": "0.8", "jobs": {
+        "articlesdump": {"status": status, "updated": "2024-06-02 10:00:00", "files": {
+            NAME: {"size": len(data), "url": f"/enwiki/{DATE}/{NAME}", "sha1": sha1 or real}}},
+        "abstractsdump": {"status": "done", "files": {}}}}))
+    return real
+
+
+@pytest.fixture
+def site(tmp_path):
+    server = DumpSite(tmp_path / "site")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def dump(samples_dir) -> Path:
+    (path,) = sorted((samples_dir / "wikipedia").glob("*.xml.bz2"))
+    return path
+
+
+def test_full_download_verifies_and_writes_a_manifest(site, dump, tmp_path):
+    real = _site_tree(site.root, dump)
+    out = str(tmp_path / "raw")
+    manifest = download_wikipedia("en", DATE, out, base=site.url, staging=str(tmp_path / "stage"))
+    assert (tmp_path / "raw" / NAME).read_bytes() == dump.read_bytes()
+    assert manifest["stage"] == "download" and manifest["counts"]["files"] == 1
+    assert manifest["shards"][0]["sha1"] == real and manifest["shards"][0]["bytes"] == dump.stat().st_size
+    assert storage.read_manifest(out)["config"]["date"] == DATE
+    assert not list((tmp_path / "stage").iterdir())  # no part file left behind
+    # a second run finds the verified file and fetches nothing but the listings
+    site.requests.clear()
+    download_wikipedia("en", DATE, out, base=site.url, staging=str(tmp_path / "stage"))
+    assert [p for p, _ in site.requests if p.endswith(".bz2")] == []
+
+
+def test_interrupted_transfer_resumes_with_range(site, dump, tmp_path):
+    _site_tree(site.root, dump)
+    site.cut_after, site.cuts_left = 300_000, 2  # two broken transfers in a row
+    out = str(tmp_path / "raw")
+    download_wikipedia("en", DATE, out, base=site.url, staging=str(tmp_path / "stage"), backoff=0)
+    assert (tmp_path / "raw" / NAME).read_bytes() == dump.read_bytes()
+    ranges = [r for p, r in site.requests if p.endswith(".bz2")]
+    assert ranges == [None, "bytes=300000-", "bytes=600000-"]
+
+
+def test_killed_process_resumes_from_the_part_file(site, dump, tmp_path):
+    _site_tree(site.root, dump)
+    site.cut_after, site.cuts_left = 500_000, 1
+    out, stage = str(tmp_path / "raw"), str(tmp_path / "stage")
+    with pytest.raises(DownloadError, match="run the same command again to resume"):
+        download_wikipedia("en", DATE, out, base=site.url, staging=stage, retries=0)
+    assert (tmp_path / "stage" / (NAME + ".part")).stat().st_size == 500_000
+    assert not storage.has_manifest(out)
+    download_wikipedia("en", DATE, out, base=site.url, staging=stage)
+    assert [r for p, r in site.requests if p.endswith(".bz2")] == [None, "bytes=500000-"]
+    assert (tmp_path / "raw" / NAME).read_bytes() == dump.read_bytes()
+
+
+def test_checksum_mismatch_fails_and_keeps_nothing(site, dump, tmp_path):
+    _site_tree(site.root, dump, sha1="0" * 40)
+    out = str(tmp_path / "raw")
+    with pytest.raises(ChecksumError, match=f"{NAME}: sha1 [0-9a-f]{{40}} does not match"):
+        download_wikipedia("en", DATE, out, base=site.url, staging=str(tmp_path / "stage"))
+    assert not (tmp_path / "raw" / NAME).exists() and not storage.has_manifest(out)
+    assert not (tmp_path / "stage" / (NAME + ".part")).exists()
+
+
+def test_unfinished_or_missing_dump_is_a_clear_error(site, dump):
+    _site_tree(site.root, dump, status="in-progress")
+    with pytest.raises(DownloadError, match="is 'in-progress', not 'done'"):
+        list_dump_files("en", DATE, base=site.url)
+    with pytest.raises(DownloadError, match="HTTP 404 .no dump for this date/lang"):
+        list_dump_files("de", DATE, base=site.url)
+    with pytest.raises(DownloadError, match="expected YYYYMMDD"):
+        list_dump_files("en", "2024-06-01", base=site.url)
+
+
+def test_cli_download_wikipedia(site, dump, tmp_path, monkeypatch):
+    from flows.cli import app
+
+    _site_tree(site.root, dump)
+    monkeypatch.setenv("BERTPIPE_DUMPS_URL", site.url)
+    out = tmp_path / "raw"
+    result = CliRunner().invoke(app, ["download", "wikipedia", "--date", DATE, "--lang", "en",
+                                      "--to", str(out), "--staging", str(tmp_path / "stage")])
+    assert result.exit_code == 0, result.output
+    assert (out / NAME).stat().st_size == dump.stat().st_size and (out / "_MANIFEST.json").exists()
+    bad = CliRunner().invoke(app, ["download", "wikipedia", "--date", "June", "--to", str(out)])
+    assert bad.exit_code == 1 and "expected YYYYMMDD" in bad.output
