@@ -1,0 +1,237 @@
+"""Load and save BERT weights in the transformers layout (config.json + model.safetensors + vocab.txt).
+
+    bertpipe export runs/demo/checkpoints --output runs/demo/hf
+
+Our parameter names equal transformers' (see ``bert_core/model.py``), so a state dict maps
+1:1; the only translations are the ``bert.`` prefix (a bare ``BertModel`` checkpoint has none),
+the old TF-converted ``LayerNorm.gamma/beta`` names, and the MLM decoder, which both sides tie
+to the word embeddings. Weights are read without unpickling code: safetensors, or
+``torch.load(weights_only=True)`` for ``pytorch_model.bin``. Every read and write goes through
+``bert_core.storage``, so ``gs://`` folders work like local ones.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from bert_core import storage
+from bert_core.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_SAFETENSORS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+WEIGHTS_BIN = "pytorch_model.bin"
+_ENCODER_PARTS = ("embeddings.", "encoder.", "pooler.")
+_HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new",
+           "gelu_fast": "gelu_new", "relu": "relu"}
+_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "intermediate_size", "hidden_dropout_prob", "attention_probs_dropout_prob",
+                  "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded; the message names the file and what to do."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+def model_config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """transformers ``BertConfig`` dict -> :class:`ModelConfig` (size ``custom``)."""
+    if hf.get("model_type", "bert") != "bert":
+        raise CheckpointError(f"{source}: model_type={hf.get('model_type')!r} is not a BERT model")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise CheckpointError(
+            f"{source}: position_embedding_type={hf['position_embedding_type']!r} is not supported "
+            "(only absolute position embeddings, as in the paper)"
+        )
+    act = hf.get("hidden_act", "gelu")
+    if act not in _HF_ACT:
+        raise CheckpointError(f"{source}: hidden_act={act!r} is not supported; use gelu, gelu_new or relu")
+    fields = {k: hf[k] for k in _CONFIG_FIELDS if k in hf}
+    try:
+        return ModelConfig(size="custom", hidden_act=_HF_ACT[act],
+                           pre_layer_norm=bool(hf.get("pre_layer_norm", False)), **fields)
+    except ValueError as err:
+        raise CheckpointError(f"{source}: {err}") from None
+
+
+def hf_config_from_model(cfg: ModelConfig, architecture: str = "BertForPreTraining") -> dict[str, Any]:
+    """:class:`ModelConfig` -> a ``config.json`` dict that ``transformers.BertConfig`` reads."""
+    hf: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": "bert",
+        **{k: getattr(cfg, k) for k in _CONFIG_FIELDS},
+        "hidden_act": cfg.hidden_act,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+    }
+    if cfg.pre_layer_norm:
+        # transformers has no pre-LN BERT; the key keeps our loader exact (theirs would ignore it).
+        hf["pre_layer_norm"] = True
+    return hf
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _read_bytes(uri: str) -> bytes:
+    with storage.open_file(uri, "rb") as f:
+        return f.read()
+
+
+def _load_weights(folder: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load as load_safetensors
+
+    single = storage.join(folder, WEIGHTS_SAFETENSORS)
+    if storage.exists(single):
+        return load_safetensors(_read_bytes(single))
+    index = storage.join(folder, WEIGHTS_INDEX)
+    if storage.exists(index):
+        files = sorted(set(json.loads(storage.read_text(index))["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for name in files:
+            state.update(load_safetensors(_read_bytes(storage.join(folder, name))))
+        return state
+    binary = storage.join(folder, WEIGHTS_BIN)
+    if storage.exists(binary):
+        try:  # weights_only: a checkpoint is data, never code to run
+            return torch.load(io.BytesIO(_read_bytes(binary)), map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise CheckpointError(
+                f"{binary}: not a plain tensor state dict ({err}); convert it to {WEIGHTS_SAFETENSORS}"
+            ) from None
+    raise CheckpointError(
+        f"{storage.to_uri(folder)}: no {WEIGHTS_SAFETENSORS}, {WEIGHTS_INDEX} or {WEIGHTS_BIN}; "
+        "point at a transformers-layout folder (or `bertpipe export` a DeepSpeed checkpoint first)"
+    )
+
+
+def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers/TF names -> ours: ``bert.`` prefix on encoder keys, gamma/beta -> weight/bias,
+    tied decoder weight and the ``position_ids`` buffer dropped."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        key = key.removeprefix("module.")  # DDP / DeepSpeed wrappers
+        if key.endswith("LayerNorm.gamma"):
+            key = key[: -len("gamma")] + "weight"
+        elif key.endswith("LayerNorm.beta"):
+            key = key[: -len("beta")] + "bias"
+        if key.startswith(_ENCODER_PARTS):
+            key = "bert." + key
+        if key.endswith("embeddings.position_ids") or key == "cls.predictions.decoder.weight":
+            continue  # a buffer we compute, and a tie to bert.embeddings.word_embeddings.weight
+        if key == "cls.predictions.decoder.bias":
+            out.setdefault("cls.predictions.bias", value)
+            continue
+        out[key] = value
+    return out
+
+
+def load_pretrained(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Read a transformers-layout folder -> (config, state dict with ``bert.``-prefixed keys)."""
+    cfg_uri = storage.join(path, "config.json")
+    if not storage.exists(cfg_uri):
+        raise CheckpointError(
+            f"{cfg_uri} does not exist; point at a folder with config.json and model.safetensors "
+            "(a transformers model folder or the output of `bertpipe export`)"
+        )
+    try:
+        hf = json.loads(storage.read_text(cfg_uri))
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{cfg_uri}: not valid JSON ({err})") from None
+    return model_config_from_hf(hf, source=cfg_uri), normalize_state_dict(_load_weights(path))
+
+
+def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Copy a normalised state dict into ``model`` (a ``BertModel`` or anything with ``.bert``).
+
+    Missing encoder weights are an error; missing heads keep their fresh init (logged); keys the
+    model has no place for (e.g. ``cls.*`` when loading a bare encoder) are ignored (logged).
+    """
+    state = normalize_state_dict(state)
+    from bert_core.model import BertModel
+
+    if isinstance(model, BertModel):
+        state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
+        encoder_prefix = ("embeddings.", "encoder.")
+    else:
+        encoder_prefix = ("bert.embeddings.", "bert.encoder.")
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    bad_encoder = [k for k in missing if k.startswith(encoder_prefix)]
+    if bad_encoder:
+        raise CheckpointError(
+            f"{source}: {len(bad_encoder)} encoder weights missing (e.g. {bad_encoder[:3]}); "
+            "the folder is not a BERT checkpoint of this shape"
+        )
+    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}"
+              for k, v in own.items() if k in state and state[k].shape != v.shape]
+    if shapes:
+        raise CheckpointError(f"{source}: shape mismatch with config.json: {shapes[:3]}")
+    unexpected = [k for k in state if k not in own]
+    if missing:
+        log.warning("%s: %d weights not in the checkpoint, freshly initialised: %s",
+                    source, len(missing), missing[:6])
+    if unexpected:
+        log.info("%s: ignored %d weights this model has no place for: %s",
+                 source, len(unexpected), unexpected[:6])
+    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+
+
+# --------------------------------------------------------------------------- save
+
+
+def save_pretrained(
+    model: nn.Module,
+    path: str,
+    vocab_file: str | None = None,
+    tokenizer_file: str | None = None,
+    lowercase: bool = True,
+) -> str:
+    """Write ``model`` as a transformers folder: config.json, model.safetensors, vocab files.
+
+    ``tokenizer_file`` defaults to the ``tokenizer.json`` beside ``vocab_file`` when there is one.
+    ``transformers.BertForPreTraining.from_pretrained(path)`` opens the result (a post-LN model
+    computes the same outputs there as here).
+    """
+    from safetensors.torch import save as save_safetensors
+
+    from bert_core.model import BertModel
+
+    cfg: ModelConfig = model.config
+    is_encoder = isinstance(model, BertModel)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if not is_encoder and "cls.predictions.bias" in state:
+        # transformers keeps a decoder bias tied to predictions.bias; write both (cloned:
+        # safetensors refuses shared storage) so every version finds the one it looks for.
+        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()
+    architecture = "BertModel" if is_encoder else type(model).__name__
+    if cfg.pre_layer_norm:
+        log.warning("%s: pre-LN model; transformers' BERT is post-LN, only bert_core loads it exactly", path)
+    storage.makedirs(path)
+    with storage.open_file(storage.join(path, WEIGHTS_SAFETENSORS), "wb") as f:
+        f.write(save_safetensors(state, metadata={"format": "pt"}))
+    if vocab_file:
+        storage.write_text(storage.join(path, "vocab.txt"), storage.read_text(vocab_file))
+        if tokenizer_file is None:
+            beside = vocab_file.rsplit("/", 1)[0] + "/tokenizer.json" if "/" in vocab_file else "tokenizer.json"
+            tokenizer_file = beside if storage.exists(beside) else None
+    if tokenizer_file:
+        storage.write_text(storage.join(path, "tokenizer.json"), storage.read_text(tokenizer_file))
+    if vocab_file or tokenizer_file:
+        tok_cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,
+                   "model_max_length": cfg.max_position_embeddings}
+        storage.write_text(storage.join(path, "tokenizer_config.json"), json.dumps(tok_cfg, indent=2))
+    # config.json last: a folder with a config is a finished export.
+    hf = hf_config_from_model(cfg, architecture)
+    storage.write_text(storage.join(path, "config.json"), json.dumps(hf, indent=2, sort_keys=True))
+    return storage.to_uri(path)

@@ -1,0 +1,418 @@
+"""BERT: the whole forward pass in one file (embeddings, encoder, pooler, pre-training heads).
+
+    python -c "from bert_core.model import BertForPreTraining; from bert_core.config import ModelConfig; \
+print(BertForPreTraining(ModelConfig(size='tiny', vocab_size=8000)))"
+
+Module and parameter names equal transformers' ``BertModel`` / ``BertForPreTraining``
+(``bert.encoder.layer.0.attention.self.query.weight``, ``cls.predictions.bias`` ...), so a state
+dict maps 1:1 both ways (see ``bert_core/checkpoint.py``). Shapes are commented inline:
+B = batch, T = sequence length, H = hidden size, nh = heads, hs = H / nh, P = masked positions
+per sequence, N = real masked positions in the batch, V = vocab size.
+
+What makes the pre-training step cheaper than the reference implementation:
+- the MLM head (H x H transform + H x V projection + softmax) runs only at the masked
+  positions (~15% of tokens), never over all B x T positions;
+- query/key/value are one matrix multiply (their weights concatenated on the fly, so the
+  parameters keep transformers' names);
+- attention is ``F.scaled_dot_product_attention`` with the padding mask (fused kernels on GPU).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bert_core.config import ModelConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Self
+
+PAD_ID = 0  # [PAD] is token 0 in every vocab of the pipeline (and in transformers' BertConfig)
+
+
+def _activation(name: str):
+    if name == "gelu":  # the paper's GELU: exact, erf-based
+        return F.gelu
+    if name == "gelu_new":  # tanh approximation (GPT-2 / google-research/bert's TF code)
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"hidden_act={name!r} is not supported; use gelu, gelu_new or relu")
+
+
+def _check_vocab(cfg: ModelConfig) -> int:
+    if cfg.vocab_size is None:
+        raise ValueError(
+            "ModelConfig.vocab_size is None: set it from the vocab (e.g. "
+            "cfg.model_copy(update={'vocab_size': tokenizer.vocab_size})) before building the model"
+        )
+    return cfg.vocab_size
+
+
+class BertOutput(NamedTuple):
+    last_hidden_state: Tensor  # [B, T, H]
+    pooler_output: Tensor  # [B, H], tanh(dense([CLS]))
+    hidden_states: tuple[Tensor, ...] | None  # embeddings + one per layer, each [B, T, H]
+
+
+# --------------------------------------------------------------------------- embeddings
+
+
+class BertEmbeddings(nn.Module):
+    """token + segment + position embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.word_embeddings = nn.Embedding(_check_vocab(cfg), H, padding_idx=PAD_ID)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, H)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, H)
+        self.LayerNorm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.max_positions = cfg.max_position_embeddings
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        T = input_ids.shape[1]
+        if T > self.max_positions:
+            raise ValueError(
+                f"sequence length {T} exceeds max_position_embeddings={self.max_positions}; "
+                "truncate the inputs or use a model with more positions"
+            )
+        pos = torch.arange(T, device=input_ids.device)  # [T]
+        x = (
+            self.word_embeddings(input_ids)  # [B, T, H]
+            + self.token_type_embeddings(token_type_ids)  # [B, T, H]
+            + self.position_embeddings(pos)  # [T, H], broadcast over B
+        )
+        return self.dropout(self.LayerNorm(x))
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+class _Linear(nn.Module):
+    """A bare ``dense`` holder, so parameter names read ``...query.weight`` like transformers."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_out, n_in))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.num_heads = cfg.num_attention_heads
+        self.query = _Linear(H, H)
+        self.key = _Linear(H, H)
+        self.value = _Linear(H, H)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        B, T, H = x.shape
+        nh = self.num_heads
+        # One matmul for q, k and v: [B, T, H] @ [H, 3H] -> [B, T, 3H]
+        w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
+        b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
+        qkv = F.linear(x, w, b)
+        # [B, T, 3, nh, hs] -> [3, B, nh, T, hs]
+        q, k, v = qkv.view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
+        )  # [B, nh, T, hs]
+        return y.transpose(1, 2).reshape(B, T, H)  # re-assemble heads side by side
+
+
+class BertSelfOutput(nn.Module):
+    """Attention output projection; ``LayerNorm`` is post-LN's norm (pre-LN: the input norm)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertSelfOutput(cfg)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+
+
+class BertFFNOutput(nn.Module):
+    """FFN down projection; ``LayerNorm`` is post-LN's norm (pre-LN: the FFN input norm)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+
+class BertLayer(nn.Module):
+    """Self-attention + GELU feed-forward, each with a residual and a LayerNorm.
+
+    post-LN (paper):  x = LN(x + attn(x));     x = LN(x + ffn(x))
+    pre-LN (option):  x = x + attn(LN(x));     x = x + ffn(LN(x))   (+ one final LN in the encoder)
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertFFNOutput(cfg)
+        self.act = _activation(cfg.hidden_act)
+        self.pre_layer_norm = cfg.pre_layer_norm
+
+    def _attn(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        out = self.attention.output
+        return out.dropout(out.dense(self.attention.self(x, attn_mask)))  # [B, T, H]
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        h = self.act(self.intermediate.dense(x))  # [B, T, 4H]
+        return self.output.dropout(self.output.dense(h))  # [B, T, H]
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        ln_attn, ln_ffn = self.attention.output.LayerNorm, self.output.LayerNorm
+        if self.pre_layer_norm:
+            x = x + self._attn(ln_attn(x), attn_mask)
+            return x + self._ffn(ln_ffn(x))
+        x = ln_attn(x + self._attn(x, attn_mask))
+        return ln_ffn(x + self._ffn(x))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        # Pre-LN leaves the residual stream un-normalised; one LayerNorm closes it (as Megatron).
+        self.ln = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.pre_layer_norm else None
+
+
+class BertPooler(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # [B, H] from [CLS]
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def init_weights(module: nn.Module, initializer_range: float = 0.02) -> None:
+    """BERT's init: weights ~ N(0, 0.02) (truncation is immaterial at 0.02), biases 0, LN = 1/0."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, _Linear)):
+            nn.init.normal_(m.weight, mean=0.0, std=initializer_range)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=initializer_range)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """[B, T] of 1 (token) / 0 (padding) -> additive [B, 1, 1, T] mask for SDPA (None if no padding).
+
+    Additive (0 / dtype min) rather than boolean: the same numbers as transformers, and a row
+    never becomes all -inf (every sequence has at least [CLS]), so no NaNs.
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    keep = attention_mask[:, None, None, :].to(torch.bool)  # [B, 1, 1, T]
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, torch.finfo(dtype).min
+    )
+
+
+class BertModel(nn.Module):
+    """The encoder: ``forward(input_ids, token_type_ids, attention_mask) -> BertOutput``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+        self.pooler = BertPooler(cfg)
+        init_weights(self, cfg.initializer_range)
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [B, T]
+        token_type_ids: Tensor | None = None,  # [B, T], 0 = segment A, 1 = segment B
+        attention_mask: Tensor | None = None,  # [B, T], 1 = token, 0 = padding
+        output_hidden_states: bool = False,
+    ) -> BertOutput:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)  # [B, T, H]
+        mask = padding_mask(attention_mask, x.dtype)  # [B, 1, 1, T] or None
+        hidden = [x] if output_hidden_states else None
+        for layer in self.encoder.layer:
+            x = layer(x, mask)  # [B, T, H]
+            if hidden is not None:
+                hidden.append(x)
+        if self.encoder.ln is not None:
+            x = self.encoder.ln(x)
+            if hidden is not None:
+                hidden[-1] = x
+        return BertOutput(x, self.pooler(x), tuple(hidden) if hidden is not None else None)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> Self:
+        """Load a transformers-layout folder (``config.json`` + weights), ``bert.`` prefix or not."""
+        from bert_core.checkpoint import load_into, load_pretrained
+
+        cfg, state = load_pretrained(path)
+        model = cls(cfg)
+        load_into(model, state, source=path)
+        return model
+
+
+# --------------------------------------------------------------------------- pre-training heads
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.act = _activation(cfg.hidden_act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform, then the word-embedding matrix (tied) as the output projection, + a bias."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.bias = nn.Parameter(torch.zeros(_check_vocab(cfg)))
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(cfg)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+
+
+class BertForPreTraining(nn.Module):
+    """Masked LM + next sentence prediction: ``forward(...) -> {loss, mlm_loss, nsp_loss, mlm_acc, nsp_acc}``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.cls = BertPreTrainingHeads(cfg)
+        init_weights(self.cls, cfg.initializer_range)
+
+    def mlm_logits(self, hidden: Tensor) -> Tensor:
+        """[N, H] hidden states at masked positions -> [N, V] logits (decoder tied to embeddings)."""
+        head = self.cls.predictions
+        return F.linear(head.transform(hidden), self.bert.embeddings.word_embeddings.weight, head.bias)
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [B, T]
+        token_type_ids: Tensor | None,  # [B, T]
+        attention_mask: Tensor | None,  # [B, T]
+        masked_lm_positions: Tensor,  # [B, P], 0-padded
+        masked_lm_ids: Tensor,  # [B, P]
+        masked_lm_weights: Tensor,  # [B, P], 1 = real prediction, 0 = padding
+        next_sentence_label: Tensor | None = None,  # [B], 0 = IsNext, 1 = random; -1 = no NSP
+    ) -> dict[str, Tensor]:
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        seq = out.last_hidden_state  # [B, T, H]
+        B, T, H = seq.shape
+
+        # Gather first: the MLM head sees only the real masked positions, never all B x T.
+        flat = (masked_lm_positions + T * torch.arange(B, device=seq.device)[:, None]).view(-1)  # [B*P]
+        real = masked_lm_weights.view(-1) > 0  # [B*P]
+        picked = seq.reshape(B * T, H).index_select(0, flat[real])  # [N, H]
+        labels = masked_lm_ids.view(-1)[real].long()  # [N]
+        logits = self.mlm_logits(picked)  # [N, V]
+        n = labels.numel()
+        if n:
+            mlm_loss = F.cross_entropy(logits.float(), labels)  # mean over the N real positions
+            mlm_acc = (logits.argmax(-1) == labels).float().mean()
+        else:  # a batch without predictions: zero loss that still touches the graph
+            mlm_loss = logits.sum() * 0.0
+            mlm_acc = seq.new_zeros(())
+
+        zero = mlm_loss.new_zeros(())
+        nsp_loss, nsp_acc = zero, zero
+        if next_sentence_label is not None:
+            nsp_logits = self.cls.seq_relationship(out.pooler_output)  # [B, 2]
+            nsp_label = next_sentence_label.view(-1).long()  # [B]
+            has_nsp = nsp_label >= 0
+            if bool(has_nsp.any()):
+                nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_label, ignore_index=-1)
+                nsp_acc = (nsp_logits.argmax(-1) == nsp_label)[has_nsp].float().mean()
+            else:  # keep the head in the graph (DDP/ZeRO expect every parameter to get a grad)
+                nsp_loss = nsp_logits.sum() * 0.0
+        return {
+            "loss": mlm_loss + nsp_loss,
+            "mlm_loss": mlm_loss.detach(),
+            "nsp_loss": nsp_loss.detach(),
+            "mlm_acc": mlm_acc.detach(),
+            "nsp_acc": nsp_acc.detach(),
+        }
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> Self:
+        """Load a transformers-layout folder; heads missing there (e.g. from a BertModel) stay initialised."""
+        from bert_core.checkpoint import load_into, load_pretrained
+
+        cfg, state = load_pretrained(path)
+        model = cls(cfg)
+        load_into(model, state, source=path)
+        return model
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, masked_fraction: float = 0.15) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward) of BertForPreTraining, for MFU.
+
+    Matmuls only: per layer 4H^2 (q,k,v,o) + 2*H*I (FFN) + 2*T*H (scores and weighted sum),
+    x2 FLOPs per multiply-add; the MLM head (H^2 + H*V) at the masked fraction of tokens.
+    """
+    H, ffn, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    V = cfg.vocab_size or 0
+    per_layer = 4 * H * H + 2 * H * ffn + 2 * seq_len * H
+    head = masked_fraction * (H * H + H * V)
+    return 3 * 2 * (L * per_layer + head)
+
+
+__all__ = [
+    "BertForPreTraining",
+    "BertModel",
+    "BertOutput",
+    "flops_per_token",
+    "init_weights",
+    "num_parameters",
+    "padding_mask",
+]
