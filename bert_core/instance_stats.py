@@ -1,0 +1,117 @@
+"""Statistics of a set of MLM/NSP instances, for manifests and for comparing with the reference.
+
+    bertpipe stats OUT_URI/seq128      (prints what the instance stage stored in the manifest)
+
+An :class:`InstanceStats` accumulates rows (in any order, mergeable, so each Beam shard writer
+keeps one and the manifest step adds them up) and :meth:`InstanceStats.summary` gives the
+numbers the issue asks for: instances, tokens, mean length, masked fraction and its 80/10/10
+split, random-next fraction, and a length histogram. The benchmark computes the same summary
+from google-research/bert's TFRecords, so both sides are measured by one piece of code.
+
+How a masked position was corrupted is read back from the row: ``[MASK]`` at the position;
+else the stored input id equals the label (kept); else a random id. A random draw that hits
+the original id counts as kept, in the reference's output as in ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class InstanceStats:
+    max_seq_length: int
+    instances: int = 0
+    tokens: int = 0
+    maskable_tokens: int = 0  # tokens other than [CLS]/[SEP]
+    masked: int = 0
+    masked_as_mask: int = 0
+    masked_kept: int = 0
+    masked_random: int = 0
+    random_next: int = 0
+    with_nsp: int = 0  # instances that have a next-sentence label (B segment)
+    length_histogram: dict[int, int] = field(default_factory=dict)  # bin start -> count
+
+    @property
+    def bin_width(self) -> int:
+        return max(1, self.max_seq_length // 8)
+
+    def add(
+        self,
+        input_ids: Sequence[int],
+        masked_lm_positions: Sequence[int],
+        masked_lm_ids: Sequence[int],
+        next_sentence_label: int,
+        mask_id: int,
+        n_special: int | None = None,
+    ) -> None:
+        """Count one instance. ``n_special`` = its [CLS]/[SEP] count (2 without B, 3 with)."""
+        n = len(input_ids)
+        self.instances += 1
+        self.tokens += n
+        if n_special is None:
+            n_special = 2 if next_sentence_label < 0 else 3
+        self.maskable_tokens += n - n_special
+        self.masked += len(masked_lm_positions)
+        for pos, label in zip(masked_lm_positions, masked_lm_ids, strict=True):
+            seen = input_ids[pos]
+            if seen == mask_id:
+                self.masked_as_mask += 1
+            elif seen == label:
+                self.masked_kept += 1
+            else:
+                self.masked_random += 1
+        if next_sentence_label >= 0:
+            self.with_nsp += 1
+            self.random_next += int(next_sentence_label == 1)
+        start = (n - 1) // self.bin_width * self.bin_width
+        self.length_histogram[start] = self.length_histogram.get(start, 0) + 1
+
+    def merge(self, other: InstanceStats) -> InstanceStats:
+        if other.max_seq_length != self.max_seq_length:
+            raise ValueError(f"cannot merge stats of seq{other.max_seq_length} into seq{self.max_seq_length}")
+        for name in ("instances", "tokens", "maskable_tokens", "masked", "masked_as_mask",
+                     "masked_kept", "masked_random", "random_next", "with_nsp"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for start, count in other.length_histogram.items():
+            self.length_histogram[start] = self.length_histogram.get(start, 0) + count
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Raw counts (JSON-safe), the inverse of :meth:`from_dict`."""
+        out = {k: v for k, v in self.__dict__.items() if k != "length_histogram"}
+        out["length_histogram"] = {str(k): v for k, v in sorted(self.length_histogram.items())}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InstanceStats:
+        data = dict(data)
+        hist = {int(k): int(v) for k, v in data.pop("length_histogram", {}).items()}
+        return cls(**data, length_histogram=hist)
+
+    def summary(self) -> dict[str, Any]:
+        """The manifest's stats for one length: counts, fractions and the histogram."""
+
+        def frac(a: int, b: int) -> float:
+            return round(a / b, 6) if b else 0.0
+
+        w = self.bin_width
+        return {
+            "max_seq_length": self.max_seq_length,
+            "instances": self.instances,
+            "tokens": self.tokens,
+            "mean_length": frac(self.tokens, self.instances),
+            "masked_per_instance": frac(self.masked, self.instances),
+            "masked_fraction": frac(self.masked, self.tokens),
+            "masked_fraction_of_maskable": frac(self.masked, self.maskable_tokens),
+            "mask_token_fraction": frac(self.masked_as_mask, self.masked),
+            "kept_fraction": frac(self.masked_kept, self.masked),
+            "random_token_fraction": frac(self.masked_random, self.masked),
+            "random_next_fraction": frac(self.random_next, self.with_nsp),
+            "length_histogram": {
+                f"{s + 1}-{s + w}": c for s, c in sorted(self.length_histogram.items())
+            },
+            "counts": self.to_dict(),
+        }
