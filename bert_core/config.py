@@ -298,6 +298,15 @@ class FinetuneConfig(_Model):
     deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
     max_train_examples: int | None = Field(None, ge=1, description="Cap for quick runs.")
     threads: int = Field(2, ge=1)
+    # fan-out (flows/pipeline.py)
+    extra_checkpoints: list[str] = Field(
+        default_factory=list, description="Also fine-tune these checkpoints (transformers layout, "
+        "e.g. samples/models/minilm), beside the freshly pre-trained one."
+    )
+    deployment: str | None = Field(
+        None, description="Send each fine-tune job to this deployment ('flow/deployment') with "
+        "run_deployment instead of running it in the pipeline's process."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:
