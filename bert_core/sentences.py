@@ -1,0 +1,82 @@
+"""An offline sentence splitter: rules, an abbreviation list, no model download.
+
+    from bert_core.sentences import split_sentences
+    split_sentences('Dr. Smith arrived at 3.30 p.m. on Monday. "Hello!" he said. It was 2.5 km.')
+    # ['Dr. Smith arrived at 3.30 p.m. on Monday.', '"Hello!" he said.', 'It was 2.5 km.']
+
+A boundary is terminal punctuation (``.``, ``!``, ``?``, ``…``), then any closing quotes or
+brackets, then whitespace, then something that is not a lowercase letter. It is *not* a
+boundary when the word before the period is a title or a common abbreviation (``Dr.``,
+``e.g.``, ``U.S.``, ``Fig.``), or a single capital initial (``J. R. R. Tolkien``). A few
+abbreviations that often end a sentence (``etc.``, ``a.m.``, ``Inc.``) split only before a
+capitalised word. Decimals (``3.14``) never split because no space follows the period.
+
+Used by ``beam_jobs/clean_corpus.py`` on every paragraph of every document.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Never end a sentence: titles before a name, and abbreviations inside a sentence.
+_ABBREVIATIONS = frozenset(
+    """
+    mr mrs ms mx dr prof st sr jr rev hon gen col lt sgt capt cpt maj cmdr adm gov pres sen rep
+    messrs mme mlle sra srta fr
+    e.g i.e cf vs viz al approx ca esp ed eds trans repr dept univ assn bros mt ft rd ave blvd
+    jan feb apr jun jul aug sep sept oct nov dec tues thur thurs
+    u.s u.k u.n e.u u.s.a u.s.s.r d.c
+    """.split()
+)
+# May end a sentence: split after them only when a capitalised word follows.
+_SOFT_ABBREVIATIONS = frozenset("etc a.m p.m inc ltd co corp llc plc bc ad b.c a.d".split())
+# Abbreviations before a number ("No. 5", "Fig. 3", "pp. 12"); elsewhere "no." ends a sentence.
+_NUMBER_ABBREVIATIONS = frozenset("no nos vol vols p pp ch chap sec fig figs eq eqs op art".split())
+
+_BOUNDARY = re.compile(r"([.!?\u2026]+)([\"'\u201d\u2019)\]]*)(\s+)")
+_LAST_WORD = re.compile(r"(\S+)$")
+_INITIAL = re.compile(r"^[A-Z]$")
+_DOTTED = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # U.S, e.g, a.m (final period not included)
+
+
+def _is_abbreviation(before: str, next_word: str) -> bool:
+    m = _LAST_WORD.search(before)
+    if not m:
+        return False
+    word = m.group(1).lstrip("\"'(\u201c\u2018[")
+    low = word.lower()
+    if low in _SOFT_ABBREVIATIONS:
+        return not next_word[:1].isupper()
+    if low in _NUMBER_ABBREVIATIONS:
+        return next_word[:1].isdigit()
+    return low in _ABBREVIATIONS or bool(_INITIAL.match(word)) or bool(_DOTTED.match(word))
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Sentences of one paragraph, in order, stripped; the text is otherwise unchanged."""
+    text = paragraph.strip()
+    sentences: list[str] = []
+    start = 0
+    for m in _BOUNDARY.finditer(text):
+        end = m.end(2)
+        rest = text[m.end() :]
+        if not rest:
+            break
+        first = rest[0]
+        if first.islower() or first in ",;:":
+            continue  # '"Stop!" he said' / 'e.g., x': the sentence goes on
+        if m.group(1) == "." and _is_abbreviation(text[start : m.start()], rest.split(" ", 1)[0]):
+            continue
+        sentence = text[start:end].strip()
+        if sentence:
+            sentences.append(sentence)
+        start = m.end()
+    tail = text[start:].strip()
+    if tail:
+        sentences.append(tail)
+    return sentences
+
+
+def split_paragraphs(paragraphs: list[str]) -> list[str]:
+    """All sentences of a document (paragraph boundaries always end a sentence)."""
+    return [s for p in paragraphs for s in split_sentences(p)]

@@ -1,0 +1,223 @@
+"""Wikitext -> plain paragraphs: the text passages of an article, nothing else.
+
+    from bert_core.wikitext import wikitext_to_paragraphs
+    wikitext_to_paragraphs("'''Anarchism''' is a [[political philosophy]].{{cn}}")
+    # ['Anarchism is a political philosophy.']
+
+The paper keeps "only the text passages and ignore[s] lists, tables, and headers". A full
+``mwparserfromhell`` parse + ``strip_code`` runs about 1 MB/s, and most of that time goes into
+templates, references and tables that are thrown away anyway. So a fast scanner cuts them first
+(comments, ``<ref>``/``<math>``/... elements, balanced ``{{...}}`` and ``{|...|}``, file/category/
+interlanguage links), then a light pass turns what is left (links, bold/italic, inline tags,
+headings, lists) into text. A paragraph that still shows markup after that goes through
+``mwparserfromhell`` (the slow, exact path), and a sentence that *still* shows markup is dropped
+and counted, so no markup ever reaches the corpus.
+
+Used by ``beam_jobs/clean_corpus.py`` (``bertpipe clean``).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+
+# Elements dropped with their content: citations, maths, code, galleries, ... (not prose).
+_DROP_ELEMENTS = (
+    "ref|references|math|chem|ce|gallery|timeline|score|syntaxhighlight|source|pre|nowiki|"
+    "imagemap|table|hiero|graph|mapframe|maplink|templatedata|templatestyles|code|inputbox|"
+    "categorytree|noinclude|includeonly|ol|ul|li|dl|caption|"
+    "timeline|charinsert|section|indicator|references"
+)
+_COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.S)
+_SELF_CLOSING = re.compile(rf"<(?:{_DROP_ELEMENTS})\b[^<>]*/\s*>", re.I)
+# An element that never closes ends at the paragraph end, not the page end.
+_ELEMENT = re.compile(rf"<({_DROP_ELEMENTS})\b[^<>]*>.*?(?:</\1\s*>|(?=\n\n)|$)", re.I | re.S)
+
+# Balanced-brace tokens: templates/parser functions {{ }}, tables {| |} at a line start.
+_BRACES = re.compile(r"\{\{|\}\}|^[ \t:]*\{\||^[ \t]*\|\}", re.M)
+_LINK_TOKENS = re.compile(r"\[\[|\]\]")
+_DROP_NAMESPACES = {"file", "image", "category", "media", "template", "module"}
+# Sister-project prefixes whose links show their text inline (kept, unlike interlanguage links).
+_SISTER = {"s", "w", "q", "n", "b", "v", "d", "m", "c", "wikt", "wikipedia", "wp",
+           "wiktionary", "wikisource", "wikiquote", "commons", "meta", "species"}
+_LANG_PREFIX = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]+)*$")
+
+_HEADING = re.compile(r"^=+.*=+\s*$")
+_MAGIC = re.compile(r"__[A-Z]+__")
+_EXT_LINK = re.compile(r"\[(?:https?:|ftp:|//|mailto:)[^\s\]]*\s*([^\]]*)\]")
+_BARE_URL = re.compile(r"\bhttps?://\S+")
+_BOLD_ITALIC = re.compile(r"'{2,5}")
+_TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>")
+_SPACES = re.compile(r"[ \t\u00a0]+")
+_EMPTY_BRACKETS = re.compile(r"\(\s*[,;]?\s*\)|\[\s*\]")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?])")
+
+# What "markup" means for the residue check (the issue's list).
+MARKUP = ("{{", "}}", "[[", "]]", "<ref", "{|", "|-", "==", "''")
+
+
+@dataclass
+class CleanStats:
+    """Why a page produced fewer sentences than it might have (counted, never silent)."""
+
+    slow_paragraphs: int = 0  # paragraphs that needed the full mwparserfromhell parse
+    dropped_markup_sentences: int = 0  # sentences dropped because markup survived both paths
+    notes: list[str] = field(default_factory=list)
+
+
+def _strip_balanced_braces(text: str) -> str:
+    """Remove every ``{{...}}`` and line-start ``{|...|}`` span, nesting included.
+
+    An opener that never closes removes text up to the next blank line only (a stray ``{{`` in
+    an article must not swallow the rest of it).
+    """
+    out: list[str] = []
+    stack: list[tuple[str, int]] = []  # (kind, start offset) of open spans
+    last = 0
+    for m in _BRACES.finditer(text):
+        tok = m.group().strip(" \t:")
+        if tok in ("{{", "{|"):
+            if not stack:
+                out.append(text[last : m.start()])
+            stack.append((tok, m.start()))
+        elif stack:
+            want = "{{" if tok == "}}" else "{|"
+            # close the innermost span of the same kind; a mismatched closer is ignored
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] == want:
+                    del stack[i:]
+                    break
+            if not stack:
+                last = m.end()
+        else:  # a closer with nothing open: residue, drop the token itself
+            out.append(text[last : m.start()])
+            last = m.end()
+    if stack:
+        start = stack[0][1]
+        blank = text.find("\n\n", start)
+        if blank >= 0:
+            return "".join(out) + _strip_balanced_braces(text[blank:])
+        return "".join(out)
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _link_text(inner: str) -> str | None:
+    """Display text of ``[[inner]]``, or None when the link is not shown as text."""
+    target, pipe, label = inner.partition("|")
+    prefix, colon, _ = target.partition(":")
+    if colon and not target.startswith(":"):
+        ns = prefix.strip().lower()
+        if ns in _DROP_NAMESPACES:
+            return None
+        if not pipe and ns not in _SISTER and _LANG_PREFIX.match(ns):
+            return None  # interlanguage link (e.g. [[de:Anarchismus]])
+    if pipe:
+        label = label.strip()
+        if label:
+            return label.rsplit("|", 1)[-1]
+        # pipe trick: [[Paris, Texas|]] -> "Paris"
+        return re.sub(r"\s*\(.*\)$", "", target.split(",", 1)[0]).lstrip(":").strip()
+    return target.lstrip(":").split("#", 1)[0].strip() or target.strip("#")
+
+
+def _replace_links(text: str) -> str:
+    """``[[a|b]]`` -> b, ``[[a]]`` -> a; file/category/interlanguage links removed whole
+    (their captions may hold nested links, hence the balanced scan)."""
+    out: list[str] = []
+    starts: list[int] = []
+    pieces: list[list[str]] = [out]
+    last = 0
+    for m in _LINK_TOKENS.finditer(text):
+        pieces[-1].append(text[last : m.start()])
+        last = m.end()
+        if m.group() == "[[":
+            starts.append(m.start())
+            pieces.append([])
+        elif starts:
+            starts.pop()
+            inner = "".join(pieces.pop())
+            shown = _link_text(inner)
+            if shown is not None:
+                pieces[-1].append(shown)
+        # a stray "]]" is dropped
+    pieces[-1].append(text[last:])
+    while len(pieces) > 1:  # unclosed "[[": keep its text, drop the brackets
+        inner = "".join(pieces.pop())
+        pieces[-1].append(inner)
+    return "".join(out)
+
+
+def prescan(wikitext: str) -> str:
+    """The fast cut: comments, dropped elements, templates, tables, non-text links."""
+    text = _COMMENT.sub("", wikitext)
+    text = _SELF_CLOSING.sub("", text)
+    text = _ELEMENT.sub("", text)
+    text = _strip_balanced_braces(text)
+    return _replace_links(text)
+
+
+def _paragraph_lines(text: str) -> list[str]:
+    """Group text lines into paragraphs; headings, lists, tables rows and rules end one."""
+    paragraphs: list[str] = []
+    current: list[str] = []
+    for line in text.split("\n"):
+        stripped = line.strip()
+        is_text = bool(stripped) and not (
+            stripped[0] in "*#:;|!"
+            or _HEADING.match(stripped)
+            or stripped.startswith("----")
+            or line.startswith(" ")  # a line starting with a space is preformatted (code)
+        )
+        if is_text:
+            current.append(stripped)
+        elif current:
+            paragraphs.append(" ".join(current))
+            current = []
+    if current:
+        paragraphs.append(" ".join(current))
+    return paragraphs
+
+
+def _inline(paragraph: str) -> str:
+    text = _MAGIC.sub("", paragraph)
+    text = _EXT_LINK.sub(r"\1", text)
+    text = _BARE_URL.sub("", text)
+    text = _BOLD_ITALIC.sub("", text)
+    text = _TAG.sub("", text)
+    text = html.unescape(text)
+    text = _SPACES.sub(" ", text)
+    text = _EMPTY_BRACKETS.sub("", text)  # "(; born 1920)" leftovers of removed templates
+    text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    return _SPACES.sub(" ", text).strip()
+
+
+def has_markup(text: str) -> bool:
+    return any(m in text for m in MARKUP)
+
+
+def _slow_paragraph(raw: str) -> str:
+    """The exact path: mwparserfromhell on one paragraph (imported only when needed)."""
+    import mwparserfromhell
+
+    code = mwparserfromhell.parse(raw)
+    return _inline(code.strip_code(normalize=True, collapse=True, keep_template_params=False))
+
+
+def wikitext_to_paragraphs(wikitext: str, stats: CleanStats | None = None) -> list[str]:
+    """Text paragraphs of an article in page order (no headings, lists, tables, templates)."""
+    stats = stats if stats is not None else CleanStats()
+    paragraphs = []
+    for raw in _paragraph_lines(prescan(wikitext)):
+        text = _inline(raw)
+        if has_markup(text):
+            stats.slow_paragraphs += 1
+            text = _slow_paragraph(raw)
+        if text:
+            paragraphs.append(text)
+    return paragraphs
+
+
+def is_redirect(wikitext: str) -> bool:
+    return wikitext.lstrip()[:9].upper() == "#REDIRECT"
