@@ -218,3 +218,62 @@ def glue_metrics(task: str, labels: Sequence, preds: Sequence) -> dict[str, floa
     if task in ("mrpc", "qqp"):
         return {"f1": M.f1_binary(labels, preds), "accuracy": M.accuracy(labels, preds)}
     return {"accuracy": M.accuracy(labels, preds)}
+
+
+def prepare(task: str, folder: str, tokenizer: Any, cfg: Any) -> Any:
+    """Read + encode train and dev splits -> :class:`TaskData` (``cfg`` is a FinetuneConfig)."""
+    import numpy as np
+
+    from bert_core.finetune import get_task
+    from bert_core.finetune.data import TaskData
+
+    spec = get_task(task)
+    labels = list(SENTIMENT_LABELS) if task == "sentiment" else list(GLUE[task].labels)
+    read = (lambda s: read_sentiment(folder, s)) if task == "sentiment" else \
+        (lambda s: read_glue(task, folder, s))
+    counts: dict[str, int] = {}
+    all_rejects: list[dict[str, Any]] = []
+    examples: dict[str, list[Example]] = {}
+    for split in ("train", *spec.splits):
+        ex, rejects = read(split)
+        if split == "train" and cfg.max_train_examples:
+            ex = ex[: cfg.max_train_examples]
+        examples[split] = ex
+        counts[f"{split}_examples"] = len(ex)
+        counts[f"{split}_rejected"] = len(rejects)
+        all_rejects += [r.as_dict() for r in rejects]
+    if not examples["train"]:
+        raise ValueError(f"task {task}: no training examples in {folder}")
+
+    def encode(ex: list[Example]) -> list[dict[str, Any]]:
+        enc = encode_pairs(tokenizer, ex, cfg.max_seq_length)
+        return [
+            {"input_ids": i, "token_type_ids": t,
+             "label": e.label if not labels else labels.index(e.label)}
+            for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], ex, strict=True)
+        ]
+
+    def finish(split: str, outputs: list[Any]) -> tuple[dict[str, float], dict[str, Any]]:
+        ex = examples[split]
+        out = np.stack(outputs)
+        if labels:
+            pred = out.argmax(-1)
+            gold = [labels.index(e.label) for e in ex]
+            names = [labels[p] for p in pred]
+        else:
+            pred, gold, names = out, [e.label for e in ex], [float(p) for p in out]
+        result = glue_metrics(task, gold, pred)
+        # GLUE's submission layout: index<TAB>prediction (the index here is the example's guid).
+        tsv = "index\tprediction\n" + "".join(f"{e.guid}\t{n}\n" for e, n in zip(ex, names, strict=True))
+        return result, {f"{split}_predictions.tsv": tsv}
+
+    return TaskData(
+        kind="regression" if not labels else "classification",
+        num_labels=max(len(labels), 1),
+        train=encode(examples["train"]),
+        evals={s: encode(examples[s]) for s in spec.splits},
+        finish=finish,
+        label_names=labels,
+        counts=counts,
+        rejects=all_rejects,
+    )

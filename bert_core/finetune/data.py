@@ -1,0 +1,63 @@
+"""What every task reader hands the training loop: encoded features + a way to score outputs.
+
+A feature is a dict: ``input_ids`` / ``token_type_ids`` (lists, or one list per choice for
+multiple choice) and ``label`` (class id, score, ``[start, end]`` or a list per token). Batches
+are padded to their longest sequence only (dynamic padding: the paper's fixed 128/384 would
+waste most of the compute on short GLUE sentences).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bert_core.finetune.heads import IGNORE_INDEX
+
+# finish(split, outputs) -> (metrics, {file name: JSON-able predictions})
+Finish = Callable[[str, list[Any]], tuple[dict[str, float], dict[str, Any]]]
+
+
+@dataclass
+class TaskData:
+    kind: str
+    num_labels: int
+    train: list[dict[str, Any]]
+    evals: dict[str, list[dict[str, Any]]]
+    finish: Finish
+    label_names: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # examples read/kept/rejected per split
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _pad(rows: Sequence[Sequence[int]], value: int, length: int) -> list[list[int]]:
+    return [list(r) + [value] * (length - len(r)) for r in rows]
+
+
+def collate(kind: str, features: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad a list of features into tensors ``input_ids``, ``token_type_ids``, ``attention_mask``, ``labels``."""
+    if kind == "multiple_choice":
+        length = max(len(ids) for f in features for ids in f["input_ids"])
+        ids = [_pad(f["input_ids"], pad_id, length) for f in features]
+        types = [_pad(f["token_type_ids"], 0, length) for f in features]
+        mask = [_pad([[1] * len(x) for x in f["input_ids"]], 0, length) for f in features]
+    else:
+        length = max(len(f["input_ids"]) for f in features)
+        ids = _pad([f["input_ids"] for f in features], pad_id, length)
+        types = _pad([f["token_type_ids"] for f in features], 0, length)
+        mask = _pad([[1] * len(f["input_ids"]) for f in features], 0, length)
+    batch = {
+        "input_ids": torch.tensor(ids, dtype=torch.long),
+        "token_type_ids": torch.tensor(types, dtype=torch.long),
+        "attention_mask": torch.tensor(mask, dtype=torch.long),
+    }
+    labels = [f.get("label") for f in features]
+    if kind == "token":
+        batch["labels"] = torch.tensor(_pad(labels, IGNORE_INDEX, length), dtype=torch.long)
+    elif kind == "regression":
+        batch["labels"] = torch.tensor(labels, dtype=torch.float32)
+    elif all(lab is not None for lab in labels):
+        batch["labels"] = torch.tensor(labels, dtype=torch.long)
+    return batch

@@ -1,0 +1,261 @@
+"""One fine-tuning job: a task, a data folder, a checkpoint, a FinetuneConfig and a seed.
+
+    python -m bert_core.finetune.train --task mrpc --data glue_data --checkpoint runs/demo/hf \
+        --output finetune/demo --seed 1
+
+Writes ``<output>/<task>/seed=<seed>/metrics.json`` and the task's predictions (GLUE
+``*_predictions.tsv``, SQuAD ``predictions.json`` + ``null_odds.json``, NER ``*_predictions.txt``
+in conlleval's input format, SWAG ``*_predictions.csv``). The paper's recipe: all parameters
+trained, AdamW (no decay on biases and LayerNorm), linear warmup over ``warmup_proportion`` of
+the steps then linear decay to 0, gradient clipping at 1.0, single process by default; with
+``finetune.deepspeed`` the same loop runs in a (single-rank) DeepSpeed engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any
+
+from bert_core import storage
+from bert_core.config import FinetuneConfig
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "config.json", "tokenizer.json",
+                   "special_tokens_map.json")
+
+
+def load_tokenizer(checkpoint: str) -> Any:
+    """The checkpoint's own tokenizer (vocab.txt + casing); remote folders are copied locally first."""
+    from bert_core.tokenization import Tokenizer
+
+    if storage.is_local(checkpoint):
+        return Tokenizer.from_pretrained_dir(storage.to_uri(checkpoint))
+    local = tempfile.mkdtemp(prefix="bertpipe-tok-")
+    for name in TOKENIZER_FILES:
+        uri = storage.join(checkpoint, name)
+        if storage.exists(uri):
+            storage.write_text(os.path.join(local, name), storage.read_text(uri))
+    return Tokenizer.from_pretrained_dir(local)
+
+
+def prepare_task(task_name: str, data_dir: str, tokenizer: Any, cfg: FinetuneConfig) -> Any:
+    from bert_core.finetune import get_task, task_dir
+
+    task = get_task(task_name)
+    folder = task_dir(data_dir, task)
+    if task.kind in ("classification", "regression"):
+        from bert_core.finetune import glue
+
+        return glue.prepare(task.name, folder, tokenizer, cfg)
+    if task.kind == "span":
+        from bert_core.finetune import squad
+
+        return squad.prepare(task.name, folder, tokenizer, cfg)
+    if task.kind == "token":
+        from bert_core.finetune import ner
+
+        return ner.prepare(folder, tokenizer, cfg, splits=task.splits)
+    if task.kind == "multiple_choice":
+        from bert_core.finetune import swag
+
+        return swag.prepare(folder, tokenizer, cfg, splits=task.splits)
+    raise ValueError(f"task {task.name}: kind {task.kind} is not trained by this loop")
+
+
+def _param_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
+    # BERT: no weight decay on biases and LayerNorm parameters (all the 1-D ones).
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def linear_warmup_decay(warmup_steps: int, total_steps: int):
+    """LR multiplier: 0 -> 1 over the warmup steps, then linearly down to 0 at the last step."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+def _deepspeed_engine(model: Any, optimizer: Any, scheduler: Any, cfg: FinetuneConfig) -> Any:
+    """Wrap the loop's model/optimizer/scheduler in a one-rank DeepSpeed engine (gloo on CPU)."""
+    import socket
+
+    import deepspeed
+
+    if "RANK" not in os.environ:  # launched as a plain process: be rank 0 of 1
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    deepspeed.init_distributed(dist_backend="gloo")
+    ds_config = {
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 0},
+        "steps_per_print": 10**9,
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+    )
+    return engine
+
+
+def train_and_predict(
+    data: Any, checkpoint: str, cfg: FinetuneConfig, seed: int, pad_id: int, log=None
+) -> dict[str, Any]:
+    """Fine-tune all parameters on ``data.train``; return per-split outputs and training stats."""
+    import torch
+
+    from bert_core.finetune.data import collate
+    from bert_core.finetune.heads import BertForTask, mask_padding, task_loss
+    from bert_core.model import BertModel
+
+    torch.manual_seed(seed)
+    model = BertForTask(BertModel.from_pretrained(checkpoint), data.kind, data.num_labels)
+    steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
+    total_steps = max(1, math.ceil(steps_per_epoch * cfg.num_train_epochs))
+    warmup = int(cfg.warmup_proportion * total_steps)
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                                  betas=(0.9, 0.999), eps=1e-6)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, total_steps))
+    engine = _deepspeed_engine(model, optimizer, scheduler, cfg) if cfg.deepspeed else None
+    shuffle = torch.Generator().manual_seed(seed)
+
+    model.train()
+    losses: list[float] = []
+    step, seen, start = 0, 0, time.perf_counter()
+    while step < total_steps:
+        order = torch.randperm(len(data.train), generator=shuffle).tolist()
+        for i in range(0, len(order), cfg.batch_size):
+            if step >= total_steps:
+                break
+            batch = collate(data.kind, [data.train[j] for j in order[i : i + cfg.batch_size]], pad_id)
+            runner = engine if engine is not None else model
+            logits = runner(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            loss = task_loss(data.kind, logits, batch["labels"])
+            if engine is not None:
+                engine.backward(loss)
+                engine.step()  # clips, steps the optimizer and the scheduler
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            seen += len(batch["input_ids"])
+            step += 1
+            if log and (step % 20 == 0 or step == total_steps):
+                log(f"step {step}/{total_steps} loss {losses[-1]:.4f}")
+    train_seconds = time.perf_counter() - start
+
+    model.eval()
+    outputs: dict[str, list[Any]] = {}
+    eval_start, n_eval = time.perf_counter(), 0
+    with torch.no_grad():
+        for split, feats in data.evals.items():
+            outputs[split] = []
+            for i in range(0, len(feats), 64):
+                chunk = feats[i : i + 64]
+                batch = collate(data.kind, chunk, pad_id)
+                logits = mask_padding(data.kind, model(batch["input_ids"], batch["token_type_ids"],
+                                                       batch["attention_mask"]), batch["attention_mask"])
+                for f, row in zip(chunk, logits.float().numpy(), strict=True):
+                    # drop the batch padding: token/span outputs keep only this feature's length
+                    outputs[split].append(row[: len(f["input_ids"])] if data.kind in ("token", "span") else row)
+                n_eval += len(chunk)
+    return {
+        "outputs": outputs,
+        "train": {
+            "steps": total_steps, "warmup_steps": warmup, "examples_seen": seen,
+            "seconds": round(train_seconds, 3), "examples_per_second": round(seen / max(train_seconds, 1e-9), 2),
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+            "mean_loss_last_10": sum(losses[-10:]) / max(1, len(losses[-10:])),
+            "eval_examples_per_second": round(n_eval / max(time.perf_counter() - eval_start, 1e-9), 2),
+            "deepspeed": bool(cfg.deepspeed),
+        },
+    }
+
+
+def _write_predictions(job_dir: str, files: dict[str, Any]) -> list[str]:
+    written = []
+    for name, content in files.items():
+        text = content if isinstance(content, str) else json.dumps(content, indent=2, sort_keys=True)
+        storage.write_text(storage.join(job_dir, name), text)
+        written.append(name)
+    return written
+
+
+def run_job(
+    task: str, data_dir: str, checkpoint: str, cfg: FinetuneConfig, seed: int, output: str, log=None
+) -> dict[str, Any]:
+    """Fine-tune + evaluate one (task, seed); write metrics.json and predictions; return the metrics."""
+    import torch
+
+    from bert_core.finetune import get_task
+
+    spec = get_task(task)
+    torch.set_num_threads(cfg.threads)
+    job_dir = storage.join(output, spec.name, f"seed={seed}")
+    tokenizer = load_tokenizer(checkpoint)
+    if spec.kind == "token_features":
+        from bert_core.finetune import bilstm
+
+        result = bilstm.run_feature_based_ner(data_dir, checkpoint, tokenizer, cfg, seed, log=log)
+        data, files, split_metrics = result["data"], result["files"], result["metrics"]
+        train_stats = result["train"]
+    else:
+        data = prepare_task(spec.name, data_dir, tokenizer, cfg)
+        trained = train_and_predict(data, checkpoint, cfg, seed, tokenizer.pad_id, log=log)
+        split_metrics, files = {}, {}
+        for split, outs in trained["outputs"].items():
+            m, f = data.finish(split, outs)
+            split_metrics[split] = m
+            files.update(f)
+        train_stats = trained["train"]
+    flat = {f"{split}/{k}": v for split, m in split_metrics.items() for k, v in m.items()
+            if isinstance(v, (int, float))}
+    main_name = f"{spec.splits[0]}/{spec.metric}"
+    metrics = {
+        "task": spec.name, "seed": seed, "checkpoint": storage.to_uri(checkpoint),
+        "data": storage.to_uri(data_dir), "main_metric": main_name, "main": flat.get(main_name),
+        "metrics": split_metrics, "flat": flat, "counts": data.counts, "train": train_stats,
+        "config": cfg.model_dump(mode="json"),
+        "predictions": sorted(files),
+    }
+    _write_predictions(job_dir, files)
+    if data.rejects:
+        storage.write_text(storage.join(job_dir, "rejects.jsonl"),
+                           "".join(json.dumps(r) + "\n" for r in data.rejects))
+    storage.write_text(storage.join(job_dir, "metrics.json"), json.dumps(metrics, indent=2, default=float))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], help="finetune field=value")
+    args = parser.parse_args(argv)
+    from bert_core.config import load_config
+
+    cfg = load_config(None, None, [f"finetune.{s}" for s in args.set]).finetune
+    m = run_job(args.task, args.data, args.checkpoint, cfg, args.seed, args.output, log=print)
+    print(json.dumps({"task": m["task"], "seed": m["seed"], "main": m["main_metric"], "value": m["main"]}))
+
+
+if __name__ == "__main__":
+    main()
