@@ -45,6 +45,7 @@ SetOpt = Annotated[
 # Stage command modules; each defines register(app). Listed, not discovered, so a typo fails loudly.
 COMMAND_MODULES: list[str] = [
     "flows.cli_ops",
+    "flows.cli_export",
 ]
 
 
