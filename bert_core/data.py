@@ -1,0 +1,433 @@
+"""Pre-training data loader: instance shards -> padded micro-batches, with exact resume.
+
+    loader = PretrainingLoader(instances_uri, max_seq_length=128, micro_batch_size=16,
+                               rank=0, world_size=2, seed=42)
+    for batch in loader: ...            # endless: epochs advance by themselves
+    state = loader.state_dict()         # {"epoch": e, "position": micro-batches taken in epoch e}
+
+(``bert_core/pretrain.py`` drives it; ``pytest tests/test_data.py`` checks it.)
+
+Who reads what: the shards of ``<instances>/seq{L}/`` are split over *readers* = ranks x loader
+workers; reader ``k = rank * W + w`` owns shards ``k, k + R, k + 2R, ...`` (R readers). Each reader
+walks its shards in an order drawn from ``(seed, epoch, reader)`` and the rows of each shard in
+an order drawn from ``(seed, epoch, reader, shard)``: a two-level shuffle that needs one shard in
+memory, not the corpus (the instance stage already scattered instances over shards at random).
+
+Every reader yields the same number of micro-batches per epoch, ``min(rows of a reader) //
+micro_batch_size`` over *all* readers, so every rank takes the same number of steps and none
+waits forever in an all-reduce. The rows past that count are the tail of an epoch's
+permutation, a different tail every epoch.
+
+A rank's micro-batch ``j`` of an epoch is reader ``j % W``'s batch ``j // W``. Exact resume: the
+loader's state is (epoch, position); a reader starts at its batch ``ceil((position - w) / W)``,
+turns that into a row offset, skips whole shards by their manifest counts and indexes into the
+shard's permutation. Nothing is replayed, so resuming is instant.
+
+A batch is padded to its longest sequence rounded up to 8 (tensor-core friendly, few shapes);
+``masked_lm_weights`` is 1 for a real prediction and 0 for padding. With ``masking: dynamic``
+in the instances manifest, the stored sequences are unmasked and each sample is masked here by
+``bert_core.pretraining_data.create_masked_lm_predictions`` with an RNG drawn from
+``(seed, epoch, shard, row)``: a new mask every epoch, the same mask after a resume.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bert_core import storage
+
+if TYPE_CHECKING:  # pragma: no cover - pyarrow and torch are imported where used
+    import pyarrow as pa
+    import torch
+
+    from bert_core.pretraining_data import VocabIds
+
+PAD_MULTIPLE = 8
+COLUMNS = ["input_ids", "len_a", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
+
+
+class InstanceDataError(ValueError):
+    """Instance shards that cannot be trained on; the message names the shard and what to do."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    uri: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class MaskingSpec:
+    """What dynamic masking needs (from the instances manifest and its vocab)."""
+
+    masked_lm_prob: float
+    max_predictions_per_seq: int
+    whole_word_mask: bool
+    vocab: VocabIds
+
+
+# --------------------------------------------------------------------------- instances folder
+
+
+def length_folder(instances: str, max_seq_length: int) -> str:
+    return storage.join(instances, f"seq{max_seq_length}")
+
+
+def vocab_file_of(instances: str, manifest: dict[str, Any] | None = None) -> str:
+    """The ``vocab.txt`` the instances were tokenized with (the vocab manifest among the inputs)."""
+    manifest = manifest or storage.read_manifest(instances)
+    for entry in manifest.get("inputs", []):
+        if entry.get("stage") == "vocab" and entry.get("uri"):
+            return storage.join(entry["uri"], "vocab.txt")
+    vocab = manifest.get("vocab") or (manifest.get("config") or {}).get("vocab_file")
+    if vocab:
+        return vocab if vocab.endswith(".txt") else storage.join(vocab, "vocab.txt")
+    raise InstanceDataError(
+        f"{storage.join(instances, storage.MANIFEST)} names no vocab (no input with stage 'vocab'); "
+        "re-run the instances stage so its manifest records the vocab it used"
+    )
+
+
+def read_vocab(vocab_file: str) -> list[str]:
+    return storage.read_text(vocab_file).splitlines()
+
+
+def vocab_ids(tokens: list[str], source: str = "vocab.txt") -> VocabIds:
+    """Special ids, size and ``##`` pieces of a vocab, for dynamic masking."""
+    from bert_core.pretraining_data import VocabIds
+
+    index = {t: i for i, t in enumerate(tokens)}
+    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
+    if missing:
+        raise InstanceDataError(f"{source}: has no {', '.join(missing)}; use a BERT WordPiece vocab")
+    subwords = frozenset(i for t, i in index.items() if t.startswith("##"))
+    return VocabIds(index["[CLS]"], index["[SEP]"], index["[MASK]"], len(tokens), subwords)
+
+
+def masking_spec(instances: str, max_seq_length: int) -> MaskingSpec | None:
+    """None for static masking (masks stored in the shards); the spec for ``masking: dynamic``."""
+    manifest = storage.read_manifest(instances)
+    cfg = manifest.get("config") or {}
+    if cfg.get("masking", "static") != "dynamic":
+        return None
+    specs = [s for s in cfg.get("lengths", []) if s.get("max_seq_length") == max_seq_length]
+    if not specs:
+        raise InstanceDataError(
+            f"{instances}: manifest config has no lengths entry for max_seq_length={max_seq_length}"
+        )
+    vocab_file = vocab_file_of(instances, manifest)
+    return MaskingSpec(
+        masked_lm_prob=float(cfg.get("masked_lm_prob", 0.15)),
+        max_predictions_per_seq=int(specs[0]["max_predictions_per_seq"]),
+        whole_word_mask=bool(cfg.get("whole_word_mask", False)),
+        vocab=vocab_ids(read_vocab(vocab_file), vocab_file),
+    )
+
+
+def list_shards(instances: str, max_seq_length: int) -> list[Shard]:
+    """The shards of ``seq{L}/`` with their row counts, from its manifest (never a listing)."""
+    import pyarrow.parquet as pq
+
+    folder = length_folder(instances, max_seq_length)
+    manifest = storage.read_manifest(folder)
+    shards = []
+    for entry in manifest["shards"]:
+        uri = storage.join(folder, entry["path"])
+        rows = entry.get("count")
+        if rows is None:  # older manifests: the Parquet footer has it
+            with storage.open_file(uri) as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
+        shards.append(Shard(uri, int(rows)))
+    if not shards:
+        raise InstanceDataError(f"{folder}: manifest lists no shards; re-run the instances stage")
+    return shards
+
+
+# --------------------------------------------------------------------------- order
+
+
+def epoch_rng(seed: int, epoch: int, *parts: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, *parts])
+
+
+class Reader:
+    """One reader's shards and its deterministic per-epoch sample order."""
+
+    def __init__(self, shards: list[Shard], reader_id: int, seed: int) -> None:
+        self.shards = shards
+        self.reader_id = reader_id
+        self.seed = seed
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    def shard_order(self, epoch: int) -> list[int]:
+        return epoch_rng(self.seed, epoch, self.reader_id).permutation(len(self.shards)).tolist()
+
+    def row_order(self, epoch: int, shard_index: int) -> np.ndarray:
+        rng = epoch_rng(self.seed, epoch, self.reader_id, 1 + shard_index)
+        return rng.permutation(self.shards[shard_index].rows)
+
+    def samples(self, epoch: int, start: int) -> Iterator[tuple[int, int]]:
+        """(shard index, row) from sample ``start`` of the epoch on; earlier shards are skipped unread."""
+        for shard_index in self.shard_order(epoch):
+            rows = self.shards[shard_index].rows
+            if start >= rows:
+                start -= rows
+                continue
+            for row in self.row_order(epoch, shard_index)[start:]:
+                yield shard_index, int(row)
+            start = 0
+
+
+def split_shards(shards: list[Shard], num_readers: int) -> list[list[Shard]]:
+    if len(shards) < num_readers:
+        raise InstanceDataError(
+            f"{len(shards)} instance shards for {num_readers} readers (ranks x loader workers): every "
+            f"reader needs a shard; re-run the instances stage with num_shards >= {num_readers} "
+            f"(or instances.shard_multiple_of={num_readers}), or use fewer ranks/workers"
+        )
+    return [shards[k::num_readers] for k in range(num_readers)]
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def round_up(n: int, multiple: int = PAD_MULTIPLE) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def _pad_lists(lists: pa.ListArray, width: int, fill: int = 0) -> np.ndarray:
+    """A list<int> column -> [rows, width] int64, right-padded with ``fill``."""
+    offsets = lists.offsets.to_numpy()
+    values = lists.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    lengths = np.diff(offsets)
+    out = np.full((len(lengths), width), fill, dtype=np.int64)
+    out[np.arange(width)[None, :] < lengths[:, None]] = values
+    return out
+
+
+def collate(table: pa.Table, max_seq_length: int) -> dict[str, np.ndarray]:
+    """Instance rows (in order) -> padded arrays: the inputs of ``BertForPreTraining.forward``."""
+    import pyarrow.compute as pc
+
+    ids = table.column("input_ids").combine_chunks()
+    lengths = pc.list_value_length(ids).to_numpy()
+    longest = int(lengths.max())
+    if longest > max_seq_length:
+        raise InstanceDataError(
+            f"an instance has {longest} tokens but this phase reads seq{max_seq_length}; the shard "
+            "does not match its folder, re-run the instances stage"
+        )
+    T = min(round_up(longest), round_up(max_seq_length))
+    positions = table.column("masked_lm_positions").combine_chunks()
+    P = round_up(int(pc.list_value_length(positions).to_numpy().max(initial=1)))
+    input_ids = _pad_lists(ids, T)  # [B, T]
+    arange = np.arange(T)[None, :]
+    len_a = table.column("len_a").to_numpy().astype(np.int64)[:, None]
+    masked_lm_positions = _pad_lists(positions, P)  # [B, P]
+    n_masked = np.diff(positions.offsets.to_numpy())
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": ((arange >= len_a) & (arange < lengths[:, None])).astype(np.int64),
+        "attention_mask": (arange < lengths[:, None]).astype(np.int64),
+        "masked_lm_positions": masked_lm_positions,
+        "masked_lm_ids": _pad_lists(table.column("masked_lm_ids").combine_chunks(), P),
+        "masked_lm_weights": (np.arange(P)[None, :] < n_masked[:, None]).astype(np.float32),
+        "next_sentence_label": table.column("next_sentence_label").to_numpy().astype(np.int64),
+    }
+
+
+def mask_rows(table: pa.Table, spec: MaskingSpec, rngs: list[random.Random]) -> pa.Table:
+    """Dynamic masking: replace the (empty) masked_lm columns with fresh predictions per row."""
+    import pyarrow as pa
+
+    from bert_core.pretraining_data import create_masked_lm_predictions
+
+    ids, positions, labels = [], [], []
+    for row, rng in zip(table.column("input_ids").to_pylist(), rngs, strict=True):
+        out, pos, lab = create_masked_lm_predictions(
+            row, spec.masked_lm_prob, spec.max_predictions_per_seq, spec.vocab, rng,
+            whole_word_mask=spec.whole_word_mask,
+        )
+        ids.append(out)
+        positions.append(pos)
+        labels.append(lab)
+    lists = pa.list_(pa.int32())
+    table = table.set_column(table.schema.get_field_index("input_ids"), "input_ids", pa.array(ids, lists))
+    for name, values in (("masked_lm_positions", positions), ("masked_lm_ids", labels)):
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, lists))
+    return table
+
+
+def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    import torch
+
+    return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+# --------------------------------------------------------------------------- streams
+
+
+class ReaderStream:
+    """The micro-batches of some readers of one rank for the rest of an epoch.
+
+    Used in-process (``workers=0``) or as a torch ``IterableDataset`` (one reader per worker).
+    On resume the readers are rotated so DataLoader worker 0 yields the rank's next batch:
+    DataLoader takes iterable workers' outputs round-robin from worker 0.
+    """
+
+    def __init__(self, loader: PretrainingLoader, epoch: int, position: int) -> None:
+        self.loader = loader
+        self.epoch = epoch
+        self.position = position
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import torch.utils.data
+
+        L, W = self.loader, self.loader.workers_per_rank
+        info = torch.utils.data.get_worker_info()
+        if info is None:  # in-process: interleave all of this rank's readers
+            yield from (L.batch(self.epoch, j) for j in range(self.position, L.batches_per_epoch))
+            return
+        w = (info.id + self.position) % W  # the reader this worker serves, rotated for a resume
+        first = self.position + (w - self.position) % W
+        for j in range(first, L.batches_per_epoch, W):
+            yield L.batch(self.epoch, j)
+
+
+class PretrainingLoader:
+    """Endless, deterministic micro-batches of one rank; ``state_dict()`` pins the next batch."""
+
+    def __init__(
+        self,
+        instances: str,
+        max_seq_length: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 42,
+        workers: int = 0,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        self.instances = storage.to_uri(instances)
+        self.max_seq_length = max_seq_length
+        self.micro_batch_size = micro_batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.workers = workers
+        self.workers_per_rank = max(1, workers)
+        self.masking = masking_spec(self.instances, max_seq_length)
+        all_readers = split_shards(list_shards(self.instances, max_seq_length),
+                                   world_size * self.workers_per_rank)
+        per_reader = min(sum(s.rows for s in shards) for shards in all_readers) // micro_batch_size
+        if per_reader == 0:
+            raise InstanceDataError(
+                f"{length_folder(self.instances, max_seq_length)}: the smallest reader's shards hold "
+                f"fewer than micro_batch_size={micro_batch_size} instances; create more instances, "
+                "use fewer shards/ranks/workers or a smaller micro_batch_size"
+            )
+        first = rank * self.workers_per_rank
+        self.readers = [Reader(all_readers[first + w], first + w, seed) for w in range(self.workers_per_rank)]
+        self.batches_per_epoch = per_reader * self.workers_per_rank
+        self.epoch = 0
+        self.position = 0
+        self._table: tuple[str, pa.Table] | None = None  # the one shard held in memory
+
+    # ---- state
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "world_size": self.world_size, "workers_per_rank": self.workers_per_rank,
+                "micro_batch_size": self.micro_batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in ("seed", "world_size", "workers_per_rank", "micro_batch_size"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"loader state was saved with {key}={state[key]} but this run has "
+                    f"{key}={getattr(self, key)}: an exact resume needs the same setting "
+                    "(or start a new run from the checkpoint's weights)"
+                )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    # ---- batches
+    def batch(self, epoch: int, j: int) -> dict[str, np.ndarray]:
+        """The rank's micro-batch ``j`` of ``epoch``, as padded numpy arrays."""
+        import pyarrow as pa
+
+        W, mbs = self.workers_per_rank, self.micro_batch_size
+        reader = self.readers[j % W]
+        start = (j // W) * mbs
+        picks = list(_take(reader.samples(epoch, start), mbs))
+        tables = []
+        for shard_index, rows in _group_by_shard(picks):
+            tables.append(self._read(reader.shards[shard_index].uri).take(rows))
+        table = pa.concat_tables(tables)
+        if self.masking is not None:
+            from bert_core.pretraining_data import rng_for
+
+            rngs = [rng_for(self.seed, "mask", epoch, reader.shards[s].uri.rsplit("/", 1)[-1], r)
+                    for s, r in picks]
+            table = mask_rows(table, self.masking, rngs)
+        try:
+            return collate(table, self.max_seq_length)
+        except InstanceDataError as err:
+            shards = sorted({reader.shards[s].uri for s, _ in picks})
+            raise InstanceDataError(f"{', '.join(shards)}: {err}") from None
+
+    def _read(self, uri: str) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        if self._table is None or self._table[0] != uri:
+            with storage.open_file(uri) as f:
+                table = pq.read_table(f, columns=COLUMNS)
+            self._table = (uri, table)
+        return self._table[1]
+
+    def epoch_batches(self, epoch: int, position: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        """Batches ``position..`` of an epoch, through DataLoader workers when configured."""
+        stream = ReaderStream(self, epoch, position)
+        if self.workers == 0:
+            return iter(stream)
+        import torch.utils.data
+
+        class _Iterable(torch.utils.data.IterableDataset):
+            def __iter__(self) -> Iterator[dict[str, Any]]:
+                return iter(stream)
+
+        workers = min(self.workers, self.batches_per_epoch - position)
+        return iter(torch.utils.data.DataLoader(
+            _Iterable(), batch_size=None, num_workers=max(1, workers), collate_fn=lambda b: b,
+        ))
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            for batch in self.epoch_batches(self.epoch, self.position):
+                self.position += 1
+                yield to_tensors(batch)
+            self.epoch, self.position = self.epoch + 1, 0
+
+
+def _take(it: Iterator[Any], n: int) -> Iterator[Any]:
+    for _, item in zip(range(n), it, strict=False):
+        yield item
+
+
+def _group_by_shard(picks: list[tuple[int, int]]) -> Iterator[tuple[int, list[int]]]:
+    """Consecutive picks from the same shard, keeping the batch order."""
+    group: list[int] = []
+    current = None
+    for shard_index, row in picks:
+        if shard_index != current and group:
+            yield current, group
+            group = []
+        current = shard_index
+        group.append(row)
+    if group:
+        yield current, group
