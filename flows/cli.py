@@ -46,6 +46,7 @@ SetOpt = Annotated[
 COMMAND_MODULES: list[str] = [
     "flows.cli_ops",
     "flows.cli_export",
+    "flows.cli_instances",
 ]
 
 

@@ -1,0 +1,399 @@
+"""Beam job: documents -> masked-LM + NSP instances in balanced Parquet shards, per sequence length.
+
+    python -m beam_jobs.create_instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI \
+        [--preset demo] [--set instances.dupe_factor=5]
+    bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI   (same thing)
+
+Output (the "instances" contract)::
+
+    OUT/seq{L}/part-SSSSS-of-NNNNN.parquet   input_ids list<int32>, len_a int32,
+                                             masked_lm_positions list<int32>,
+                                             masked_lm_ids list<int32>, next_sentence_label int8
+    OUT/seq{L}/_MANIFEST.json                shards (sha256, count), stats of that length
+    OUT/rejects.jsonl                        documents that gave no tokens, with the reason
+    OUT/_MANIFEST.json                       written last: InstanceConfig, inputs, per-length stats
+
+Rows are unpadded. Segment ids are 0 before ``len_a`` and 1 after. ``next_sentence_label`` is 1
+for a random next, 0 for the actual next, -1 without NSP. With ``masking: dynamic`` the
+masked_lm columns are empty and the loader masks with
+``bert_core.pretraining_data.create_masked_lm_predictions``.
+
+How it stays streaming, bounded and deterministic:
+
+- Random-next B segments come from the document's *bucket* (``stable_hash(doc_id) % buckets``),
+  not from the whole corpus, so a worker holds one bucket, never the corpus. Buckets are
+  ``instances.random_doc_buckets`` at most, but never fewer than MIN_DOCS_PER_BUCKET documents
+  each on average (a tiny corpus gets one bucket, so its B segments are not mostly from the same
+  few documents). At scale raise ``random_doc_buckets`` until corpus / buckets fits a worker.
+- Every RNG is ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` and documents inside a
+  bucket are sorted by ``doc_id``: no draw depends on the runner, the workers or bundle order.
+- Balanced shards: each instance gets a 64-bit key from the same parts. Instances are grouped
+  into SORT_BUCKETS by key, counted, and given a global rank (bucket offset + rank inside the
+  sorted bucket); shard ``f`` takes a contiguous rank range, so shard sizes differ by at most
+  one and the order inside a shard is the keys' pseudo-random order (the reference shuffles
+  all instances in memory instead). A bucket of the sort is what one worker holds at a time.
+- Every shard index is written, empty ones too, so a loader can always split them evenly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from bert_core import storage
+from bert_core.config import InstanceConfig, load_config
+from bert_core.instance_stats import InstanceStats
+from bert_core.pretraining_data import (
+    VocabIds,
+    create_instances_from_document,
+    create_packed_instances_from_document,
+    rng_for,
+    stable_hash,
+)
+
+SORT_BUCKETS = 1024  # groups of the shard-balancing sort; memory per group = instances / 1024
+MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
+INSTANCES_PER_SHARD = 100_000  # when num_shards = 0 (automatic)
+
+Row = tuple  # (input_ids, len_a, masked_lm_positions, masked_lm_ids, next_sentence_label)
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def load_tokenizer(vocab: str, lowercase: bool = True):  # noqa: ANN201 - bert_core.tokenization.Tokenizer
+    """A vocab stage folder (trusted through its manifest, casing from it) or a ``vocab.txt``."""
+    from bert_core.tokenization import Tokenizer, load_vocab_dir
+
+    if vocab.endswith(".txt"):
+        return Tokenizer.from_vocab_file(vocab, lowercase=lowercase)
+    return load_vocab_dir(vocab)
+
+
+def num_shards(total: int, config: InstanceConfig) -> int:
+    """Shards for one length: the configured count (or one per INSTANCES_PER_SHARD), rounded up
+    to a multiple of ``shard_multiple_of`` so world size x loader workers divides it."""
+    wanted = config.num_shards or max(1, math.ceil(total / INSTANCES_PER_SHARD))
+    m = config.shard_multiple_of
+    return math.ceil(wanted / m) * m
+
+
+def shard_of_rank(rank: int, total: int, shards: int) -> int:
+    """The shard holding global rank ``rank`` when ``total`` rows are split into contiguous
+    ranges whose sizes differ by at most one (the first ``total % shards`` get one more)."""
+    q, rem = divmod(total, shards)
+    boundary = rem * (q + 1)
+    if rank < boundary:
+        return rank // (q + 1)
+    return rem + (rank - boundary) // q
+
+
+def make_layout(counts: Iterable[tuple[tuple[int, int], int]], config: InstanceConfig) -> dict:
+    """Per length: total, shard count, and the first global rank of every sort bucket."""
+    per_length: dict[int, dict[int, int]] = {s.max_seq_length: {} for s in config.lengths}
+    for (length, bucket), n in counts:
+        per_length[length][bucket] = n
+    layout = {}
+    for length, buckets in per_length.items():
+        offsets, running = {}, 0
+        for bucket in sorted(buckets):
+            offsets[bucket] = running
+            running += buckets[bucket]
+        layout[length] = {"total": running, "shards": num_shards(running, config), "offsets": offsets}
+    return layout
+
+
+def shard_name(index: int, shards: int) -> str:
+    return f"part-{index:05d}-of-{shards:05d}.parquet"
+
+
+def read_documents(uri: str) -> Iterator[tuple[str, list[str] | None]]:
+    """(doc_id, sentences) of one documents shard, batch by batch (never the whole file)."""
+    import pyarrow.parquet as pq
+
+    with storage.open_file(uri, "rb") as f:
+        for batch in pq.ParquetFile(f).iter_batches(columns=["doc_id", "sentences"], batch_size=256):
+            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+
+
+def write_shard(uri: str, rows: list[Row]) -> None:
+    """One Parquet shard with the contract's schema (same rows -> same bytes)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ints = pa.list_(pa.int32())
+    schema = pa.schema([
+        ("input_ids", ints), ("len_a", pa.int32()), ("masked_lm_positions", ints),
+        ("masked_lm_ids", ints), ("next_sentence_label", pa.int8()),
+    ])
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in range(5)]
+    table = pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(columns, schema.types, strict=True)],
+                                 schema=schema)
+    with storage.open_file(uri, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+
+
+# --------------------------------------------------------------------------- DoFns
+
+
+class TokenizeDocuments(beam.DoFn):
+    """(doc_id, sentences) -> (doc_id, sentences of ids); sentences with no tokens are dropped
+    (as the reference does), documents with none left go to the 'rejects' output."""
+
+    def __init__(self, vocab: str, lowercase: bool) -> None:
+        self.vocab, self.lowercase = vocab, lowercase
+        self.rejected = Metrics.counter("instances", "rejected_no_tokens")
+        self.documents = Metrics.counter("instances", "documents")
+
+    def setup(self) -> None:
+        self.tokenizer = load_tokenizer(self.vocab, self.lowercase)
+
+    def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
+        doc_id, sentences = doc
+        ids = [s for s in self.tokenizer.encode_batch(list(sentences or [])) if s]
+        if not ids:
+            self.rejected.inc()
+            yield beam.pvalue.TaggedOutput("rejects", {
+                "source": "documents", "id": doc_id, "reason": "no_tokens",
+                "detail": f"{len(sentences or [])} sentences, none with a token in this vocab",
+            })
+            return
+        self.documents.inc()
+        yield doc_id, ids
+
+
+class CreateInstances(beam.DoFn):
+    """One random-next bucket of documents -> ((length, sort bucket), (key, row)) for every
+    pass and length."""
+
+    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds) -> None:
+        self.config, self.vocab_ids = config, vocab_ids
+        self.instances = Metrics.counter("instances", "instances")
+
+    def process(self, bucket: tuple[int, Iterable[tuple[str, list[list[int]]]]]) -> Iterator[Any]:
+        cfg = self.config
+        docs = sorted(bucket[1])  # by doc_id: the pool's order must not depend on the shuffle
+        all_documents = [sentences for _, sentences in docs]
+        static = cfg.masking == "static"
+        for index, (doc_id, sentences) in enumerate(docs):
+            for dupe in range(cfg.dupe_factor):
+                for spec in cfg.lengths:
+                    length = spec.max_seq_length
+                    rng = rng_for(cfg.seed, doc_id, dupe, length)
+                    common = dict(max_seq_length=length, short_seq_prob=cfg.short_seq_prob,
+                                  masked_lm_prob=cfg.masked_lm_prob,
+                                  max_predictions_per_seq=spec.max_predictions_per_seq,
+                                  vocab=self.vocab_ids, rng=rng,
+                                  whole_word_mask=cfg.whole_word_mask, mask=static)
+                    if cfg.next_sentence_prediction:
+                        made = create_instances_from_document(all_documents, index, **common)
+                    else:
+                        made = create_packed_instances_from_document(sentences, **common)
+                    for k, inst in enumerate(made):
+                        key = stable_hash(cfg.seed, length, doc_id, dupe, k)
+                        row = (inst.input_ids, inst.len_a, inst.masked_lm_positions,
+                               inst.masked_lm_ids, inst.next_sentence_label)
+                        yield (length, key % SORT_BUCKETS), (key, row)
+                    self.instances.inc(len(made))
+
+
+def assign_shards(group: tuple[tuple[int, int], Iterable[tuple[int, Row]]], layout: dict) -> Iterator[Any]:
+    """Global rank = bucket offset + rank in the sorted bucket -> ((length, shard), (rank, row))."""
+    (length, bucket), items = group
+    lay = layout[length]
+    offset = lay["offsets"][bucket]
+    for rank, (_, row) in enumerate(sorted(items, key=lambda kv: kv[0]), start=offset):
+        yield (length, shard_of_rank(rank, lay["total"], lay["shards"])), (rank, row)
+
+
+class WriteShards(beam.DoFn):
+    """((length, shard), rows) -> the Parquet shard, and its manifest entry and stats."""
+
+    def __init__(self, output: str, mask_id: int) -> None:
+        self.output, self.mask_id = output, mask_id
+
+    def process(self, group: tuple[tuple[int, int], Iterable[Any]], layout: dict) -> Iterator[dict]:
+        (length, index), items = group
+        rows = [row for _, row in sorted((x for x in items if x is not None), key=lambda x: x[0])]
+        uri = storage.join(self.output, f"seq{length}", shard_name(index, layout[length]["shards"]))
+        write_shard(uri, rows)
+        stats = InstanceStats(max_seq_length=length)
+        for input_ids, len_a, positions, labels, nsp in rows:
+            stats.add(input_ids, positions, labels, nsp, self.mask_id,
+                      n_special=2 if len_a == len(input_ids) else 3)
+        yield {"length": length, "index": index,
+               "entry": storage.shard_entry(uri, count=len(rows)), "stats": stats.to_dict()}
+
+
+def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, output: str,
+                    config: InstanceConfig, inputs: list[dict], documents_used: int) -> dict:
+    """Per-length manifests, the rejects file, then the top-level manifest (last: it marks done)."""
+    stats_by_length: dict[str, Any] = {}
+    counts: dict[str, Any] = {"documents_read": documents_used + len(rejects),
+                              "documents_used": documents_used,
+                              "documents_rejected": len(rejects)}
+    for spec in config.lengths:
+        length = spec.max_seq_length
+        mine = sorted((r for r in results if r["length"] == length), key=lambda r: r["index"])
+        stats = InstanceStats(max_seq_length=length)
+        for r in mine:
+            stats.merge(InstanceStats.from_dict(r["stats"]))
+        summary = stats.summary()
+        stats_by_length[f"seq{length}"] = summary
+        counts[f"instances_seq{length}"] = stats.instances
+        storage.write_manifest(
+            storage.join(output, f"seq{length}"), stage="instances",
+            config={**config.model_dump(mode="json"), "max_seq_length": length,
+                    "max_predictions_per_seq": spec.max_predictions_per_seq},
+            inputs=inputs, shards=[r["entry"] for r in mine],
+            counts={"instances": stats.instances, "tokens": stats.tokens,
+                    "shards": layout[length]["shards"]},
+            stats=summary,
+        )
+    rejects = sorted(rejects, key=lambda r: str(r["id"]))
+    storage.write_text(storage.join(output, "rejects.jsonl"),
+                       "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
+    return storage.write_manifest(
+        output, stage="instances", config=config, inputs=inputs, counts=counts,
+        stats=stats_by_length, lengths={f"seq{s.max_seq_length}": f"seq{s.max_seq_length}"
+                                        for s in config.lengths},
+    )
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+class CreateInstanceShards(beam.PTransform):
+    """(doc_id, sentences) -> written shards' results (dicts) and rejects, per length."""
+
+    def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
+                 lowercase: bool = True) -> None:
+        super().__init__()
+        self.config, self.vocab, self.vocab_ids = config, vocab, vocab_ids
+        self.output, self.lowercase = output, lowercase
+
+    def expand(self, docs):  # noqa: ANN001, ANN201 - PCollections
+        cfg = self.config
+        tokenized = docs | "TokenizeDocuments" >> beam.ParDo(
+            TokenizeDocuments(self.vocab, self.lowercase)).with_outputs("rejects", main="docs")
+        n_docs = tokenized.docs | "CountDocuments" >> beam.combiners.Count.Globally()
+
+        def key_by_bucket(doc: tuple[str, Any], n: int) -> tuple[int, Any]:
+            buckets = max(1, min(cfg.random_doc_buckets, n // MIN_DOCS_PER_BUCKET))
+            return stable_hash("bucket", doc[0]) % buckets, doc
+
+        instances = (
+            tokenized.docs
+            | "KeyByBucket" >> beam.Map(key_by_bucket, n=beam.pvalue.AsSingleton(n_docs))
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids))
+        )
+        layout = (
+            instances
+            | "CountPerSortBucket" >> beam.combiners.Count.PerKey()
+            | "GatherCounts" >> beam.combiners.ToList()
+            | "MakeLayout" >> beam.Map(make_layout, config=cfg)
+        )
+        layout_si = beam.pvalue.AsSingleton(layout)
+        placed = (
+            instances
+            | "GroupSortBuckets" >> beam.GroupByKey()
+            | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
+        )
+        every_shard = layout | "EveryShard" >> beam.FlatMap(
+            lambda lay: [((length, i), None) for length, v in lay.items() for i in range(v["shards"])])
+        results = (
+            (placed, every_shard)
+            | "FlattenShards" >> beam.Flatten()
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(WriteShards(self.output, self.vocab_ids.mask_id), layout=layout_si)
+        )
+        return results, tokenized.rejects, layout, n_docs
+
+
+def pipeline_options(workers: int, runner: str = "FnApiRunner", beam_args: Iterable[str] = ()):  # noqa: ANN201
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    if runner == "FnApiRunner":
+        mode = {"direct_num_workers": workers, "direct_running_mode": "multi_processing"} \
+            if workers > 1 else {"direct_num_workers": 1, "direct_running_mode": "in_memory"}
+        return PipelineOptions(list(beam_args), **mode)
+    return PipelineOptions(list(beam_args), runner=runner)
+
+
+def create_instances(
+    corpus: str,
+    vocab: str,
+    output: str,
+    config: InstanceConfig,
+    *,
+    lowercase: bool = True,
+    workers: int = 2,
+    runner: str = "FnApiRunner",
+    beam_args: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt."""
+    corpus_manifest = storage.read_manifest(corpus)
+    inputs = [corpus_manifest]
+    if not vocab.endswith(".txt"):
+        inputs.append(storage.read_manifest(vocab))
+    vocab_ids = VocabIds.from_tokenizer(load_tokenizer(vocab, lowercase))
+    shards = storage.shard_uris(corpus, corpus_manifest)
+    output = storage.to_uri(output)
+    # A re-run must not leave an old manifest vouching for shards being rewritten.
+    for folder in [output, *(storage.join(output, f"seq{s.max_seq_length}") for s in config.lengths)]:
+        storage.remove(storage.join(folder, storage.MANIFEST))
+
+    options = pipeline_options(workers, runner, beam_args)
+    runner_obj: Any = runner
+    if runner == "FnApiRunner":
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        runner_obj = FnApiRunner()
+    with beam.Pipeline(runner=runner_obj, options=options) as p:
+        docs = (
+            p
+            | "ListShards" >> beam.Create(shards)
+            | "ReadDocuments" >> beam.FlatMap(read_documents)
+            | "SpreadDocuments" >> beam.Reshuffle()
+        )
+        results, rejects, layout, n_docs = docs | "CreateInstanceShards" >> CreateInstanceShards(
+            config, vocab, vocab_ids, output, lowercase)
+        _ = (
+            results
+            | "GatherResults" >> beam.combiners.ToList()
+            | "WriteManifests" >> beam.Map(
+                lambda rs, rj, lay, n: write_manifests(
+                    rs, rj, lay, output=output, config=config, inputs=inputs, documents_used=n),
+                rj=beam.pvalue.AsList(rejects), lay=beam.pvalue.AsSingleton(layout),
+                n=beam.pvalue.AsSingleton(n_docs),
+            )
+        )
+    return storage.read_manifest(output)
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", required=True, help="Documents folder (corpus stage output).")
+    parser.add_argument("--vocab", required=True, help="Vocab stage folder, or a vocab.txt.")
+    parser.add_argument("--output", required=True, help="Output folder for seq{L}/ shards.")
+    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--set", dest="sets", action="append", default=[])
+    args, beam_args = parser.parse_known_args(argv)
+    cfg = load_config(args.preset, args.config, args.sets)
+    manifest = create_instances(args.corpus, args.vocab, args.output, cfg.instances,
+                                lowercase=cfg.vocab.lowercase, workers=cfg.workers,
+                                runner=cfg.beam_runner, beam_args=[*cfg.beam_args, *beam_args])
+    print(json.dumps(manifest["counts"], indent=2))
+    return manifest
+
+
+if __name__ == "__main__":
+    run()

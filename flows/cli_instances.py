@@ -1,0 +1,82 @@
+"""CLI of the instance stage, and a manifest's statistics.
+
+    bertpipe instances --corpus ./bertpipe-data/corpus --vocab ./bertpipe-data/vocab \
+        --output ./bertpipe-data/instances --preset demo --set instances.dupe_factor=5
+    bertpipe stats ./bertpipe-data/instances          (any stage's _MANIFEST.json)
+    bertpipe stats ./bertpipe-data/instances --json
+
+``instances`` runs the Beam job directly (no Prefect); ``--vocab`` is a vocab stage folder or a
+``vocab.txt`` (then ``vocab.lowercase`` says the casing).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+
+
+def instances(
+    corpus: Annotated[str, typer.Option(help="Documents folder (corpus stage output).")],
+    vocab: Annotated[str, typer.Option(help="Vocab stage folder, or a vocab.txt file.")],
+    output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for seq{L}/ shards.")],
+    preset: PresetOpt = "demo",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam)."""
+    from bert_core.storage import UnfinishedWriteError
+
+    cfg = resolve(preset, config, set_)
+    from beam_jobs.create_instances import create_instances as run_job
+
+    try:
+        manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
+                           workers=cfg.workers, runner=cfg.beam_runner, beam_args=cfg.beam_args)
+    except (UnfinishedWriteError, ValueError) as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(format_stats(manifest))
+
+
+def stats(
+    uri: Annotated[str, typer.Argument(help="A stage's output folder (with _MANIFEST.json).")],
+    as_json: Annotated[bool, typer.Option("--json", help="The raw stats as JSON.")] = False,
+) -> None:
+    """Print the counts and statistics stored in a folder's manifest."""
+    from bert_core.storage import UnfinishedWriteError, read_manifest
+
+    try:
+        manifest = read_manifest(uri)
+    except (UnfinishedWriteError, ValueError) as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps({"counts": manifest["counts"], "stats": manifest["stats"]}, indent=2))
+    else:
+        typer.echo(format_stats(manifest))
+
+
+def format_stats(manifest: dict[str, Any]) -> str:
+    """Counts, then one block per stats entry (a per-length summary, or any flat dict)."""
+    lines = [f"{manifest['stage']} at {manifest['uri']} ({manifest['created']})"]
+    lines += [f"  {k}: {v}" for k, v in manifest.get("counts", {}).items()]
+    stats = manifest.get("stats", {})
+    blocks = stats.items() if all(isinstance(v, dict) for v in stats.values()) else [("stats", stats)]
+    for name, block in blocks:
+        lines.append(f"{name}:")
+        for key, value in block.items():
+            if key == "counts":
+                continue
+            if isinstance(value, dict):
+                value = ", ".join(f"{k}: {v}" for k, v in value.items())
+            lines.append(f"  {key}: {value}")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("instances")(instances)
+    app.command("stats")(stats)

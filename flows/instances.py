@@ -1,0 +1,69 @@
+"""Prefect flow of the instance stage: documents + vocab -> MLM/NSP instance shards per length.
+
+    bertpipe run --preset demo          (as part of the whole DAG, flows/pipeline.py)
+    bertpipe instances --corpus C --vocab V --output O    (the same work without Prefect)
+
+The work is ``beam_jobs.create_instances.create_instances``; this flow runs it, publishes the
+statistics as the table artifact ``instance-stats`` (one row per sequence length) and a length
+histogram as ``instance-lengths``, and returns ``output``. A folder whose manifest already holds
+the same InstanceConfig and the same input manifests is not redone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from bert_core import storage
+from bert_core.config import PipelineConfig
+
+
+def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """One table row per length from an instances manifest's stats."""
+    rows = []
+    for name, s in manifest["stats"].items():
+        rows.append({
+            "set": name, "instances": s["instances"], "tokens": s["tokens"],
+            "mean_length": s["mean_length"], "masked_fraction": s["masked_fraction"],
+            "mask_token": s["mask_token_fraction"], "kept": s["kept_fraction"],
+            "random_token": s["random_token_fraction"], "random_next": s["random_next_fraction"],
+        })
+    return rows
+
+
+def _already_done(output: str, config: PipelineConfig, corpus: str, vocab: str) -> bool:
+    if not storage.has_manifest(output):
+        return False
+    done = storage.read_manifest(output)
+    wanted = [storage.read_manifest(corpus).get("created")]
+    if not vocab.endswith(".txt"):
+        wanted.append(storage.read_manifest(vocab).get("created"))
+    return (done["config"] == config.instances.model_dump(mode="json")
+            and [i.get("created") for i in done["inputs"]] == wanted)
+
+
+@flow(name="create-instances", log_prints=True, timeout_seconds=24 * 3600)
+def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
+    """MLM + NSP instances from the corpus stage's documents and the vocab stage's vocab."""
+    from beam_jobs.create_instances import create_instances as run_job
+    from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
+
+    logger = get_run_logger()
+    if _already_done(output, config, corpus, vocab):
+        logger.info("instances already at %s (same config and inputs); not redone", output)
+        manifest = storage.read_manifest(output)
+    else:
+        manifest = run_job(corpus, vocab, output, config.instances, lowercase=config.vocab.lowercase,
+                           workers=config.workers, runner=config.beam_runner,
+                           beam_args=config.beam_args)
+    logger.info("instances: %s", manifest["counts"])
+    publish_table("instance-stats", stats_rows(manifest),
+                  f"MLM/NSP instance statistics of {manifest['uri']}")
+    pictures = [
+        markdown_image(histogram(s["counts"]["length_histogram"], f"{name}: instance lengths",
+                                 "tokens (bin start)"), name)
+        for name, s in manifest["stats"].items()
+    ]
+    publish_markdown("instance-lengths", "\n\n".join(pictures), "Instance length histograms")
+    return output
