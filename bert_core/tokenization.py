@@ -1,0 +1,277 @@
+"""BERT's WordPiece tokenizer, fast: HF ``tokenizers`` (Rust) configured with Google's rules.
+
+    from bert_core.tokenization import Tokenizer, load_vocab_dir
+    tok = Tokenizer.from_vocab_file("vocab.txt", lowercase=True)
+    tok.encode("Hello, world!")          # [7592, 1010, 2088, 999]  (no [CLS]/[SEP])
+    tok = load_vocab_dir("bertpipe-data/vocab/<version>")   # output of `bertpipe vocab`
+
+The pipeline is google-research/bert's ``FullTokenizer``: clean text (drop NUL, U+FFFD and
+control characters, whitespace -> space), put spaces around CJK ideographs, lowercase and strip
+accents when uncased, split on whitespace and punctuation, then greedy longest-match-first
+WordPiece with ``##`` continuation pieces. Here it is ``NFC + BertNormalizer`` ->
+``BertPreTokenizer`` -> ``WordPiece`` from ``tokenizers``, and the ids equal
+``transformers``' pure-Python BERT tokenizer (``BertTokenizerLegacy`` in transformers 5) with
+the same vocab and casing, on every line of the sample corpus (tests/test_tokenization.py), with
+these known, deliberate differences:
+
+- **Greek final sigma.** Google and transformers lowercase with Python's ``str.lower()``, which
+  applies Unicode's Final_Sigma rule (``"ΟΔΟΣ".lower() == "οδος"``, with ``ς``); the
+  ``tokenizers`` normalizer lowercases one character at a time (``"οδοσ"``, with ``σ``). Only
+  words ending in a capital sigma differ (one word in ~37k real lines); both ``σ`` and ``ς`` are
+  in BERT's vocab, so neither side produces ``[UNK]``.
+- **``max_input_chars_per_word``** defaults to Google's 200 (transformers uses 100): a longer
+  word becomes one ``[UNK]``. It is a setting (``vocab.max_input_chars_per_word``).
+- **Special-token strings in the text** (a literal ``"[MASK]"`` in a Wikipedia sentence) are
+  split like any text, as Google's tokenizer does; transformers would match them as added tokens.
+  Raw corpus text must never inject control tokens. The exported ``tokenizer.json``
+  (:meth:`Tokenizer.to_hf_json`) does register them, for transformers users.
+- **NFC first.** transformers NFC-normalizes before splitting (Google does not); we do too, so a
+  decomposed ``e + U+0301`` and a precomposed ``é`` give the same ids in cased models.
+
+Offsets (:meth:`Tokenizer.encode_with_offsets`) are character offsets into the original text,
+through all of the normalization above (for SQuAD answer spans).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from bert_core import storage
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+SUBWORD_PREFIX = "##"
+GOOGLE_MAX_INPUT_CHARS_PER_WORD = 200
+
+
+class VocabError(ValueError):
+    """A vocab file that cannot be used. The message names the file, the line and the fix."""
+
+
+def parse_vocab(text: str, source: str = "vocab.txt") -> dict[str, int]:
+    """``vocab.txt`` text -> {token: id}, id = line number (Google's ``load_vocab``).
+
+    Refuses duplicate and empty tokens and a missing ``[UNK]``: each would silently shift or
+    lose ids.
+    """
+    vocab: dict[str, int] = {}
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline after the last token
+    for index, line in enumerate(lines):
+        token = line.strip()
+        if not token:
+            raise VocabError(
+                f"{source} line {index + 1}: empty token; a vocab has one non-empty token per line"
+            )
+        if token in vocab:
+            raise VocabError(
+                f"{source} line {index + 1}: duplicate token {token!r} (first on line "
+                f"{vocab[token] + 1}); remove one so ids stay one per line"
+            )
+        vocab[token] = index
+    if UNK not in vocab:
+        raise VocabError(f"{source}: no {UNK} token; WordPiece needs it for unknown words")
+    return vocab
+
+
+def vocab_problems(vocab: dict[str, int]) -> list[str]:
+    """What keeps a vocab from being a BERT pre-training vocab (empty list = usable)."""
+    problems = [f"missing {t}" for t in SPECIAL_TOKENS if t not in vocab]
+    if vocab.get(PAD, 0) != 0:
+        problems.append(f"{PAD} has id {vocab[PAD]}, expected 0 (padding and the loss mask assume it)")
+    if not any(t.startswith(SUBWORD_PREFIX) for t in vocab):
+        problems.append("no '##' continuation pieces: not a WordPiece vocab")
+    return problems
+
+
+class Tokenizer:
+    """BERT WordPiece tokenizer over a ``{token: id}`` vocab (see the module docstring)."""
+
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        max_input_chars_per_word: int = GOOGLE_MAX_INPUT_CHARS_PER_WORD,
+    ) -> None:
+        self.vocab = dict(vocab)
+        self.lowercase = lowercase
+        # None follows lowercase, as in BERT: uncased models strip accents, cased ones keep them.
+        self.strip_accents = lowercase if strip_accents is None else strip_accents
+        self.max_input_chars_per_word = max_input_chars_per_word
+        self._ids_to_tokens = {i: t for t, i in self.vocab.items()}
+        self.vocab_size = max(self.vocab.values()) + 1
+        self.pad_id = self.vocab.get(PAD, 0)
+        self.unk_id = self.vocab[UNK]
+        self.cls_id = self.vocab.get(CLS, -1)
+        self.sep_id = self.vocab.get(SEP, -1)
+        self.mask_id = self.vocab.get(MASK, -1)
+        self._backend = self._build_backend(special_tokens=False)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_vocab_file(
+        cls,
+        path_or_uri: str,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        max_input_chars_per_word: int = GOOGLE_MAX_INPUT_CHARS_PER_WORD,
+    ) -> Tokenizer:
+        """A tokenizer over ``vocab.txt`` (local path or any fsspec URI)."""
+        uri = str(path_or_uri)
+        if not storage.exists(uri):
+            raise VocabError(f"vocab file {uri} does not exist; pass the vocab.txt of a model or vocab stage")
+        return cls(parse_vocab(storage.read_text(uri), source=uri), lowercase, strip_accents,
+                   max_input_chars_per_word)
+
+    @classmethod
+    def from_pretrained_dir(cls, directory: str) -> Tokenizer:
+        """A tokenizer for a model folder: ``vocab.txt`` plus casing from whatever is there.
+
+        Casing comes from our ``_MANIFEST.json`` (vocab stage), else transformers'
+        ``tokenizer_config.json`` (``do_lower_case``/``strip_accents``), else the normalizer in
+        ``tokenizer.json``, else uncased (BERT's default).
+        """
+        settings = _casing_from_dir(directory)
+        return cls.from_vocab_file(storage.join(directory, "vocab.txt"), **settings)
+
+    def _build_backend(self, special_tokens: bool) -> Any:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+        backend = HFTokenizer(
+            models.WordPiece(
+                vocab=self.vocab,
+                unk_token=UNK,
+                max_input_chars_per_word=self.max_input_chars_per_word,
+                continuing_subword_prefix=SUBWORD_PREFIX,
+            )
+        )
+        backend.normalizer = normalizers.Sequence([
+            normalizers.NFC(),
+            normalizers.BertNormalizer(
+                clean_text=True,
+                handle_chinese_chars=True,
+                strip_accents=self.strip_accents,
+                lowercase=self.lowercase,
+            ),
+        ])
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix=SUBWORD_PREFIX)
+        if special_tokens:
+            backend.add_special_tokens([t for t in SPECIAL_TOKENS if t in self.vocab])
+            if CLS in self.vocab and SEP in self.vocab:
+                backend.post_processor = processors.TemplateProcessing(
+                    single=f"{CLS} $A {SEP}",
+                    pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+                    special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)],
+                )
+        return backend
+
+    # ------------------------------------------------------------------ tokenizing
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._backend.encode(text, add_special_tokens=False).tokens
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without ``[CLS]``/``[SEP]``."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Word pieces of each pre-split word (NER labels, word alignment); ``[]`` for a word
+        that is all whitespace or control characters."""
+        pieces: list[list[int]] = [[] for _ in words]
+        if not words:
+            return pieces
+        encoding = self._backend.encode(list(words), is_pretokenized=True, add_special_tokens=False)
+        for token_id, word in zip(encoding.ids, encoding.word_ids, strict=True):
+            pieces[word].append(token_id)
+        return pieces
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and, per token, ``(start, end)`` character offsets into the original ``text``."""
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        return encoding.ids, [tuple(o) for o in encoding.offsets]
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        return [self.vocab.get(t, self.unk_id) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self._ids_to_tokens.get(int(i), UNK) for i in ids]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Readable text (``##`` pieces joined); for reports and debugging, not a round trip."""
+        return self._backend.decode(list(ids), skip_special_tokens=False)
+
+    @staticmethod
+    def is_subword(token: str) -> bool:
+        return token.startswith(SUBWORD_PREFIX)
+
+    # ------------------------------------------------------------------ saving
+
+    def vocab_text(self) -> str:
+        """``vocab.txt`` contents: one token per line, id = line number."""
+        return "".join(self._ids_to_tokens[i] + "\n" for i in range(self.vocab_size))
+
+    def to_hf_json(self) -> str:
+        """``tokenizer.json`` for transformers/tokenizers users: same pipeline, with the special
+        tokens registered and ``[CLS] A [SEP] B [SEP]`` post-processing."""
+        return self._build_backend(special_tokens=True).to_str(pretty=True)
+
+    def save(self, directory: str) -> None:
+        """Write ``vocab.txt`` and ``tokenizer.json`` into ``directory``."""
+        storage.write_text(storage.join(directory, "vocab.txt"), self.vocab_text())
+        storage.write_text(storage.join(directory, "tokenizer.json"), self.to_hf_json())
+
+    def settings(self) -> dict[str, Any]:
+        """Casing and limits, as recorded in the vocab stage's manifest."""
+        return {
+            "lowercase": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "max_input_chars_per_word": self.max_input_chars_per_word,
+        }
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
+                f"strip_accents={self.strip_accents})")
+
+
+def _casing_from_dir(directory: str) -> dict[str, Any]:
+    manifest_uri = storage.join(directory, storage.MANIFEST)
+    if storage.exists(manifest_uri):
+        config = json.loads(storage.read_text(manifest_uri)).get("config", {})
+        if "lowercase" in config:
+            return {k: config[k] for k in ("lowercase", "strip_accents", "max_input_chars_per_word")
+                    if config.get(k) is not None}
+    config_uri = storage.join(directory, "tokenizer_config.json")
+    if storage.exists(config_uri):
+        config = json.loads(storage.read_text(config_uri))
+        if "do_lower_case" in config:
+            return {"lowercase": bool(config["do_lower_case"]), "strip_accents": config.get("strip_accents")}
+    json_uri = storage.join(directory, "tokenizer.json")
+    if storage.exists(json_uri):
+        normalizer = json.loads(storage.read_text(json_uri)).get("normalizer") or {}
+        for step in normalizer.get("normalizers", [normalizer]):
+            if step.get("type") == "BertNormalizer":
+                return {"lowercase": bool(step.get("lowercase", True)),
+                        "strip_accents": step.get("strip_accents")}
+    return {"lowercase": True}
+
+
+def load_vocab_dir(uri: str) -> Tokenizer:
+    """The tokenizer of a finished vocab stage output (``vocab.txt`` + ``_MANIFEST.json``)."""
+    manifest = storage.read_manifest(uri)  # refuses an unfinished write
+    config = manifest.get("config", {})
+    return Tokenizer.from_vocab_file(
+        storage.join(uri, "vocab.txt"),
+        lowercase=config.get("lowercase", True),
+        strip_accents=config.get("strip_accents"),
+        max_input_chars_per_word=config.get("max_input_chars_per_word", GOOGLE_MAX_INPUT_CHARS_PER_WORD),
+    )
