@@ -1,0 +1,510 @@
+"""Beam job: Wikipedia dumps + book folders -> cleaned, deduplicated document-level sentences.
+
+    bertpipe clean --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \\
+        --output ./bertpipe-data/corpus --workers 2
+    python -m beam_jobs.clean_corpus --wikipedia ... --output ... [--workers N] [beam args]
+
+Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
+split sentences), ``ReadBooks`` (one book = one document), ``CleanDocuments`` (filters, exact
+and near-duplicate removal), ``WriteDocuments`` (sorted, hash-assigned shards), then the
+manifest. Every record read ends as a kept document or one reject (with a reason, and the id it
+duplicates for duplicates); one Beam counter per reject reason. Output layout and schema:
+``bert_core/documents.py``. Output bytes do not depend on ``--workers``: shards are chosen by a
+stable hash of ``doc_id``, rows sorted by ``doc_id``, rejects sorted too, and which of a set of
+duplicates is kept depends only on ids, never on arrival order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
+
+from bert_core import documents as D
+from bert_core import storage
+from bert_core.config import CorpusConfig
+from bert_core.sentences import split_paragraphs
+
+NAMESPACE = "clean_corpus"
+REJECTS = "rejects"
+READ = "read"
+
+
+class InputError(ValueError):
+    """Missing input paths or empty globs: raised before any work starts."""
+
+
+def expand_inputs(patterns: Iterable[str], what: str) -> list[str]:
+    """Files matching each glob (a folder means every file in it); fail at once on no match."""
+    files: list[str] = []
+    for pattern in patterns:
+        pattern = str(pattern)
+        if not any(c in pattern for c in "*?[") and storage.exists(pattern) and not storage.glob(pattern):
+            matched = storage.glob(storage.join(pattern, "*"))  # a folder
+        else:
+            matched = storage.glob(pattern)
+        if not matched:
+            hint = "the path does not exist" if not any(c in pattern for c in "*?[") else "the glob matched no files"
+            raise InputError(
+                f"{what} input {pattern!r}: {hint}. Check the path (relative paths start at "
+                f"{storage.to_uri('.')}); sample data comes from `bertpipe samples fetch samples`"
+            )
+        files += matched
+    return sorted(set(files))
+
+
+def _book_ids(files: list[str]) -> dict[str, str]:
+    """doc_id per book file: ``book:<stem>``, with the parent folder added when stems collide."""
+    from bert_core.books import book_stem
+
+    stems = [book_stem(f) for f in files]
+    ids = {}
+    for f, stem in zip(files, stems, strict=True):
+        if stems.count(stem) > 1:
+            stem = f"{f.rstrip('/').rsplit('/', 2)[-2]}/{stem}"
+        ids[f] = f"book:{stem}"
+    return ids
+
+
+def _count_reject(reject: D.Reject) -> D.Reject:
+    Metrics.counter(NAMESPACE, f"rejected_{reject['reason']}").inc()
+    return reject
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class ReadPagesFn(beam.DoFn):
+    """One dump work item -> documents (sentences) and rejects; plus one READ count per item."""
+
+    def process(self, item) -> Iterator[Any]:
+        from beam_jobs.dumps import read_pages
+        from bert_core.wikitext import CleanStats, is_redirect, wikitext_to_paragraphs
+
+        read = 0
+        for kind, record in read_pages(item):
+            read += 1
+            if kind == "reject":
+                yield TaggedOutput(REJECTS, record)
+                continue
+            doc_id, title = record["doc_id"], record["title"]
+            if record["ns"] != "0":
+                yield TaggedOutput(REJECTS, D.make_reject(
+                    D.WIKIPEDIA, doc_id, D.NOT_ARTICLE, f"{title!r} is in namespace {record['ns']}"))
+            elif record["redirect"] or is_redirect(record["text"]):
+                yield TaggedOutput(REJECTS, D.make_reject(
+                    D.WIKIPEDIA, doc_id, D.REDIRECT, f"{title!r} is a redirect"))
+            else:
+                stats = CleanStats()
+                sentences = split_paragraphs(wikitext_to_paragraphs(record["text"], stats))
+                if stats.slow_paragraphs:
+                    Metrics.counter(NAMESPACE, "slow_path_paragraphs").inc(stats.slow_paragraphs)
+                yield D.make_document(doc_id, D.WIKIPEDIA, title, sentences, record["origin"])
+        yield TaggedOutput(READ, (D.WIKIPEDIA, read))
+
+
+class ReadBookFn(beam.DoFn):
+    """One book file -> one document, or a reject naming why it is not a book."""
+
+    def process(self, element: tuple[str, str]) -> Iterator[Any]:
+        from bert_core.books import BookError, book_paragraphs
+
+        uri, doc_id = element
+        yield TaggedOutput(READ, (D.BOOKS, 1))
+        try:
+            with storage.open_file(uri, "rb") as f:
+                data = f.read()
+            if uri.endswith(".gz"):
+                import gzip
+
+                data = gzip.decompress(data)
+            title, paragraphs = book_paragraphs(uri, data)
+        except BookError as err:
+            yield TaggedOutput(REJECTS, D.make_reject(D.BOOKS, doc_id, err.reason, err.detail))
+            return
+        except (OSError, EOFError) as err:
+            yield TaggedOutput(REJECTS, D.make_reject(
+                D.BOOKS, doc_id, D.UNREADABLE_FILE, f"{uri}: {type(err).__name__}: {err}"))
+            return
+        yield D.make_document(doc_id, D.BOOKS, title, split_paragraphs(paragraphs), uri)
+
+
+class ReadWikipediaDump(beam.PTransform):
+    """Dump files -> {"docs", "rejects", "read"} (work items reshuffled across workers)."""
+
+    def __init__(self, files: list[str]):
+        super().__init__()
+        self.files = files
+
+    def expand(self, pbegin):
+        from beam_jobs.dumps import plan_reads
+
+        items = [item for f in self.files for item in plan_reads(f)]
+        out = (
+            pbegin
+            | "ListWorkItems" >> beam.Create(items)
+            | "SpreadWorkItems" >> beam.Reshuffle()
+            | "ParsePages" >> beam.ParDo(ReadPagesFn()).with_outputs(REJECTS, READ, main="docs")
+        )
+        return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
+
+
+class ReadBooks(beam.PTransform):
+    """Book files -> {"docs", "rejects", "read"}."""
+
+    def __init__(self, files: list[str]):
+        super().__init__()
+        self.files = files
+
+    def expand(self, pbegin):
+        ids = _book_ids(self.files)
+        out = (
+            pbegin
+            | "ListBooks" >> beam.Create(sorted(ids.items()))
+            | "SpreadBooks" >> beam.Reshuffle()
+            | "ReadBooks" >> beam.ParDo(ReadBookFn()).with_outputs(REJECTS, READ, main="docs")
+        )
+        return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
+
+
+# --------------------------------------------------------------------------- cleaning
+
+
+class FilterFn(beam.DoFn):
+    def __init__(self, cfg: CorpusConfig):
+        self.cfg = cfg
+
+    def process(self, doc: D.Document) -> Iterator[Any]:
+        result = D.apply_filters(doc, self.cfg)
+        yield TaggedOutput(REJECTS, result) if D.is_reject(result) else result
+
+
+def _keep_first(element: tuple[str, Iterable[D.Document]]) -> Iterator[Any]:
+    """Exact duplicates share a key: keep the smallest (doc_id, origin), reject the rest."""
+    _, group = element
+    docs = sorted(group, key=lambda d: (d["doc_id"], d["origin"]))
+    yield docs[0]
+    for dup in docs[1:]:
+        yield TaggedOutput(REJECTS, D.make_reject(
+            dup["source"], dup["doc_id"], D.DUPLICATE,
+            f"{dup['title']!r} ({dup['origin']}) has the same normalized text as "
+            f"{docs[0]['doc_id']} ({docs[0]['origin']})", duplicate_of=docs[0]["doc_id"]))
+
+
+class SignatureFn(beam.DoFn):
+    """(band key, (doc_id, signature)) for every LSH band of a document."""
+
+    def __init__(self, cfg: CorpusConfig):
+        self.cfg = cfg
+
+    def setup(self) -> None:
+        from bert_core.dedup import MinHasher
+
+        self.hasher = MinHasher(self.cfg.minhash_num_perm, self.cfg.near_dup_threshold)
+
+    def process(self, doc: D.Document) -> Iterator[tuple[str, tuple[str, Any]]]:
+        sig = self.hasher.signature(" ".join(doc["sentences"]))
+        for key in self.hasher.band_keys(sig):
+            yield key, (doc["doc_id"], sig)
+
+
+def _bucket_pairs(element, threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
+    from bert_core.dedup import near_duplicates_in_bucket
+
+    _, members = element
+    members = list(members)
+    if len(members) > 1:
+        for doc_id, dup_of, sim in near_duplicates_in_bucket(members, threshold):
+            yield doc_id, (dup_of, sim)
+
+
+def _drop_near(doc: D.Document, near: dict[str, tuple[str, float]]) -> Iterator[Any]:
+    hit = near.get(doc["doc_id"])
+    if hit is None:
+        yield doc
+        return
+    yield TaggedOutput(REJECTS, D.make_reject(
+        doc["source"], doc["doc_id"], D.NEAR_DUPLICATE,
+        f"{doc['title']!r}: estimated Jaccard similarity {hit[1]:.2f} of 5-word shingles with "
+        f"{hit[0]}", duplicate_of=hit[0]))
+
+
+class CleanDocuments(beam.PTransform):
+    """Documents -> {"docs", "rejects"}: filters, then exact, then near-duplicate removal."""
+
+    def __init__(self, cfg: CorpusConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, docs):
+        cfg = self.cfg
+        rejects = []
+        out = docs | "ApplyFilters" >> beam.ParDo(FilterFn(cfg)).with_outputs(REJECTS, main="docs")
+        docs = out.docs
+        rejects.append(out[REJECTS])
+        if cfg.dedup_exact:
+            from bert_core.dedup import content_hash
+
+            out = (
+                docs
+                | "KeyByContent" >> beam.Map(lambda d: (content_hash(d["sentences"]), d))
+                | "GroupByContent" >> beam.GroupByKey()
+                | "DropExactDuplicates" >> beam.FlatMap(_keep_first).with_outputs(REJECTS, main="docs")
+            )
+            docs = out.docs
+            rejects.append(out[REJECTS])
+        if cfg.dedup_near:
+            near = (
+                docs
+                | "MinHash" >> beam.ParDo(SignatureFn(cfg))
+                | "GroupByBand" >> beam.GroupByKey()
+                | "FindNearDuplicates" >> beam.FlatMap(_bucket_pairs, cfg.near_dup_threshold)
+                # a document similar to several kept ones names the smallest id
+                | "SmallestMatch" >> beam.CombinePerKey(min)
+            )
+            out = docs | "DropNearDuplicates" >> beam.FlatMap(_drop_near, near=AsDict(near)).with_outputs(
+                REJECTS, main="docs")
+            docs = out.docs
+            rejects.append(out[REJECTS])
+        merged = rejects | "MergeRejects" >> beam.Flatten()
+        return {"docs": docs, "rejects": merged}
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_doc_shard(element, output: str, num_shards: int, text_format: str) -> Iterator[Any]:
+    """Write one shard; a doc_id seen twice (same id, different text) keeps its first origin."""
+    index, group = element
+    docs, seen = [], {}
+    for doc in sorted(group, key=lambda d: (d["doc_id"], d["origin"])):
+        if doc["doc_id"] in seen:
+            yield TaggedOutput(REJECTS, D.make_reject(
+                doc["source"], doc["doc_id"], D.DUPLICATE_DOC_ID,
+                f"{doc['origin']} repeats doc_id {doc['doc_id']} of {seen[doc['doc_id']]} with "
+                "different text; the first is kept", duplicate_of=doc["doc_id"]))
+            continue
+        seen[doc["doc_id"]] = doc["origin"]
+        docs.append(doc)
+    uri = storage.join(output, D.shard_name("docs", index, num_shards, "parquet"))
+    D.write_documents(uri, docs)
+    if text_format == "google":
+        D.write_google_text(storage.join(output, D.shard_name("text", index, num_shards, "txt")), docs)
+    for doc in docs:
+        yield TaggedOutput("kept", (doc["source"], D.length_stats(doc)))
+    yield ("docs", index)
+
+
+def _write_reject_shard(element, output: str, num_shards: int) -> tuple[str, int]:
+    index, group = element
+    D.write_rejects(storage.join(output, D.shard_name("rejects", index, num_shards, "jsonl")), list(group))
+    return ("rejects", index)
+
+
+class WriteDocuments(beam.PTransform):
+    """Docs + rejects -> shards under ``output``; returns {"written", "kept", "rejects"}."""
+
+    def __init__(self, output: str, num_shards: int, text_format: str):
+        super().__init__()
+        self.output, self.num_shards, self.text_format = output, num_shards, text_format
+
+    def expand(self, pcolls):
+        n = self.num_shards
+        written = (
+            pcolls["docs"]
+            | "KeyByShard" >> beam.Map(lambda d, n: (D.stable_shard(d["doc_id"], n), d), n=n)
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteShards" >> beam.FlatMap(_write_doc_shard, self.output, n, self.text_format)
+            .with_outputs(REJECTS, "kept", main="written")
+        )
+        rejects = (
+            (pcolls["rejects"], written[REJECTS])
+            | "AllRejects" >> beam.Flatten()
+            | "CountRejects" >> beam.Map(_count_reject)
+        )
+        reject_shards = (
+            rejects
+            | "KeyRejectsByShard" >> beam.Map(lambda r, n: (D.stable_shard(r["id"], n), r), n=n)
+            | "GroupRejects" >> beam.GroupByKey()
+            | "WriteRejects" >> beam.Map(_write_reject_shard, self.output, n)
+        )
+        done = (written.written, reject_shards) | "ShardsDone" >> beam.Flatten()
+        return {"written": done, "kept": written["kept"], "rejects": rejects}
+
+
+class SummaryFn(beam.CombineFn):
+    """Counts per source and reason, and length histograms of kept documents."""
+
+    def create_accumulator(self) -> dict[str, Any]:
+        return {"read": {}, "kept": {}, "rejected": {}, "sentences": {}, "chars": {}, "totals": {}}
+
+    def add_input(self, acc, element):
+        kind, value = element
+        if kind == "read":
+            source, n = value
+            acc["read"][source] = acc["read"].get(source, 0) + n
+        elif kind == "kept":
+            source, stats = value
+            acc["kept"][source] = acc["kept"].get(source, 0) + 1
+            for name, edges in (("sentences", D.SENTENCE_BINS), ("chars", D.CHAR_BINS)):
+                label = D.bin_of(stats[name], edges)
+                acc[name][label] = acc[name].get(label, 0) + 1
+                acc["totals"][name] = acc["totals"].get(name, 0) + stats[name]
+        else:
+            key = f"{value['source']}/{value['reason']}"
+            acc["rejected"][key] = acc["rejected"].get(key, 0) + 1
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = self.create_accumulator()
+        for acc in accs:
+            for part, values in acc.items():
+                for k, v in values.items():
+                    out[part][k] = out[part].get(k, 0) + v
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num_shards: int,
+            written: list[tuple[str, int]], summary: dict[str, Any]) -> dict[str, Any]:
+    """Empty shards for shard indices that got no rows, then the manifest (written last)."""
+    done = set(written)
+    for index in range(num_shards):
+        if ("docs", index) not in done:
+            list(_write_doc_shard((index, []), output, num_shards, cfg.text_format))
+        if ("rejects", index) not in done:
+            _write_reject_shard((index, []), output, num_shards)
+    return write_corpus_manifest(output, cfg, inputs, num_shards, summary)
+
+
+def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list[str]],
+                          num_shards: int, summary: dict[str, Any]) -> dict[str, Any]:
+    counts: dict[str, Any] = {}
+    for source in sorted(set(summary["read"]) | set(summary["kept"])):
+        rejected = {k.split("/", 1)[1]: v for k, v in sorted(summary["rejected"].items())
+                    if k.startswith(source + "/")}
+        counts[source] = {"read": summary["read"].get(source, 0), "kept": summary["kept"].get(source, 0),
+                          "rejected": sum(rejected.values()), "rejected_by_reason": rejected}
+        if counts[source]["kept"] + counts[source]["rejected"] != counts[source]["read"]:
+            raise RuntimeError(f"bug: {source} kept + rejected != read: {counts[source]}")
+    counts["documents"] = sum(summary["kept"].values())
+    counts["rejects"] = sum(summary["rejected"].values())
+    counts["sentences"] = summary["totals"].get("sentences", 0)
+    counts["chars"] = summary["totals"].get("chars", 0)
+    docs = [D.shard_name("docs", i, num_shards, "parquet") for i in range(num_shards)]
+    rejects = [D.shard_name("rejects", i, num_shards, "jsonl") for i in range(num_shards)]
+    shards = [storage.shard_entry(storage.join(output, name)) for name in docs]
+    extra: dict[str, Any] = {
+        "rejects": [storage.shard_entry(storage.join(output, name)) for name in rejects],
+    }
+    if cfg.text_format == "google":
+        extra["text_shards"] = [storage.shard_entry(storage.join(output, D.shard_name("text", i, num_shards, "txt")))
+                                for i in range(num_shards)]
+    stats = {
+        "sentences_per_doc": dict(sorted(summary["sentences"].items(), key=lambda kv: _bin_lower(kv[0]))),
+        "chars_per_doc": dict(sorted(summary["chars"].items(), key=lambda kv: _bin_lower(kv[0]))),
+    }
+    return storage.write_manifest(
+        output, stage="corpus", config=cfg, inputs=(), shards=shards, counts=counts, stats=stats,
+        input_files=inputs, **extra)
+
+
+def _bin_lower(label: str) -> int:
+    return int(label.lstrip("<").split("-")[0].rstrip("+"))
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def pipeline_options(workers: int, beam_args: Iterable[str] = ()):  # noqa: ANN201
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    mode = ({"direct_num_workers": workers, "direct_running_mode": "multi_processing"}
+            if workers > 1 else {"direct_num_workers": 1, "direct_running_mode": "in_memory"})
+    return PipelineOptions(list(beam_args), **mode)
+
+
+def clean(cfg: CorpusConfig, output: str, workers: int = 1, beam_args: Iterable[str] = ()) -> dict[str, Any]:
+    """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once."""
+    wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
+    book_files = expand_inputs(cfg.books, "books")
+    if not wiki_files and not book_files:
+        raise InputError("no inputs: give --wikipedia GLOB and/or --books GLOB (corpus.wikipedia / corpus.books)")
+    output = storage.to_uri(output)
+    total_bytes = sum(storage.size(f) for f in wiki_files + book_files)
+    # Shard count from the input size (never from workers), so output bytes do not depend on them.
+    num_shards = cfg.num_shards or D.auto_num_shards(total_bytes // 2)
+    storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
+    inputs = {"wikipedia": wiki_files, "books": book_files}
+
+    options = pipeline_options(workers, beam_args)
+    runner = None
+    if "--runner" not in " ".join(beam_args):
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        runner = FnApiRunner()
+    with beam.Pipeline(runner=runner, options=options) as p:
+        parts = []
+        if wiki_files:
+            parts.append(p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files))
+        if book_files:
+            parts.append(p | "ReadBooksFiles" >> ReadBooks(book_files))
+        docs = [x["docs"] for x in parts] | "AllDocuments" >> beam.Flatten()
+        read = [x["read"] for x in parts] | "AllReadCounts" >> beam.Flatten()
+        cleaned = docs | "CleanDocuments" >> CleanDocuments(cfg)
+        early_rejects = [x["rejects"] for x in parts] + [cleaned["rejects"]]
+        rejects = early_rejects | "ReadAndCleanRejects" >> beam.Flatten()
+        out = {"docs": cleaned["docs"], "rejects": rejects} | "WriteDocuments" >> WriteDocuments(
+            output, num_shards, cfg.text_format)
+        summary = (
+            (
+                read | "TagRead" >> beam.Map(lambda x: ("read", x)),
+                out["kept"] | "TagKept" >> beam.Map(lambda x: ("kept", x)),
+                out["rejects"] | "TagRejected" >> beam.Map(lambda x: ("rejected", x)),
+            )
+            | "AllEvents" >> beam.Flatten()
+            | "Summarize" >> beam.CombineGlobally(SummaryFn())
+        )
+        _ = (
+            p
+            | "Once" >> beam.Create([None])
+            | "WriteManifest" >> beam.Map(
+                _finish, output, cfg, inputs, num_shards,
+                written=AsList(out["written"]), summary=AsSingleton(summary))
+        )
+    return storage.read_manifest(output)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--wikipedia", action="append", default=[], help="Dump glob (repeatable).")
+    parser.add_argument("--books", action="append", default=[], help="Book glob (repeatable).")
+    parser.add_argument("--output", required=True, help="Output folder URI.")
+    parser.add_argument("--workers", type=int, default=1, help="Local Beam worker processes.")
+    parser.add_argument("--config-json", default=None, help="A CorpusConfig as JSON (other fields).")
+    return parser
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    args, beam_args = build_parser().parse_known_args(argv)
+    fields = json.loads(args.config_json) if args.config_json else {}
+    if args.wikipedia:
+        fields["wikipedia"] = args.wikipedia
+    if args.books:
+        fields["books"] = args.books
+    return clean(CorpusConfig(**fields), args.output, args.workers, beam_args)
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.getLogger().setLevel(logging.WARNING)
+    manifest = run()
+    print(json.dumps(manifest["counts"], indent=2))

@@ -1,0 +1,108 @@
+"""Duplicate detection: exact (hash of normalized text) and near (MinHash + LSH bands).
+
+    from bert_core.dedup import content_hash, MinHasher
+    content_hash(["A  sentence.", "Another!"]) == content_hash(["a sentence", "another"])  # True
+    hasher = MinHasher(num_perm=128, threshold=0.8)
+    sig = hasher.signature(text); hasher.band_keys(sig); hasher.similarity(sig, other_sig)
+
+Near duplicates are documents whose 5-word shingle sets have an estimated Jaccard similarity
+at or above the threshold. Signatures are split into ``bands`` of ``rows`` values; two
+documents are *candidates* when any band is equal (the classic LSH S-curve, with bands/rows
+chosen so its midpoint sits at the threshold), and a candidate pair is confirmed on the full
+signature. Every hash here is stable across processes (never Python's salted ``hash()``), so
+Beam workers on different machines agree. ``beam_jobs/clean_corpus.py`` runs both steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+import zlib
+
+import numpy as np
+
+_NON_WORD = re.compile(r"[\W_]+", re.U)
+_PRIME = np.uint64(4294967311)  # smallest prime above 2**32: hashes are 32-bit
+_CHUNK = 8192  # shingles per block: bounds memory to num_perm x 8192 x 8 bytes
+
+
+def normalize(text: str) -> str:
+    """Case, accents-as-written, punctuation and spacing do not make a document different."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(_NON_WORD.sub(" ", text).split())
+
+
+def content_hash(sentences: list[str]) -> str:
+    """Stable hash of a document's normalized text (exact-duplicate key)."""
+    return hashlib.blake2b(normalize(" ".join(sentences)).encode("utf-8"), digest_size=16).hexdigest()
+
+
+def shingle_hashes(text: str, k: int = 5) -> np.ndarray:
+    """32-bit hashes of the distinct k-word shingles of the normalized text."""
+    words = normalize(text).split()
+    if len(words) < k:
+        grams = [" ".join(words)] if words else []
+    else:
+        grams = [" ".join(words[i : i + k]) for i in range(len(words) - k + 1)]
+    return np.unique(np.fromiter((zlib.crc32(g.encode("utf-8")) for g in grams), dtype=np.uint64))
+
+
+def choose_bands(num_perm: int, threshold: float) -> tuple[int, int]:
+    """(bands, rows) with bands x rows = num_perm and the S-curve midpoint nearest threshold."""
+    options = [(b, num_perm // b) for b in range(1, num_perm + 1) if num_perm % b == 0]
+    return min(options, key=lambda br: abs((1 / br[0]) ** (1 / br[1]) - threshold))
+
+
+class MinHasher:
+    """MinHash signatures with permutations h(x) = (a*x + b) mod p drawn from ``rng``."""
+
+    def __init__(self, num_perm: int = 128, threshold: float = 0.8, rng: np.random.Generator | None = None):
+        # A fixed default seed: every worker must draw the same permutations.
+        rng = rng if rng is not None else np.random.default_rng(0x5EED)
+        self.num_perm = num_perm
+        self.threshold = threshold
+        self.a = rng.integers(1, 2**31, size=num_perm, dtype=np.uint64)  # a*x < 2**63: no overflow
+        self.b = rng.integers(0, 2**32, size=num_perm, dtype=np.uint64)
+        self.bands, self.rows = choose_bands(num_perm, threshold)
+
+    def signature(self, text: str) -> np.ndarray:
+        """num_perm minimum hash values (all 2**32 + 15 for an empty text)."""
+        shingles = shingle_hashes(text)
+        sig = np.full(self.num_perm, _PRIME, dtype=np.uint64)
+        for start in range(0, len(shingles), _CHUNK):
+            block = shingles[start : start + _CHUNK]
+            values = (self.a[:, None] * block[None, :] + self.b[:, None]) % _PRIME
+            np.minimum(sig, values.min(axis=1), out=sig)
+        return sig
+
+    def band_keys(self, signature: np.ndarray) -> list[str]:
+        """One key per band; equal keys make two documents candidate near duplicates."""
+        keys = []
+        for band in range(self.bands):
+            rows = signature[band * self.rows : (band + 1) * self.rows]
+            keys.append(f"{band}:{hashlib.blake2b(rows.tobytes(), digest_size=12).hexdigest()}")
+        return keys
+
+    @staticmethod
+    def similarity(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
+        """Estimated Jaccard similarity of the two shingle sets."""
+        return float(np.mean(sig_a == sig_b))
+
+
+def near_duplicates_in_bucket(
+    members: list[tuple[str, np.ndarray]], threshold: float
+) -> list[tuple[str, str, float]]:
+    """(doc_id, duplicate_of, similarity) for one LSH bucket: each document is matched to the
+    smallest earlier doc_id it is similar to, so the smallest id of a group is the one kept."""
+    members = sorted(members, key=lambda m: m[0])
+    found = []
+    for i, (doc_id, sig) in enumerate(members):
+        for other_id, other_sig in members[:i]:
+            if other_id == doc_id:
+                continue
+            sim = MinHasher.similarity(sig, other_sig)
+            if sim >= threshold:
+                found.append((doc_id, other_id, sim))
+                break
+    return found

@@ -1,0 +1,156 @@
+"""The documents contract: records, filters, rejects, Parquet/JSONL shards, length histograms.
+
+    docs-SSSSS-of-NNNNN.parquet   doc_id: string (stable, source-prefixed: "wiki:12",
+                                  "book:botchan"), source: string ("wikipedia" | "books"),
+                                  title: string, sentences: list<string> (document order)
+    rejects-SSSSS-of-NNNNN.jsonl  {"source", "id", "reason", "detail"[, "duplicate_of"]}
+    _MANIFEST.json                written last (bert_core.storage.write_manifest, stage="corpus")
+
+Every record read is either a kept document or exactly one reject, so per source
+``kept + rejected = read``. Rows of a shard are sorted by ``doc_id`` and a document's shard is
+``stable_hash(doc_id) % num_shards``: the bytes depend only on the input, never on the number
+of workers or the order they finish in. Produced by ``bertpipe clean`` (beam_jobs/clean_corpus.py).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+from bert_core import storage
+from bert_core.config import CorpusConfig
+
+WIKIPEDIA = "wikipedia"
+BOOKS = "books"
+
+# Reject reasons (each also a Beam counter "rejected_<reason>").
+REDIRECT = "redirect"
+NOT_ARTICLE = "not_article"
+NO_TEXT = "no_text"  # nothing left after removing templates, tables, lists, headings
+TOO_FEW_SENTENCES = "too_few_sentences"
+TOO_SHORT = "too_short"
+DUPLICATE = "duplicate"
+NEAR_DUPLICATE = "near_duplicate"
+DUPLICATE_DOC_ID = "duplicate_doc_id"
+MALFORMED_XML = "malformed_xml"
+INVALID_UTF8 = "invalid_utf8"
+TRUNCATED_INPUT = "truncated_input"
+NOT_A_DUMP = "not_a_dump"
+EMPTY_FILE = "empty_file"
+UNREADABLE_FILE = "unreadable_file"
+
+Document = dict[str, Any]  # doc_id, source, title, sentences, origin (file@offset, not written)
+Reject = dict[str, Any]
+
+
+def make_document(doc_id: str, source: str, title: str, sentences: list[str], origin: str) -> Document:
+    return {"doc_id": doc_id, "source": source, "title": title, "sentences": sentences, "origin": origin}
+
+
+def make_reject(source: str, record_id: str, reason: str, detail: str, duplicate_of: str | None = None) -> Reject:
+    reject = {"source": source, "id": record_id, "reason": reason, "detail": detail}
+    if duplicate_of is not None:
+        reject["duplicate_of"] = duplicate_of
+    return reject
+
+
+def apply_filters(doc: Document, cfg: CorpusConfig) -> Document | Reject:
+    """The document with too-short sentences removed, or a reject naming the filter."""
+    sentences = [s for s in doc["sentences"] if len(s) >= cfg.min_chars_per_sentence]
+    chars = sum(len(s) for s in sentences)
+    if not sentences:
+        return make_reject(doc["source"], doc["doc_id"], NO_TEXT,
+                           f"{doc['title']!r}: no text left after removing markup, lists and tables")
+    if len(sentences) < cfg.min_sentences_per_doc:
+        return make_reject(doc["source"], doc["doc_id"], TOO_FEW_SENTENCES,
+                           f"{doc['title']!r}: {len(sentences)} sentences < min_sentences_per_doc="
+                           f"{cfg.min_sentences_per_doc}")
+    if chars < cfg.min_chars_per_doc:
+        return make_reject(doc["source"], doc["doc_id"], TOO_SHORT,
+                           f"{doc['title']!r}: {chars} chars < min_chars_per_doc={cfg.min_chars_per_doc}")
+    return {**doc, "sentences": sentences}
+
+
+def is_reject(record: dict[str, Any]) -> bool:
+    return "reason" in record
+
+
+def stable_shard(key: str, num_shards: int) -> int:
+    """Shard of a record: CRC-32 of its id (stable across processes, unlike ``hash``)."""
+    return zlib.crc32(key.encode("utf-8")) % num_shards
+
+
+def auto_num_shards(total_chars: int, target_chars: int = 128 << 20) -> int:
+    """About 128 M characters (a few hundred MB of Parquet) per shard; at least one."""
+    return max(1, -(-total_chars // target_chars))
+
+
+def shard_name(prefix: str, index: int, count: int, ext: str) -> str:
+    return f"{prefix}-{index:05d}-of-{count:05d}.{ext}"
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("doc_id", pa.string()), ("source", pa.string()), ("title", pa.string()),
+        ("sentences", pa.list_(pa.string())),
+    ])
+
+
+def write_documents(uri: str, docs: list[Document]) -> int:
+    """One Parquet shard, rows in doc_id order. Returns the number of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = sorted(docs, key=lambda d: d["doc_id"])
+    columns = {name: [d[name] for d in docs] for name in ("doc_id", "source", "title", "sentences")}
+    table = pa.Table.from_pydict(columns, schema=arrow_schema())
+    with storage.open_file(uri, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+    return len(docs)
+
+
+def read_documents(uri: str) -> list[Document]:
+    """Rows of one documents shard as dicts (tests and small tools)."""
+    import pyarrow.parquet as pq
+
+    with storage.open_file(uri, "rb") as f:
+        return pq.read_table(f).to_pylist()
+
+
+def reject_sort_key(r: Reject) -> tuple[str, ...]:
+    return (r["source"], r["id"], r["reason"], r["detail"])
+
+
+def write_rejects(uri: str, rejects: list[Reject]) -> int:
+    lines = [json.dumps(r, sort_keys=True, ensure_ascii=False) for r in sorted(rejects, key=reject_sort_key)]
+    storage.write_text(uri, "".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def write_google_text(uri: str, docs: list[Document]) -> None:
+    """google-research/bert's input: one sentence per line, a blank line between documents."""
+    docs = sorted(docs, key=lambda d: d["doc_id"])
+    body = "\n".join("".join(s.replace("\n", " ") + "\n" for s in d["sentences"]) for d in docs)
+    storage.write_text(uri, body)
+
+
+# Histogram bin edges (lower bounds): log-ish so both a stub article and a novel fit.
+SENTENCE_BINS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+CHAR_BINS = (0, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
+
+
+def bin_of(value: int, edges: tuple[int, ...]) -> str:
+    """Label of the bin holding value, e.g. ``"10-19"`` or ``"10000+"``."""
+    label = f"<{edges[0]}"
+    for i, lower in enumerate(edges):
+        if value >= lower:
+            upper = edges[i + 1] - 1 if i + 1 < len(edges) else None
+            label = f"{lower}-{upper}" if upper is not None else f"{lower}+"
+    return label
+
+
+def length_stats(doc: Document) -> dict[str, int]:
+    return {"sentences": len(doc["sentences"]), "chars": sum(len(s) for s in doc["sentences"])}
