@@ -1,0 +1,109 @@
+"""The DeepSpeed config dict, rendered from ``PretrainConfig`` and one phase (never a hand-written JSON).
+
+    python -c "from bert_core.config import load_config; from bert_core.ds_config import ds_config; \
+import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, '/tmp/run'), indent=1))"
+
+- batch: ``train_batch_size`` = the phase's global batch, ``train_micro_batch_size_per_gpu``,
+  ``gradient_accumulation_steps`` = global / (micro x ranks) (the config validates divisibility);
+- precision fp32 / bf16 / fp16 (dynamic loss scaling), ZeRO stage, gradient clipping;
+- AdamW with the paper's settings (β 0.9/0.999, ε 1e-6, weight decay 0.01) in DeepSpeed's
+  optimizer section; ``torch_adam: true`` on CPU (torch's AdamW, no JIT-built CPU Adam op);
+- LAMB: DeepSpeed's fused ``Lamb`` on GPU; it has no CPU kernel, so on CPU
+  :func:`client_optimizer` builds torch-optimizer's ``Lamb`` (a maintained library) and the
+  config has no optimizer section;
+- ``WarmupDecayLR`` with ``warmup_type: linear`` (its default warms up on a log curve): linear
+  warmup to the peak, then linear decay to 0 at ``max_steps``;
+- a CSV or TensorBoard monitor under ``<run>/monitor``.
+
+Weight decay is not applied to biases and LayerNorm weights: :func:`param_groups` splits them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bert_core.config import PretrainConfig, PretrainPhase
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+def gradient_accumulation_steps(cfg: PretrainConfig, phase: PretrainPhase) -> int:
+    return phase.global_batch_size // (phase.micro_batch_size * cfg.world_size)
+
+
+def uses_client_optimizer(cfg: PretrainConfig) -> bool:
+    """LAMB on CPU: DeepSpeed's Lamb is CUDA-only, so the optimizer is built outside DeepSpeed."""
+    return cfg.optimizer == "lamb" and cfg.accelerator == "cpu"
+
+
+def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None) -> dict[str, Any]:
+    """The config dict for ``deepspeed.initialize(config=...)`` for phase ``phase_index``."""
+    phase = cfg.phases[phase_index]
+    out: dict[str, Any] = {
+        "train_batch_size": phase.global_batch_size,
+        "train_micro_batch_size_per_gpu": phase.micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps(cfg, phase),
+        "gradient_clipping": cfg.gradient_clipping,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 10**9,  # our own metrics.jsonl reports progress
+        "wall_clock_breakdown": False,
+        "seed": cfg.seed,
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "total_num_steps": phase.max_steps,
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": phase.learning_rate,
+                "warmup_num_steps": phase.warmup_steps,
+                "warmup_type": "linear",
+            },
+        },
+    }
+    if cfg.precision == "bf16":
+        out["bf16"] = {"enabled": True}
+    elif cfg.precision == "fp16":
+        out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    if not uses_client_optimizer(cfg):
+        out["optimizer"] = _optimizer_section(cfg, phase)
+    if cfg.monitor != "none" and run_dir:
+        section = "csv_monitor" if cfg.monitor == "csv" else "tensorboard"
+        out[section] = {"enabled": True, "output_path": f"{run_dir.rstrip('/')}/monitor/",
+                        "job_name": f"phase{phase_index + 1}"}
+    return out
+
+
+def _optimizer_section(cfg: PretrainConfig, phase: PretrainPhase) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "lr": phase.learning_rate,
+        "betas": [cfg.adam_beta1, cfg.adam_beta2],
+        "eps": cfg.adam_epsilon,
+        "weight_decay": cfg.weight_decay,
+    }
+    if cfg.optimizer == "lamb":  # GPU only (see uses_client_optimizer)
+        return {"type": "Lamb", "params": params}
+    params["torch_adam"] = cfg.accelerator == "cpu"
+    params["adam_w_mode"] = True
+    return {"type": "AdamW", "params": params}
+
+
+def no_decay(name: str) -> bool:
+    """Biases and LayerNorm parameters get no weight decay (google-research/bert's exclusion list)."""
+    return name.endswith(".bias") or "LayerNorm" in name or name == "bias"
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (plain if no_decay(name) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+
+
+def client_optimizer(cfg: PretrainConfig, phase: PretrainPhase, groups: list[dict[str, Any]]) -> Any:
+    """LAMB on CPU from torch-optimizer (maintained; DeepSpeed's Lamb needs CUDA)."""
+    import torch_optimizer
+
+    return torch_optimizer.Lamb(groups, lr=phase.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay)

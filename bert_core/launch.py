@@ -1,0 +1,236 @@
+"""Render and run the ``deepspeed`` launcher command for pre-training, from the config.
+
+    python -c "from bert_core.config import load_config; from bert_core.launch import launcher_argv; \
+print(' '.join(launcher_argv(load_config('demo').pretrain, ['--output', 'runs/x'])))"
+
+Three shapes, one per ``pretrain.launcher``:
+
+- ``local``: ``deepspeed --num_gpus N`` on this machine (on CPU: N gloo ranks);
+- ``hostfile``: ``deepspeed --hostfile H --num_nodes n --num_gpus N`` (the launcher reaches the
+  other hosts over ssh/pdsh);
+- ``no_ssh``: one launcher per node (Kubernetes pods), each with ``--no_ssh --node_rank r
+  --master_addr A --master_port P``. DeepSpeed still wants a hostfile to count the nodes; when
+  none is given a ``node{i} slots=N`` file is written into the run folder.
+
+``run_launch`` streams the launcher's output (rank 0 prints progress; other ranks stay quiet)
+to a callback and returns the exit code. A failed run raises :class:`LaunchConfigError` when a
+rank refused the config or data (fix the input, retrying will not help) or
+:class:`LaunchInfraError` when the infrastructure failed (rendezvous timeout, a rank killed,
+port in use: worth a retry, and the run resumes from its last checkpoint).
+
+On CPU, DeepSpeed's first start JIT-compiles a shared-memory all-reduce op (~60-80 s on 2 cores,
+cached in ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``).
+:func:`ensure_cpu_comm_op` builds it once, in the launching process, with a log line saying so,
+instead of letting every rank of the first run race to build it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from bert_core import storage
+from bert_core.config import PipelineConfig, PretrainConfig
+from bert_core.pretrain import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, CONFIG_FILE
+
+SCRIPT_MODULE = "bert_core.pretrain"
+HOSTFILE = "hostfile"
+
+# Output of a run that failed for reasons outside the config: retrying (and resuming) helps.
+_INFRA_PATTERNS = re.compile(
+    r"DistNetworkError|timed out|Timeout|Connection (refused|reset)|Address already in use|"
+    r"EADDRINUSE|Broken pipe|Killed|SIGKILL|signal 9|Socket Timeout|rendezvous|No route to host",
+    re.IGNORECASE,
+)
+
+
+class LaunchError(RuntimeError):
+    """A pre-training launch failed; ``exit_code`` and the last output lines say how."""
+
+    def __init__(self, message: str, exit_code: int, tail: list[str]) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.tail = tail
+
+
+class LaunchConfigError(LaunchError):
+    """A rank refused the config or the data: fix the input; a retry would fail the same way."""
+
+
+class LaunchInfraError(LaunchError):
+    """Rendezvous timeout, a killed rank, a busy port...: retry, the run resumes from its checkpoint."""
+
+
+# --------------------------------------------------------------------------- argv
+
+
+def launcher_argv(
+    cfg: PretrainConfig,
+    script_args: list[str],
+    node_rank: int | None = None,
+    hostfile: str | None = None,
+) -> list[str]:
+    """``deepspeed ... --module bert_core.pretrain <script_args>`` for ``cfg.launcher``."""
+    argv = ["deepspeed"]
+    if cfg.launcher == "local":
+        if cfg.nodes != 1:
+            raise ValueError(
+                f"pretrain.launcher=local runs on one machine but pretrain.nodes={cfg.nodes}; "
+                "use launcher=hostfile (ssh) or launcher=no_ssh (one launcher per node)"
+            )
+        argv += ["--num_gpus", str(cfg.procs_per_node)]
+    elif cfg.launcher == "hostfile":
+        argv += ["--hostfile", hostfile or str(cfg.hostfile), "--num_nodes", str(cfg.nodes),
+                 "--num_gpus", str(cfg.procs_per_node)]
+    else:  # no_ssh
+        if node_rank is None or not 0 <= node_rank < cfg.nodes:
+            raise ValueError(
+                f"launcher=no_ssh needs --node-rank in [0, {cfg.nodes}) (this node's index); got {node_rank}"
+            )
+        argv += ["--hostfile", hostfile or str(cfg.hostfile), "--no_ssh", "--node_rank", str(node_rank),
+                 "--num_nodes", str(cfg.nodes), "--num_gpus", str(cfg.procs_per_node)]
+    if cfg.launcher != "local" or cfg.master_addr != "127.0.0.1":
+        argv += ["--master_addr", cfg.master_addr]
+    argv += ["--master_port", str(cfg.master_port), "--module", SCRIPT_MODULE, *script_args]
+    return argv
+
+
+def render_hostfile(cfg: PretrainConfig) -> str:
+    """``node{i} slots=N`` lines: enough for ``--no_ssh``, which only counts nodes and slots."""
+    return "".join(f"node{i} slots={cfg.procs_per_node}\n" for i in range(cfg.nodes))
+
+
+def launcher_env(cfg: PretrainConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["OMP_NUM_THREADS"] = str(cfg.threads_per_rank)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if cfg.accelerator == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    # The ranks must import this checkout's bert_core, wherever the launcher is started from.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _resolve(argv: list[str]) -> list[str]:
+    """Run the ``deepspeed`` script of this Python environment (the venv may not be on PATH)."""
+    beside = Path(sys.executable).with_name("deepspeed")
+    if argv and argv[0] == "deepspeed":
+        return [str(beside) if beside.exists() else (shutil.which("deepspeed") or "deepspeed"), *argv[1:]]
+    return argv
+
+
+# --------------------------------------------------------------------------- the CPU comm op
+
+
+def cpu_comm_op_built() -> bool:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory("deepspeed_shm_comm", verbose=False))
+    return any(folder.glob("*.so"))
+
+
+def ensure_cpu_comm_op(log: Callable[[str], None] = print) -> None:
+    """Build DeepSpeed's CPU shared-memory comm op once per machine (cached), before any rank starts."""
+    if cpu_comm_op_built():
+        return
+    log("building DeepSpeed CPU comm op once (~60 s, cached in ~/.cache/torch_extensions)...")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    code = ("from deepspeed.accelerator import get_accelerator; "
+            "get_accelerator().create_op_builder('ShareMemCommBuilder').load(verbose=False)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        # Not fatal: without the op DeepSpeed falls back to plain gloo collectives.
+        log(f"could not build the comm op (DeepSpeed will use gloo): {done.stderr.strip()[-500:]}")
+    else:
+        log("DeepSpeed CPU comm op built")
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run_launch(
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    on_line: Callable[[str], None] = print,
+    cwd: str | None = None,
+) -> int:
+    """Run the launcher, stream each output line to ``on_line``; 0 on success, else raise.
+
+    Raises :class:`LaunchConfigError` or :class:`LaunchInfraError` (see module docstring);
+    another failure is a plain :class:`LaunchError`.
+    """
+    tail: deque[str] = deque(maxlen=60)
+    config_error = None
+    with subprocess.Popen(
+        _resolve(argv), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, bufsize=1, start_new_session=True,
+    ) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            tail.append(line)
+            if CONFIG_ERROR_PREFIX in line:
+                config_error = line.split(CONFIG_ERROR_PREFIX, 1)[1].strip()
+            on_line(line)
+        code = proc.wait()
+    if code == 0:
+        return 0
+    lines = list(tail)
+    if config_error is not None or code == CONFIG_ERROR_EXIT:
+        raise LaunchConfigError(f"pre-training refused its input: {config_error or lines[-1:]}", code, lines)
+    text = "\n".join(lines)
+    if code < 0 or code >= 128 or _INFRA_PATTERNS.search(text):
+        raise LaunchInfraError(
+            f"pre-training launch failed (exit {code}) for an infrastructure reason; retry to resume "
+            f"from the last checkpoint. Last lines:\n" + "\n".join(lines[-8:]), code, lines)
+    raise LaunchError(f"pre-training failed (exit {code}). Last lines:\n" + "\n".join(lines[-15:]), code, lines)
+
+
+def prepare_run(
+    config: PipelineConfig,
+    instances: str,
+    output: str,
+    init_checkpoint: str | None = None,
+    node_rank: int | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """Write ``RUN/pretrain_config.json`` (and a hostfile for no_ssh) and return (argv, env)."""
+    pre = config.pretrain
+    run = storage.to_uri(output)
+    config_uri = storage.join(run, CONFIG_FILE)
+    storage.write_text(config_uri, json.dumps(config.model_dump(mode="json"), indent=2))
+    hostfile = pre.hostfile
+    if pre.launcher == "no_ssh" and not hostfile:
+        hostfile = storage.join(run, HOSTFILE)
+        storage.write_text(hostfile, render_hostfile(pre))
+    script_args = ["--config", config_uri, "--instances", storage.to_uri(instances), "--output", run]
+    if init_checkpoint:
+        script_args += ["--init-checkpoint", init_checkpoint]
+    return launcher_argv(pre, script_args, node_rank=node_rank, hostfile=hostfile), launcher_env(pre)
+
+
+def launch_pretraining(
+    config: PipelineConfig,
+    instances: str,
+    output: str,
+    init_checkpoint: str | None = None,
+    node_rank: int | None = None,
+    on_line: Callable[[str], None] = print,
+) -> str:
+    """The plain entry point (CLI, flow): launch, wait, return the run folder (raises on failure)."""
+    if storage.has_manifest(output):
+        on_line(f"{storage.to_uri(output)}: finished already ({storage.MANIFEST} present), nothing to do")
+        return storage.to_uri(output)
+    if config.pretrain.accelerator == "cpu":
+        ensure_cpu_comm_op(on_line)
+    argv, env = prepare_run(config, instances, output, init_checkpoint, node_rank)
+    on_line("$ " + " ".join(argv))
+    run_launch(argv, env, on_line)
+    return storage.to_uri(output)
