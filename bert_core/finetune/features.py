@@ -1,0 +1,129 @@
+"""Frozen contextual features from any checkpoint (the paper's feature-based approach) -> Parquet.
+
+    bertpipe features --checkpoint samples/models/minilm --input tests/fixtures/tasks/ner/valid.txt \
+        --output features.parquet --layers concat_last_four
+
+One vector per *word* (its first word piece, as in the paper's CoNLL ablation), from a choice
+of layers: ``embeddings``, ``last``, ``second_to_last``, ``sum_last_four``, ``concat_last_four``,
+``all`` (sum of every encoder layer). Input is a text file (one sentence a line, words split on
+whitespace) or a CoNLL column file (its tags are kept). Sentences longer than a window are split
+at word boundaries. Output columns: ``sentence_id: int32``, ``words: list<string>``,
+``features: list<list<float32>>`` (words x dim), ``tags: list<string>`` (CoNLL input only);
+the file's schema metadata records checkpoint, layers and dim.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bert_core import storage
+
+LAYER_CHOICES = ("embeddings", "last", "second_to_last", "sum_last_four", "concat_last_four", "all")
+
+
+def combine_layers(hidden_states: Sequence[Any], layers: str) -> Any:
+    """``hidden_states`` = (embeddings, layer 1, ..., layer L), each [B, T, H] -> [B, T, D]."""
+    import torch
+
+    encoder = hidden_states[1:]
+    if layers == "embeddings":
+        return hidden_states[0]
+    if layers == "last":
+        return encoder[-1]
+    if layers == "second_to_last":
+        return encoder[-2] if len(encoder) > 1 else encoder[-1]
+    if layers == "sum_last_four":
+        return torch.stack(encoder[-4:]).sum(0)
+    if layers == "concat_last_four":
+        last4 = list(encoder[-4:])
+        # A model with fewer than 4 layers repeats its first one, so dim stays 4 x hidden.
+        last4 = [last4[0]] * (4 - len(last4)) + last4
+        return torch.cat(last4, dim=-1)
+    if layers == "all":
+        return torch.stack(encoder).sum(0)
+    raise ValueError(f"layers={layers!r}; choose one of {', '.join(LAYER_CHOICES)}")
+
+
+def feature_dim(hidden_size: int, layers: str) -> int:
+    return hidden_size * (4 if layers == "concat_last_four" else 1)
+
+
+def word_features(
+    model: Any, tokenizer: Any, sentences: Sequence[Sequence[str]], layers: str = "last",
+    max_seq_length: int = 128, batch_size: int = 32,
+) -> list[np.ndarray]:
+    """Frozen features, one [n_words, dim] float32 array per sentence (first piece of each word)."""
+    import torch
+
+    from bert_core.finetune.data import collate
+    from bert_core.finetune.ner import encode_sentences
+
+    if layers not in LAYER_CHOICES:
+        raise ValueError(f"layers={layers!r}; choose one of {', '.join(LAYER_CHOICES)}")
+    dim = feature_dim(model.config.hidden_size, layers)
+    windows = encode_sentences([(list(w), ["O"] * len(w)) for w in sentences], tokenizer, {},
+                               max_seq_length)
+    out = [np.zeros((len(w), dim), dtype=np.float32) for w in sentences]
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(windows), batch_size):
+            chunk = windows[i : i + batch_size]
+            batch = collate("token", chunk, tokenizer.pad_id)
+            hs = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                       output_hidden_states=True).hidden_states
+            feats = combine_layers(hs, layers).float().numpy()  # [B, T, D]
+            for f, row in zip(chunk, feats, strict=True):
+                words = out[f["sentence"]]
+                words[f["first_word"] : f["first_word"] + len(f["firsts"])] = row[f["firsts"]]
+    return out
+
+
+def _read_input(uri: str, input_format: str | None) -> tuple[list[list[str]], list[list[str]] | None]:
+    fmt = input_format or ("conll" if uri.endswith((".conll", "train.txt", "valid.txt", "test.txt",
+                                                     ".train", ".testa", ".testb")) else "text")
+    if fmt == "conll":
+        from bert_core.finetune.ner import read_conll
+
+        sentences, _ = read_conll(uri)
+        return [w for w, _ in sentences], [t for _, t in sentences]
+    if fmt != "text":
+        raise ValueError(f"--format {fmt!r}: use text or conll")
+    lines = [line.split() for line in storage.read_text(uri).splitlines()]
+    return [w for w in lines if w], None
+
+
+def extract_file(
+    checkpoint: str, input_uri: str, output: str, layers: str = "last", input_format: str | None = None,
+    max_seq_length: int = 128, threads: int = 2,
+) -> int:
+    """Read ``input_uri``, write its frozen features to the Parquet file ``output``; return sentences."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from bert_core.finetune.train import load_tokenizer
+    from bert_core.model import BertModel
+
+    if not storage.exists(input_uri):
+        raise FileNotFoundError(f"{input_uri} does not exist")
+    torch.set_num_threads(threads)
+    words, tags = _read_input(input_uri, input_format)
+    model = BertModel.from_pretrained(checkpoint)
+    feats = word_features(model, load_tokenizer(checkpoint), words, layers, max_seq_length)
+    columns = {
+        "sentence_id": pa.array(range(len(words)), pa.int32()),
+        "words": pa.array(words, pa.list_(pa.string())),
+        "features": pa.array([f.tolist() for f in feats], pa.list_(pa.list_(pa.float32()))),
+    }
+    if tags is not None:
+        columns["tags"] = pa.array(tags, pa.list_(pa.string()))
+    meta = {"checkpoint": storage.to_uri(checkpoint), "layers": layers, "input": storage.to_uri(input_uri),
+            "dim": feature_dim(model.config.hidden_size, layers)}
+    table = pa.table(columns).replace_schema_metadata({"bertpipe": json.dumps(meta)})
+    with storage.open_file(output, "wb") as f:
+        pq.write_table(table, f)
+    return len(words)

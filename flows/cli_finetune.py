@@ -1,0 +1,95 @@
+"""CLI of the fine-tuning stage and of frozen feature extraction.
+
+    bertpipe finetune --task sentiment --data samples/tasks --checkpoint samples/models/minilm \
+        --output ./ft --seeds 1,2 --set finetune.max_train_examples=400
+    bertpipe features --checkpoint samples/models/minilm --input tests/fixtures/tasks/ner/valid.txt \
+        --output ./features.parquet --layers sum_last_four
+
+``finetune`` runs the jobs one after another in this process (``--prefect`` runs the same jobs
+as the Prefect flow ``flows/finetune.py`` with its artifacts); both print mean ± sd per task
+and write ``<output>/<task>/seed=<s>/metrics.json`` + ``<output>/_MANIFEST.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+
+
+def finetune(
+    task: Annotated[list[str], typer.Option("--task", "-t", help="Task name (repeatable, or a,b).")],
+    data: Annotated[str, typer.Option(help="Folder with one sub-folder per task, or the task's own folder.")],
+    checkpoint: Annotated[str, typer.Option(help="Our runs' hf/ folder or any transformers BERT folder.")],
+    output: Annotated[str, typer.Option(help="Output folder or URI (gs://...).")],
+    seeds: Annotated[str | None, typer.Option(help="Comma-separated seeds, e.g. 1,2,3.")] = None,
+    use_prefect: Annotated[bool, typer.Option("--prefect", help="Run as the Prefect flow.")] = False,
+    preset: PresetOpt = "demo",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Fine-tune a checkpoint on tasks x seeds; print every task's metrics as mean ± sd."""
+    from bert_core import storage
+    from bert_core.finetune import TASKS
+    from bert_core.finetune.report import run_many, table_rows
+
+    tasks = [t.strip() for item in task for t in item.split(",") if t.strip()]
+    unknown = [t for t in tasks if t.lower() not in TASKS]
+    if unknown:
+        typer.secho(f"unknown task(s) {unknown}; choose from {', '.join(sorted(TASKS))}", fg="red", err=True)
+        raise typer.Exit(2)
+    cfg = resolve(preset, config, set_)
+    try:  # validated on assignment, like the rest of the config
+        cfg.finetune.tasks = tasks
+        cfg.finetune.data_dir = data
+        if seeds:
+            cfg.finetune.seeds = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError as err:
+        typer.secho(f"--seeds {seeds!r}: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    try:
+        if use_prefect:
+            from flows.finetune import finetune as finetune_flow
+
+            finetune_flow(cfg, checkpoint=checkpoint, output=output)
+            manifest = storage.read_manifest(output)
+        else:
+            manifest = run_many(cfg.finetune.tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune,
+                                output, log=lambda m: typer.echo(m, err=True))
+    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(1) from None
+    from bert_core.finetune.report import format_table
+
+    typer.echo(format_table(table_rows(manifest["stats"]["summary"])))
+    for f in manifest.get("failures", []):
+        typer.secho(f"FAILED {f['task']} seed={f['seed']}: {f['error']}", fg="red", err=True)
+    typer.echo(f"wrote {manifest['uri']}")
+
+
+def features(
+    checkpoint: Annotated[str, typer.Option(help="Transformers-layout BERT folder.")],
+    input_: Annotated[str, typer.Option("--input", help="Text file (one sentence a line) or CoNLL file.")],
+    output: Annotated[str, typer.Option(help="Parquet file to write.")],
+    layers: Annotated[str, typer.Option(help="last | sum_last_four | concat_last_four | all | second_to_last")] = "last",
+    input_format: Annotated[str, typer.Option("--format", help="text | conll (auto from the name if omitted)")] = "",
+    max_seq_length: Annotated[int, typer.Option(help="Word pieces per window, specials included.")] = 128,
+    threads: Annotated[int, typer.Option(help="torch threads")] = 2,
+) -> None:
+    """Extract frozen contextual token features (the paper's feature-based approach) to Parquet."""
+    from bert_core.finetune.features import extract_file
+
+    try:
+        n = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
+                         max_seq_length=max_seq_length, threads=threads)
+    except (FileNotFoundError, ValueError) as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {n} sentences of {layers} features to {output}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("finetune")(finetune)
+    app.command("features")(features)
