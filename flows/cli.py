@@ -47,6 +47,7 @@ COMMAND_MODULES: list[str] = [
     "flows.cli_ops",
     "flows.cli_export",
     "flows.cli_instances",
+    "flows.cli_finetune",
 ]
 
 
