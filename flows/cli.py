@@ -48,6 +48,7 @@ COMMAND_MODULES: list[str] = [
     "flows.cli_export",
     "flows.cli_instances",
     "flows.cli_finetune",
+    "flows.cli_clean",
 ]
 
 
