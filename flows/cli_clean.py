@@ -1,0 +1,81 @@
+"""CLI of the corpus stage.
+
+    bertpipe clean --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \
+        --output ./bertpipe-data/corpus --workers 2 [-- beam args]
+    bertpipe clean --preset demo --output ./bertpipe-data/corpus     (globs from corpus.*)
+
+Runs the Beam job directly (no Prefect), with a progress display while it runs and a table of
+counts (read / kept / rejected by reason) at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+
+
+def clean(
+    ctx: typer.Context,
+    output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for the documents.")],
+    wikipedia: Annotated[
+        list[str] | None, typer.Option(help="Dump glob (.xml, .xml.bz2); repeatable. Default: corpus.wikipedia.")
+    ] = None,
+    books: Annotated[
+        list[str] | None, typer.Option(help="Book glob (.txt, .txt.gz, .md); repeatable. Default: corpus.books.")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")] = None,
+    text_format: Annotated[
+        str | None, typer.Option("--text-format", help="'google': also one sentence per line files.")
+    ] = None,
+    preset: PresetOpt = "demo",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Clean Wikipedia dumps and books into document-level sentences (Beam). Extra arguments
+    after the options are passed to Beam."""
+    from rich.console import Console
+
+    cfg = resolve(preset, config, set_)
+    corpus = cfg.corpus
+    updates = {}
+    if wikipedia or books:  # explicit inputs replace the preset's globs
+        updates = {"wikipedia": wikipedia or [], "books": books or []}
+    if text_format:
+        updates["text_format"] = text_format
+    try:
+        corpus = corpus.model_validate({**corpus.model_dump(), **updates})
+    except ValueError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+    from beam_jobs.clean_corpus import InputError
+    from beam_jobs.clean_corpus import clean as run_job
+
+    console = Console(stderr=True)
+    try:
+        with console.status(f"cleaning {len(corpus.wikipedia)} dump glob(s) and {len(corpus.books)} "
+                            f"book glob(s) with {workers or cfg.workers} worker(s) ..."):
+            manifest = run_job(corpus, output, workers=workers or cfg.workers, runner=cfg.beam_runner,
+                               beam_args=[*cfg.beam_args, *ctx.args])
+    except InputError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(format_counts(manifest))
+
+
+def format_counts(manifest: dict) -> str:
+    lines = [f"corpus at {manifest['uri']}"]
+    for source, c in manifest["counts"].items():
+        if isinstance(c, dict):
+            lines.append(f"  {source}: read {c['read']}, kept {c['kept']}, rejected {c['rejected']}")
+            lines += [f"    {reason}: {n}" for reason, n in c["rejected_by_reason"].items()]
+    c = manifest["counts"]
+    lines.append(f"  documents {c['documents']}, sentences {c['sentences']}, chars {c['chars']}")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("clean", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(clean)
