@@ -65,12 +65,18 @@ def format_stats(manifest: dict[str, Any]) -> str:
     lines = [f"{manifest['stage']} at {manifest['uri']} ({manifest['created']})"]
     lines += [f"  {k}: {v}" for k, v in manifest.get("counts", {}).items()]
     stats = manifest.get("stats", {})
-    blocks = stats.items() if all(isinstance(v, dict) for v in stats.values()) else [("stats", stats)]
+    if stats and all(isinstance(v, dict) for v in stats.values()):
+        # JSON keys come back sorted as text (seq128 < seq64): order per-length blocks by length
+        blocks = sorted(stats.items(), key=lambda kv: (kv[1].get("max_seq_length", 0), kv[0]))
+    else:
+        blocks = [("stats", stats)]
     for name, block in blocks:
         lines.append(f"{name}:")
         for key, value in block.items():
             if key == "counts":
                 continue
+            if key == "length_histogram":  # "1-16", "17-32", ... in numeric order
+                value = dict(sorted(value.items(), key=lambda kv: int(kv[0].split("-")[0])))
             if isinstance(value, dict):
                 value = ", ".join(f"{k}: {v}" for k, v in value.items())
             lines.append(f"  {key}: {value}")

@@ -22,7 +22,8 @@ from bert_core.config import PipelineConfig
 def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """One table row per length from an instances manifest's stats."""
     rows = []
-    for name, s in manifest["stats"].items():
+    # the manifest's keys are sorted as text (seq128 < seq64): order by length again
+    for name, s in sorted(manifest["stats"].items(), key=lambda kv: kv[1]["max_seq_length"]):
         rows.append({
             "set": name, "instances": s["instances"], "tokens": s["tokens"],
             "mean_length": s["mean_length"], "masked_fraction": s["masked_fraction"],
