@@ -14,11 +14,12 @@ WordPiece with ``##`` continuation pieces. Here it is ``NFC + BertNormalizer`` -
 the same vocab and casing, on every line of the sample corpus (tests/test_tokenization.py), with
 these known, deliberate differences:
 
-- **Greek final sigma.** Google and transformers lowercase with Python's ``str.lower()``, which
-  applies Unicode's Final_Sigma rule (``"ΟΔΟΣ".lower() == "οδος"``, with ``ς``); the
-  ``tokenizers`` normalizer lowercases one character at a time (``"οδοσ"``, with ``σ``). Only
-  words ending in a capital sigma differ (one word in ~37k real lines); both ``σ`` and ``ς`` are
-  in BERT's vocab, so neither side produces ``[UNK]``.
+- **Greek final sigma** (handled). Google and transformers lowercase with Python's
+  ``str.lower()``, which applies Unicode's Final_Sigma rule (``"ΟΔΟΣ".lower() == "οδος"``, with
+  ``ς``); the ``tokenizers`` normalizer lowercases one character at a time (``"οδοσ"``, with
+  ``σ``): one word in ~37k real lines. A ``Replace`` normalizer with the Final_Sigma condition as
+  a regex (:data:`FINAL_SIGMA`) runs first, so the ids agree there too; it departs from Python's
+  rule only after 4+ case-ignorable characters between letter and sigma (``"AΣ"``).
 - **``max_input_chars_per_word``** defaults to Google's 200 (transformers uses 100): a longer
   word becomes one ``[UNK]``. It is a setting (``vocab.max_input_chars_per_word``).
 - **Special-token strings in the text** (a literal ``"[MASK]"`` in a Wikipedia sentence) are
@@ -44,6 +45,14 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 SUBWORD_PREFIX = "##"
 GOOGLE_MAX_INPUT_CHARS_PER_WORD = 200
+# A capital sigma after a cased letter and not followed by (case-ignorables then) a cased letter:
+# Unicode's Final_Sigma condition, which str.lower() applies and tokenizers' lowercase does not.
+# (Oniguruma lookbehinds must have bounded length, so up to 3 case-ignorables such as "'" or "."
+# may sit between the letter and the sigma; Python allows any number.)
+FINAL_SIGMA = (
+    r"(?<=\p{Cased}|\p{Cased}\p{Case_Ignorable}|\p{Cased}\p{Case_Ignorable}{2}"
+    r"|\p{Cased}\p{Case_Ignorable}{3})Σ(?!\p{Case_Ignorable}*\p{Cased})"
+)
 
 
 class VocabError(ValueError):
@@ -140,8 +149,8 @@ class Tokenizer:
         return cls.from_vocab_file(storage.join(directory, "vocab.txt"), **settings)
 
     def _build_backend(self, special_tokens: bool) -> Any:
+        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors
         from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
         backend = HFTokenizer(
             models.WordPiece(
@@ -151,8 +160,13 @@ class Tokenizer:
                 continuing_subword_prefix=SUBWORD_PREFIX,
             )
         )
+        steps = [normalizers.NFC()]
+        if self.lowercase:
+            # Python's str.lower() (Google, transformers) turns a word-final capital sigma into
+            # "ς"; BertNormalizer lowercases char by char ("σ"). Mark final sigmas first.
+            steps.append(normalizers.Replace(Regex(FINAL_SIGMA), "ς"))
         backend.normalizer = normalizers.Sequence([
-            normalizers.NFC(),
+            *steps,
             normalizers.BertNormalizer(
                 clean_text=True,
                 handle_chinese_chars=True,
