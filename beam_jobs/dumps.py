@@ -39,7 +39,7 @@ MAX_PAGE_BYTES = 256 << 20  # a "page" larger than this is a broken file, not an
 _BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # stream header + first block magic
 _PAGE_OPEN = b"<page>"
 _PAGE_CLOSE = b"</page>"
-_TITLE = re.compile(rb"<title>(.*?)</title>", re.S)
+_TITLE = re.compile(rb"<title>([^<]*)<")  # tolerant: the closing tag may be the broken part
 _ID = re.compile(rb"<id>(\d+)</id>")
 
 
