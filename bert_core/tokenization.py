@@ -96,6 +96,30 @@ def vocab_problems(vocab: dict[str, int]) -> list[str]:
     return problems
 
 
+def bert_normalizer(lowercase: bool, strip_accents: bool | None = None) -> Any:
+    """BERT's text normalization as a ``tokenizers`` normalizer (NFC, final sigma, clean text,
+    CJK spacing, lowercase, strip accents; ``strip_accents=None`` follows ``lowercase``)."""
+    from tokenizers import Regex, normalizers
+
+    strip = lowercase if strip_accents is None else strip_accents
+    steps = [normalizers.NFC()]
+    if lowercase:
+        # Python's str.lower() (Google, transformers) turns a word-final capital sigma into
+        # "ς"; BertNormalizer lowercases char by char ("σ"). Mark final sigmas first.
+        steps.append(normalizers.Replace(Regex(FINAL_SIGMA), "ς"))
+    steps.append(normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip, lowercase=lowercase,
+    ))
+    return normalizers.Sequence(steps)
+
+
+def bert_pre_tokenizer() -> Any:
+    """BERT's split on whitespace and punctuation, as a ``tokenizers`` pre-tokenizer."""
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.BertPreTokenizer()
+
+
 class Tokenizer:
     """BERT WordPiece tokenizer over a ``{token: id}`` vocab (see the module docstring)."""
 
@@ -149,8 +173,8 @@ class Tokenizer:
         return cls.from_vocab_file(storage.join(directory, "vocab.txt"), **settings)
 
     def _build_backend(self, special_tokens: bool) -> Any:
-        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors
         from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, processors
 
         backend = HFTokenizer(
             models.WordPiece(
@@ -160,21 +184,8 @@ class Tokenizer:
                 continuing_subword_prefix=SUBWORD_PREFIX,
             )
         )
-        steps = [normalizers.NFC()]
-        if self.lowercase:
-            # Python's str.lower() (Google, transformers) turns a word-final capital sigma into
-            # "ς"; BertNormalizer lowercases char by char ("σ"). Mark final sigmas first.
-            steps.append(normalizers.Replace(Regex(FINAL_SIGMA), "ς"))
-        backend.normalizer = normalizers.Sequence([
-            *steps,
-            normalizers.BertNormalizer(
-                clean_text=True,
-                handle_chinese_chars=True,
-                strip_accents=self.strip_accents,
-                lowercase=self.lowercase,
-            ),
-        ])
-        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.normalizer = bert_normalizer(self.lowercase, self.strip_accents)
+        backend.pre_tokenizer = bert_pre_tokenizer()
         backend.decoder = decoders.WordPiece(prefix=SUBWORD_PREFIX)
         if special_tokens:
             backend.add_special_tokens([t for t in SPECIAL_TOKENS if t in self.vocab])
