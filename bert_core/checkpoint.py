@@ -326,8 +326,8 @@ def export_checkpoint(
 
     ``source`` is a transformers/bert_core folder (``config.json`` + weights) or a DeepSpeed
     checkpoint folder. For DeepSpeed the model config comes from a ``config.json`` beside the
-    checkpoint (or in its parent run folder), else from the weight shapes plus ``like``
-    (the run's ``ModelConfig``). The vocab defaults to a ``vocab.txt`` in the same places.
+    checkpoint (or in its run folder, or the run's ``hf/`` export), else from the weight shapes
+    plus ``like`` (the run's ``ModelConfig``). The vocab defaults to a ``vocab.txt`` in the same places.
     """
     from bert_core.model import BertForPreTraining
 
@@ -336,7 +336,9 @@ def export_checkpoint(
         cfg, state = load_pretrained(source)
     elif is_deepspeed_checkpoint(source):
         state = load_deepspeed_state_dict(source, tag)
-        cfg_uri = _first_existing(storage.join(source, "config.json"), storage.join(parent, "config.json"))
+        # beside the checkpoint, in the run folder, or in the run's final export (runs/<run>/hf)
+        cfg_uri = _first_existing(storage.join(source, "config.json"), storage.join(parent, "config.json"),
+                                  storage.join(parent, "hf", "config.json"))
         if cfg_uri:
             cfg = model_config_from_hf(json.loads(storage.read_text(cfg_uri)), source=cfg_uri)
         elif like is not None:
@@ -353,7 +355,9 @@ def export_checkpoint(
         )
     model = BertForPreTraining(cfg)
     load_into(model, state, source=storage.to_uri(source))
-    vocab_file = vocab_file or _first_existing(storage.join(source, "vocab.txt"), storage.join(parent, "vocab.txt"))
+    vocab_file = vocab_file or _first_existing(
+        storage.join(source, "vocab.txt"), storage.join(parent, "vocab.txt"), storage.join(parent, "hf", "vocab.txt")
+    )
     if vocab_file is None:
         log.warning("%s: no vocab.txt found; the export has weights only (pass --vocab)", source)
     out = save_pretrained(model, output, vocab_file=vocab_file, lowercase=lowercase)
