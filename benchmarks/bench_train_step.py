@@ -1,0 +1,252 @@
+"""Pre-training step: ours (bert_core.model) vs transformers.BertForPreTraining, side by side.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --samples samples
+    python benchmarks/bench_train_step.py --instances bertpipe-data/instances/<version> --sizes base
+
+One training step = forward (MLM + NSP loss) + backward + AdamW step, on the same batch of real
+instances (Botchan from the sample data, tokenized with the MiniLM sample's bert-base-uncased
+vocab and cut into instances by the instance stage's own functions, or an instances folder
+given with --instances), the same weights (ours copied into theirs: the names are the same),
+the same threads, at the demo size (tiny) and at the BERT-base size. Dropout is on, as in training.
+The two are timed alternately, step by step, so load from other processes on a shared machine
+hits both alike; warm-up steps are excluded and the median step is reported.
+
+Throughput is non-padding tokens per second (padding is work, not progress). At tiny sizes the
+30,522-word output projection dominates the step, so base is the honest comparison.
+
+Also timed: the data loader (bert_core.data.PretrainingLoader, in-process) in sequences/s,
+against the sequences/s the demo-size train step consumes.
+
+Writes bench-results/train_step.json = {"rows": [{measure, ours, reference, ratio, unit}], ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+MAX_SEQ_LENGTH = 128
+MAX_PREDICTIONS = 20
+
+
+# --------------------------------------------------------------------------- data
+
+
+def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
+    """Botchan -> sentences -> tokenized documents -> seq128 instances in the instances contract."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bert_core import storage
+    from bert_core.config import InstanceConfig, SequenceSpec
+    from bert_core.pretraining_data import VocabIds, create_instances_from_document, rng_for
+    from bert_core.sentences import split_sentences
+    from bert_core.tokenization import Tokenizer
+
+    vocab_file = samples / "models" / "minilm" / "vocab.txt"
+    vocab_dir = root / "vocab"
+    vocab_dir.mkdir(parents=True, exist_ok=True)
+    (vocab_dir / "vocab.txt").write_text(vocab_file.read_text())
+    vocab_manifest = storage.write_manifest(str(vocab_dir), stage="vocab", config={"lowercase": True})
+    tok = Tokenizer.from_vocab_file(str(vocab_file))
+    text = (samples / "books" / "botchan.txt").read_text(encoding="utf-8-sig")
+    body = text.split("*** START OF", 1)[-1].split("\n", 1)[-1].split("*** END OF", 1)[0]
+    paragraphs = [" ".join(p.split()) for p in body.split("\n\n") if p.strip()]
+    sentences = [s for p in paragraphs for s in split_sentences(p)]
+    encoded = [ids for ids in tok.encode_batch(sentences) if ids]
+    docs = [encoded[i:i + 60] for i in range(0, len(encoded), 60)]  # ~chapter-sized documents
+    spec = SequenceSpec(max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS)
+    cfg = InstanceConfig(lengths=[spec], dupe_factor=1, num_shards=num_shards)
+    vocab = VocabIds.from_tokenizer(tok)
+    instances = []
+    for i in range(len(docs)):
+        instances += create_instances_from_document(
+            docs, i, MAX_SEQ_LENGTH, cfg.short_seq_prob, cfg.masked_lm_prob, MAX_PREDICTIONS, vocab,
+            rng_for(cfg.seed, f"book:botchan:{i}", 0),
+        )
+    schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("len_a", pa.int32()),
+                        ("masked_lm_positions", pa.list_(pa.int32())),
+                        ("masked_lm_ids", pa.list_(pa.int32())), ("next_sentence_label", pa.int8())])
+    out = root / "instances"
+    folder = out / f"seq{MAX_SEQ_LENGTH}"
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for k in range(num_shards):
+        rows = instances[k::num_shards]
+        uri = str(folder / f"part-{k:05d}-of-{num_shards:05d}.parquet")
+        pq.write_table(pa.Table.from_pylist([r.__dict__ for r in rows], schema=schema), uri)
+        shards.append(storage.shard_entry(uri, count=len(rows)))
+    storage.write_manifest(str(folder), stage="instances", config=cfg, shards=shards,
+                           counts={"instances": len(instances)})
+    storage.write_manifest(str(out), stage="instances", config=cfg, inputs=[vocab_manifest],
+                           counts={"instances": len(instances)})
+    return str(out)
+
+
+def time_loader(instances: str, batch_size: int, batches: int) -> float:
+    """Sequences/s of the pre-training loader (in-process), first batch (shard read) included."""
+    from bert_core.data import PretrainingLoader
+
+    loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=batch_size, seed=1)
+    it = iter(loader)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * batch_size / (time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def make_pair(size: str, vocab_size: int, seed: int = 0):
+    """Our model and transformers' with identical weights and config."""
+    import torch
+    import transformers
+
+    from bert_core.checkpoint import hf_config_from_model
+    from bert_core.config import ModelConfig
+    from bert_core.model import BertForPreTraining
+
+    cfg = ModelConfig(size=size, vocab_size=vocab_size, max_position_embeddings=512)
+    torch.manual_seed(seed)
+    ours = BertForPreTraining(cfg)
+    hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_config_from_model(cfg).items() if k != "architectures"})
+    ref = transformers.BertForPreTraining(hf_cfg)
+    state = ours.state_dict()
+    state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"cls.predictions.decoder.weight"}, (missing, unexpected)
+    return cfg, ours.train(), ref.train(), getattr(ref.config, "_attn_implementation", "?")
+
+
+def hf_labels(batch):
+    import torch
+
+    labels = torch.full_like(batch["input_ids"], -100)
+    for i in range(labels.shape[0]):
+        real = batch["masked_lm_weights"][i] > 0
+        labels[i, batch["masked_lm_positions"][i][real]] = batch["masked_lm_ids"][i][real]
+    return labels
+
+
+def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int) -> dict:
+    import torch
+
+    cfg, ours, ref, attn = make_pair(size, vocab_size)
+    labels = hf_labels(batch)
+    # Same loss on the same weights (no dropout for the check): they compute the same thing.
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        a = ours(**batch)["loss"].item()
+        b = ref(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"], labels=labels,
+                next_sentence_label=batch["next_sentence_label"]).loss.item()
+    ours.train(), ref.train()
+
+    def step_ours(opt):
+        loss = ours(**batch)["loss"]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def step_ref(opt):
+        loss = ref(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                   attention_mask=batch["attention_mask"], labels=labels,
+                   next_sentence_label=batch["next_sentence_label"]).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
+    times: dict[str, list[float]] = {"ours": [], "ref": []}
+    for i in range(warmup + steps):
+        for name, fn, opt in (("ours", step_ours, opt_ours), ("ref", step_ref, opt_ref)):
+            start = time.perf_counter()
+            fn(opt)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    tokens = int(batch["attention_mask"].sum())
+    t_ours, t_ref = statistics.median(times["ours"]), statistics.median(times["ref"])
+    return {
+        "size": size, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+        "batch": list(batch["input_ids"].shape), "non_padding_tokens": tokens,
+        "masked_positions": int(batch["masked_lm_weights"].sum()), "reference_attention": attn,
+        "loss_ours": a, "loss_reference": b,
+        "step_s_ours": t_ours, "step_s_reference": t_ref,
+        "tokens_per_s_ours": tokens / t_ours, "tokens_per_s_reference": tokens / t_ref,
+        "sequences_per_s_ours": batch["input_ids"].shape[0] / t_ours,
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--samples", default=os.environ.get("BERTPIPE_SAMPLES", "samples"))
+    p.add_argument("--instances", help="An instances folder (with seq128/); default: built from Botchan.")
+    p.add_argument("--sizes", default="tiny,base", help="Model sizes to time (config MODEL_SIZES names).")
+    p.add_argument("--batch-size", type=int, default=16, help="Sequences per step (tiny size).")
+    p.add_argument("--base-batch-size", type=int, default=8, help="Sequences per step at base/large.")
+    p.add_argument("--steps", type=int, default=3, help="Timed steps per model and size.")
+    p.add_argument("--warmup", type=int, default=1, help="Untimed steps first.")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    p.add_argument("--out", default="bench-results/train_step.json")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from bert_core.data import PretrainingLoader
+
+    torch.set_num_threads(args.threads)
+    samples = Path(args.samples)
+    if not (samples / "models" / "minilm" / "vocab.txt").exists():
+        from bert_core.samples import fetch
+
+        samples = fetch(samples, log=lambda m: print(m, file=sys.stderr))
+    with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:
+        instances = args.instances or build_instances(samples, Path(tmp))
+        vocab_size = len((samples / "models" / "minilm" / "vocab.txt").read_text().splitlines())
+        loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=max(args.batch_size, args.base_batch_size), seed=1)
+        big = next(iter(loader))  # one real, padded micro-batch (padded to its longest, rounded to 8)
+        loader_sps = time_loader(instances, args.batch_size, batches=20)
+
+    results, rows = [], []
+    for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
+        n = args.batch_size if size in ("tiny", "mini", "small") else args.base_batch_size
+        batch = {k: v[:n] for k, v in big.items()}
+        batch = {**batch, "input_ids": batch["input_ids"].contiguous()}
+        r = bench_size(size, batch, vocab_size, args.steps, args.warmup)
+        results.append(r)
+        ratio = r["tokens_per_s_ours"] / r["tokens_per_s_reference"]
+        rows.append({"measure": f"train step {size} L{r['layers']}/H{r['hidden']} batch {n}x{r['batch'][1]}",
+                     "ours": round(r["tokens_per_s_ours"], 1), "reference": round(r["tokens_per_s_reference"], 1),
+                     "ratio": round(ratio, 3), "unit": "non-padding tokens/s"})
+        print(f"{size:>5}: ours {r['tokens_per_s_ours']:8.1f} tok/s ({r['step_s_ours']:.3f} s/step)   "
+              f"transformers {r['tokens_per_s_reference']:8.1f} tok/s ({r['step_s_reference']:.3f} s/step)   "
+              f"ratio {ratio:.2f}x   loss {r['loss_ours']:.4f} vs {r['loss_reference']:.4f}", flush=True)
+    consume = results[0]["sequences_per_s_ours"] if results else float("nan")
+    rows.append({"measure": f"data loader vs {results[0]['size'] if results else '?'} train step",
+                 "ours": round(loader_sps, 1), "reference": round(consume, 1),
+                 "ratio": round(loader_sps / consume, 2), "unit": "sequences/s (loader / step consumes)"})
+    print(f"loader: {loader_sps:.1f} sequences/s  (the {results[0]['size'] if results else '?'} step consumes {consume:.1f})")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "threads": args.threads, "details": results,
+                               "torch": torch.__version__}, indent=2))
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
