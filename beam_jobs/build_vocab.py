@@ -171,9 +171,9 @@ def check_vocab_file(uri: str, cfg: VocabConfig) -> Tokenizer:
     # capitalised tokens, cased text on an uncased vocab turns every capital into [UNK].
     letters = [t for t in vocab if any(c.isalpha() for c in t) and not t.startswith("[")]
     upper = sum(1 for t in letters if any(c.isupper() for c in t))
-    if not cfg.lowercase and letters and upper == 0:
-        problems.append("the vocab has no uppercase tokens (an uncased vocab) but vocab.lowercase is "
-                        "false; set vocab.lowercase=true")
+    if not cfg.lowercase and letters and upper / len(letters) < 0.001:
+        problems.append(f"only {upper} of {len(letters)} tokens have uppercase letters (an uncased "
+                        "vocab) but vocab.lowercase is false; set vocab.lowercase=true")
     if cfg.lowercase and letters and upper / len(letters) > 0.05:
         problems.append(f"{upper} of {len(letters)} tokens have uppercase letters (a cased vocab) but "
                         "vocab.lowercase is true; set vocab.lowercase=false")

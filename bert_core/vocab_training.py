@@ -100,7 +100,8 @@ def vocab_stats(
     ``unk_rate``: share of word occurrences that become ``[UNK]``; ``tokens_per_word``: mean
     word pieces per word occurrence; ``word_coverage``: share of word occurrences that are a
     single vocab token; ``used_tokens``: vocab entries used at least once; ``top_tokens``: most
-    frequent tokens; ``token_length``: min/mean/max characters per token (``##`` excluded).
+    frequent tokens; ``token_length`` (min/mean/max) and ``token_length_histogram``: characters
+    per vocab token (``##`` and special tokens excluded).
     """
     token_freq: Counter[int] = Counter()
     words = occurrences = unk = whole = 0
@@ -138,6 +139,7 @@ def vocab_stats(
             "mean": sum(lengths) / len(lengths) if lengths else 0.0,
             "max": max(lengths, default=0),
         },
+        "token_length_histogram": {str(n): c for n, c in sorted(Counter(lengths).items())},
         "top_tokens": [
             [tok, count] for tok, count in
             zip(tokenizer.convert_ids_to_tokens([i for i, _ in _top(token_freq, top)]),

@@ -49,6 +49,7 @@ COMMAND_MODULES: list[str] = [
     "flows.cli_instances",
     "flows.cli_finetune",
     "flows.cli_clean",
+    "flows.cli_vocab",
 ]
 
 

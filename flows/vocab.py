@@ -1,0 +1,86 @@
+"""Prefect flow of the vocab stage: documents -> WordPiece ``vocab.txt`` + ``tokenizer.json``.
+
+    bertpipe run --preset demo                              (as part of the whole DAG, flows/pipeline.py)
+    bertpipe vocab --corpus C --output O [--vocab-file F]   (the same work without Prefect)
+
+The work is ``beam_jobs.build_vocab.build_vocab``; this flow runs it with ``config.vocab``,
+publishes the markdown artifact ``vocab-report`` (size, casing, UNK rate, pieces per word, top
+tokens, token length histogram) and returns ``output``. A folder whose manifest already holds
+the same VocabConfig and the same corpus manifest is not redone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from bert_core import storage
+from bert_core.config import PipelineConfig, VocabConfig
+
+
+def _config_dump(cfg: VocabConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json") | {"strip_accents": cfg.do_strip_accents}
+
+
+def _already_done(output: str, config: PipelineConfig, corpus: str | None) -> bool:
+    if not storage.has_manifest(output):
+        return False
+    done = storage.read_manifest(output)
+    wanted = [storage.read_manifest(corpus).get("created")] if corpus else []
+    return (done["config"] == _config_dump(config.vocab)
+            and [i.get("created") for i in done["inputs"]] == wanted)
+
+
+def report_markdown(manifest: dict[str, Any]) -> str:
+    """The ``vocab-report`` text (no pictures) from a vocab manifest."""
+    cfg, counts, stats = manifest["config"], manifest["counts"], manifest["stats"]
+    casing = "uncased" if cfg["lowercase"] else "cased"
+    accents = "accents stripped" if cfg["strip_accents"] else "accents kept"
+    origin = (f"trained on {counts.get('words', 0):,} words of {counts.get('documents', 0):,} documents"
+              if counts.get("trained") else f"given: `{cfg['vocab_file']}` (validated)")
+    lines = [
+        f"## Vocab at `{manifest['uri']}`",
+        "",
+        f"- **size**: {counts['vocab_size']:,} tokens ({origin})",
+        f"- **casing**: {casing}, {accents}; words over {cfg['max_input_chars_per_word']} characters -> [UNK]",
+    ]
+    if stats:
+        length = stats["token_length"]
+        lines += [
+            f"- **UNK rate** on the corpus: {stats['unk_rate']:.4%} of word occurrences",
+            f"- **pieces per word**: {stats['tokens_per_word']:.3f}; words that are one token: "
+            f"{stats['word_coverage']:.2%}",
+            f"- **tokens used** on the corpus: {stats['used_tokens']:,} of {counts['vocab_size']:,}; "
+            f"`##` pieces: {stats['subword_share']:.1%} of the vocab",
+            f"- **token length** (characters, without `##`): min {length['min']}, "
+            f"mean {length['mean']:.2f}, max {length['max']}",
+            "",
+            "| rank | token | occurrences |",
+            "|---:|---|---:|",
+            *(f"| {i} | `{tok}` | {n:,} |" for i, (tok, n) in enumerate(stats["top_tokens"], 1)),
+        ]
+    return "\n".join(lines)
+
+
+@flow(name="build-vocab", log_prints=True, timeout_seconds=24 * 3600)
+def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
+    """A WordPiece vocab trained on the corpus stage's documents (or ``config.vocab.vocab_file``)."""
+    from beam_jobs.build_vocab import build_vocab as run_job
+    from flows.artifacts import histogram, markdown_image, publish_markdown
+
+    logger = get_run_logger()
+    if _already_done(output, config, corpus):
+        logger.info("vocab already at %s (same config and corpus); not redone", output)
+        manifest = storage.read_manifest(output)
+    else:
+        manifest = run_job(corpus, output, config.vocab, workers=config.workers,
+                           runner=config.beam_runner, beam_args=config.beam_args)
+    logger.info("vocab: %s", manifest["counts"])
+    md = report_markdown(manifest)
+    if manifest["stats"].get("token_length_histogram"):
+        fig = histogram(manifest["stats"]["token_length_histogram"], "Vocab token lengths",
+                        "characters (without ##)")
+        md += "\n\n" + markdown_image(fig, "token lengths")
+    publish_markdown("vocab-report", md, f"WordPiece vocab of {manifest['uri']}")
+    return output
