@@ -59,15 +59,19 @@ def get_task(name: str) -> Task:
 
 
 def task_dir(data_dir: str, task: Task) -> str:
-    """``<data_dir>/<folder>`` if it exists, else ``data_dir`` itself (``--data`` names the folder)."""
+    """``<data_dir>/<folder>`` if it exists; else ``data_dir`` itself when it is a task's own
+    folder (``--data`` may name it directly). A folder of task folders without this task's is
+    an error naming the missing folder."""
     from bert_core import storage
 
     sub = storage.join(data_dir, task.folder)
     if storage.exists(sub):
         return sub
-    if storage.exists(data_dir):
+    folders = {t.folder for t in TASKS.values()}
+    has_other_tasks = any(storage.exists(storage.join(data_dir, f)) for f in folders)
+    if storage.exists(data_dir) and not has_other_tasks:
         return storage.to_uri(data_dir)
     raise FileNotFoundError(
-        f"no data for task {task.name!r}: neither {sub} nor {storage.to_uri(data_dir)} exists; "
-        f"put the {task.description} files in {sub}"
+        f"no data for task {task.name!r}: {sub} does not exist; put the {task.description} "
+        f"files there"
     )
