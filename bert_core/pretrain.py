@@ -177,8 +177,13 @@ def run_phase(
         engine.load_checkpoint(checkpoint_dir(run, phase_index - 1), load_module_only=True,
                                load_optimizer_states=False, load_lr_scheduler_states=False)
         _log(rank, f"phase {phase_index + 1}: starting from phase {phase_index}'s weights")
-    if metrics and step == 0:
-        metrics.truncate(phase_index + 1, 0)
+    if step == 0:
+        # DeepSpeed's WarmupLR starts at iteration -1 and its first step() gives iteration 0,
+        # so the first two updates would both run at warmup_min_lr; one step() here makes
+        # update k use iteration k-1 (0, peak/W, 2 peak/W, ...), as transformers' schedule does.
+        scheduler.step()
+        if metrics:
+            metrics.truncate(phase_index + 1, 0)
 
     accumulation = engine.gradient_accumulation_steps()
     batches = iter(loader)

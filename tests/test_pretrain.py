@@ -1,0 +1,276 @@
+"""DeepSpeed pre-training on CPU: rendered config, launcher argv, real 2-rank runs, kill -9 + resume.
+
+    .venv/bin/python -m pytest -q tests/test_pretrain.py            # all (slow ones ~2-3 min)
+    .venv/bin/python -m pytest -q tests/test_pretrain.py -m "not slow"
+
+Real DeepSpeed engines and the real ``deepspeed`` launcher with gloo ranks, on instances made
+from the real Botchan text with the real bert-base-uncased vocab (see tests/test_data.py). The
+model is tiny with dropout 0, so a run's losses are a pure function of its data and weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bert_core import storage
+from bert_core.config import load_config
+from bert_core.ds_config import ds_config, param_groups
+from bert_core.launch import (
+    LaunchConfigError,
+    LaunchInfraError,
+    cpu_comm_op_built,
+    ensure_cpu_comm_op,
+    launch_pretraining,
+    launcher_argv,
+    prepare_run,
+    run_launch,
+)
+from bert_core.pretrain import read_metrics
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_data import make_instances  # noqa: E402
+
+STEPS = 14
+KILL_AFTER = 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_config(*extra: str, steps: int = STEPS):
+    return load_config("demo", None, [
+        "model.hidden_size=64", "model.num_attention_heads=2", "model.intermediate_size=128",
+        "model.num_hidden_layers=1", "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
+        "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
+        f"pretrain.phases=[{{max_seq_length: 64, max_steps: {steps}, global_batch_size: 16, "
+        "micro_batch_size: 4, learning_rate: 0.003, warmup_steps: 2}]",
+        "pretrain.log_every=1", "pretrain.checkpoint_every=4", f"pretrain.master_port={free_port()}",
+        *extra,
+    ])
+
+
+@pytest.fixture(scope="module")
+def instances(tmp_path_factory, samples_dir) -> str:
+    return make_instances(tmp_path_factory.mktemp("pretrain"), samples_dir, num_shards=4, max_docs=40)
+
+
+@pytest.fixture(scope="module")
+def comm_op() -> None:
+    # Paid once per machine (cached), and before any timed launch.
+    ensure_cpu_comm_op(print)
+    assert cpu_comm_op_built()
+
+
+# --------------------------------------------------------------------------- rendering (fast)
+
+
+def test_ds_config_from_pretrain_config():
+    cfg = load_config("demo", None, ["pretrain.procs_per_node=2"]).pretrain
+    ds = ds_config(cfg, 0, "/runs/x")
+    assert ds["train_batch_size"] == 32 and ds["train_micro_batch_size_per_gpu"] == 16
+    assert ds["gradient_accumulation_steps"] == 1
+    assert ds["optimizer"] == {"type": "AdamW", "params": {
+        "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01,
+        "torch_adam": True, "adam_w_mode": True}}
+    assert ds["scheduler"]["params"]["warmup_type"] == "linear"
+    assert ds["scheduler"]["params"]["total_num_steps"] == 60
+    assert ds["gradient_clipping"] == 1.0 and ds["csv_monitor"]["output_path"] == "/runs/x/monitor/"
+    assert "bf16" not in ds and "fp16" not in ds
+    gpu = load_config("bert-base-128", None, ["pretrain.accelerator=gpu", "pretrain.precision=bf16",
+                                              "pretrain.optimizer=lamb", "pretrain.zero_stage=2"]).pretrain
+    ds = ds_config(gpu, 0)
+    assert ds["optimizer"]["type"] == "Lamb" and ds["bf16"] == {"enabled": True}
+    assert ds["zero_optimization"] == {"stage": 2}
+    assert ds["gradient_accumulation_steps"] == gpu.phases[0].global_batch_size // (
+        gpu.phases[0].micro_batch_size * gpu.world_size)
+    # LAMB on CPU: no DeepSpeed optimizer section, the client optimizer is torch-optimizer's Lamb
+    assert "optimizer" not in ds_config(load_config("demo", None, ["pretrain.optimizer=lamb"]).pretrain, 0)
+
+
+def test_no_weight_decay_on_bias_and_layernorm():
+    from bert_core.model import BertForPreTraining
+
+    model = BertForPreTraining(tiny_config().model.model_copy(update={"vocab_size": 100}))
+    decay, plain = param_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and plain["weight_decay"] == 0.0
+    assert all(n.endswith("weight") and "LayerNorm" not in n for n in map(names.get, map(id, decay["params"])))
+    plain_names = [names[id(p)] for p in plain["params"]]
+    assert "bert.embeddings.LayerNorm.weight" in plain_names and "cls.predictions.bias" in plain_names
+    assert len(decay["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_launcher_argv_shapes():
+    local = load_config("demo").pretrain
+    assert launcher_argv(local, ["--output", "r"]) == [
+        "deepspeed", "--num_gpus", "2", "--master_port", "29500", "--module", "bert_core.pretrain",
+        "--output", "r"]
+    pods = load_config("demo", None, ["pretrain.launcher=no_ssh", "pretrain.nodes=4",
+                                      "pretrain.master_addr=10.0.0.1",
+                                      "pretrain.phases.0.global_batch_size=128",
+                                      "pretrain.phases.1.global_batch_size=64"]).pretrain
+    argv = launcher_argv(pods, [], node_rank=3, hostfile="/h")
+    assert argv[:11] == ["deepspeed", "--hostfile", "/h", "--no_ssh", "--node_rank", "3",
+                         "--num_nodes", "4", "--num_gpus", "2", "--master_addr"]
+    with pytest.raises(ValueError, match="node-rank"):
+        launcher_argv(pods, [], node_rank=None)
+    ssh = load_config("demo", None, ["pretrain.launcher=hostfile", "pretrain.hostfile=/etc/hosts.ds",
+                                     "pretrain.nodes=2", "pretrain.phases.0.global_batch_size=64",
+                                     "pretrain.phases.1.global_batch_size=32"]).pretrain
+    assert launcher_argv(ssh, [])[1:7] == ["--hostfile", "/etc/hosts.ds", "--num_nodes", "2", "--num_gpus", "2"]
+
+
+def test_run_launch_tells_config_errors_from_infrastructure_failures():
+    lines: list[str] = []
+    refuse = [sys.executable, "-c", "import sys; print('bertpipe-config-error: bad input'); sys.exit(2)"]
+    with pytest.raises(LaunchConfigError, match="bad input"):
+        run_launch(refuse, on_line=lines.append)
+    assert lines == ["bertpipe-config-error: bad input"]
+    killed = [sys.executable, "-c", "import os, signal; print('step 1'); os.kill(os.getpid(), signal.SIGKILL)"]
+    with pytest.raises(LaunchInfraError) as err:
+        run_launch(killed, on_line=lines.append)
+    assert err.value.exit_code == -9
+    assert run_launch([sys.executable, "-c", "print('ok')"], on_line=lines.append) == 0
+
+
+def test_launch_with_missing_instances_is_a_config_error(tmp_path):
+    cfg = tiny_config()
+    with pytest.raises(LaunchConfigError, match="no _MANIFEST.json"):
+        launch_pretraining(cfg, str(tmp_path / "nowhere"), str(tmp_path / "run"), on_line=lambda s: None)
+
+
+# --------------------------------------------------------------------------- real runs (slow)
+# Three launches in all: two launchers (--no_ssh --node_rank 0/1) give the reference losses; a
+# `deepspeed --num_gpus 2` run of the same config is killed (-9) mid-run and resumed. Same world
+# size, seed and data, so all three must agree step for step.
+
+
+@pytest.fixture(scope="module")
+def run_config():
+    return tiny_config()
+
+
+@pytest.fixture(scope="module")
+def reference_run(instances, tmp_path_factory, comm_op, run_config) -> tuple[str, dict[int, list[str]]]:
+    """Two launchers on 127.0.0.1, one rank each, as a two-node stand-in (Kubernetes pods)."""
+    cfg = run_config.model_copy(deep=True)
+    cfg.pretrain = cfg.pretrain.model_copy(update=dict(
+        launcher="no_ssh", nodes=2, procs_per_node=1, master_addr="127.0.0.1", master_port=free_port()))
+    run = str(tmp_path_factory.mktemp("ref") / "run")
+    results: dict[int, object] = {}
+    outputs: dict[int, list[str]] = {0: [], 1: []}
+
+    def node(rank: int) -> None:
+        argv, env = prepare_run(cfg, instances, run, node_rank=rank)
+        assert "--no_ssh" in argv and argv[argv.index("--node_rank") + 1] == str(rank)
+        try:
+            results[rank] = run_launch(argv, env, outputs[rank].append)
+        except Exception as err:  # reported below with the node's output
+            results[rank] = err
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert results == {0: 0, 1: 0}, (results, outputs[0][-15:], outputs[1][-15:])
+    return run, outputs
+
+
+@pytest.mark.slow
+def test_two_launchers_no_ssh_node_rank_0_and_1_lower_the_loss(reference_run):
+    run, outputs = reference_run
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    first = sum(r["loss"] for r in rows[:3]) / 3
+    last = sum(r["loss"] for r in rows[-3:]) / 3
+    assert last < first - 0.3, (first, last)
+    assert all(r["seq_per_s"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    # linear warmup from 0 over 2 steps, then linear decay
+    assert [r["lr"] for r in rows[:3]] == pytest.approx([0.0, 0.0015, 0.003])
+    assert rows[-1]["lr"] == pytest.approx(0.003 / (STEPS - 2))
+    manifest = storage.read_manifest(run)
+    assert manifest["stage"] == "pretrain" and manifest["counts"]["steps"] == STEPS
+    assert manifest["config"]["pretrain"]["nodes"] == 2
+    assert manifest["stats"]["first_loss"] == rows[0]["loss"] and manifest["stats"]["last_loss"] == rows[-1]["loss"]
+    assert any(line.startswith("phase 1 step") for line in outputs[0])
+    assert not any(line.startswith("phase 1 step") for line in outputs[1])  # rank 1 stays quiet
+
+
+def _rank_pids(launcher_pid: int) -> dict[int, int]:
+    import psutil
+
+    out = {}
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        for arg in cmd:
+            if arg.startswith("--local_rank=") and "bert_core.pretrain" in cmd:
+                out[int(arg.split("=")[1])] = child.pid
+    return out
+
+
+@pytest.mark.slow
+def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
+    reference_run, instances, tmp_path, run_config
+):
+    run = str(tmp_path / "run")
+    argv, env = prepare_run(run_config, instances, run)
+    assert argv[:3] == ["deepspeed", "--num_gpus", "2"]
+    from bert_core.launch import _resolve
+
+    proc = subprocess.Popen(_resolve(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    killed_at = None
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        steps = [r["step"] for r in read_metrics(run)]
+        if steps and steps[-1] >= KILL_AFTER:  # past the checkpoint at step 4, mid-run
+            os.kill(_rank_pids(proc.pid)[1], 9)
+            killed_at = steps[-1]
+            break
+        time.sleep(0.05)
+    code = proc.wait(timeout=120)
+    assert killed_at is not None and killed_at < STEPS, "the run ended before it could be killed"
+    assert code != 0 and not storage.has_manifest(run)
+
+    lines: list[str] = []
+    launch_pretraining(run_config, instances, run, on_line=lines.append)
+    resumed = [line for line in lines if "resumed at step" in line]
+    assert resumed, lines[-20:]
+    resume_step = int(resumed[0].split("resumed at step ")[1].split()[0])
+    assert 4 <= resume_step <= killed_at
+    ref = {r["step"]: r["loss"] for r in read_metrics(reference_run[0])}
+    got = {r["step"]: r["loss"] for r in read_metrics(run)}
+    assert sorted(got) == list(range(1, STEPS + 1))  # the killed run's rows past the checkpoint were replaced
+    assert len([s for s in got if s > resume_step]) >= STEPS - killed_at
+    for s in sorted(got):
+        assert got[s] == pytest.approx(ref[s], abs=1e-6), (s, got[s], ref[s])
+
+    # the transformers-layout export holds the final weights of the DeepSpeed checkpoint
+    from bert_core.model import BertForPreTraining
+
+    manifest = storage.read_manifest(run)
+    exported = BertForPreTraining.from_pretrained(manifest["hf"]).state_dict()
+    final = torch.load(Path(run, "checkpoints", "phase1", f"step{STEPS}", "mp_rank_00_model_states.pt"),
+                       weights_only=False)["module"]
+    assert exported.keys() <= final.keys()
+    assert all(torch.equal(exported[k], final[k]) for k in exported)
+    assert json.loads(Path(manifest["hf"], "config.json").read_text())["model_type"] == "bert"
+    assert (Path(manifest["hf"]) / "vocab.txt").read_text().splitlines()[101] == "[CLS]"
+    assert list(Path(run, "monitor").rglob("*.csv"))  # DeepSpeed's CSV monitor ran
