@@ -1,0 +1,221 @@
+"""The whole DAG as one Prefect flow: clean -> vocab -> instances -> pre-train -> fine-tune -> report.
+
+    bertpipe run --preset demo --set pretrain.phases.0.max_steps=20
+    python -c "from flows.pipeline import bert_pipeline; from bert_core.config import load_config; bert_pipeline(load_config('demo'))"
+
+Each stage is a task that calls the stage's own flow (a child flow run in the UI) with an explicit
+output folder ``<storage_root>/<stage>/<version>``, where ``version = config_hash(stage config,
+input manifests)``. A folder with a ``_MANIFEST.json`` is finished work: the stage is skipped and
+shows as ``Cached`` with "skipped (cached)", so re-running a failed pipeline resumes where it
+stopped (the cache key comes from the manifests, not from Prefect's run ids or result storage).
+Pre-training resumes from its latest checkpoint inside the pretrain stage itself.
+
+Retries are in the task decorator and only for infrastructure errors (flows/retry.py). Fine-tune
+jobs (one per checkpoint x task, each running all seeds) are isolated: a failed job is listed in
+the report and fails the run only after every other job has finished, so the next run redoes just
+that job. With ``finetune.deployment`` set, each job is sent to that deployment with
+``run_deployment`` (a child flow run on a work pool) instead of running in this process.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
+
+from bert_core import storage
+from bert_core.config import PipelineConfig, config_hash
+from flows.retry import retry_on_infrastructure
+
+SKIPPED = "skipped (cached)"
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def manifest_identity(folder: str) -> dict[str, Any]:
+    """What a downstream version depends on: the stage, its place and the bytes it wrote."""
+    m = storage.read_manifest(folder)
+    return {"stage": m.get("stage"), "uri": storage.to_uri(folder),
+            "shards": [s.get("sha256") for s in m.get("shards", [])]}
+
+
+def files_identity(patterns: list[str]) -> list[list[Any]]:
+    """Raw inputs (dumps, books) have no manifest: name and size stand for their content."""
+    return [[p, [[u, storage.size(u)] for u in storage.glob(p)]] for p in patterns]
+
+
+def checkpoint_identity(checkpoint: str) -> dict[str, Any]:
+    """A pipeline checkpoint has a manifest (the run's); a given one is known by its files."""
+    run = checkpoint.rstrip("/").rsplit("/", 1)[0]
+    for folder in (checkpoint, run):
+        if storage.has_manifest(folder):
+            return manifest_identity(folder)
+    files = storage.list_files(checkpoint)
+    if not files:
+        raise FileNotFoundError(f"checkpoint {checkpoint}: no files there; give a folder with "
+                                "config.json and model.safetensors (transformers layout)")
+    config_json = storage.join(checkpoint, "config.json")
+    return {"uri": storage.to_uri(checkpoint), "files": [[u, storage.size(u)] for u in files],
+            "config": storage.sha256(config_json) if storage.exists(config_json) else None}
+
+
+def stage_output(config: PipelineConfig, stage: str, *parts: Any) -> str:
+    return storage.join(config.storage_root, stage, config_hash(*parts))
+
+
+def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
+    """The config one fine-tune job sees: its one task; fan-out settings cleared."""
+    ft = config.finetune.model_copy(update={"tasks": [task_name], "extra_checkpoints": [],
+                                            "deployment": None})
+    return config.model_copy(update={"finetune": ft})
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def _stage_flow(stage: str):
+    # Imported when first needed: each stage flow pulls in its heavy framework (Beam, DeepSpeed).
+    if stage == "corpus":
+        from flows.corpus import clean_corpus
+        return clean_corpus
+    if stage == "vocab":
+        from flows.vocab import build_vocab
+        return build_vocab
+    if stage == "instances":
+        from flows.instances import create_instances
+        return create_instances
+    if stage == "pretrain":
+        from flows.pretrain import pretrain
+        return pretrain
+    if stage == "finetune":
+        from flows.finetune import finetune
+        return finetune
+    raise ValueError(f"unknown stage {stage!r}")
+
+
+@task(retries=2, retry_delay_seconds=20, retry_condition_fn=retry_on_infrastructure,
+      cache_policy=NO_CACHE, task_run_name="{stage}")
+def run_stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]):
+    """Run one stage flow into ``output`` unless its manifest says it already finished."""
+    logger = get_run_logger()
+    if storage.has_manifest(output):
+        logger.info("%s: %s, %s has a manifest", stage, SKIPPED, output)
+        return Completed(name="Cached", message=f"{SKIPPED}: {output}",
+                         data={"status": SKIPPED, "output": output})
+    logger.info("%s: running into %s", stage, output)
+    _stage_flow(stage)(config, **inputs, output=output)
+    if not storage.has_manifest(output):
+        raise RuntimeError(f"{stage}: the stage returned but {output} has no _MANIFEST.json; "
+                           "it did not finish its write, see the child flow run's logs")
+    return {"status": "completed", "output": output}
+
+
+@task(retries=2, retry_delay_seconds=20, retry_condition_fn=retry_on_infrastructure,
+      cache_policy=NO_CACHE, task_run_name="finetune-{task_name}-{label}")
+def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name: str, label: str):
+    """One fine-tune job (all seeds of one task on one checkpoint), here or on a work pool."""
+    logger = get_run_logger()
+    if storage.has_manifest(output):
+        logger.info("finetune %s on %s: %s", task_name, label, SKIPPED)
+        return Completed(name="Cached", message=f"{SKIPPED}: {output}",
+                         data={"status": SKIPPED, "output": output})
+    job_config = finetune_job_config(config, task_name)
+    if config.finetune.deployment:
+        from prefect.context import TaskRunContext
+        from prefect.deployments import run_deployment
+
+        ctx = TaskRunContext.get()
+        # One launch per attempt: a re-sent request returns the same child run, a retry makes a new one.
+        key = f"{output}#{ctx.task_run.id}#{ctx.task_run.run_count}" if ctx else output
+        child = run_deployment(
+            config.finetune.deployment,
+            parameters={"config": job_config.model_dump(mode="json"), "checkpoint": checkpoint,
+                        "output": output},
+            flow_run_name=f"finetune-{task_name}-{label}", idempotency_key=key, poll_interval=2,
+        )
+        if not child.state or not child.state.is_completed():
+            raise RuntimeError(f"finetune {task_name} on {label}: deployment run {child.name} ended "
+                               f"{child.state.name if child.state else 'without a state'}")
+    else:
+        _stage_flow("finetune")(job_config, checkpoint=checkpoint, output=output)
+    if not storage.has_manifest(output):
+        raise RuntimeError(f"finetune {task_name} on {label}: {output} has no _MANIFEST.json")
+    return {"status": "completed", "output": output}
+
+
+# --------------------------------------------------------------------------- the DAG
+
+
+@flow(name="bert-pipeline", log_prints=True)
+def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
+    """Raw text to fine-tuned models; finished stages are skipped, failed jobs listed."""
+    from flows.report import publish_pipeline_report
+
+    stages: dict[str, dict[str, Any]] = {}
+
+    corpus = stage_output(config, "corpus", config.corpus,
+                          files_identity(config.corpus.wikipedia + config.corpus.books))
+    stages["corpus"] = run_stage("corpus", config, corpus, {})
+
+    vocab = stage_output(config, "vocab", config.vocab, manifest_identity(corpus))
+    stages["vocab"] = run_stage("vocab", config, vocab, {"corpus": corpus})
+
+    instances = stage_output(config, "instances", config.instances,
+                             manifest_identity(corpus), manifest_identity(vocab))
+    stages["instances"] = run_stage("instances", config, instances,
+                                    {"corpus": corpus, "vocab": vocab})
+
+    run = stage_output(config, "pretrain", config.model, config.pretrain,
+                       manifest_identity(instances), manifest_identity(vocab))
+    stages["pretrain"] = run_stage("pretrain", config, run, {"instances": instances})
+
+    checkpoints = {"pretrained": storage.join(run, "hf")}
+    for extra in config.finetune.extra_checkpoints:
+        checkpoints[extra.rstrip("/").rsplit("/", 1)[-1]] = extra
+    jobs = []
+    for label, checkpoint in checkpoints.items():
+        ident = checkpoint_identity(checkpoint)
+        for task_name in config.finetune.tasks:
+            ft = finetune_job_config(config, task_name).finetune
+            output = stage_output(config, "finetune", ft, ident)
+            jobs.append((label, task_name, output, checkpoint))
+    submit = config.finetune.deployment is not None
+    states = []
+    for label, task_name, output, checkpoint in jobs:
+        args = (config, checkpoint, output, task_name, label)
+        # Deployed jobs run in parallel on the pool; in-process jobs one after another (shared CPU).
+        states.append(finetune_job.submit(*args) if submit else
+                      finetune_job(*args, return_state=True))
+    results = []
+    for (label, task_name, output, _), st in zip(jobs, states, strict=True):
+        if submit:
+            st.wait()
+        state = st.state if submit else st
+        if state.is_completed():
+            results.append({"checkpoint": label, "task": task_name, **state.result()})
+        else:
+            results.append({"checkpoint": label, "task": task_name, "status": "failed",
+                            "output": output, "error": state.message or state.name})
+    stages["finetune"] = {"status": _overall(results), "output": storage.join(
+        config.storage_root, "finetune")}
+
+    summary = {"stages": stages, "finetune_jobs": results,
+               "storage_root": storage.to_uri(config.storage_root)}
+    publish_pipeline_report(config, summary, run=run, instances=instances)
+    failed = [f"{r['task']} on {r['checkpoint']}" for r in results if r["status"] == "failed"]
+    if failed:
+        raise RuntimeError(f"fine-tune jobs failed: {', '.join(failed)} (every other job finished; "
+                           "run the pipeline again to retry just these)")
+    print(json.dumps({k: v["status"] for k, v in stages.items()}))
+    return summary
+
+
+def _overall(results: list[dict[str, Any]]) -> str:
+    statuses = {r["status"] for r in results}
+    if "failed" in statuses:
+        return f"{sum(r['status'] == 'failed' for r in results)}/{len(results)} failed"
+    return SKIPPED if statuses == {SKIPPED} else "completed"

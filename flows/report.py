@@ -1,0 +1,119 @@
+"""The run report of flows/pipeline.py: stage table, results table and a markdown page with pictures.
+
+    from flows.report import publish_pipeline_report   # called at the end of bert_pipeline
+
+Artifact keys (stable, so the UI keeps one history each): ``pipeline-stages`` (stage, status,
+output), ``pipeline-finetune-results`` (checkpoint x task x metric: mean, sd, n, failed seeds) and
+``pipeline-report`` (markdown: the two tables, loss and MLM/NSP accuracy curves from the run's
+``metrics.jsonl``, and the instance length histogram read from the instance shards).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bert_core import storage
+from bert_core.config import PipelineConfig
+from flows import artifacts
+
+_MAX_LENGTH_ROWS = 200_000  # enough for a histogram; the shards of a real run are far larger
+
+
+def read_metrics(run: str) -> list[dict[str, Any]]:
+    uri = storage.join(run, "metrics.jsonl")
+    if not storage.exists(uri):
+        return []
+    rows = []
+    for line in storage.read_text(uri).splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a crash is not a metric
+            continue
+    return rows
+
+
+def instance_lengths(instances: str) -> dict[int, list[int]]:
+    """Tokens per instance, per sequence length folder, from the finished shards."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    lengths: dict[int, list[int]] = {}
+    manifest = storage.read_manifest(instances)
+    for spec in manifest.get("config", {}).get("lengths", []):
+        seq = int(spec["max_seq_length"])
+        folder = storage.join(instances, f"seq{seq}")
+        values: list[int] = []
+        for shard in storage.shard_uris(folder) if storage.has_manifest(folder) else []:
+            with storage.open_file(shard, "rb") as f:
+                column = pq.read_table(f, columns=["input_ids"]).column("input_ids")
+            values += pc.list_value_length(column).to_pylist()
+            if len(values) >= _MAX_LENGTH_ROWS:
+                break
+        lengths[seq] = values
+    return lengths
+
+
+def finetune_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per checkpoint x task x metric, from each job's manifest (``stats.summary``)."""
+    rows = []
+    for job in results:
+        base = {"checkpoint": job["checkpoint"], "task": job["task"]}
+        if job["status"] == "failed":
+            rows.append({**base, "metric": "-", "status": "failed", "error": job.get("error", "")[:200]})
+            continue
+        summary = storage.read_manifest(job["output"]).get("stats", {}).get("summary", {})
+        for task, entry in sorted(summary.items()):
+            failed = ",".join(str(s) for s in entry.get("failed_seeds", []))
+            if not entry.get("metrics"):
+                rows.append({**base, "task": task, "metric": "-", "failed_seeds": failed,
+                             "status": "all seeds failed"})
+            for metric, v in sorted(entry.get("metrics", {}).items()):
+                main = " (main)" if metric == entry.get("main_metric") else ""
+                rows.append({**base, "task": task, "metric": metric + main, "mean": v["mean"],
+                             "sd": v["sd"], "n": v["n"], "failed_seeds": failed,
+                             "status": job["status"]})
+    return rows
+
+
+def _md_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "_none_\n"
+    def fmt(v: Any) -> str:
+        return f"{v:.4f}" if isinstance(v, float) else ("" if v is None else str(v))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def publish_pipeline_report(
+    config: PipelineConfig, summary: dict[str, Any], *, run: str, instances: str
+) -> str:
+    """Publish the three pipeline artifacts; returns the markdown."""
+    stage_rows = [{"stage": s, **info} for s, info in summary["stages"].items()]
+    artifacts.publish_table("pipeline-stages", stage_rows, f"Stages of {config.name}")
+    results = finetune_rows(summary["finetune_jobs"])
+    artifacts.publish_table("pipeline-finetune-results", results,
+                            "Fine-tuning: mean and sd over seeds per checkpoint x task x metric")
+
+    md = [f"# bertpipe run report: {config.name}\n",
+          f"Storage root: `{summary['storage_root']}`\n", "## Stages\n",
+          _md_table(stage_rows, ["stage", "status", "output"])]
+    figures = artifacts.metrics_curves(read_metrics(run))
+    if figures:
+        md.append("## Pre-training\n")
+        md += [artifacts.markdown_image(fig, name) + "\n" for name, fig in figures.items()]
+        md.append(f"Checkpoints: `{storage.join(run, 'checkpoints')}`, export: `{storage.join(run, 'hf')}`\n")
+    lengths = instance_lengths(instances)
+    if any(lengths.values()):
+        md.append("## Instance lengths\n")
+        for seq, values in lengths.items():
+            fig = artifacts.histogram(values, f"Tokens per instance (seq{seq}, n={len(values)})",
+                                      "tokens incl. [CLS]/[SEP]", bins=min(40, seq))
+            md.append(artifacts.markdown_image(fig, f"seq{seq} lengths") + "\n")
+    md.append("## Fine-tuning\n")
+    md.append(_md_table(results, ["checkpoint", "task", "metric", "mean", "sd", "n",
+                                  "failed_seeds", "status"]))
+    text = "\n".join(md)
+    artifacts.publish_markdown("pipeline-report", text, f"Run report of {config.name}")
+    return text
