@@ -50,6 +50,7 @@ COMMAND_MODULES: list[str] = [
     "flows.cli_finetune",
     "flows.cli_clean",
     "flows.cli_vocab",
+    "flows.cli_pretrain",
 ]
 
 
