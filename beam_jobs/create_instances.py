@@ -169,8 +169,8 @@ class TokenizeDocuments(beam.DoFn):
 
 
 class CreateInstances(beam.DoFn):
-    """One random-next bucket of documents -> ((length, sort bucket), (key, row)) for every
-    pass and length."""
+    """One random-next bucket of documents -> ((length, sort bucket), [(key, row), ...]) for
+    every pass and length (batched per sort bucket: one element per group, not per instance)."""
 
     def __init__(self, config: InstanceConfig, vocab_ids: VocabIds) -> None:
         self.config, self.vocab_ids = config, vocab_ids
@@ -181,6 +181,7 @@ class CreateInstances(beam.DoFn):
         docs = sorted(bucket[1])  # by doc_id: the pool's order must not depend on the shuffle
         all_documents = [sentences for _, sentences in docs]
         static = cfg.masking == "static"
+        batches: dict[tuple[int, int], list[tuple[int, Row]]] = {}
         for index, (doc_id, sentences) in enumerate(docs):
             for dupe in range(cfg.dupe_factor):
                 for spec in cfg.lengths:
@@ -199,17 +200,21 @@ class CreateInstances(beam.DoFn):
                         key = stable_hash(cfg.seed, length, doc_id, dupe, k)
                         row = (inst.input_ids, inst.len_a, inst.masked_lm_positions,
                                inst.masked_lm_ids, inst.next_sentence_label)
-                        yield (length, key % SORT_BUCKETS), (key, row)
+                        batches.setdefault((length, key % SORT_BUCKETS), []).append((key, row))
                     self.instances.inc(len(made))
+        yield from batches.items()
 
 
-def assign_shards(group: tuple[tuple[int, int], Iterable[tuple[int, Row]]], layout: dict) -> Iterator[Any]:
-    """Global rank = bucket offset + rank in the sorted bucket -> ((length, shard), (rank, row))."""
-    (length, bucket), items = group
+def assign_shards(group: tuple[tuple[int, int], Iterable[list[tuple[int, Row]]]], layout: dict) -> Iterator[Any]:
+    """Global rank = bucket offset + rank in the sorted bucket -> ((length, shard), [(rank, row)])."""
+    (length, bucket), batches = group
     lay = layout[length]
-    offset = lay["offsets"][bucket]
-    for rank, (_, row) in enumerate(sorted(items, key=lambda kv: kv[0]), start=offset):
-        yield (length, shard_of_rank(rank, lay["total"], lay["shards"])), (rank, row)
+    items = sorted((kv for batch in batches for kv in batch), key=lambda kv: kv[0])
+    out: dict[int, list[tuple[int, Row]]] = {}
+    for rank, (_, row) in enumerate(items, start=lay["offsets"][bucket]):
+        out.setdefault(shard_of_rank(rank, lay["total"], lay["shards"]), []).append((rank, row))
+    for shard, ranked in out.items():
+        yield (length, shard), ranked
 
 
 class WriteShards(beam.DoFn):
@@ -219,8 +224,9 @@ class WriteShards(beam.DoFn):
         self.output, self.mask_id = output, mask_id
 
     def process(self, group: tuple[tuple[int, int], Iterable[Any]], layout: dict) -> Iterator[dict]:
-        (length, index), items = group
-        rows = [row for _, row in sorted((x for x in items if x is not None), key=lambda x: x[0])]
+        (length, index), batches = group
+        ranked = [x for batch in batches for x in batch]  # the empty marker batch adds nothing
+        rows = [row for _, row in sorted(ranked, key=lambda x: x[0])]
         uri = storage.join(self.output, f"seq{length}", shard_name(index, layout[length]["shards"]))
         write_shard(uri, rows)
         stats = InstanceStats(max_seq_length=length)
@@ -296,7 +302,8 @@ class CreateInstanceShards(beam.PTransform):
         )
         layout = (
             instances
-            | "CountPerSortBucket" >> beam.combiners.Count.PerKey()
+            | "BatchSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
+            | "CountPerSortBucket" >> beam.CombinePerKey(sum)
             | "GatherCounts" >> beam.combiners.ToList()
             | "MakeLayout" >> beam.Map(make_layout, config=cfg)
         )
@@ -307,7 +314,7 @@ class CreateInstanceShards(beam.PTransform):
             | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
         )
         every_shard = layout | "EveryShard" >> beam.FlatMap(
-            lambda lay: [((length, i), None) for length, v in lay.items() for i in range(v["shards"])])
+            lambda lay: [((length, i), []) for length, v in lay.items() for i in range(v["shards"])])
         results = (
             (placed, every_shard)
             | "FlattenShards" >> beam.Flatten()

@@ -15,6 +15,7 @@ the original id counts as kept, in the reference's output as in ours.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ class InstanceStats:
     max_seq_length: int
     instances: int = 0
     tokens: int = 0
+    tokens_squared: int = 0  # sum of squared lengths, for the length's standard deviation
     maskable_tokens: int = 0  # tokens other than [CLS]/[SEP]
     masked: int = 0
     masked_as_mask: int = 0
@@ -51,6 +53,7 @@ class InstanceStats:
         n = len(input_ids)
         self.instances += 1
         self.tokens += n
+        self.tokens_squared += n * n
         if n_special is None:
             n_special = 2 if next_sentence_label < 0 else 3
         self.maskable_tokens += n - n_special
@@ -72,7 +75,7 @@ class InstanceStats:
     def merge(self, other: InstanceStats) -> InstanceStats:
         if other.max_seq_length != self.max_seq_length:
             raise ValueError(f"cannot merge stats of seq{other.max_seq_length} into seq{self.max_seq_length}")
-        for name in ("instances", "tokens", "maskable_tokens", "masked", "masked_as_mask",
+        for name in ("instances", "tokens", "tokens_squared", "maskable_tokens", "masked", "masked_as_mask",
                      "masked_kept", "masked_random", "random_next", "with_nsp"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for start, count in other.length_histogram.items():
@@ -103,6 +106,9 @@ class InstanceStats:
             "instances": self.instances,
             "tokens": self.tokens,
             "mean_length": frac(self.tokens, self.instances),
+            "length_sd": round(math.sqrt(max(0.0, self.tokens_squared / self.instances
+                                             - (self.tokens / self.instances) ** 2)), 6)
+            if self.instances else 0.0,
             "masked_per_instance": frac(self.masked, self.instances),
             "masked_fraction": frac(self.masked, self.tokens),
             "masked_fraction_of_maskable": frac(self.masked, self.maskable_tokens),

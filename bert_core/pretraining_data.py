@@ -4,8 +4,9 @@
     (beam_jobs/create_instances.py calls these functions once per document, pass and length)
 
 The algorithm of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token
-ids instead of token strings (the same random draws in the same order, so one ``random.Random``
-gives the same instances as the reference would for the same documents):
+ids instead of token strings. Pair creation makes the same random draws in the same order as
+the reference; masking draws the same distribution with fewer draws (see
+:func:`create_masked_lm_predictions`):
 
 - per document and pass: ``target_seq_length = max_seq_length - 3``, or with probability
   ``short_seq_prob`` a random length in ``[2, max_seq_length - 3]``;
@@ -105,45 +106,56 @@ def create_masked_lm_predictions(
     """Choose the positions to predict and corrupt them: ``(output_ids, positions, labels)``.
 
     Also the loader's dynamic masking (``masking: dynamic``), applied each epoch.
+
+    The reference shuffles every candidate and then walks the list until the budget is spent.
+    We draw the same uniformly random order lazily (a forward Fisher-Yates, one draw per
+    candidate looked at), which stops after about ``num_to_predict`` draws instead of shuffling
+    all of them: the same distribution of instances, not the same draws.
     """
-    cand_indexes: list[list[int]] = []
-    subword_ids = vocab.subword_ids
-    for i, token in enumerate(input_ids):
-        if token == vocab.cls_id or token == vocab.sep_id:
-            continue
-        # Whole-word masking: a "##" piece joins the group of the word it continues.
-        if whole_word_mask and cand_indexes and token in subword_ids:
-            cand_indexes[-1].append(i)
-        else:
-            cand_indexes.append([i])
-
-    rng.shuffle(cand_indexes)
-    output_ids = list(input_ids)
-    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(input_ids) * masked_lm_prob))))
-
-    masked: list[tuple[int, int]] = []  # (position, original id)
-    covered: set[int] = set()
-    for index_set in cand_indexes:
-        if len(masked) >= num_to_predict:
-            break
-        # A whole word that would overshoot the budget is skipped, not split.
-        if len(masked) + len(index_set) > num_to_predict:
-            continue
-        if any(index in covered for index in index_set):
-            continue
-        for index in index_set:
-            covered.add(index)
-            if rng.random() < 0.8:
-                replacement = vocab.mask_id
-            elif rng.random() < 0.5:
-                replacement = input_ids[index]
+    cls_id, sep_id = vocab.cls_id, vocab.sep_id
+    if whole_word_mask:
+        # a "##" piece joins the group of the word it continues
+        groups: list[list[int]] = []
+        subword_ids = vocab.subword_ids
+        for i, token in enumerate(input_ids):
+            if token == cls_id or token == sep_id:
+                continue
+            if groups and token in subword_ids:
+                groups[-1].append(i)
             else:
-                replacement = rng.randint(0, vocab.vocab_size - 1)
-            output_ids[index] = replacement
-            masked.append((index, input_ids[index]))
+                groups.append([i])
+        candidates: list = groups
+    else:
+        candidates = [i for i, token in enumerate(input_ids) if token != cls_id and token != sep_id]
 
-    masked.sort()
-    return output_ids, [p for p, _ in masked], [t for _, t in masked]
+    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(input_ids) * masked_lm_prob))))
+    output_ids = list(input_ids)
+    positions: list[int] = []
+    n = len(candidates)
+    k = 0
+    # Groups never overlap, so the reference's "already covered" check can never fire here.
+    while k < n and len(positions) < num_to_predict:
+        pick = k + int(rng.random() * (n - k))
+        candidates[k], candidates[pick] = candidates[pick], candidates[k]
+        chosen = candidates[k]
+        k += 1
+        if whole_word_mask:
+            # a whole word that would overshoot the budget is skipped, not split
+            if len(positions) + len(chosen) > num_to_predict:
+                continue
+        else:
+            chosen = (chosen,)
+        for index in chosen:
+            if rng.random() < 0.8:
+                output_ids[index] = vocab.mask_id
+            elif rng.random() < 0.5:
+                pass  # 10%: keep the original token (it is still predicted)
+            else:
+                output_ids[index] = rng.randint(0, vocab.vocab_size - 1)
+            positions.append(index)
+
+    positions.sort()
+    return output_ids, positions, [input_ids[p] for p in positions]
 
 
 def _finish(

@@ -115,6 +115,21 @@ def test_80_10_10_split_over_many_draws(vocab) -> None:
     assert len(set(random_ids)) > 0.8 * len(random_ids)
 
 
+def test_every_candidate_is_equally_likely_to_be_masked(vocab) -> None:
+    # the lazy shuffle must give each candidate the same chance, as a full shuffle does
+    ids = [vocab.cls_id, *range(5000, 5060), vocab.sep_id, *range(6000, 6030), vocab.sep_id]
+    budget = round(len(ids) * 0.15)  # 14 of 90 candidates
+    hits = Counter()
+    rng = random.Random(11)
+    draws = 6000
+    for _ in range(draws):
+        hits.update(create_masked_lm_predictions(ids, 0.15, 20, vocab, rng)[1])
+    p = budget / 90
+    sigma = math.sqrt(draws * p * (1 - p))
+    assert set(hits) == set(range(1, 61)) | set(range(62, 92))
+    assert all(abs(c - draws * p) < 4.5 * sigma for c in hits.values()), sorted(hits.values())[:3]
+
+
 def test_whole_word_mask_masks_whole_groups_within_budget(vocab, vocab_tokens) -> None:
     # real word pieces: "un ##believ ##able" style groups interleaved with whole words
     pieces = [t for t in vocab_tokens if t.startswith("##") and t[2:].isalpha()][:200]
