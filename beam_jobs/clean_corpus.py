@@ -33,6 +33,8 @@ from bert_core.sentences import split_paragraphs
 NAMESPACE = "clean_corpus"
 REJECTS = "rejects"
 READ = "read"
+EXACT = "exact"
+BANDS = "bands"
 
 
 class InputError(ValueError):
@@ -184,20 +186,12 @@ class FilterFn(beam.DoFn):
         yield TaggedOutput(REJECTS, result) if D.is_reject(result) else result
 
 
-def _keep_first(element: tuple[str, Iterable[D.Document]]) -> Iterator[Any]:
-    """Exact duplicates share a key: keep the smallest (doc_id, origin), reject the rest."""
-    _, group = element
-    docs = sorted(group, key=lambda d: (d["doc_id"], d["origin"]))
-    yield docs[0]
-    for dup in docs[1:]:
-        yield TaggedOutput(REJECTS, D.make_reject(
-            dup["source"], dup["doc_id"], D.DUPLICATE,
-            f"{dup['title']!r} ({dup['origin']}) has the same normalized text as "
-            f"{docs[0]['doc_id']} ({docs[0]['origin']})", duplicate_of=docs[0]["doc_id"]))
+class FingerprintFn(beam.DoFn):
+    """Per document: the exact-duplicate key and, for near duplicates, its LSH band entries.
 
-
-class SignatureFn(beam.DoFn):
-    """(band key, (doc_id, signature)) for every LSH band of a document."""
+    Only these small records are grouped to find duplicates; the documents themselves are
+    shuffled once, into their output shards, where the verdicts are applied (side inputs).
+    """
 
     def __init__(self, cfg: CorpusConfig):
         self.cfg = cfg
@@ -207,10 +201,25 @@ class SignatureFn(beam.DoFn):
 
         self.hasher = MinHasher(self.cfg.minhash_num_perm, self.cfg.near_dup_threshold)
 
-    def process(self, doc: D.Document) -> Iterator[tuple[str, tuple[str, Any]]]:
-        sig = self.hasher.signature(" ".join(doc["sentences"]))
-        for key in self.hasher.band_keys(sig):
-            yield key, (doc["doc_id"], sig)
+    def process(self, doc: D.Document) -> Iterator[Any]:
+        from bert_core.dedup import normalize, normalized_hash
+
+        text = normalize(" ".join(doc["sentences"]))
+        if self.cfg.dedup_exact:
+            yield TaggedOutput(EXACT, (normalized_hash(text), (doc["doc_id"], doc["origin"])))
+        if self.cfg.dedup_near:
+            # 32-bit values: half the bytes to shuffle, same estimate
+            sig = self.hasher.signature(text, normalized=True).astype("uint32")
+            for key in self.hasher.band_keys(sig):
+                yield TaggedOutput(BANDS, (key, (doc["doc_id"], sig)))
+
+
+def _exact_losers(element) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """Same normalized text: the smallest (doc_id, origin) is kept, every other one loses."""
+    _, group = element
+    members = sorted(group)
+    for member in members[1:]:
+        yield tuple(member), tuple(members[0])
 
 
 def _bucket_pairs(element, threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
@@ -223,19 +232,14 @@ def _bucket_pairs(element, threshold: float) -> Iterator[tuple[str, tuple[str, f
             yield doc_id, (dup_of, sim)
 
 
-def _drop_near(doc: D.Document, near: dict[str, tuple[str, float]]) -> Iterator[Any]:
-    hit = near.get(doc["doc_id"])
-    if hit is None:
-        yield doc
-        return
-    yield TaggedOutput(REJECTS, D.make_reject(
-        doc["source"], doc["doc_id"], D.NEAR_DUPLICATE,
-        f"{doc['title']!r}: estimated Jaccard similarity {hit[1]:.2f} of 5-word shingles with "
-        f"{hit[0]}", duplicate_of=hit[0]))
-
-
 class CleanDocuments(beam.PTransform):
-    """Documents -> {"docs", "rejects"}: filters, then exact, then near-duplicate removal."""
+    """Documents -> {"docs", "rejects", "duplicates", "near_duplicates"}.
+
+    Filters run here (too short, too few sentences); duplicates are *found* here but applied by
+    :class:`WriteDocuments`, so the documents cross one shuffle only: "duplicates" maps
+    (doc_id, origin) -> the (doc_id, origin) with the same text that is kept, and
+    "near_duplicates" maps doc_id -> (smallest similar doc_id, estimated Jaccard).
+    """
 
     def __init__(self, cfg: CorpusConfig):
         super().__init__()
@@ -243,54 +247,61 @@ class CleanDocuments(beam.PTransform):
 
     def expand(self, docs):
         cfg = self.cfg
-        rejects = []
         out = docs | "ApplyFilters" >> beam.ParDo(FilterFn(cfg)).with_outputs(REJECTS, main="docs")
-        docs = out.docs
-        rejects.append(out[REJECTS])
-        if cfg.dedup_exact:
-            from bert_core.dedup import content_hash
-
-            out = (
-                docs
-                | "KeyByContent" >> beam.Map(lambda d: (content_hash(d["sentences"]), d))
-                | "GroupByContent" >> beam.GroupByKey()
-                | "DropExactDuplicates" >> beam.FlatMap(_keep_first).with_outputs(REJECTS, main="docs")
-            )
-            docs = out.docs
-            rejects.append(out[REJECTS])
-        if cfg.dedup_near:
-            near = (
-                docs
-                | "MinHash" >> beam.ParDo(SignatureFn(cfg))
-                | "GroupByBand" >> beam.GroupByKey()
-                | "FindNearDuplicates" >> beam.FlatMap(_bucket_pairs, cfg.near_dup_threshold)
-                # a document similar to several kept ones names the smallest id
-                | "SmallestMatch" >> beam.CombinePerKey(min)
-            )
-            out = docs | "DropNearDuplicates" >> beam.FlatMap(_drop_near, near=AsDict(near)).with_outputs(
-                REJECTS, main="docs")
-            docs = out.docs
-            rejects.append(out[REJECTS])
-        merged = rejects | "MergeRejects" >> beam.Flatten()
-        return {"docs": docs, "rejects": merged}
+        prints = out.docs | "Fingerprint" >> beam.ParDo(FingerprintFn(cfg)).with_outputs(EXACT, BANDS)
+        duplicates = (
+            prints[EXACT]
+            | "GroupByContent" >> beam.GroupByKey()
+            | "FindExactDuplicates" >> beam.FlatMap(_exact_losers)
+        )
+        near = (
+            prints[BANDS]
+            | "GroupByBand" >> beam.GroupByKey()
+            | "FindNearDuplicates" >> beam.FlatMap(_bucket_pairs, cfg.near_dup_threshold)
+            # a document similar to several others names the smallest id
+            | "SmallestMatch" >> beam.CombinePerKey(min)
+        )
+        return {"docs": out.docs, "rejects": out[REJECTS], "duplicates": duplicates,
+                "near_duplicates": near}
 
 
 # --------------------------------------------------------------------------- writing
 
 
-def _write_doc_shard(element, output: str, num_shards: int, text_format: str) -> Iterator[Any]:
-    """Write one shard; a doc_id seen twice (same id, different text) keeps its first origin."""
+def _verdicts(docs: Iterable[D.Document], duplicates: dict, near: dict) -> Iterator[Any]:
+    """Kept documents in doc_id order, and a reject for each duplicate (naming what it duplicates)."""
+    seen: dict[str, str] = {}
+    for doc in sorted(docs, key=lambda d: (d["doc_id"], d["origin"])):
+        doc_id, origin = doc["doc_id"], doc["origin"]
+        kept = duplicates.get((doc_id, origin))
+        if kept is not None:
+            yield D.make_reject(doc["source"], doc_id, D.DUPLICATE,
+                                f"{doc['title']!r} ({origin}) has the same normalized text as "
+                                f"{kept[0]} ({kept[1]})", duplicate_of=kept[0])
+        elif doc_id in seen:
+            yield D.make_reject(doc["source"], doc_id, D.DUPLICATE_DOC_ID,
+                                f"{origin} repeats doc_id {doc_id} of {seen[doc_id]} with different "
+                                "text; the first is kept", duplicate_of=doc_id)
+        elif doc_id in near:
+            dup_of, sim = near[doc_id]
+            yield D.make_reject(doc["source"], doc_id, D.NEAR_DUPLICATE,
+                                f"{doc['title']!r}: estimated Jaccard similarity {sim:.2f} of 5-word "
+                                f"shingles with {dup_of}", duplicate_of=dup_of)
+        else:
+            seen[doc_id] = origin
+            yield doc
+
+
+def _write_doc_shard(element, output: str, num_shards: int, text_format: str,
+                     duplicates: dict | None = None, near: dict | None = None) -> Iterator[Any]:
+    """Write one shard (rows sorted by doc_id) after applying the duplicate verdicts."""
     index, group = element
-    docs, seen = [], {}
-    for doc in sorted(group, key=lambda d: (d["doc_id"], d["origin"])):
-        if doc["doc_id"] in seen:
-            yield TaggedOutput(REJECTS, D.make_reject(
-                doc["source"], doc["doc_id"], D.DUPLICATE_DOC_ID,
-                f"{doc['origin']} repeats doc_id {doc['doc_id']} of {seen[doc['doc_id']]} with "
-                "different text; the first is kept", duplicate_of=doc["doc_id"]))
-            continue
-        seen[doc["doc_id"]] = doc["origin"]
-        docs.append(doc)
+    docs = []
+    for record in _verdicts(group, duplicates or {}, near or {}):
+        if D.is_reject(record):
+            yield TaggedOutput(REJECTS, record)
+        else:
+            docs.append(record)
     uri = storage.join(output, D.shard_name("docs", index, num_shards, "parquet"))
     D.write_documents(uri, docs)
     if text_format == "google":
@@ -307,7 +318,8 @@ def _write_reject_shard(element, output: str, num_shards: int) -> tuple[str, int
 
 
 class WriteDocuments(beam.PTransform):
-    """Docs + rejects -> shards under ``output``; returns {"written", "kept", "rejects"}."""
+    """Docs + rejects (+ duplicate verdicts) -> shards under ``output``;
+    returns {"written", "kept", "rejects"}."""
 
     def __init__(self, output: str, num_shards: int, text_format: str):
         super().__init__()
@@ -319,7 +331,9 @@ class WriteDocuments(beam.PTransform):
             pcolls["docs"]
             | "KeyByShard" >> beam.Map(lambda d, n: (D.stable_shard(d["doc_id"], n), d), n=n)
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.FlatMap(_write_doc_shard, self.output, n, self.text_format)
+            | "WriteShards" >> beam.FlatMap(
+                _write_doc_shard, self.output, n, self.text_format,
+                duplicates=AsDict(pcolls["duplicates"]), near=AsDict(pcolls["near_duplicates"]))
             .with_outputs(REJECTS, "kept", main="written")
         )
         rejects = (
@@ -423,16 +437,23 @@ def _bin_lower(label: str) -> int:
 # --------------------------------------------------------------------------- entry points
 
 
-def pipeline_options(workers: int, beam_args: Iterable[str] = ()):  # noqa: ANN201
+def pipeline_options(workers: int, runner: str = "FnApiRunner", beam_args: Iterable[str] = ()):  # noqa: ANN201
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    if runner != "FnApiRunner":
+        return PipelineOptions(list(beam_args), runner=runner)
     mode = ({"direct_num_workers": workers, "direct_running_mode": "multi_processing"}
             if workers > 1 else {"direct_num_workers": 1, "direct_running_mode": "in_memory"})
     return PipelineOptions(list(beam_args), **mode)
 
 
-def clean(cfg: CorpusConfig, output: str, workers: int = 1, beam_args: Iterable[str] = ()) -> dict[str, Any]:
-    """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once."""
+def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = "FnApiRunner",
+          beam_args: Iterable[str] = ()) -> dict[str, Any]:
+    """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
+
+    ``runner`` "FnApiRunner" is the local multi-process runner; any other name (DataflowRunner,
+    FlinkRunner, ...) is passed to Beam with ``beam_args``.
+    """
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")
     if not wiki_files and not book_files:
@@ -444,13 +465,13 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, beam_args: Iterable[
     storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
     inputs = {"wikipedia": wiki_files, "books": book_files}
 
-    options = pipeline_options(workers, beam_args)
-    runner = None
-    if "--runner" not in " ".join(beam_args):
+    options = pipeline_options(workers, runner, beam_args)
+    runner_obj = None
+    if runner == "FnApiRunner":
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-        runner = FnApiRunner()
-    with beam.Pipeline(runner=runner, options=options) as p:
+        runner_obj = FnApiRunner()
+    with beam.Pipeline(runner=runner_obj, options=options) as p:
         parts = []
         if wiki_files:
             parts.append(p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files))
@@ -461,7 +482,7 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, beam_args: Iterable[
         cleaned = docs | "CleanDocuments" >> CleanDocuments(cfg)
         early_rejects = [x["rejects"] for x in parts] + [cleaned["rejects"]]
         rejects = early_rejects | "ReadAndCleanRejects" >> beam.Flatten()
-        out = {"docs": cleaned["docs"], "rejects": rejects} | "WriteDocuments" >> WriteDocuments(
+        out = {**cleaned, "rejects": rejects} | "WriteDocuments" >> WriteDocuments(
             output, num_shards, cfg.text_format)
         summary = (
             (
@@ -488,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--books", action="append", default=[], help="Book glob (repeatable).")
     parser.add_argument("--output", required=True, help="Output folder URI.")
     parser.add_argument("--workers", type=int, default=1, help="Local Beam worker processes.")
+    parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (default: local).")
     parser.add_argument("--config-json", default=None, help="A CorpusConfig as JSON (other fields).")
     return parser
 
@@ -499,7 +521,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         fields["wikipedia"] = args.wikipedia
     if args.books:
         fields["books"] = args.books
-    return clean(CorpusConfig(**fields), args.output, args.workers, beam_args)
+    return clean(CorpusConfig(**fields), args.output, args.workers, args.runner, beam_args)
 
 
 if __name__ == "__main__":

@@ -23,29 +23,44 @@ import zlib
 import numpy as np
 
 _NON_WORD = re.compile(r"[\W_]+", re.U)
-_PRIME = np.uint64(4294967311)  # smallest prime above 2**32: hashes are 32-bit
+_EMPTY = np.uint64(1 << 32)  # above every 32-bit hash value
+_SHIFT = np.uint64(32)
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier (golden ratio), order-sensitive mix
 _CHUNK = 8192  # shingles per block: bounds memory to num_perm x 8192 x 8 bytes
 
 
 def normalize(text: str) -> str:
     """Case, accents-as-written, punctuation and spacing do not make a document different."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    return " ".join(_NON_WORD.sub(" ", text).split())
+    if not unicodedata.is_normalized("NFKC", text):  # the check is much cheaper than the work
+        text = unicodedata.normalize("NFKC", text)
+    return " ".join(_NON_WORD.sub(" ", text.casefold()).split())
 
 
 def content_hash(sentences: list[str]) -> str:
     """Stable hash of a document's normalized text (exact-duplicate key)."""
-    return hashlib.blake2b(normalize(" ".join(sentences)).encode("utf-8"), digest_size=16).hexdigest()
+    return normalized_hash(normalize(" ".join(sentences)))
 
 
-def shingle_hashes(text: str, k: int = 5) -> np.ndarray:
-    """32-bit hashes of the distinct k-word shingles of the normalized text."""
-    words = normalize(text).split()
-    if len(words) < k:
-        grams = [" ".join(words)] if words else []
-    else:
-        grams = [" ".join(words[i : i + k]) for i in range(len(words) - k + 1)]
-    return np.unique(np.fromiter((zlib.crc32(g.encode("utf-8")) for g in grams), dtype=np.uint64))
+def normalized_hash(normalized: str) -> str:
+    return hashlib.blake2b(normalized.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def shingle_hashes(text: str, k: int = 5, normalized: bool = False) -> np.ndarray:
+    """32-bit hashes of the distinct k-word shingles of the normalized text.
+
+    Each word is hashed once (CRC-32); a shingle's hash mixes its k word hashes with fixed odd
+    multipliers in numpy, instead of building and hashing k-word strings in Python.
+    """
+    words = (text if normalized else normalize(text)).split()
+    if not words:
+        return np.zeros(0, dtype=np.uint64)
+    word_hashes = np.fromiter((zlib.crc32(w.encode("utf-8")) for w in words), dtype=np.uint64,
+                              count=len(words))
+    n = max(len(words) - k + 1, 1)
+    mixed = np.zeros(n, dtype=np.uint64)
+    for j in range(min(k, len(words))):
+        mixed = mixed * _MIX + word_hashes[j : j + n]  # wraps mod 2**64, as intended
+    return np.unique(mixed % np.uint64(1 << 32))
 
 
 def choose_bands(num_perm: int, threshold: float) -> tuple[int, int]:
@@ -55,24 +70,25 @@ def choose_bands(num_perm: int, threshold: float) -> tuple[int, int]:
 
 
 class MinHasher:
-    """MinHash signatures with permutations h(x) = (a*x + b) mod p drawn from ``rng``."""
+    """MinHash signatures; permutation i is the multiply-shift hash h(x) = (a_i*x + b_i) >> 32
+    over 64-bit words (a_i odd), drawn from ``rng``: universal, and no slow modulo."""
 
     def __init__(self, num_perm: int = 128, threshold: float = 0.8, rng: np.random.Generator | None = None):
         # A fixed default seed: every worker must draw the same permutations.
         rng = rng if rng is not None else np.random.default_rng(0x5EED)
         self.num_perm = num_perm
         self.threshold = threshold
-        self.a = rng.integers(1, 2**31, size=num_perm, dtype=np.uint64)  # a*x < 2**63: no overflow
-        self.b = rng.integers(0, 2**32, size=num_perm, dtype=np.uint64)
+        self.a = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self.b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
         self.bands, self.rows = choose_bands(num_perm, threshold)
 
-    def signature(self, text: str) -> np.ndarray:
-        """num_perm minimum hash values (all 2**32 + 15 for an empty text)."""
-        shingles = shingle_hashes(text)
-        sig = np.full(self.num_perm, _PRIME, dtype=np.uint64)
+    def signature(self, text: str, normalized: bool = False) -> np.ndarray:
+        """num_perm minimum hash values (all 2**32 for an empty text)."""
+        shingles = shingle_hashes(text, normalized=normalized)
+        sig = np.full(self.num_perm, _EMPTY, dtype=np.uint64)
         for start in range(0, len(shingles), _CHUNK):
             block = shingles[start : start + _CHUNK]
-            values = (self.a[:, None] * block[None, :] + self.b[:, None]) % _PRIME
+            values = (self.a[:, None] * block[None, :] + self.b[:, None]) >> _SHIFT  # wraps mod 2**64
             np.minimum(sig, values.min(axis=1), out=sig)
         return sig
 

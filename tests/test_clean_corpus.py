@@ -188,6 +188,8 @@ def bad_run(tmp_path_factory) -> Path:
     full = dump(*(page_xml(100 + i, f"Page {i}", PROSE * 3 + f"Number {i}.") for i in range(400)))
     blob = bz2.compress(full.encode("utf-8"), compresslevel=1)  # 100 kB blocks: some decode
     (src / "truncated.xml.bz2").write_bytes(blob[: len(blob) * 2 // 3])
+    # the same page id in another dump with other text: one is kept, the other named
+    (src / "dupid.xml").write_text(dump(page_xml(1, "Good river", PROSE + "A different revision. " * 20)))
     (src / "cut.xml").write_text(dump(page_xml(200, "Cut", PROSE * 3), close=False)[:-30])
     books = src / "books"
     books.mkdir()
@@ -216,7 +218,10 @@ def test_bad_inputs_become_rejects_with_reasons(bad_run) -> None:
         reasons.setdefault(r["reason"], []).append(r)
     assert sorted(reasons) == sorted([
         "malformed_xml", "no_text", "not_article", "redirect", "too_few_sentences", "invalid_utf8",
-        "truncated_input", "not_a_dump", "binary_file", "empty_file", "line_too_long"])
+        "truncated_input", "not_a_dump", "binary_file", "empty_file", "line_too_long", "duplicate_doc_id"])
+    (dup,) = reasons["duplicate_doc_id"]
+    assert dup["id"] == "wiki:1" and "malformed.xml" in dup["detail"] and "dupid.xml" in dup["detail"]
+    assert "A different revision." in kept["wiki:1"]["sentences"]
     assert sorted(r["id"].rsplit("/", 1)[-1] for r in reasons["not_a_dump"]) == ["binary.xml.bz2", "empty.xml"]
     assert {r["id"] for r in reasons["no_text"]} == {"wiki:4"}
     assert "Broken" in reasons["malformed_xml"][0]["detail"]
