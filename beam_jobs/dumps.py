@@ -34,7 +34,7 @@ from bert_core import documents as D
 from bert_core import storage
 
 BLOCK = 1 << 20
-RANGE_BYTES = 4 << 20  # target size of one work item (compressed bytes for bz2)
+RANGE_BYTES = 4 << 20  # target XML bytes of one work item (bz2 compresses about 4:1)
 MAX_PAGE_BYTES = 256 << 20  # a "page" larger than this is a broken file, not an article
 _BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # stream header + first block magic
 _PAGE_OPEN = b"<page>"
@@ -91,7 +91,7 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES) -> list[WorkItem]:
         if len(offsets) > 1:
             items, start = [], offsets[0]
             for off in offsets[1:]:
-                if off - start >= range_bytes:
+                if off - start >= range_bytes // 4:
                     items.append(WorkItem(uri, "streams", start, off, last=False))
                     start = off
             items.append(WorkItem(uri, "streams", start, total))

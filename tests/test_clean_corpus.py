@@ -160,7 +160,7 @@ def test_multistream_and_xml_ranges_read_every_page_once(samples_dir, tmp_path) 
     whole = [r["doc_id"] for _, r in read_pages(plan_reads(str(samples_dir / SAMPLE_DUMP))[0])]
     assert len(whole) == 206
     for path in (multi, plain):
-        items = plan_reads(str(path), range_bytes=200_000)
+        items = plan_reads(str(path), range_bytes=400_000)
         assert len(items) > 3
         got = [(kind, r.get("doc_id")) for item in items for kind, r in read_pages(item)]
         assert [k for k, _ in got] == ["page"] * 206
