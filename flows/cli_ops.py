@@ -4,7 +4,7 @@
     bertpipe server                      # Prefect server + UI on http://127.0.0.1:4200
     bertpipe serve                       # every deployment of infra/prefect.yaml, with schedules
     bertpipe run --preset demo           # one bert_pipeline run
-    bertpipe infra render --preset bert-base-128 --out build/infra
+    bertpipe infra render --preset bert-base-128 --set pretrain.nodes=4 --out build/infra
 
 Prefect is imported inside the commands so ``bertpipe --help`` stays fast.
 """
@@ -102,12 +102,15 @@ def infra_render(
     set_: SetOpt = None,
     image: Annotated[str, typer.Option(help="Container image for every pod and Beam worker.")] = "bertpipe:latest",
     namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "bertpipe",
+    instances: Annotated[str | None, typer.Option(help="Instances folder the training pods read.")] = None,
+    run_dir: Annotated[str | None, typer.Option("--run", help="Run folder the training pods write.")] = None,
 ) -> None:
-    """Render Kubernetes, Beam runner and DeepSpeed files for a config into a folder."""
+    """Render Kubernetes pods, the GPU work pool template, Beam runner overlays and prefect.yaml."""
     from bert_core.render import InfraSettings, render_all
 
     cfg = resolve(preset, config, set_)
-    for path in render_all(cfg, InfraSettings(image=image, namespace=namespace), out):
+    settings = InfraSettings(image=image, namespace=namespace, instances=instances, run=run_dir)
+    for path in render_all(cfg, settings, out):
         typer.echo(path)
 
 

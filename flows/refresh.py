@@ -1,0 +1,84 @@
+"""Corpus refresh: download the newest finished Wikipedia dump, then clean it (with the books).
+
+    python -c "from flows.refresh import refresh_corpus; from bert_core.config import load_config; \
+refresh_corpus(load_config('demo'), lang='en')"
+    (scheduled monthly by the ``refresh-corpus/monthly`` deployment of infra/prefect.yaml)
+
+Wikimedia starts dumps on the 1st and the 20th of each month; the articles job takes days. With no
+``date`` the flow tries this month's and the previous month's dump dates, newest first, and takes
+the first whose articles job is ``done``. The download lands in
+``<storage_root>/raw/wikipedia/<lang>wiki-<date>`` (a finished download has a manifest and is not
+fetched again), and ``clean_corpus`` reads it into ``<storage_root>/corpus/<version>``, the same
+folder ``bert_pipeline`` computes for that config, so the next pipeline run picks it up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from bert_core import storage
+from bert_core.config import PipelineConfig
+from flows.retry import retry_on_infrastructure
+
+
+def candidate_dates(today: dt.date) -> list[str]:
+    """Dump dates (1st and 20th) of this and the previous month that are not in the future."""
+    prev = (today.replace(day=1) - dt.timedelta(days=1)).replace(day=1)
+    dates = [today.replace(day=20), today.replace(day=1), prev.replace(day=20), prev]
+    return [d.strftime("%Y%m%d") for d in dates if d <= today]
+
+
+@task(retries=3, retry_delay_seconds=60, retry_condition_fn=retry_on_infrastructure,
+      cache_policy=NO_CACHE, task_run_name="find-dump-{lang}")
+def find_dump(lang: str, dates: list[str], base_url: str | None) -> str:
+    from bert_core.download import DownloadError, list_dump_files
+
+    logger = get_run_logger()
+    reasons = []
+    for date in dates:
+        try:
+            files = list_dump_files(lang, date, base=base_url)
+        except DownloadError as err:
+            reasons.append(f"{date}: {err}")
+            continue
+        logger.info("newest finished %swiki dump: %s (%d files)", lang, date, len(files))
+        return date
+    raise LookupError(f"no finished {lang}wiki articles dump among {dates}:\n" + "\n".join(reasons))
+
+
+@task(retries=3, retry_delay_seconds=60, retry_condition_fn=retry_on_infrastructure,
+      cache_policy=NO_CACHE, task_run_name="download-{lang}wiki-{date}")
+def download(lang: str, date: str, to: str, base_url: str | None) -> str:
+    from bert_core.download import download_wikipedia
+
+    logger = get_run_logger()
+    if storage.has_manifest(to):
+        logger.info("%s: skipped (cached), already downloaded and verified", to)
+        return to
+    download_wikipedia(lang, date, to, base=base_url, log=logger.info)
+    return to
+
+
+@flow(name="refresh-corpus", log_prints=True)
+def refresh_corpus(
+    config: PipelineConfig, lang: str = "en", date: str | None = None, base_url: str | None = None
+) -> str:
+    """Download a dump (newest finished one unless ``date``) and clean it; returns the corpus URI."""
+    from flows.corpus import clean_corpus
+    from flows.pipeline import files_identity, stage_output
+
+    dates = [date] if date else candidate_dates(dt.datetime.now(dt.timezone.utc).date())
+    date = find_dump(lang, dates, base_url)
+    raw = download(lang, date, storage.join(config.storage_root, "raw", "wikipedia", f"{lang}wiki-{date}"),
+                   base_url)
+    corpus_cfg = config.corpus.model_copy(update={"wikipedia": [storage.join(raw, "*.bz2")]})
+    config = config.model_copy(update={"corpus": corpus_cfg})
+    output = stage_output(config, "corpus", config.corpus,
+                          files_identity(config.corpus.wikipedia + config.corpus.books))
+    if storage.has_manifest(output):
+        get_run_logger().info("corpus: skipped (cached) at %s", output)
+        return output
+    return clean_corpus(config, output)
