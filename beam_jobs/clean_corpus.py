@@ -103,7 +103,13 @@ class ReadPagesFn(beam.DoFn):
                     D.WIKIPEDIA, doc_id, D.REDIRECT, f"{title!r} is a redirect"))
             else:
                 stats = CleanStats()
-                sentences = split_paragraphs(wikitext_to_paragraphs(record["text"], stats))
+                try:
+                    sentences = split_paragraphs(wikitext_to_paragraphs(record["text"], stats))
+                except Exception as err:  # noqa: BLE001 - one odd page must not stop the job
+                    yield TaggedOutput(REJECTS, D.make_reject(
+                        D.WIKIPEDIA, doc_id, D.UNPARSEABLE_PAGE,
+                        f"{title!r} at {record['origin']}: {type(err).__name__}: {err}"))
+                    continue
                 if stats.slow_paragraphs:
                     Metrics.counter(NAMESPACE, "slow_path_paragraphs").inc(stats.slow_paragraphs)
                 yield D.make_document(doc_id, D.WIKIPEDIA, title, sentences, record["origin"])
@@ -447,12 +453,46 @@ def pipeline_options(workers: int, runner: str = "FnApiRunner", beam_args: Itera
     return PipelineOptions(list(beam_args), **mode)
 
 
+def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int) -> None:
+    """The job's graph: read -> clean -> write shards -> manifest (after every shard)."""
+    wiki_files, book_files = inputs["wikipedia"], inputs["books"]
+    parts = []
+    if wiki_files:
+        parts.append(p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files))
+    if book_files:
+        parts.append(p | "ReadBooksFiles" >> ReadBooks(book_files))
+    docs = [x["docs"] for x in parts] | "AllDocuments" >> beam.Flatten()
+    read = [x["read"] for x in parts] | "AllReadCounts" >> beam.Flatten()
+    cleaned = docs | "CleanDocuments" >> CleanDocuments(cfg)
+    early_rejects = [x["rejects"] for x in parts] + [cleaned["rejects"]]
+    rejects = early_rejects | "ReadAndCleanRejects" >> beam.Flatten()
+    out = {**cleaned, "rejects": rejects} | "WriteDocuments" >> WriteDocuments(
+        output, num_shards, cfg.text_format)
+    summary = (
+        (
+            read | "TagRead" >> beam.Map(lambda x: ("read", x)),
+            out["kept"] | "TagKept" >> beam.Map(lambda x: ("kept", x)),
+            out["rejects"] | "TagRejected" >> beam.Map(lambda x: ("rejected", x)),
+        )
+        | "AllEvents" >> beam.Flatten()
+        | "Summarize" >> beam.CombineGlobally(SummaryFn())
+    )
+    _ = (
+        p
+        | "Once" >> beam.Create([None])
+        | "WriteManifest" >> beam.Map(
+            _finish, output, cfg, inputs, num_shards,
+            written=AsList(out["written"]), summary=AsSingleton(summary))
+    )
+
+
 def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = "FnApiRunner",
-          beam_args: Iterable[str] = ()) -> dict[str, Any]:
+          beam_args: Iterable[str] = (), counters: dict[str, int] | None = None) -> dict[str, Any]:
     """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
 
     ``runner`` "FnApiRunner" is the local multi-process runner; any other name (DataflowRunner,
-    FlinkRunner, ...) is passed to Beam with ``beam_args``.
+    FlinkRunner, ...) is passed to Beam with ``beam_args``. ``counters``, if given, receives the
+    job's Beam counters (``rejected_<reason>``, ``slow_path_paragraphs``).
     """
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")
@@ -471,35 +511,16 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = "FnApi
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
         runner_obj = FnApiRunner()
-    with beam.Pipeline(runner=runner_obj, options=options) as p:
-        parts = []
-        if wiki_files:
-            parts.append(p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files))
-        if book_files:
-            parts.append(p | "ReadBooksFiles" >> ReadBooks(book_files))
-        docs = [x["docs"] for x in parts] | "AllDocuments" >> beam.Flatten()
-        read = [x["read"] for x in parts] | "AllReadCounts" >> beam.Flatten()
-        cleaned = docs | "CleanDocuments" >> CleanDocuments(cfg)
-        early_rejects = [x["rejects"] for x in parts] + [cleaned["rejects"]]
-        rejects = early_rejects | "ReadAndCleanRejects" >> beam.Flatten()
-        out = {**cleaned, "rejects": rejects} | "WriteDocuments" >> WriteDocuments(
-            output, num_shards, cfg.text_format)
-        summary = (
-            (
-                read | "TagRead" >> beam.Map(lambda x: ("read", x)),
-                out["kept"] | "TagKept" >> beam.Map(lambda x: ("kept", x)),
-                out["rejects"] | "TagRejected" >> beam.Map(lambda x: ("rejected", x)),
-            )
-            | "AllEvents" >> beam.Flatten()
-            | "Summarize" >> beam.CombineGlobally(SummaryFn())
-        )
-        _ = (
-            p
-            | "Once" >> beam.Create([None])
-            | "WriteManifest" >> beam.Map(
-                _finish, output, cfg, inputs, num_shards,
-                written=AsList(out["written"]), summary=AsSingleton(summary))
-        )
+    p = beam.Pipeline(runner=runner_obj, options=options)
+    build_pipeline(p, cfg, output, inputs, num_shards)
+    result = p.run()
+    result.wait_until_finish()
+    if counters is not None:
+        from apache_beam.metrics.metric import MetricsFilter
+
+        query = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
+        for c in query["counters"]:
+            counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + c.committed
     return storage.read_manifest(output)
 
 

@@ -39,6 +39,7 @@ TRUNCATED_INPUT = "truncated_input"
 NOT_A_DUMP = "not_a_dump"
 EMPTY_FILE = "empty_file"
 UNREADABLE_FILE = "unreadable_file"
+UNPARSEABLE_PAGE = "unparseable_page"  # the wikitext cleaner raised (a bug to report, not data loss)
 
 Document = dict[str, Any]  # doc_id, source, title, sentences, origin (file@offset, not written)
 Reject = dict[str, Any]

@@ -203,12 +203,14 @@ def bad_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bad_out")
     cfg = CorpusConfig(wikipedia=[str(src / "*.xml*")], books=[str(books / "*")], text_format="google",
                        dedup_near=False)
-    clean(cfg, str(out), workers=1)
+    counters: dict[str, int] = {}
+    clean(cfg, str(out), workers=1, counters=counters)
     (books / "oneline.txt").unlink()
-    return out
+    return out, counters
 
 
 def test_bad_inputs_become_rejects_with_reasons(bad_run) -> None:
+    bad_run, counters = bad_run
     docs, rejects, manifest = read_all(str(bad_run))
     kept = {d["doc_id"]: d for d in docs}
     assert set(kept) == {"wiki:1", "wiki:2", "book:tale"} | {f"wiki:{100 + i}" for i in range(len(kept) - 3)}
@@ -234,6 +236,8 @@ def test_bad_inputs_become_rejects_with_reasons(bad_run) -> None:
     for c in manifest["counts"].values():
         if isinstance(c, dict):
             assert c["kept"] + c["rejected"] == c["read"]
+    # one Beam counter per reject reason, agreeing with the rejects written
+    assert counters == {f"rejected_{reason}": len(rs) for reason, rs in reasons.items()}
     # --text-format google: one sentence per line, a blank line between documents
     text = "".join(storage.read_text(storage.join(str(bad_run), t["path"])) for t in manifest["text_shards"])
     blocks = [b for b in text.split("\n\n") if b.strip()]
