@@ -220,3 +220,18 @@ def test_prefect_flow_fans_out_and_survives_a_failure(prefect_server, tiny_check
 def test_conlleval_reads_our_prediction_format():
     rows = conlleval.rows_from_lines(["EU B-ORG B-ORG", "rejects O O", "", "Peter B-PER I-PER"], " ")
     assert conlleval.summarize(conlleval.count_chunks(rows))["f1"] == 100.0
+
+
+def test_checkpoint_data_and_output_through_fsspec(tiny_checkpoint, tmp_path):
+    """Object-store style URIs (memory:// here, gs:// in production) for checkpoint, data and output."""
+    from bert_core import storage
+
+    for f in Path(tiny_checkpoint).iterdir():
+        with storage.open_file(f"memory://ft-ckpt/{f.name}", "wb") as out:
+            out.write(f.read_bytes())
+    for f in (FIXTURES / "WNLI").iterdir():
+        storage.write_text(f"memory://ft-data/WNLI/{f.name}", f.read_text())
+    m = run_job("wnli", "memory://ft-data", "memory://ft-ckpt", FinetuneConfig(**TINY), 2, "memory://ft-out")
+    saved = json.loads(storage.read_text("memory://ft-out/wnli/seed=2/metrics.json"))
+    assert saved["main"] == m["main"] and saved["checkpoint"] == "memory://ft-ckpt"
+    assert storage.exists("memory://ft-out/wnli/seed=2/dev_predictions.tsv")
