@@ -118,7 +118,12 @@ def read_documents(uri: str) -> Iterator[tuple[str, list[str] | None]]:
     import pyarrow.parquet as pq
 
     with storage.open_file(uri, "rb") as f:
-        for batch in pq.ParquetFile(f).iter_batches(columns=["doc_id", "sentences"], batch_size=256):
+        shard = pq.ParquetFile(f)
+        missing = {"doc_id", "sentences"} - set(shard.schema_arrow.names)
+        if missing:
+            raise ValueError(f"documents shard {uri} has no column(s) {sorted(missing)}; it is not "
+                             "a corpus stage output: re-run `bertpipe clean` or fix --corpus")
+        for batch in shard.iter_batches(columns=["doc_id", "sentences"], batch_size=256):
             yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
 
 
@@ -156,7 +161,8 @@ class TokenizeDocuments(beam.DoFn):
 
     def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
         doc_id, sentences = doc
-        ids = [s for s in self.tokenizer.encode_batch(list(sentences or [])) if s]
+        sentences = [s for s in sentences or [] if isinstance(s, str)]  # a null sentence is no text
+        ids = [s for s in self.tokenizer.encode_batch(sentences) if s]
         if not ids:
             self.rejected.inc()
             yield beam.pvalue.TaggedOutput("rejects", {
@@ -351,6 +357,9 @@ def create_instances(
     if not vocab.endswith(".txt"):
         inputs.append(storage.read_manifest(vocab))
     vocab_ids = VocabIds.from_tokenizer(load_tokenizer(vocab, lowercase))
+    if min(vocab_ids.cls_id, vocab_ids.sep_id, vocab_ids.mask_id) < 0:
+        raise ValueError(f"vocab {vocab} lacks [CLS], [SEP] or [MASK]; instances need all three: "
+                         "use a BERT vocab (the vocab stage always adds them)")
     shards = storage.shard_uris(corpus, corpus_manifest)
     output = storage.to_uri(output)
     # A re-run must not leave an old manifest vouching for shards being rewritten.

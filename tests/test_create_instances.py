@@ -189,3 +189,22 @@ def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(corpus, vocab_
         rows = json.loads(table) if isinstance(table, str) else table
         assert [r["set"] for r in rows] == ["seq64", "seq128"]
         assert "instance-lengths" in artifacts
+
+
+def test_a_vocab_without_specials_is_refused_before_any_work(corpus, tmp_path) -> None:
+    bad = tmp_path / "vocab.txt"
+    bad.write_text("[PAD]\n[UNK]\nthe\nnews\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[CLS\]|\[MASK\]") as err:
+        create_instances(corpus, str(bad), str(tmp_path / "out"), CONFIG, workers=1)
+    assert str(bad) in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_shard_that_is_not_documents_names_the_file(tmp_path, vocab_file) -> None:
+    folder = str(tmp_path / "corpus")
+    shard = storage.join(folder, "docs-00000-of-00001.parquet")
+    with storage.open_file(shard, "wb") as f:
+        pq.write_table(pa.table({"text": ["hello"]}), f)
+    storage.write_manifest(folder, stage="corpus", config={}, shards=[storage.shard_entry(shard, 1)])
+    with pytest.raises(Exception, match="docs-00000-of-00001.parquet has no column"):
+        create_instances(folder, vocab_file, str(tmp_path / "out"), CONFIG, workers=1)
