@@ -131,10 +131,12 @@ def _resolve(argv: list[str]) -> list[str]:
 
 
 def cpu_comm_op_built() -> bool:
-    from torch.utils.cpp_extension import _get_build_directory
-
-    folder = Path(_get_build_directory("deepspeed_shm_comm", verbose=False))
-    return any(folder.glob("*.so"))
+    """Is the op in torch's extension cache? (Looked up without importing torch: the launching
+    process stays light; a miss only means the ranks build it themselves.)"""
+    cache = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path(cache) / "torch_extensions"))
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return any(root.glob(f"{tag}*/deepspeed_shm_comm/*.so")) or any(root.glob("deepspeed_shm_comm/*.so"))
 
 
 def ensure_cpu_comm_op(log: Callable[[str], None] = print) -> None:

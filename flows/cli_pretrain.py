@@ -1,0 +1,103 @@
+"""CLI of the pre-training stage: launch DeepSpeed with a progress display.
+
+    bertpipe pretrain --preset demo --instances ./bertpipe-data/instances --output ./runs/demo
+    bertpipe pretrain --preset bert-base-128 --instances gs://b/instances --output /mnt/runs/base \
+        --nodes 4 --node-rank 0 --master-addr 10.0.0.2     (one launcher per node, e.g. a pod)
+    bertpipe pretrain ... --nodes 4 --hostfile /job/hostfile     (one launcher, ssh to the hosts)
+
+Runs ``bert_core.launch.launch_pretraining`` directly (no Prefect). ``--nodes`` with
+``--node-rank`` selects ``launcher=no_ssh``; ``--nodes`` with ``--hostfile`` selects the ssh
+launcher. Exit codes: 0 done, 2 the config or data was refused (fix it), 3 the infrastructure
+failed (run the same command again: it resumes from the last checkpoint), 1 anything else.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+
+
+def pretrain(
+    instances: Annotated[str, typer.Option(help="Instances folder (instance stage output).")],
+    output: Annotated[str, typer.Option(help="Run folder (local or mounted path shared by the nodes).")],
+    init_checkpoint: Annotated[
+        str | None, typer.Option(help="Transformers-layout folder to start phase 1 from.")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(help="Machines (sets pretrain.nodes).")] = None,
+    node_rank: Annotated[
+        int | None, typer.Option(help="This machine's index: one launcher per node (--no_ssh).")
+    ] = None,
+    master_addr: Annotated[str | None, typer.Option(help="Rank 0's address (pretrain.master_addr).")] = None,
+    hostfile: Annotated[str | None, typer.Option(help="DeepSpeed hostfile: ssh launcher.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print DeepSpeed's own lines.")] = False,
+    preset: PresetOpt = "demo",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Pre-train BERT (MLM + NSP) with DeepSpeed on 1..N nodes; resumes an interrupted run."""
+    sets = list(set_ or [])
+    if nodes is not None:
+        sets.append(f"pretrain.nodes={nodes}")
+    if node_rank is not None:
+        sets.append("pretrain.launcher=no_ssh")
+    elif hostfile:
+        sets += ["pretrain.launcher=hostfile", f"pretrain.hostfile={hostfile}"]
+    if hostfile and node_rank is not None:
+        sets.append(f"pretrain.hostfile={hostfile}")
+    if master_addr:
+        sets.append(f"pretrain.master_addr={master_addr}")
+    cfg = resolve(preset, config, sets)
+
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from bert_core.launch import (
+        LaunchConfigError,
+        LaunchError,
+        LaunchInfraError,
+        launch_pretraining,
+    )
+    from bert_core.pretrain import read_metrics
+    from flows.pretrain import steps_done, total_steps
+
+    columns = (TextColumn("[bold]pre-training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+               TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as bar:
+        job = bar.add_task("", total=total_steps(cfg))
+
+        def on_line(line: str) -> None:
+            if verbose or not line.startswith("[20"):
+                bar.console.print(line, markup=False, highlight=False)
+            rows = read_metrics(output)
+            if rows:
+                bar.update(job, completed=steps_done(cfg, rows), description=f"loss {rows[-1]['loss']:.4f}")
+
+        try:
+            run = launch_pretraining(cfg, instances, output, init_checkpoint, node_rank, on_line)
+        except LaunchConfigError as err:
+            typer.secho(str(err), fg="red", err=True)
+            raise typer.Exit(2) from None
+        except LaunchInfraError as err:
+            typer.secho(f"{err}\nrun the same command again to resume", fg="yellow", err=True)
+            raise typer.Exit(3) from None
+        except LaunchError as err:
+            typer.secho(str(err), fg="red", err=True)
+            raise typer.Exit(1) from None
+        except ValueError as err:  # e.g. launcher=no_ssh without --node-rank
+            typer.secho(str(err), fg="red", err=True)
+            raise typer.Exit(2) from None
+        rows = read_metrics(run)
+        bar.update(job, completed=steps_done(cfg, rows))
+    typer.echo(f"pre-trained model: {run}/hf")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("pretrain")(pretrain)

@@ -1,0 +1,124 @@
+"""Prefect flow of the pre-training stage: instances -> DeepSpeed run folder (all phases).
+
+    bertpipe run --preset demo              (as part of the whole DAG, flows/pipeline.py)
+    bertpipe pretrain --preset demo --instances I --output RUN    (the same launch without Prefect)
+
+The work is ``bert_core.launch.launch_pretraining`` (the ``deepspeed`` launcher running
+``bert_core.pretrain`` on every rank). While it runs, this flow logs rank 0's lines to the flow
+logger, turns new ``metrics.jsonl`` rows into the live progress artifact ``pretrain-progress``
+(steps done / steps of all phases) and refreshes the table ``pretrain-metrics`` at most every
+``TABLE_EVERY_S`` seconds; at the end it publishes the loss and accuracy curves as
+``pretrain-report``. The launch is a task retried only for infrastructure failures (a killed
+rank, a rendezvous timeout): the retry resumes from the last checkpoint. A run folder with a
+``_MANIFEST.json`` is finished and not redone.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from bert_core import storage
+from bert_core.config import PipelineConfig
+
+TABLE_EVERY_S = 30.0
+METRIC_COLUMNS = ("phase", "step", "loss", "mlm_acc", "nsp_acc", "lr", "seq_per_s", "tokens_per_s", "mfu")
+
+
+def total_steps(config: PipelineConfig) -> int:
+    return sum(p.max_steps for p in config.pretrain.phases)
+
+
+def steps_done(config: PipelineConfig, rows: list[dict[str, Any]]) -> int:
+    """Optimizer steps finished over all phases, from the last metrics row."""
+    if not rows:
+        return 0
+    last = rows[-1]
+    return sum(p.max_steps for p in config.pretrain.phases[: last["phase"] - 1]) + last["step"]
+
+
+class MetricsWatcher:
+    """Follows ``RUN/metrics.jsonl`` and mirrors it into Prefect artifacts."""
+
+    def __init__(self, config: PipelineConfig, run: str) -> None:
+        self.config, self.run = config, run
+        self.seen = -1
+        self.table_at = 0.0
+
+    def poll(self, final: bool = False) -> list[dict[str, Any]]:
+        from bert_core.pretrain import read_metrics
+        from flows.artifacts import progress, publish_table
+
+        rows = read_metrics(self.run)
+        if len(rows) != self.seen or final:
+            self.seen = len(rows)
+            done, total = steps_done(self.config, rows), total_steps(self.config)
+            loss = f", loss {rows[-1]['loss']:.4f}" if rows else ""
+            progress("pretrain-progress", done / total, f"pre-training: step {done}/{total}{loss}")
+            if rows and (final or time.monotonic() - self.table_at > TABLE_EVERY_S):
+                self.table_at = time.monotonic()
+                publish_table("pretrain-metrics", [{k: r.get(k) for k in METRIC_COLUMNS} for r in rows],
+                              f"Pre-training metrics of {self.run}")
+        return rows
+
+
+def _retry_launch(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a killed rank or a rendezvous timeout (the run resumes); never a config error."""
+    from bert_core.launch import LaunchConfigError, LaunchInfraError
+    from flows.retry import retry_on_infrastructure
+
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception as err:  # the result itself could not be read: judge that error
+        exc = err
+    if isinstance(exc, LaunchConfigError):
+        return False
+    if isinstance(exc, LaunchInfraError):
+        return True
+    return retry_on_infrastructure(task, task_run, state)
+
+
+@task(name="launch-deepspeed", retries=2, retry_delay_seconds=15, retry_condition_fn=_retry_launch)
+def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None,
+           node_rank: int | None) -> str:
+    from bert_core.launch import launch_pretraining
+
+    logger = get_run_logger()
+    watcher = MetricsWatcher(config, output)
+
+    def on_line(line: str) -> None:
+        # DeepSpeed's own timestamped launcher chatter goes to debug; rank 0's lines to info.
+        (logger.debug if line.startswith("[20") else logger.info)(line)
+        watcher.poll()
+
+    launch_pretraining(config, instances, output, init_checkpoint, node_rank, on_line)
+    watcher.poll(final=True)
+    return output
+
+
+@flow(name="pretrain", log_prints=True, timeout_seconds=7 * 24 * 3600)
+def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None = None,
+             node_rank: int | None = None) -> str:
+    """Pre-train BERT on the instances (every phase of ``config.pretrain``) into the run folder."""
+    from flows.artifacts import markdown_image, metrics_curves, publish_markdown
+
+    logger = get_run_logger()
+    if storage.has_manifest(output):
+        logger.info("pre-training already finished at %s; not redone", output)
+        MetricsWatcher(config, output).poll(final=True)
+    else:
+        launch(config, instances, output, init_checkpoint, node_rank)
+    if node_rank:  # another node's launcher: rank 0's node writes the manifest and the report
+        return output
+    manifest = storage.read_manifest(output)
+    from bert_core.pretrain import read_metrics
+
+    figs = metrics_curves(read_metrics(output))
+    stats = manifest["stats"]
+    md = [f"**Run** `{output}`: {manifest['counts'].get('steps')} steps, loss "
+          f"{stats.get('first_loss'):.4f} -> {stats.get('last_loss'):.4f}; export `{manifest.get('hf')}`"]
+    md += [markdown_image(fig, name) for name, fig in figs.items()]
+    publish_markdown("pretrain-report", "\n\n".join(md), "Pre-training loss and accuracy")
+    return output
