@@ -22,18 +22,18 @@ import zlib
 
 import numpy as np
 
-_NON_WORD = re.compile(r"[\W_]+", re.U)
+_WORD = re.compile(r"[^\W_]+")
 _EMPTY = np.uint64(1 << 32)  # above every 32-bit hash value
 _SHIFT = np.uint64(32)
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier (golden ratio), order-sensitive mix
-_CHUNK = 8192  # shingles per block: bounds memory to num_perm x 8192 x 8 bytes
+_CHUNK = 2048  # shingles per block: num_perm x 2048 x 8 bytes stays in cache
 
 
 def normalize(text: str) -> str:
     """Case, accents-as-written, punctuation and spacing do not make a document different."""
     if not unicodedata.is_normalized("NFKC", text):  # the check is much cheaper than the work
         text = unicodedata.normalize("NFKC", text)
-    return " ".join(_NON_WORD.sub(" ", text.casefold()).split())
+    return " ".join(_WORD.findall(text.casefold()))
 
 
 def content_hash(sentences: list[str]) -> str:
@@ -85,12 +85,18 @@ class MinHasher:
     def signature(self, text: str, normalized: bool = False) -> np.ndarray:
         """num_perm minimum hash values (all 2**32 for an empty text)."""
         shingles = shingle_hashes(text, normalized=normalized)
-        sig = np.full(self.num_perm, _EMPTY, dtype=np.uint64)
+        if not len(shingles):
+            return np.full(self.num_perm, _EMPTY, dtype=np.uint64)
+        lowest = np.full(self.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
+        block = np.empty((self.num_perm, _CHUNK), dtype=np.uint64)  # reused: no temporaries
         for start in range(0, len(shingles), _CHUNK):
-            block = shingles[start : start + _CHUNK]
-            values = (self.a[:, None] * block[None, :] + self.b[:, None]) >> _SHIFT  # wraps mod 2**64
-            np.minimum(sig, values.min(axis=1), out=sig)
-        return sig
+            x = shingles[start : start + _CHUNK]
+            values = block[:, : len(x)]
+            np.multiply(self.a[:, None], x[None, :], out=values)  # wraps mod 2**64
+            values += self.b[:, None]
+            np.minimum(lowest, values.min(axis=1), out=lowest)
+        # the shift is monotonic, so it can be applied to the minima only
+        return lowest >> _SHIFT
 
     def band_keys(self, signature: np.ndarray) -> list[str]:
         """One key per band; equal keys make two documents candidate near duplicates."""

@@ -34,16 +34,12 @@ _SOFT_ABBREVIATIONS = frozenset("etc a.m p.m inc ltd co corp llc plc bc ad b.c a
 _NUMBER_ABBREVIATIONS = frozenset("no nos vol vols p pp ch chap sec fig figs eq eqs op art".split())
 
 _BOUNDARY = re.compile(r"([.!?\u2026]+)([\"'\u201d\u2019)\]]*)(\s+)")
-_LAST_WORD = re.compile(r"(\S+)$")
 _INITIAL = re.compile(r"^[A-Z]$")
 _DOTTED = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # U.S, e.g, a.m (final period not included)
 
 
-def _is_abbreviation(before: str, next_word: str) -> bool:
-    m = _LAST_WORD.search(before)
-    if not m:
-        return False
-    word = m.group(1).lstrip("\"'(\u201c\u2018[")
+def _is_abbreviation(word: str, next_word: str) -> bool:
+    word = word.lstrip("\"'(\u201c\u2018[")
     low = word.lower()
     if low in _SOFT_ABBREVIATIONS:
         return not next_word[:1].isupper()
@@ -57,20 +53,25 @@ def split_sentences(paragraph: str) -> list[str]:
     text = paragraph.strip()
     sentences: list[str] = []
     start = 0
+    size = len(text)
     for m in _BOUNDARY.finditer(text):
-        end = m.end(2)
-        rest = text[m.end() :]
-        if not rest:
+        after = m.end()
+        if after >= size:
             break
-        first = rest[0]
+        first = text[after]
         if first.islower() or first in ",;:":
             continue  # '"Stop!" he said' / 'e.g., x': the sentence goes on
-        if m.group(1) == "." and _is_abbreviation(text[start : m.start()], rest.split(" ", 1)[0]):
-            continue
-        sentence = text[start:end].strip()
+        if m.group(1) == ".":
+            # the word before the period and the word after the space (no slicing of the rest)
+            word = text[max(text.rfind(" ", start, m.start()) + 1, start) : m.start()]
+            next_end = text.find(" ", after)
+            next_word = text[after : next_end if next_end >= 0 else size]
+            if word and _is_abbreviation(word, next_word):
+                continue
+        sentence = text[start : m.end(2)].strip()
         if sentence:
             sentences.append(sentence)
-        start = m.end()
+        start = after
     tail = text[start:].strip()
     if tail:
         sentences.append(tail)

@@ -49,9 +49,7 @@ _EXT_LINK = re.compile(r"\[(?:https?:|ftp:|//|mailto:)[^\s\]]*\s*([^\]]*)\]")
 _BARE_URL = re.compile(r"\bhttps?://\S+")
 _BOLD_ITALIC = re.compile(r"'{2,5}")
 _TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>")
-_SPACES = re.compile(r"[ \t\u00a0]+")
 _EMPTY_BRACKETS = re.compile(r"\(\s*[,;]?\s*\)|\[\s*\]")
-_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?])")
 
 # What "markup" means for the residue check (the issue's list).
 MARKUP = ("{{", "}}", "[[", "]]", "<ref", "{|", "|-", "==", "''")
@@ -181,16 +179,26 @@ def _paragraph_lines(text: str) -> list[str]:
 
 
 def _inline(paragraph: str) -> str:
-    text = _MAGIC.sub("", paragraph)
-    text = _EXT_LINK.sub(r"\1", text)
-    text = _BARE_URL.sub("", text)
-    text = _BOLD_ITALIC.sub("", text)
-    text = _TAG.sub("", text)
-    text = html.unescape(text)
-    text = _SPACES.sub(" ", text)
-    text = _EMPTY_BRACKETS.sub("", text)  # "(; born 1920)" leftovers of removed templates
-    text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
-    return _SPACES.sub(" ", text).strip()
+    # Each substitution runs only if its trigger is present: most paragraphs need few of them.
+    text = paragraph
+    if "__" in text:
+        text = _MAGIC.sub("", text)
+    if "[" in text:
+        text = _EXT_LINK.sub(r"\1", text)
+    if "://" in text:
+        text = _BARE_URL.sub("", text)
+    if "''" in text:
+        text = _BOLD_ITALIC.sub("", text)
+    if "<" in text:
+        text = _TAG.sub("", text)
+    if "&" in text:
+        text = html.unescape(text)
+    text = " ".join(text.split())
+    if "(" in text or "[" in text:
+        text = _EMPTY_BRACKETS.sub("", text)  # "(; born 1920)" leftovers of removed templates
+    for mark in ",.;:!?":  # "word ." left where a template or reference was cut
+        text = text.replace(" " + mark, mark)
+    return " ".join(text.split())
 
 
 def has_markup(text: str) -> bool:
