@@ -70,17 +70,28 @@ def format_stats(manifest: dict[str, Any]) -> str:
         blocks = sorted(stats.items(), key=lambda kv: (kv[1].get("max_seq_length", 0), kv[0]))
     else:
         blocks = [("stats", stats)]
+    from bert_core.instance_stats import InstanceStats
+
+    order = list(InstanceStats(max_seq_length=8).summary())  # instance stats in reading order
     for name, block in blocks:
         lines.append(f"{name}:")
-        for key, value in block.items():
+        keys = sorted(block, key=lambda k: (order.index(k) if k in order else len(order),
+                                            _bin_start(k) or 0, k))
+        for key, value in ((k, block[k]) for k in keys):
             if key == "counts":
                 continue
-            if key == "length_histogram":  # "1-16", "17-32", ... in numeric order
-                value = dict(sorted(value.items(), key=lambda kv: int(kv[0].split("-")[0])))
+            if isinstance(value, dict) and value and all(_bin_start(k) is not None for k in value):
+                value = dict(sorted(value.items(), key=lambda kv: _bin_start(kv[0])))  # histograms
             if isinstance(value, dict):
                 value = ", ".join(f"{k}: {v}" for k, v in value.items())
             lines.append(f"  {key}: {value}")
     return "\n".join(lines)
+
+
+def _bin_start(key: str) -> int | None:
+    """``"17-32"`` or ``"17"`` -> 17 (histogram bins sort by number, not as text)."""
+    head = str(key).split("-", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def register(app: typer.Typer) -> None:
