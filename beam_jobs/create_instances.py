@@ -21,10 +21,11 @@ masked_lm columns are empty and the loader masks with
 How it stays streaming, bounded and deterministic:
 
 - Random-next B segments come from the document's *bucket* (``stable_hash(doc_id) % buckets``),
-  not from the whole corpus, so a worker holds one bucket, never the corpus. Buckets are
-  ``instances.random_doc_buckets`` at most, but never fewer than MIN_DOCS_PER_BUCKET documents
-  each on average (a tiny corpus gets one bucket, so its B segments are not mostly from the same
-  few documents). At scale raise ``random_doc_buckets`` until corpus / buckets fits a worker.
+  not from the whole corpus, so a worker holds one bucket, never the corpus. See
+  :func:`num_random_doc_buckets`: ``instances.random_doc_buckets``, raised so that no bucket
+  averages more than MAX_DOCS_PER_BUCKET documents (bounded memory whatever the corpus size),
+  lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a tiny corpus gets one bucket,
+  so its B segments are not drawn from a handful of documents).
 - Every RNG is ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` and documents inside a
   bucket are sorted by ``doc_id``: no draw depends on the runner, the workers or bundle order.
 - Balanced shards: each instance gets a 64-bit key from the same parts. Instances are grouped
@@ -59,6 +60,7 @@ from bert_core.pretraining_data import (
 
 SORT_BUCKETS = 1024  # groups of the shard-balancing sort; memory per group = instances / 1024
 MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
+MAX_DOCS_PER_BUCKET = 20_000  # ~0.5 GB of tokenized Wikipedia articles held by one worker
 INSTANCES_PER_SHARD = 100_000  # when num_shards = 0 (automatic)
 
 Row = tuple  # (input_ids, len_a, masked_lm_positions, masked_lm_ids, next_sentence_label)
@@ -107,6 +109,13 @@ def make_layout(counts: Iterable[tuple[tuple[int, int], int]], config: InstanceC
             running += buckets[bucket]
         layout[length] = {"total": running, "shards": num_shards(running, config), "offsets": offsets}
     return layout
+
+
+def num_random_doc_buckets(n_docs: int, config: InstanceConfig,
+                           min_docs: int = MIN_DOCS_PER_BUCKET, max_docs: int = MAX_DOCS_PER_BUCKET) -> int:
+    """How many random-next pools ``n_docs`` documents are hashed into (see the module docstring)."""
+    wanted = max(config.random_doc_buckets, math.ceil(n_docs / max_docs))
+    return max(1, min(wanted, n_docs // min_docs))
 
 
 def shard_name(index: int, shards: int) -> str:
@@ -285,10 +294,11 @@ class CreateInstanceShards(beam.PTransform):
     """(doc_id, sentences) -> written shards' results (dicts) and rejects, per length."""
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
-                 lowercase: bool = True) -> None:
+                 lowercase: bool = True, min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET) -> None:
         super().__init__()
         self.config, self.vocab, self.vocab_ids = config, vocab, vocab_ids
         self.output, self.lowercase = output, lowercase
+        self.min_docs_per_bucket = min_docs_per_bucket
 
     def expand(self, docs):  # noqa: ANN001, ANN201 - PCollections
         cfg = self.config
@@ -296,9 +306,10 @@ class CreateInstanceShards(beam.PTransform):
             TokenizeDocuments(self.vocab, self.lowercase)).with_outputs("rejects", main="docs")
         n_docs = tokenized.docs | "CountDocuments" >> beam.combiners.Count.Globally()
 
+        min_docs = self.min_docs_per_bucket
+
         def key_by_bucket(doc: tuple[str, Any], n: int) -> tuple[int, Any]:
-            buckets = max(1, min(cfg.random_doc_buckets, n // MIN_DOCS_PER_BUCKET))
-            return stable_hash("bucket", doc[0]) % buckets, doc
+            return stable_hash("bucket", doc[0]) % num_random_doc_buckets(n, cfg, min_docs), doc
 
         instances = (
             tokenized.docs
@@ -350,8 +361,10 @@ def create_instances(
     workers: int = 2,
     runner: str = "FnApiRunner",
     beam_args: Iterable[str] = (),
+    min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET,
 ) -> dict[str, Any]:
-    """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt."""
+    """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt;
+    ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools."""
     corpus_manifest = storage.read_manifest(corpus)
     inputs = [corpus_manifest]
     if not vocab.endswith(".txt"):
@@ -380,7 +393,7 @@ def create_instances(
             | "SpreadDocuments" >> beam.Reshuffle()
         )
         results, rejects, layout, n_docs = docs | "CreateInstanceShards" >> CreateInstanceShards(
-            config, vocab, vocab_ids, output, lowercase)
+            config, vocab, vocab_ids, output, lowercase, min_docs_per_bucket)
         _ = (
             results
             | "GatherResults" >> beam.combiners.ToList()

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from beam_jobs.create_instances import create_instances, shard_of_rank
+from beam_jobs.create_instances import create_instances, num_random_doc_buckets, shard_of_rank
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec, load_config
 from bert_core.sentences import split_sentences
@@ -51,11 +51,11 @@ CONFIG = InstanceConfig(
 
 @pytest.fixture(scope="module")
 def runs(corpus, vocab_file, tmp_path_factory) -> dict[int, str]:
-    """The same job with 1 worker (in memory) and 2 worker processes."""
+    """The same job with 1 worker (in memory) and 2 worker processes; 4 random-next pools."""
     out = {}
     for workers in (1, 2):
         folder = str(tmp_path_factory.mktemp(f"instances-w{workers}"))
-        create_instances(corpus, vocab_file, folder, CONFIG, workers=workers)
+        create_instances(corpus, vocab_file, folder, CONFIG, workers=workers, min_docs_per_bucket=10)
         out[workers] = folder
     return out
 
@@ -129,6 +129,16 @@ def test_shard_of_rank_splits_contiguously_within_one() -> None:
             last = f
             sizes[f] += 1
         assert max(sizes) - min(sizes) <= 1
+
+
+def test_random_doc_buckets_bound_memory_and_keep_pools_large() -> None:
+    cfg = InstanceConfig(random_doc_buckets=64)
+    assert num_random_doc_buckets(0, cfg) == 1
+    assert num_random_doc_buckets(300, cfg) == 1  # tiny corpus: one pool, the whole corpus
+    assert num_random_doc_buckets(5_000, cfg) == 5  # never under 1000 documents a pool
+    assert num_random_doc_buckets(500_000, cfg) == 64  # the setting
+    assert num_random_doc_buckets(6_000_000, cfg) == 300  # never over 20000 a pool
+    assert num_random_doc_buckets(40, cfg, min_docs=10) == 4
 
 
 def test_cli_without_nsp_dynamic_masking_and_stats(corpus, vocab_file, tmp_path) -> None:
