@@ -34,6 +34,11 @@ How it stays streaming, bounded and deterministic:
   one and the order inside a shard is the keys' pseudo-random order (the reference shuffles
   all instances in memory instead). A bucket of the sort is what one worker holds at a time.
 - Every shard index is written, empty ones too, so a loader can always split them evenly.
+
+Memory: each step holds one random-next pool, one sort bucket or one shard. What a runner keeps
+between steps is the runner's business: Dataflow/Flink/Spark shuffle through disk, while the
+local FnApiRunner keeps shuffled data in memory (fine for the demo and tests, not for all of
+Wikipedia on one machine).
 """
 
 from __future__ import annotations
@@ -116,6 +121,19 @@ def num_random_doc_buckets(n_docs: int, config: InstanceConfig,
     """How many random-next pools ``n_docs`` documents are hashed into (see the module docstring)."""
     wanted = max(config.random_doc_buckets, math.ceil(n_docs / max_docs))
     return max(1, min(wanted, n_docs // min_docs))
+
+
+def prepare_output(output: str, config: InstanceConfig) -> None:
+    """Refuse another stage's folder; clear an earlier instances run of the same lengths, so no
+    old manifest vouches for shards being rewritten and no stale shard count is left behind."""
+    if storage.has_manifest(output):
+        stage = storage.read_manifest(output).get("stage")
+        if stage != "instances":
+            raise ValueError(f"{output} holds the output of the {stage!r} stage; "
+                             "give the instances their own --output folder")
+    storage.remove(storage.join(output, storage.MANIFEST))
+    for spec in config.lengths:
+        storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
 
 
 def shard_name(index: int, shards: int) -> str:
@@ -375,9 +393,7 @@ def create_instances(
                          "use a BERT vocab (the vocab stage always adds them)")
     shards = storage.shard_uris(corpus, corpus_manifest)
     output = storage.to_uri(output)
-    # A re-run must not leave an old manifest vouching for shards being rewritten.
-    for folder in [output, *(storage.join(output, f"seq{s.max_seq_length}") for s in config.lengths)]:
-        storage.remove(storage.join(folder, storage.MANIFEST))
+    prepare_output(output, config)
 
     options = pipeline_options(workers, runner, beam_args)
     runner_obj: Any = runner

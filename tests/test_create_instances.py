@@ -168,6 +168,13 @@ def test_cli_without_nsp_dynamic_masking_and_stats(corpus, vocab_file, tmp_path)
     missing = CliRunner().invoke(app, ["stats", str(tmp_path / "nothing")])
     assert missing.exit_code == 1 and "unfinished write" in missing.output
 
+    # a re-run with fewer shards leaves no stale shard behind
+    again = CliRunner().invoke(app, [*args, "--set", "instances.num_shards=1", "--set",
+                                     "instances.shard_multiple_of=1"])
+    assert again.exit_code == 0, again.output
+    assert sorted(p.name for p in (tmp_path / "packed" / "seq64").iterdir()) == [
+        "_MANIFEST.json", "part-00000-of-00001.parquet"]
+
 
 @pytest.mark.slow
 def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(corpus, vocab_file, runs, tmp_path) -> None:
@@ -208,6 +215,12 @@ def test_a_vocab_without_specials_is_refused_before_any_work(corpus, tmp_path) -
         create_instances(corpus, str(bad), str(tmp_path / "out"), CONFIG, workers=1)
     assert str(bad) in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_output_of_another_stage_is_refused(corpus, vocab_file) -> None:
+    with pytest.raises(ValueError, match="holds the output of the 'corpus' stage"):
+        create_instances(corpus, vocab_file, corpus, CONFIG, workers=1)
+    assert storage.read_manifest(corpus)["stage"] == "corpus"  # left alone
 
 
 def test_a_shard_that_is_not_documents_names_the_file(tmp_path, vocab_file) -> None:
