@@ -4,9 +4,10 @@
     (beam_jobs/create_instances.py calls these functions once per document, pass and length)
 
 The algorithm of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token
-ids instead of token strings. Pair creation makes the same random draws in the same order as
-the reference; masking draws the same distribution with fewer draws (see
-:func:`create_masked_lm_predictions`):
+ids instead of token strings. Pair creation and truncation make the reference's draws in the
+reference's order; masking picks from the same distribution with fewer draws (see
+:func:`create_masked_lm_predictions`), so one seed gives instances distributed like the
+reference's, not the very same ones:
 
 - per document and pass: ``target_seq_length = max_seq_length - 3``, or with probability
   ``short_seq_prob`` a random length in ``[2, max_seq_length - 3]``;
