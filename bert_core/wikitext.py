@@ -44,6 +44,7 @@ _SISTER = {"s", "w", "q", "n", "b", "v", "d", "m", "c", "wikt", "wikipedia", "wp
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]+)*$")
 
 _HEADING = re.compile(r"^=+.*=+\s*$")
+_PRE_LINE = re.compile(r"^ (?![ \t]*[{<\[|:*#]).*$", re.M)
 _MAGIC = re.compile(r"__[A-Z]+__")
 _EXT_LINK = re.compile(r"\[(?:https?:|ftp:|//|mailto:)[^\s\]]*\s*([^\]]*)\]")
 _BARE_URL = re.compile(r"\bhttps?://\S+")
@@ -148,8 +149,13 @@ def _replace_links(text: str) -> str:
 
 
 def prescan(wikitext: str) -> str:
-    """The fast cut: comments, dropped elements, templates, tables, non-text links."""
+    """The fast cut: comments, preformatted lines, dropped elements, templates, tables,
+    non-text links."""
     text = _COMMENT.sub("", wikitext)
+    if "\n " in text or text.startswith(" "):
+        # A line starting with a space is preformatted (code), unless markup follows the space
+        # (" {| table"); judged on the raw text, as removals later leave harmless spaces.
+        text = _PRE_LINE.sub("", text)
     text = _SELF_CLOSING.sub("", text)
     text = _ELEMENT.sub("", text)
     text = _strip_balanced_braces(text)
@@ -157,22 +163,29 @@ def prescan(wikitext: str) -> str:
 
 
 def _paragraph_lines(text: str) -> list[str]:
-    """Group text lines into paragraphs; headings, lists, tables rows and rules end one."""
+    """Group text lines into paragraphs; headings, lists, tables rows and rules end one.
+
+    A line indented with ``:`` is an indented paragraph (a quotation, or the prose of a
+    definition), not a list item: it is kept as a paragraph of its own.
+    """
     paragraphs: list[str] = []
     current: list[str] = []
     for line in text.split("\n"):
         stripped = line.strip()
+        indented = stripped.startswith(":")
         is_text = bool(stripped) and not (
             stripped[0] in "*#:;|!"
             or _HEADING.match(stripped)
             or stripped.startswith("----")
-            or line.startswith(" ")  # a line starting with a space is preformatted (code)
         )
         if is_text:
             current.append(stripped)
-        elif current:
+            continue
+        if current:
             paragraphs.append(" ".join(current))
             current = []
+        if indented and stripped.lstrip(":").strip():
+            paragraphs.append(stripped.lstrip(":").strip())
     if current:
         paragraphs.append(" ".join(current))
     return paragraphs

@@ -34,10 +34,17 @@ def test_templates_refs_tables_comments_math_are_cut_with_nesting() -> None:
     assert wikitext_to_paragraphs(text) == ["Intro text goes on. Area is here.", "After the table."]
 
 
+def test_text_after_an_image_at_a_line_start_is_kept() -> None:
+    # cutting the image leaves a leading space; only a space in the raw text means "preformatted"
+    text = "[[File:Squat.jpg|thumb|The [[squat]] roof]] A surge of interest came.\n code sample"
+    assert wikitext_to_paragraphs(text) == ["A surge of interest came."]
+
+
 def test_headings_lists_and_paragraph_boundaries() -> None:
     text = ("First line\nsame paragraph.\n\n== History ==\nSecond paragraph.\n* a list item\n"
-            "# numbered\n; term\n: definition\n----\n code block\nThird.")
-    assert wikitext_to_paragraphs(text) == ["First line same paragraph.", "Second paragraph.", "Third."]
+            "# numbered\n; term\n: An indented definition.\n:<math>x^2</math>\n----\n code block\nThird.")
+    assert wikitext_to_paragraphs(text) == [
+        "First line same paragraph.", "Second paragraph.", "An indented definition.", "Third."]
 
 
 def test_inline_markup_entities_and_external_links() -> None:
