@@ -208,6 +208,12 @@ def save_pretrained(
     from bert_core.model import BertModel
 
     cfg: ModelConfig = model.config
+    if any(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters()):
+        raise CheckpointError(
+            f"{path}: the model's weights are partitioned by DeepSpeed ZeRO-3, saving would write empty "
+            "tensors; export the DeepSpeed checkpoint instead (`bertpipe export CHECKPOINT_DIR`), or call "
+            "this on every rank inside deepspeed.zero.GatheredParameters(model.parameters())"
+        )
     is_encoder = isinstance(model, BertModel)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if not is_encoder and "cls.predictions.bias" in state:
@@ -241,9 +247,9 @@ def save_pretrained(
 
 
 def is_deepspeed_checkpoint(path: str) -> bool:
-    """A DeepSpeed ``save_checkpoint`` folder: a ``latest`` tag file or ``<tag>/mp_rank_00_model_states.pt``."""
+    """A DeepSpeed ``save_checkpoint`` folder: a ``latest`` tag file or ``<tag>/*model_states.pt``."""
     return storage.exists(storage.join(path, "latest")) or bool(
-        storage.glob(storage.join(path, "*", "mp_rank_00_model_states.pt"))
+        storage.glob(storage.join(path, "*", "*model_states.pt"))
     )
 
 
@@ -253,9 +259,9 @@ def _deepspeed_tag(path: str, tag: str | None) -> str:
     latest = storage.join(path, "latest")
     if storage.exists(latest):
         return storage.read_text(latest).strip()
-    tags = sorted(u.rsplit("/", 2)[-2] for u in storage.glob(storage.join(path, "*", "mp_rank_00_model_states.pt")))
+    tags = sorted({u.rsplit("/", 2)[-2] for u in storage.glob(storage.join(path, "*", "*model_states.pt"))})
     if not tags:
-        raise CheckpointError(f"{storage.to_uri(path)}: no DeepSpeed checkpoint (no latest, no */mp_rank_00_model_states.pt)")
+        raise CheckpointError(f"{storage.to_uri(path)}: no DeepSpeed checkpoint (no latest, no */*model_states.pt)")
     return max(tags, key=lambda t: int("".join(c for c in t if c.isdigit()) or 0))
 
 
@@ -268,9 +274,10 @@ def load_deepspeed_state_dict(path: str, tag: str | None = None) -> dict[str, to
     """
     tag = _deepspeed_tag(path, tag)
     step_dir = storage.join(path, tag)
+    # stage 0-2: mp_rank_00_model_states.pt; stage 3: zero_pp_rank_<r>_mp_rank_00_model_states.pt
+    if not storage.glob(storage.join(step_dir, "*model_states.pt")):
+        raise CheckpointError(f"{step_dir} has no *model_states.pt; is {tag!r} a finished checkpoint of this run?")
     model_file = storage.join(step_dir, "mp_rank_00_model_states.pt")
-    if not storage.exists(model_file):
-        raise CheckpointError(f"{model_file} does not exist; is {tag!r} a finished checkpoint of this run?")
     partitioned = storage.glob(storage.join(step_dir, "*zero_pp_rank_*_optim_states.pt"))
     if partitioned:
         if not storage.is_local(path):

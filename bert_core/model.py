@@ -6,8 +6,9 @@ print(BertForPreTraining(ModelConfig(size='tiny', vocab_size=8000)))"
 Module and parameter names equal transformers' ``BertModel`` / ``BertForPreTraining``
 (``bert.encoder.layer.0.attention.self.query.weight``, ``cls.predictions.bias`` ...), so a state
 dict maps 1:1 both ways (see ``bert_core/checkpoint.py``). Shapes are commented inline:
-B = batch, T = sequence length, N = real (non-padding) tokens, H = hidden size, nh = heads, hs = H / nh, P = masked positions
-per sequence, M = real masked positions in the batch, V = vocab size.
+B = batch, T = sequence length, N = real (non-padding) tokens of the batch, H = hidden size,
+nh = heads, hs = H / nh, P = masked positions per sequence, M = real masked positions of the
+batch, V = vocab size.
 
 What makes the pre-training step cheaper than the reference implementation:
 - the MLM head (H x H transform + H x V projection + softmax) runs only at the masked
@@ -21,6 +22,7 @@ What makes the pre-training step cheaper than the reference implementation:
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -39,7 +41,7 @@ def _activation(name: str):
     if name == "gelu":  # the paper's GELU: exact, erf-based
         return F.gelu
     if name == "gelu_new":  # tanh approximation (GPT-2 / google-research/bert's TF code)
-        return lambda x: F.gelu(x, approximate="tanh")
+        return functools.partial(F.gelu, approximate="tanh")  # a partial pickles, a lambda not
     if name == "relu":
         return F.relu
     raise ValueError(f"hidden_act={name!r} is not supported; use gelu, gelu_new or relu")
