@@ -1,0 +1,95 @@
+"""Tokenizer: ours (HF tokenizers, bert_core/tokenization.py) vs transformers' pure-Python BERT
+tokenizer (``BertTokenizerLegacy`` in transformers 5, the Google algorithm), on every line of the
+sample corpus.
+
+    python benchmarks/bench_tokenization.py                 # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python benchmarks/bench_tokenization.py --casings uncased
+
+Both get the same lines (the Gutenberg book, the 300 news articles, the 38 plays, and the enwiki
+excerpt crudely stripped: XML entities decoded, one line each) and the bert-base-uncased
+``vocab.txt`` of the sample MiniLM model, with Google's 200-character word limit on both sides.
+Measured: tokens per CPU-second on one thread (CPU time of this process, robust to other load on
+the machine; ours runs with ``TOKENIZERS_PARALLELISM=false``), and the number of lines whose ids
+differ (the issue's parity requirement). Rows go to ``bench-results/tokenization.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import html
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core comparison
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+
+def samples() -> Path:
+    if os.environ.get("BERTPIPE_SAMPLES"):
+        return Path(os.environ["BERTPIPE_SAMPLES"])
+    from bert_core.samples import fetch
+
+    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
+    return fetch(base / "samples", log=lambda m: None)
+
+
+def corpus_lines(root: Path) -> list[str]:
+    lines = (root / "books" / "botchan.txt").read_text(encoding="utf-8").split("\n")
+    lines += (root / "news" / "lee_background.cor").read_text(encoding="utf-8").split("\n")
+    for play in sorted((root / "plays").glob("*.md")):
+        lines += play.read_text(encoding="utf-8").split("\n")
+    for dump in sorted((root / "wikipedia").glob("*.xml.bz2")):
+        with bz2.open(dump, "rt", encoding="utf-8") as f:
+            lines += html.unescape(f.read()).split("\n")
+    return lines
+
+
+def cpu_timed(fn):
+    start = time.process_time()
+    result = fn()
+    return result, time.process_time() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--casings", nargs="+", default=["uncased", "cased"], choices=["uncased", "cased"])
+    args = parser.parse_args(argv)
+
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    from bert_core.tokenization import Tokenizer
+
+    root = samples()
+    vocab = root / "models" / "minilm" / "vocab.txt"
+    lines = corpus_lines(root)
+    rows = []
+    for casing in args.casings:
+        lowercase = casing == "uncased"
+        ours = Tokenizer.from_vocab_file(str(vocab), lowercase=lowercase)
+        ref = BertTokenizerLegacy(str(vocab), do_lower_case=lowercase)
+        ref.wordpiece_tokenizer.max_input_chars_per_word = 200
+        got, ours_s = cpu_timed(lambda ours=ours: ours.encode_batch(lines))
+        want, ref_s = cpu_timed(lambda ref=ref: [ref.convert_tokens_to_ids(ref.tokenize(x)) for x in lines])
+        tokens = sum(map(len, want))
+        differ = sum(a != b for a, b in zip(got, want, strict=True))
+        print(f"{casing}: {len(lines)} lines, {tokens} tokens; ours {ours_s:.1f} CPU-s, "
+              f"reference {ref_s:.1f} CPU-s ({ref_s / ours_s:.1f}x); lines with different ids: {differ}")
+        rows += [
+            {"measure": f"{casing}: tokens per CPU-second (1 thread)", "ours": round(tokens / ours_s),
+             "reference": round(tokens / ref_s), "ratio": round(ref_s / ours_s, 2), "unit": "tokens/s"},
+            {"measure": f"{casing}: lines with ids different from the reference (of {len(lines)})",
+             "ours": differ, "reference": 0, "ratio": None, "unit": "lines"},
+        ]
+    out = Path("bench-results")
+    out.mkdir(exist_ok=True)
+    (out / "tokenization.json").write_text(json.dumps({"rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
