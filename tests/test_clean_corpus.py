@@ -183,6 +183,7 @@ def bad_run(tmp_path_factory) -> Path:
     good = page_xml(1, "Good river", PROSE * 3)
     (src / "utf16.xml").write_bytes(dump(page_xml(2, "Sixteen", PROSE * 2 + "Sixteen bits.")).encode("utf-16"))
     (src / "empty.xml").write_bytes(b"")
+    (src / "gzipped.xml.gz").write_bytes(gzip.compress(dump(page_xml(300, "Zipped", PROSE * 2)).encode()))
     (src / "binary.xml.bz2").write_bytes(bytes(range(256)) * 8)
     malformed = dump(good, page_xml(3, "Broken", PROSE).replace("</title>", "</titel>"),
                      page_xml(4, "Templates only", "{{Infobox|a=1}}\n{{Navbox}}\n[[Category:X]]"),
@@ -222,9 +223,9 @@ def test_bad_inputs_become_rejects_with_reasons(bad_run) -> None:
     bad_run, counters = bad_run
     docs, rejects, manifest = read_all(str(bad_run))
     kept = {d["doc_id"]: d for d in docs}
-    assert set(kept) == {"wiki:1", "wiki:2", "book:tale", "book:sea"} | {
-        f"wiki:{100 + i}" for i in range(len(kept) - 4)}
-    assert 0 < len(kept) - 4 < 400  # pages before the truncation point survive
+    assert set(kept) == {"wiki:1", "wiki:2", "wiki:300", "book:tale", "book:sea"} | {
+        f"wiki:{100 + i}" for i in range(len(kept) - 5)}
+    assert 0 < len(kept) - 5 < 400  # pages before the truncation point survive
     reasons = {}
     for r in rejects:
         reasons.setdefault(r["reason"], []).append(r)
