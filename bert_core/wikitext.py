@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 _DROP_ELEMENTS = (
     "ref|references|math|chem|ce|gallery|timeline|score|syntaxhighlight|source|pre|nowiki|"
     "imagemap|table|hiero|graph|mapframe|maplink|templatedata|templatestyles|code|inputbox|"
-    "categorytree|noinclude|includeonly|ol|ul|li|dl|caption|"
-    "timeline|charinsert|section|indicator|references"
+    "categorytree|noinclude|includeonly|ol|ul|li|dl|caption|charinsert|section|indicator"
 )
 _COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.S)
-_SELF_CLOSING = re.compile(rf"<(?:{_DROP_ELEMENTS})\b[^<>]*/\s*>", re.I)
-# An element that never closes ends at the paragraph end, not the page end.
-_ELEMENT = re.compile(rf"<({_DROP_ELEMENTS})\b[^<>]*>.*?(?:</\1\s*>|(?=\n\n)|$)", re.I | re.S)
+_OPEN_TAG = re.compile(rf"<({_DROP_ELEMENTS})\b[^<>]*?(/?)\s*>", re.I)
+_CLOSE_TAGS: dict[str, re.Pattern[str]] = {}
 
 # Balanced-brace tokens: templates/parser functions {{ }}, tables {| |} at a line start.
 _BRACES = re.compile(r"\{\{|\}\}|^[ \t:]*\{\||^[ \t]*\|\}", re.M)
@@ -63,6 +61,34 @@ class CleanStats:
     slow_paragraphs: int = 0  # paragraphs that needed the full mwparserfromhell parse
     dropped_markup_sentences: int = 0  # sentences dropped because markup survived both paths
     notes: list[str] = field(default_factory=list)
+
+
+def _drop_elements(text: str) -> str:
+    """Remove ``<ref>...</ref>``-like elements with their content (and self-closing ones).
+
+    An element that never closes ends at the paragraph end (a blank line), not the page end.
+    A scan with ``find``, not one regex with a lazy ``.*?``: that checked three alternatives
+    at every character of every reference.
+    """
+    out: list[str] = []
+    pos = 0
+    while m := _OPEN_TAG.search(text, pos):
+        out.append(text[pos : m.start()])
+        if m.group(2):  # <ref name="x" />
+            pos = m.end()
+            continue
+        name = m.group(1).lower()
+        closer = _CLOSE_TAGS.get(name)
+        if closer is None:
+            closer = _CLOSE_TAGS[name] = re.compile(rf"</{name}\s*>", re.I)
+        close = closer.search(text, m.end())
+        blank = text.find("\n\n", m.end())
+        if close and (blank < 0 or close.start() < blank):
+            pos = close.end()
+        else:
+            pos = blank if blank >= 0 else len(text)
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _strip_balanced_braces(text: str) -> str:
@@ -156,8 +182,8 @@ def prescan(wikitext: str) -> str:
         # A line starting with a space is preformatted (code), unless markup follows the space
         # (" {| table"); judged on the raw text, as removals later leave harmless spaces.
         text = _PRE_LINE.sub("", text)
-    text = _SELF_CLOSING.sub("", text)
-    text = _ELEMENT.sub("", text)
+    if "<" in text:
+        text = _drop_elements(text)
     text = _strip_balanced_braces(text)
     return _replace_links(text)
 
