@@ -17,7 +17,8 @@ repeats are generated lazily in chunks of at most 1 MB.
 hash-map order and breaks ties between equally frequent merges by id, so two runs on the same
 counts could give a different vocab. We fix every initial id: the alphabet is chosen here
 (``limit_alphabet`` most frequent characters, ties by code point) and passed as the initial
-alphabet, and every ``##c`` piece is registered up front with the special tokens. From there
+alphabet, and the ``##c`` piece of every alphabet character that occurs inside a word (the
+pieces the trainer would add itself) is registered up front with the special tokens. From there
 the trainer's merge order is a total order on (count, pair ids), so the same counts give the
 same ``vocab.txt``, whatever the Beam runner or worker count.
 
@@ -40,14 +41,18 @@ def special_tokens(num_unused: int) -> list[str]:
     return [PAD, *(f"[unused{i}]" for i in range(num_unused)), UNK, CLS, SEP, MASK]
 
 
-def choose_alphabet(word_counts: Iterable[tuple[str, int]], limit_alphabet: int) -> list[str]:
-    """The ``limit_alphabet`` most frequent characters (ties by code point), sorted."""
+def choose_alphabet(word_counts: Iterable[tuple[str, int]], limit_alphabet: int) -> tuple[list[str], list[str]]:
+    """The ``limit_alphabet`` most frequent characters (ties by code point), sorted, and those of
+    them that occur inside a word (after its first character): the ones that get a ``##`` piece."""
     chars: Counter[str] = Counter()
+    inner: set[str] = set()
     for word, count in word_counts:
         for char in word:
             chars[char] += count
+        inner.update(word[1:])
     ranked = sorted(chars, key=lambda c: (-chars[c], c))
-    return sorted(ranked[:limit_alphabet])
+    alphabet = sorted(ranked[:limit_alphabet])
+    return alphabet, [c for c in alphabet if c in inner]
 
 
 def train_wordpiece(
@@ -67,8 +72,9 @@ def train_wordpiece(
     from tokenizers import models, pre_tokenizers, trainers
 
     specials = special_tokens(num_unused)
-    alphabet = choose_alphabet(word_counts(), limit_alphabet)
-    fixed = specials + [SUBWORD_PREFIX + c for c in alphabet]
+    alphabet, continued = choose_alphabet(word_counts(), limit_alphabet)
+    # Exactly the ## pieces the trainer would create itself, but with ids fixed up front.
+    fixed = specials + [SUBWORD_PREFIX + c for c in continued]
     if vocab_size < len(fixed) + len(alphabet):
         raise ValueError(
             f"vocab_size={vocab_size} is too small: the special tokens, the alphabet and its "
