@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -40,6 +42,8 @@ BANDS = "bands"
 # are caught by the exact hash; MinHash over every article would cost about a fifth of the
 # job's CPU (and 8 band records per article at scale) for almost no hits.
 NEAR_DEDUP_SOURCES = (D.BOOKS,)
+SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
+SPILL_CHARS = 16 << 20  # characters of documents a worker holds before it spills them
 
 
 class InputError(ValueError):
@@ -200,8 +204,8 @@ class FilterFn(beam.DoFn):
 class FingerprintFn(beam.DoFn):
     """Per document: the exact-duplicate key and, for near duplicates, its LSH band entries.
 
-    Only these small records are grouped to find duplicates; the documents themselves are
-    shuffled once, into their output shards, where the verdicts are applied (side inputs).
+    Only these small records are grouped to find duplicates; the documents themselves go to
+    their output shard once (through spill files), where the verdicts are applied (side inputs).
     """
 
     def __init__(self, cfg: CorpusConfig):
@@ -247,7 +251,7 @@ class CleanDocuments(beam.PTransform):
     """Documents -> {"docs", "rejects", "duplicates", "near_duplicates"}.
 
     Filters run here (too short, too few sentences); duplicates are *found* here but applied by
-    :class:`WriteDocuments`, so the documents cross one shuffle only: "duplicates" maps
+    :class:`WriteDocuments`, so the documents travel once: "duplicates" maps
     (doc_id, origin) -> the (doc_id, origin) with the same text that is kept, and
     "near_duplicates" maps doc_id -> (smallest similar doc_id, estimated Jaccard).
     """
@@ -280,16 +284,23 @@ class CleanDocuments(beam.PTransform):
 
 
 def _verdicts(docs: Iterable[D.Document], duplicates: dict, near: dict) -> Iterator[Any]:
-    """Kept documents in doc_id order, and a reject for each duplicate (naming what it duplicates)."""
+    """Kept documents in doc_id order, and a reject for each duplicate (naming what it duplicates).
+
+    Exact duplicates are dropped as they stream in, so only the shard's survivors are sorted.
+    """
+    survivors = []
+    for doc in docs:
+        kept = duplicates.get((doc["doc_id"], doc["origin"]))
+        if kept is None:
+            survivors.append(doc)
+            continue
+        yield D.make_reject(doc["source"], doc["doc_id"], D.DUPLICATE,
+                            f"{doc['title']!r} ({doc['origin']}) has the same normalized text as "
+                            f"{kept[0]} ({kept[1]})", duplicate_of=kept[0])
     seen: dict[str, str] = {}
-    for doc in sorted(docs, key=lambda d: (d["doc_id"], d["origin"])):
+    for doc in sorted(survivors, key=lambda d: (d["doc_id"], d["origin"])):
         doc_id, origin = doc["doc_id"], doc["origin"]
-        kept = duplicates.get((doc_id, origin))
-        if kept is not None:
-            yield D.make_reject(doc["source"], doc_id, D.DUPLICATE,
-                                f"{doc['title']!r} ({origin}) has the same normalized text as "
-                                f"{kept[0]} ({kept[1]})", duplicate_of=kept[0])
-        elif doc_id in seen:
+        if doc_id in seen:
             yield D.make_reject(doc["source"], doc_id, D.DUPLICATE_DOC_ID,
                                 f"{origin} repeats doc_id {doc_id} of {seen[doc_id]} with different "
                                 "text; the first is kept", duplicate_of=doc_id)
@@ -303,12 +314,52 @@ def _verdicts(docs: Iterable[D.Document], duplicates: dict, near: dict) -> Itera
             yield doc
 
 
+class SpillDocumentsFn(beam.DoFn):
+    """Documents -> (shard, spill file): documents are written by shard to temporary files and
+    only the file names are shuffled. The local runner keeps every shuffled element in memory,
+    so shuffling the documents themselves would make its memory grow with the corpus."""
+
+    def __init__(self, output: str, num_shards: int):
+        self.output, self.num_shards = output, num_shards
+
+    def start_bundle(self) -> None:
+        self.buffers: dict[int, list[D.Document]] = {}
+        self.chars = 0
+
+    def process(self, doc: D.Document) -> Iterator[tuple[int, str]]:
+        self.buffers.setdefault(D.stable_shard(doc["doc_id"], self.num_shards), []).append(doc)
+        self.chars += sum(len(s) for s in doc["sentences"])
+        if self.chars >= SPILL_CHARS:
+            yield from self._flush()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        from apache_beam.transforms.window import GlobalWindows
+
+        for shard, uri in self._flush():
+            yield GlobalWindows.windowed_value((shard, uri))
+
+    def _flush(self) -> Iterator[tuple[int, str]]:
+        for shard, docs in sorted(self.buffers.items()):
+            # a unique name: a retried bundle's files are simply never referenced
+            uri = storage.join(self.output, SPILL_DIR, f"shard-{shard:05d}-{uuid.uuid4().hex}.pkl")
+            with storage.open_file(uri, "wb") as f:
+                pickle.dump(docs, f, protocol=pickle.HIGHEST_PROTOCOL)
+            yield shard, uri
+        self.buffers, self.chars = {}, 0
+
+
+def _load_spills(uris: Iterable[str]) -> Iterator[D.Document]:
+    for uri in uris:
+        with storage.open_file(uri, "rb") as f:
+            yield from pickle.load(f)  # our own temporary files, written by SpillDocumentsFn
+
+
 def _write_doc_shard(element, output: str, num_shards: int, text_format: str,
                      duplicates: dict | None = None, near: dict | None = None) -> Iterator[Any]:
-    """Write one shard (rows sorted by doc_id) after applying the duplicate verdicts."""
-    index, group = element
+    """Write one shard (rows sorted by doc_id) from its spill files, applying the verdicts."""
+    index, spills = element
     docs = []
-    for record in _verdicts(group, duplicates or {}, near or {}):
+    for record in _verdicts(_load_spills(sorted(spills)), duplicates or {}, near or {}):
         if D.is_reject(record):
             yield TaggedOutput(REJECTS, record)
         else:
@@ -330,7 +381,8 @@ def _write_reject_shard(element, output: str, num_shards: int) -> tuple[str, int
 
 class WriteDocuments(beam.PTransform):
     """Docs + rejects (+ duplicate verdicts) -> shards under ``output``;
-    returns {"written", "kept", "rejects"}."""
+    returns {"written", "kept", "rejects"}. Documents reach their shard through spill files
+    (:class:`SpillDocumentsFn`); rejects are small and shuffled directly."""
 
     def __init__(self, output: str, num_shards: int, text_format: str):
         super().__init__()
@@ -340,7 +392,7 @@ class WriteDocuments(beam.PTransform):
         n = self.num_shards
         written = (
             pcolls["docs"]
-            | "KeyByShard" >> beam.Map(lambda d, n: (D.stable_shard(d["doc_id"], n), d), n=n)
+            | "SpillByShard" >> beam.ParDo(SpillDocumentsFn(self.output, n))
             | "GroupByShard" >> beam.GroupByKey()
             | "WriteShards" >> beam.FlatMap(
                 _write_doc_shard, self.output, n, self.text_format,
@@ -406,6 +458,7 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
             list(_write_doc_shard((index, []), output, num_shards, cfg.text_format))
         if ("rejects", index) not in done:
             _write_reject_shard((index, []), output, num_shards)
+    storage.remove(storage.join(output, SPILL_DIR))
     return write_corpus_manifest(output, cfg, inputs, num_shards, summary)
 
 
@@ -508,6 +561,7 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = "FnApi
     # Shard count from the input size (never from workers), so output bytes do not depend on them.
     num_shards = cfg.num_shards or D.auto_num_shards(total_bytes // 2)
     storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
+    storage.remove(storage.join(output, SPILL_DIR))
     inputs = {"wikipedia": wiki_files, "books": book_files}
 
     options = pipeline_options(workers, runner, beam_args)
