@@ -132,6 +132,8 @@ class Tokenizer:
         strip_accents: bool | None = None,
         max_input_chars_per_word: int = GOOGLE_MAX_INPUT_CHARS_PER_WORD,
     ) -> None:
+        if UNK not in vocab:
+            raise VocabError(f"the vocab has no {UNK} token; WordPiece needs it for unknown words")
         self.vocab = dict(vocab)
         self.lowercase = lowercase
         # None follows lowercase, as in BERT: uncased models strip accents, cased ones keep them.

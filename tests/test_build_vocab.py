@@ -52,6 +52,9 @@ def sentences_by_doc(samples_dir) -> list[dict]:
              for i, line in enumerate(news)]
     # an empty document is counted, not dropped silently
     docs.append({"doc_id": "wiki:empty", "source": "wikipedia", "title": "Empty", "sentences": []})
+    # a null sentence (a corpus bug) is counted too, and the document's other words still count
+    docs.append({"doc_id": "wiki:null", "source": "wikipedia", "title": "Null",
+                 "sentences": ["The null follows.", None]})
     return docs
 
 
@@ -84,10 +87,11 @@ def test_vocab_layout_manifest_and_stats(one_worker, sentences_by_doc) -> None:
     assert manifest["shards"][0]["sha256"] == digest(one_worker, "vocab.txt")
     assert manifest["inputs"][0]["stage"] == "corpus"
 
-    every_sentence = [s for d in sentences_by_doc for s in d["sentences"]]
+    every_sentence = [s for d in sentences_by_doc for s in d["sentences"] if s is not None]
     words = count_words(every_sentence)
     counts, stats = manifest["counts"], manifest["stats"]
     assert counts["documents"] == len(sentences_by_doc) and counts["documents_without_sentences"] == 1
+    assert counts["null_sentences"] == 1
     assert counts["sentences"] == len(every_sentence)
     assert counts["words"] == stats["words"] == sum(words.values())
     assert stats["distinct_words"] == len(words)
@@ -121,7 +125,7 @@ def test_counts_fed_as_repeats_reproduce_raw_text_training(one_worker, sentences
     raw.pre_tokenizer = bert_pre_tokenizer()
     trainer = trainers.WordPieceTrainer(vocab_size=2000, min_frequency=2, limit_alphabet=1000,
                                         special_tokens=special_tokens(10), show_progress=False)
-    raw.train_from_iterator((s for d in sentences_by_doc for s in d["sentences"]), trainer)
+    raw.train_from_iterator((s for d in sentences_by_doc for s in d["sentences"] if s), trainer)
     ours = set(Path(one_worker, "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1])
     theirs = set(raw.get_vocab())
     jaccard = len(ours & theirs) / len(ours | theirs)
@@ -129,7 +133,7 @@ def test_counts_fed_as_repeats_reproduce_raw_text_training(one_worker, sentences
     # and scaling the counts down (the shortcut the module docstring rejects) is visibly worse
     from bert_core.vocab_training import train_wordpiece
 
-    words = count_words(s for d in sentences_by_doc for s in d["sentences"])
+    words = count_words(s for d in sentences_by_doc for s in d["sentences"] if s)
     scaled = sorted(((w, max(1, c // 10)) for w, c in words.items()), key=lambda wc: (-wc[1], wc[0]))
     shortcut = set(train_wordpiece(lambda: scaled, 2000, num_unused=10))
     assert len(shortcut & theirs) / len(shortcut | theirs) < jaccard
