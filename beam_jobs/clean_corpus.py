@@ -459,43 +459,7 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
         if ("rejects", index) not in done:
             _write_reject_shard((index, []), output, num_shards)
     storage.remove(storage.join(output, SPILL_DIR))
-    return write_corpus_manifest(output, cfg, inputs, num_shards, summary)
-
-
-def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list[str]],
-                          num_shards: int, summary: dict[str, Any]) -> dict[str, Any]:
-    counts: dict[str, Any] = {}
-    for source in sorted(set(summary["read"]) | set(summary["kept"])):
-        rejected = {k.split("/", 1)[1]: v for k, v in sorted(summary["rejected"].items())
-                    if k.startswith(source + "/")}
-        counts[source] = {"read": summary["read"].get(source, 0), "kept": summary["kept"].get(source, 0),
-                          "rejected": sum(rejected.values()), "rejected_by_reason": rejected}
-        if counts[source]["kept"] + counts[source]["rejected"] != counts[source]["read"]:
-            raise RuntimeError(f"bug: {source} kept + rejected != read: {counts[source]}")
-    counts["documents"] = sum(summary["kept"].values())
-    counts["rejects"] = sum(summary["rejected"].values())
-    counts["sentences"] = summary["totals"].get("sentences", 0)
-    counts["chars"] = summary["totals"].get("chars", 0)
-    docs = [D.shard_name("docs", i, num_shards, "parquet") for i in range(num_shards)]
-    rejects = [D.shard_name("rejects", i, num_shards, "jsonl") for i in range(num_shards)]
-    shards = [storage.shard_entry(storage.join(output, name)) for name in docs]
-    extra: dict[str, Any] = {
-        "rejects": [storage.shard_entry(storage.join(output, name)) for name in rejects],
-    }
-    if cfg.text_format == "google":
-        extra["text_shards"] = [storage.shard_entry(storage.join(output, D.shard_name("text", i, num_shards, "txt")))
-                                for i in range(num_shards)]
-    stats = {
-        "sentences_per_doc": dict(sorted(summary["sentences"].items(), key=lambda kv: _bin_lower(kv[0]))),
-        "chars_per_doc": dict(sorted(summary["chars"].items(), key=lambda kv: _bin_lower(kv[0]))),
-    }
-    return storage.write_manifest(
-        output, stage="corpus", config=cfg, inputs=(), shards=shards, counts=counts, stats=stats,
-        input_files=inputs, **extra)
-
-
-def _bin_lower(label: str) -> int:
-    return int(label.lstrip("<").split("-")[0].rstrip("+"))
+    return D.write_corpus_manifest(output, cfg, inputs, num_shards, summary)
 
 
 # --------------------------------------------------------------------------- entry points
