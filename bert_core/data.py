@@ -395,16 +395,23 @@ class PretrainingLoader:
         stream = ReaderStream(self, epoch, position)
         if self.workers == 0:
             return iter(stream)
+        import multiprocessing
+
         import torch.utils.data
 
-        class _Iterable(torch.utils.data.IterableDataset):
-            def __iter__(self) -> Iterator[dict[str, Any]]:
-                return iter(stream)
-
-        workers = min(self.workers, self.batches_per_epoch - position)
+        # Workers come from a forkserver, not a fork of this process: a fork copies whatever
+        # threads and atexit state the parent has (Prefect, gloo) and may die on exit. The
+        # server imports this module (torch, pyarrow) once; each epoch's workers fork from it.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch.utils.data", "pyarrow.parquet", "bert_core.data"])
         return iter(torch.utils.data.DataLoader(
-            _Iterable(), batch_size=None, num_workers=max(1, workers), collate_fn=lambda b: b,
+            _torch_stream_class()(stream), batch_size=None, num_workers=self.workers,
+            collate_fn=_identity, multiprocessing_context=context,
         ))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to each worker: without the cached shard (a worker reads its own).
+        return {**self.__dict__, "_table": None}
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while True:
@@ -412,6 +419,36 @@ class PretrainingLoader:
                 self.position += 1
                 yield to_tensors(batch)
             self.epoch, self.position = self.epoch + 1, 0
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+def _torch_stream_class() -> type:
+    """``TorchStream``: a :class:`ReaderStream` as a torch ``IterableDataset``, for DataLoader
+    workers. Built on first use so importing this module does not import torch; published as
+    ``bert_core.data.TorchStream`` (module ``__getattr__``) so a worker can unpickle it by name."""
+    cls = globals().get("TorchStream")
+    if cls is None:
+        import torch.utils.data
+
+        class TorchStream(torch.utils.data.IterableDataset):
+            def __init__(self, stream: ReaderStream) -> None:
+                self.stream = stream
+
+            def __iter__(self) -> Iterator[dict[str, Any]]:
+                return iter(self.stream)
+
+        TorchStream.__qualname__ = "TorchStream"
+        cls = globals()["TorchStream"] = TorchStream
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TorchStream":
+        return _torch_stream_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _take(it: Iterator[Any], n: int) -> Iterator[Any]:

@@ -192,17 +192,17 @@ def run_phase(
     while step < phase.max_steps:
         t0 = time.perf_counter()
         lr = float(scheduler.get_last_lr()[0])  # the rate this step's update uses
-        # loss, mlm_acc, nsp_acc, micro-batches, sequences, real tokens, padded tokens
-        sums = torch.zeros(7, dtype=torch.float64)
+        # loss, mlm_acc, nsp_acc, micro-batches, sequences, real tokens
+        sums = torch.zeros(6, dtype=torch.float64)
         for micro in range(accumulation):
-            batch = next(batches)
+            batch = {k: v.to(engine.device, non_blocking=True) for k, v in next(batches).items()}
             torch.manual_seed(_dropout_seed(pre.seed, phase_index, step, rank, micro))
             out = engine(**batch)
             engine.backward(out["loss"])
             engine.step()
             mask = batch["attention_mask"]
             sums += torch.tensor([out["loss"].item(), out["mlm_acc"].item(), out["nsp_acc"].item(), 1,
-                                  mask.shape[0], mask.sum().item(), mask.numel()], dtype=torch.float64)
+                                  mask.shape[0], mask.sum().item()], dtype=torch.float64)
         dist.all_reduce(sums)  # means over all ranks; throughput summed over all ranks
         step += 1
         seconds = time.perf_counter() - t0
@@ -211,13 +211,14 @@ def run_phase(
         last_loss = loss
         if step % pre.log_every == 0 or step == phase.max_steps or step == 1:
             tokens_per_s = sums[5].item() / seconds
-            padded_len = sums[6].item() / sums[4].item()
+            # The encoder runs on the real tokens only, so MFU counts useful FLOPs of real tokens.
+            mean_len = sums[5].item() / sums[4].item()
             row = {
                 "phase": phase_index + 1, "step": step, "max_steps": phase.max_steps,
                 "loss": loss, "mlm_acc": sums[1].item() / sums[3].item(),
                 "nsp_acc": sums[2].item() / sums[3].item(), "lr": lr,
                 "seq_per_s": sums[4].item() / seconds, "tokens_per_s": tokens_per_s,
-                "mfu": (flops_per_token(mcfg, int(padded_len)) * sums[6].item() / seconds
+                "mfu": (flops_per_token(mcfg, round(mean_len)) * tokens_per_s
                         / (pre.peak_flops_per_rank * world_size)) if pre.peak_flops_per_rank else None,
                 "epoch": loader.epoch, "time": time.time(),
             }

@@ -40,8 +40,10 @@ from bert_core.pretrain import read_metrics
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import make_instances  # noqa: E402
 
-STEPS = 14
+STEPS = 14  # phase 1
+PHASE2_STEPS = 4  # phase 2 continues from phase 1's weights with a fresh optimizer
 KILL_AFTER = 6
+ALL_STEPS = [(1, s) for s in range(1, STEPS + 1)] + [(2, s) for s in range(1, PHASE2_STEPS + 1)]
 
 
 def free_port() -> int:
@@ -56,8 +58,11 @@ def tiny_sets(steps: int = STEPS) -> list[str]:
         "model.num_hidden_layers=1", "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
         "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
         f"pretrain.phases=[{{max_seq_length: 64, max_steps: {steps}, global_batch_size: 16, "
-        "micro_batch_size: 4, learning_rate: 0.003, warmup_steps: 2}]",
+        "micro_batch_size: 4, learning_rate: 0.003, warmup_steps: 2}, "
+        f"{{max_seq_length: 64, max_steps: {PHASE2_STEPS}, global_batch_size: 8, micro_batch_size: 4, "
+        "learning_rate: 0.001, warmup_steps: 1}]",
         "pretrain.log_every=1", "pretrain.checkpoint_every=4", f"pretrain.master_port={free_port()}",
+        "pretrain.peak_flops_per_rank=5.0e10",  # a made-up peak, so the MFU column is filled
     ]
 
 
@@ -196,19 +201,25 @@ def reference_run(instances, tmp_path_factory, comm_op, run_config) -> tuple[str
 @pytest.mark.slow
 def test_two_launchers_no_ssh_node_rank_0_and_1_lower_the_loss(reference_run):
     run, outputs = reference_run
-    rows = read_metrics(run)
+    rows = [r for r in read_metrics(run) if r["phase"] == 1]
+    phase2 = [r for r in read_metrics(run) if r["phase"] == 2]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     first = sum(r["loss"] for r in rows[:3]) / 3
     last = sum(r["loss"] for r in rows[-3:]) / 3
     assert last < first - 0.3, (first, last)
-    assert all(r["seq_per_s"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert all(r["seq_per_s"] > 0 and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1 for r in rows)
     # linear warmup from 0 over 2 steps, then linear decay
     assert [r["lr"] for r in rows[:3]] == pytest.approx([0.0, 0.0015, 0.003])
     assert rows[-1]["lr"] == pytest.approx(0.003 / (STEPS - 2))
+    # phase 2: a fresh warmup from 0 to its own peak, starting from phase 1's trained weights
+    assert [r["step"] for r in phase2] == list(range(1, PHASE2_STEPS + 1))
+    assert phase2[0]["lr"] == 0.0 and max(r["lr"] for r in phase2) == pytest.approx(0.001)
+    assert phase2[0]["loss"] < rows[0]["loss"] - 0.5
     manifest = storage.read_manifest(run)
-    assert manifest["stage"] == "pretrain" and manifest["counts"]["steps"] == STEPS
+    assert manifest["stage"] == "pretrain" and manifest["counts"]["steps"] == STEPS + PHASE2_STEPS
     assert manifest["config"]["pretrain"]["nodes"] == 2
-    assert manifest["stats"]["first_loss"] == rows[0]["loss"] and manifest["stats"]["last_loss"] == rows[-1]["loss"]
+    assert manifest["stats"]["first_loss"] == rows[0]["loss"]
+    assert manifest["stats"]["last_loss"] == phase2[-1]["loss"]
     assert any(line.startswith("phase 1 step") for line in outputs[0])
     assert not any(line.startswith("phase 1 step") for line in outputs[1])  # rank 1 stays quiet
 
@@ -266,24 +277,28 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     assert artifacts["pretrain-progress"].data == pytest.approx(100.0)
     table = artifacts["pretrain-metrics"].data
     table = json.loads(table) if isinstance(table, str) else table
-    assert [r["step"] for r in table] == list(range(1, STEPS + 1))
+    assert [(r["phase"], r["step"]) for r in table] == ALL_STEPS
     assert "data:image/png;base64," in artifacts["pretrain-report"].data
 
     resume_step = max(s for s in range(0, killed_at + 1, 4))  # the last checkpoint before the kill
-    ref = {r["step"]: r["loss"] for r in read_metrics(reference_run[0])}
-    got = {r["step"]: r["loss"] for r in read_metrics(run)}
-    assert sorted(got) == list(range(1, STEPS + 1))  # the killed run's rows past the checkpoint were replaced
-    assert resume_step >= 4 and len([s for s in got if s > resume_step]) >= STEPS - killed_at
-    for s in sorted(got):
-        assert got[s] == pytest.approx(ref[s], abs=1e-6), (s, got[s], ref[s])
+    ref = {(r["phase"], r["step"]): r["loss"] for r in read_metrics(reference_run[0])}
+    got = {(r["phase"], r["step"]): r["loss"] for r in read_metrics(run)}
+    assert sorted(got) == ALL_STEPS  # the killed run's rows past the checkpoint were replaced
+    assert resume_step >= 4 and len([k for k in got if k > (1, resume_step)]) >= STEPS - killed_at
+    for key in sorted(got):
+        assert got[key] == pytest.approx(ref[key], abs=1e-6), (key, got[key], ref[key])
 
     # the transformers-layout export holds the final weights of the DeepSpeed checkpoint
     from bert_core.model import BertForPreTraining
 
     manifest = storage.read_manifest(run)
     exported = BertForPreTraining.from_pretrained(manifest["hf"]).state_dict()
-    final = torch.load(Path(run, "checkpoints", "phase1", f"step{STEPS}", "mp_rank_00_model_states.pt"),
-                       weights_only=False)["module"]
+    states = torch.load(Path(run, "checkpoints", "phase2", f"step{PHASE2_STEPS}", "mp_rank_00_model_states.pt"),
+                        weights_only=False)
+    final = states["module"]
+    # phase 2's optimizer started fresh: its Adam step count is phase 2's steps only
+    adam_steps = {int(v["step"]) for v in states["optimizer"]["state"].values()}
+    assert adam_steps == {PHASE2_STEPS}
     assert exported.keys() <= final.keys()
     assert all(torch.equal(exported[k], final[k]) for k in exported)
     assert json.loads(Path(manifest["hf"], "config.json").read_text())["model_type"] == "bert"
