@@ -15,6 +15,8 @@ What makes the pre-training step cheaper than the reference implementation:
   positions (~15% of tokens), never over all B x T positions;
 - the encoder works on the real tokens only: padding is dropped before the first layer and
   costs no matmuls (attention scatters into the [B, T] grid and gathers back);
+- the last layer, after its attention, goes on with the masked positions and [CLS] only
+  (the other final states are never read; as MosaicBERT does);
 - query/key/value are one matrix multiply (their weights concatenated on the fly, so the
   parameters keep transformers' names);
 - attention is ``F.scaled_dot_product_attention`` with the padding mask (fused kernels on GPU).
@@ -179,20 +181,25 @@ class BertLayer(nn.Module):
         self.act = _activation(cfg.hidden_act)
         self.pre_layer_norm = cfg.pre_layer_norm
 
-    def _attn(self, x: Tensor, tokens: Tokens) -> Tensor:
+    def _attn(self, x: Tensor, tokens: Tokens, rows: Tensor | None) -> Tensor:
+        y = self.attention.self(x, tokens)  # [N, H]: every token attends (and is attended to)
+        if rows is not None:
+            y = y.index_select(0, rows)  # [S, H]: only the rows the caller will read
         out = self.attention.output
-        return out.dropout(out.dense(self.attention.self(x, tokens)))  # [N, H]
+        return out.dropout(out.dense(y))
 
     def _ffn(self, x: Tensor) -> Tensor:
         h = self.act(self.intermediate.dense(x))  # [N, 4H]
         return self.output.dropout(self.output.dense(h))  # [N, H]
 
-    def forward(self, x: Tensor, tokens: Tokens) -> Tensor:
+    def forward(self, x: Tensor, tokens: Tokens, rows: Tensor | None = None) -> Tensor:
+        """[N, H] -> [N, H]; with ``rows`` ([S] indices into N) -> [S, H], those tokens only."""
         ln_attn, ln_ffn = self.attention.output.LayerNorm, self.output.LayerNorm
+        residual = x if rows is None else x.index_select(0, rows)
         if self.pre_layer_norm:
-            x = x + self._attn(ln_attn(x), tokens)
+            x = residual + self._attn(ln_attn(x), tokens, rows)
             return x + self._ffn(ln_ffn(x))
-        x = ln_attn(x + self._attn(x, tokens))
+        x = ln_attn(residual + self._attn(x, tokens, rows))
         return ln_ffn(x + self._ffn(x))
 
 
@@ -252,6 +259,21 @@ class Tokens:
         x = x.reshape(self.batch * self.length, x.shape[-1])
         return x if self.keep is None else x.index_select(0, self.keep)
 
+    def rows(self, flat_positions: Tensor) -> Tensor:
+        """Flat positions ``b * T + t`` -> their row in the [N, H] real-token tensor."""
+        if self.keep is None:
+            return flat_positions
+        row_of = torch.full((self.batch * self.length,), -1, dtype=torch.long, device=self.keep.device)
+        row_of[self.keep] = torch.arange(self.keep.numel(), device=self.keep.device)
+        rows = row_of[flat_positions]
+        if bool((rows < 0).any()):
+            bad = flat_positions[rows < 0][:3].tolist()
+            raise ValueError(
+                f"positions {[(p // self.length, p % self.length) for p in bad]} (batch row, token) are "
+                "padding (attention_mask 0); masked_lm_positions must point at real tokens"
+            )
+        return rows
+
     def pad(self, x: Tensor) -> Tensor:
         """[N, D] -> [B, T, D], zeros at the padding."""
         if self.keep is not None:
@@ -290,7 +312,11 @@ class BertModel(nn.Module):
         token_type_ids: Tensor | None = None,  # [B, T], 0 = segment A, 1 = segment B
         attention_mask: Tensor | None = None,  # [B, T], 1 = token, 0 = padding
         output_hidden_states: bool = False,
+        output_positions: Tensor | None = None,  # [S] flat indices b * T + t of real tokens
     ) -> BertOutput:
+        """With ``output_positions`` the last layer computes only those tokens (and [CLS] for the
+        pooler) after its attention, and ``last_hidden_state`` is their [S, H] rows, in order:
+        pre-training reads the final states at the masked positions alone (~15%)."""
         B, T = input_ids.shape
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
@@ -298,14 +324,21 @@ class BertModel(nn.Module):
         tokens = Tokens(attention_mask, B, T, x.dtype)
         hidden = [x] if output_hidden_states else None
         x = tokens.unpad(x)  # [N, H]: the real tokens only
-        for layer in self.encoder.layer:
-            x = layer(x, tokens)  # [N, H]
-            if hidden is not None:
+        rows = None
+        if output_positions is not None:
+            cls = torch.arange(B, device=x.device) * T  # [B] flat positions of [CLS]
+            rows = tokens.rows(torch.cat([cls, output_positions]))  # [B + S] indices into N
+        last = len(self.encoder.layer) - 1
+        for i, layer in enumerate(self.encoder.layer):
+            x = layer(x, tokens, rows if i == last else None)  # [N, H] ([B + S, H] after the last)
+            if hidden is not None and (rows is None or i < last):
                 hidden.append(tokens.pad(x))
         if self.encoder.ln is not None:
             x = self.encoder.ln(x)
-            if hidden is not None:
+            if hidden is not None and rows is None:
                 hidden[-1] = tokens.pad(x)
+        if rows is not None:  # [B + S, H]: [CLS] rows, then the requested ones
+            return BertOutput(x[B:], torch.tanh(self.pooler.dense(x[:B])), tuple(hidden) if hidden else None)
         x = tokens.pad(x)  # [B, T, H], zeros at the padding
         return BertOutput(x, self.pooler(x), tuple(hidden) if hidden is not None else None)
 
@@ -375,14 +408,13 @@ class BertForPreTraining(nn.Module):
         masked_lm_weights: Tensor,  # [B, P], 1 = real prediction, 0 = padding
         next_sentence_label: Tensor | None = None,  # [B], 0 = IsNext, 1 = random; -1 = no NSP
     ) -> dict[str, Tensor]:
-        out = self.bert(input_ids, token_type_ids, attention_mask)
-        seq = out.last_hidden_state  # [B, T, H]
-        B, T, H = seq.shape
-
-        # Gather first: the MLM head sees only the real masked positions, never all B x T.
-        flat = (masked_lm_positions + T * torch.arange(B, device=seq.device)[:, None]).view(-1)  # [B*P]
+        B, T = input_ids.shape
+        # Gather first: the MLM head sees only the real masked positions, never all B x T, and
+        # the encoder's last layer computes only those rows (and [CLS]) after its attention.
+        flat = (masked_lm_positions + T * torch.arange(B, device=input_ids.device)[:, None]).view(-1)  # [B*P]
         real = masked_lm_weights.view(-1) > 0  # [B*P]
-        picked = seq.reshape(B * T, H).index_select(0, flat[real])  # [M, H]
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_positions=flat[real].long())
+        picked = out.last_hidden_state  # [M, H]
         labels = masked_lm_ids.view(-1)[real].long()  # [M]
         logits = self.mlm_logits(picked)  # [M, V]
         n = labels.numel()
@@ -391,7 +423,7 @@ class BertForPreTraining(nn.Module):
             mlm_acc = (logits.argmax(-1) == labels).float().mean()
         else:  # a batch without predictions: zero loss that still touches the graph
             mlm_loss = logits.sum() * 0.0
-            mlm_acc = seq.new_zeros(())
+            mlm_acc = picked.new_zeros(())
 
         zero = mlm_loss.new_zeros(())
         nsp_loss, nsp_acc = zero, zero

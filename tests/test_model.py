@@ -255,6 +255,27 @@ def test_pre_layer_norm_runs_differs_and_round_trips(tmp_path: Path) -> None:
         assert torch.equal(back.bert(ids, None, mask).last_hidden_state, outs[True])
 
 
+def test_output_positions_are_the_rows_of_the_full_output() -> None:
+    """The pre-training shortcut (last layer only at the read positions) changes no number."""
+    ids = torch.randint(5, 300, (3, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[2, 4:] = 0
+    positions = torch.tensor([1, 5, 15, 16 + 3, 16 + 8, 32 + 2])  # flat b * T + t, real tokens only
+    for pre in (False, True):
+        torch.manual_seed(0)
+        cfg = ModelConfig(size="tiny", vocab_size=300, max_position_embeddings=64, pre_layer_norm=pre)
+        model = BertModel(cfg).eval()
+        with torch.no_grad():
+            full = model(ids, None, mask)
+            part = model(ids, None, mask, output_positions=positions)
+        assert part.last_hidden_state.shape == (6, 128)
+        assert torch.allclose(part.last_hidden_state, full.last_hidden_state.reshape(-1, 128)[positions], atol=1e-6)
+        assert torch.allclose(part.pooler_output, full.pooler_output, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\(1, 12\).*padding"):
+        model(ids, None, mask, output_positions=torch.tensor([16 + 12]))
+
+
 DS_SCRIPT = textwrap.dedent("""
     import copy, json, os, sys, torch
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
