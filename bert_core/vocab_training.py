@@ -1,4 +1,4 @@
-"""Train a WordPiece vocab from word counts, and measure a vocab on word counts.
+"""Train a WordPiece vocab from word counts, measure a vocab on word counts, and report it.
 
     bertpipe vocab --corpus CORPUS_URI --output VOCAB_URI
     (beam_jobs/build_vocab.py counts the words in parallel, then calls these in the driver)
@@ -161,3 +161,35 @@ def _top(freq: Counter[int], n: int) -> Sequence[tuple[int, int]]:
 
 def _is_special(token: str) -> bool:
     return token.startswith("[") and token.endswith("]") and len(token) > 2
+
+
+def report_markdown(manifest: dict[str, Any]) -> str:
+    """Markdown summary of a vocab stage manifest (the CLI's output and the ``vocab-report``
+    artifact of flows/vocab.py, which adds a picture)."""
+    cfg, counts, stats = manifest["config"], manifest["counts"], manifest["stats"]
+    casing = "uncased" if cfg["lowercase"] else "cased"
+    accents = "accents stripped" if cfg["strip_accents"] else "accents kept"
+    origin = (f"trained on {counts.get('words', 0):,} words of {counts.get('documents', 0):,} documents"
+              if counts.get("trained") else f"given: `{cfg['vocab_file']}` (validated)")
+    lines = [
+        f"## Vocab at `{manifest['uri']}`",
+        "",
+        f"- **size**: {counts['vocab_size']:,} tokens ({origin})",
+        f"- **casing**: {casing}, {accents}; words over {cfg['max_input_chars_per_word']} characters -> [UNK]",
+    ]
+    if stats:
+        length = stats["token_length"]
+        lines += [
+            f"- **UNK rate** on the corpus: {stats['unk_rate']:.4%} of word occurrences",
+            f"- **pieces per word**: {stats['tokens_per_word']:.3f}; words that are one token: "
+            f"{stats['word_coverage']:.2%}",
+            f"- **tokens used** on the corpus: {stats['used_tokens']:,} of {counts['vocab_size']:,}; "
+            f"`##` pieces: {stats['subword_share']:.1%} of the vocab",
+            f"- **token length** (characters, without `##`): min {length['min']}, "
+            f"mean {length['mean']:.2f}, max {length['max']}",
+            "",
+            "| rank | token | occurrences |",
+            "|---:|---|---:|",
+            *(f"| {i} | `{tok}` | {n:,} |" for i, (tok, n) in enumerate(stats["top_tokens"], 1)),
+        ]
+    return "\n".join(lines)

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, VocabConfig
+from bert_core.vocab_training import report_markdown
 
 
 def _config_dump(cfg: VocabConfig) -> dict[str, Any]:
@@ -30,37 +31,6 @@ def _already_done(output: str, config: PipelineConfig, corpus: str | None) -> bo
     wanted = [storage.read_manifest(corpus).get("created")] if corpus else []
     return (done["config"] == _config_dump(config.vocab)
             and [i.get("created") for i in done["inputs"]] == wanted)
-
-
-def report_markdown(manifest: dict[str, Any]) -> str:
-    """The ``vocab-report`` text (no pictures) from a vocab manifest."""
-    cfg, counts, stats = manifest["config"], manifest["counts"], manifest["stats"]
-    casing = "uncased" if cfg["lowercase"] else "cased"
-    accents = "accents stripped" if cfg["strip_accents"] else "accents kept"
-    origin = (f"trained on {counts.get('words', 0):,} words of {counts.get('documents', 0):,} documents"
-              if counts.get("trained") else f"given: `{cfg['vocab_file']}` (validated)")
-    lines = [
-        f"## Vocab at `{manifest['uri']}`",
-        "",
-        f"- **size**: {counts['vocab_size']:,} tokens ({origin})",
-        f"- **casing**: {casing}, {accents}; words over {cfg['max_input_chars_per_word']} characters -> [UNK]",
-    ]
-    if stats:
-        length = stats["token_length"]
-        lines += [
-            f"- **UNK rate** on the corpus: {stats['unk_rate']:.4%} of word occurrences",
-            f"- **pieces per word**: {stats['tokens_per_word']:.3f}; words that are one token: "
-            f"{stats['word_coverage']:.2%}",
-            f"- **tokens used** on the corpus: {stats['used_tokens']:,} of {counts['vocab_size']:,}; "
-            f"`##` pieces: {stats['subword_share']:.1%} of the vocab",
-            f"- **token length** (characters, without `##`): min {length['min']}, "
-            f"mean {length['mean']:.2f}, max {length['max']}",
-            "",
-            "| rank | token | occurrences |",
-            "|---:|---|---:|",
-            *(f"| {i} | `{tok}` | {n:,} |" for i, (tok, n) in enumerate(stats["top_tokens"], 1)),
-        ]
-    return "\n".join(lines)
 
 
 @flow(name="build-vocab", log_prints=True, timeout_seconds=24 * 3600)
