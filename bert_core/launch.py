@@ -42,6 +42,8 @@ from bert_core.pretrain import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, CONFIG_FI
 
 SCRIPT_MODULE = "bert_core.pretrain"
 HOSTFILE = "hostfile"
+# What remote ranks need from the launching shell (DeepSpeed forwards PYTHON* itself).
+FORWARDED_ENV = ("OMP_NUM_THREADS", "DS_ACCELERATOR")
 
 # Output of a run that failed for reasons outside the config: retrying (and resuming) helps.
 _INFRA_PATTERNS = re.compile(
@@ -212,10 +214,16 @@ def prepare_run(
     if pre.launcher == "no_ssh" and not hostfile:
         hostfile = storage.join(run, HOSTFILE)
         storage.write_text(hostfile, render_hostfile(pre))
+    env = launcher_env(pre)
+    if pre.launcher == "hostfile":
+        # ssh/pdsh start remote ranks with a clean environment plus the variables of this file.
+        env_file = storage.join(run, ".deepspeed_env")
+        storage.write_text(env_file, "".join(f"{k}={env[k]}\n" for k in FORWARDED_ENV if k in env))
+        env["DS_ENV_FILE"] = env_file
     script_args = ["--config", config_uri, "--instances", storage.to_uri(instances), "--output", run]
     if init_checkpoint:
         script_args += ["--init-checkpoint", init_checkpoint]
-    return launcher_argv(pre, script_args, node_rank=node_rank, hostfile=hostfile), launcher_env(pre)
+    return launcher_argv(pre, script_args, node_rank=node_rank, hostfile=hostfile), env
 
 
 def launch_pretraining(

@@ -35,7 +35,7 @@ from bert_core.launch import (
     prepare_run,
     run_launch,
 )
-from bert_core.pretrain import read_metrics
+from bert_core.pretrain import load_run_config, read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import make_instances  # noqa: E402
@@ -139,6 +139,21 @@ def test_launcher_argv_shapes():
                                      "pretrain.nodes=2", "pretrain.phases.0.global_batch_size=64",
                                      "pretrain.phases.1.global_batch_size=32"]).pretrain
     assert launcher_argv(ssh, [])[1:7] == ["--hostfile", "/etc/hosts.ds", "--num_nodes", "2", "--num_gpus", "2"]
+
+
+def test_prepare_run_writes_config_hostfile_and_remote_env(tmp_path):
+    pods = tiny_config("pretrain.launcher=no_ssh", "pretrain.nodes=2", "pretrain.procs_per_node=1")
+    argv, env = prepare_run(pods, str(tmp_path / "inst"), str(tmp_path / "run"), node_rank=1)
+    assert (tmp_path / "run" / "hostfile").read_text() == "node0 slots=1\nnode1 slots=1\n"
+    assert argv[argv.index("--hostfile") + 1] == str(tmp_path / "run" / "hostfile")
+    written = argv[argv.index("--config") + 1]
+    assert load_run_config(written) == pods
+    assert env["OMP_NUM_THREADS"] == "1" and env["DS_ACCELERATOR"] == "cpu"
+    ssh = tiny_config("pretrain.launcher=hostfile", "pretrain.hostfile=/job/hostfile", "pretrain.nodes=2",
+                      "pretrain.procs_per_node=1", "pretrain.threads_per_rank=4")
+    argv, env = prepare_run(ssh, str(tmp_path / "inst"), str(tmp_path / "run2"))
+    assert argv[argv.index("--hostfile") + 1] == "/job/hostfile"
+    assert Path(env["DS_ENV_FILE"]).read_text() == "OMP_NUM_THREADS=4\nDS_ACCELERATOR=cpu\n"
 
 
 def test_run_launch_tells_config_errors_from_infrastructure_failures():
