@@ -78,18 +78,21 @@ def length_folder(instances: str, max_seq_length: int) -> str:
     return storage.join(instances, f"seq{max_seq_length}")
 
 
-def vocab_file_of(instances: str, manifest: dict[str, Any] | None = None) -> str:
-    """The ``vocab.txt`` the instances were tokenized with (the vocab manifest among the inputs)."""
+def vocab_file_of(
+    instances: str, manifest: dict[str, Any] | None = None, fallback: str | None = None
+) -> str:
+    """The ``vocab.txt`` the instances were tokenized with: the vocab stage among the manifest's
+    inputs, else ``fallback`` (``vocab.vocab_file`` of the config, for a bare vocab.txt)."""
     manifest = manifest or storage.read_manifest(instances)
     for entry in manifest.get("inputs", []):
         if entry.get("stage") == "vocab" and entry.get("uri"):
             return storage.join(entry["uri"], "vocab.txt")
-    vocab = manifest.get("vocab") or (manifest.get("config") or {}).get("vocab_file")
+    vocab = manifest.get("vocab") or (manifest.get("config") or {}).get("vocab_file") or fallback
     if vocab:
         return vocab if vocab.endswith(".txt") else storage.join(vocab, "vocab.txt")
     raise InstanceDataError(
         f"{storage.join(instances, storage.MANIFEST)} names no vocab (no input with stage 'vocab'); "
-        "re-run the instances stage so its manifest records the vocab it used"
+        "set vocab.vocab_file to the vocab.txt the instances were made with"
     )
 
 
@@ -109,7 +112,7 @@ def vocab_ids(tokens: list[str], source: str = "vocab.txt") -> VocabIds:
     return VocabIds(index["[CLS]"], index["[SEP]"], index["[MASK]"], len(tokens), subwords)
 
 
-def masking_spec(instances: str, max_seq_length: int) -> MaskingSpec | None:
+def masking_spec(instances: str, max_seq_length: int, vocab_fallback: str | None = None) -> MaskingSpec | None:
     """None for static masking (masks stored in the shards); the spec for ``masking: dynamic``."""
     manifest = storage.read_manifest(instances)
     cfg = manifest.get("config") or {}
@@ -120,7 +123,7 @@ def masking_spec(instances: str, max_seq_length: int) -> MaskingSpec | None:
         raise InstanceDataError(
             f"{instances}: manifest config has no lengths entry for max_seq_length={max_seq_length}"
         )
-    vocab_file = vocab_file_of(instances, manifest)
+    vocab_file = vocab_file_of(instances, manifest, fallback=vocab_fallback)
     return MaskingSpec(
         masked_lm_prob=float(cfg.get("masked_lm_prob", 0.15)),
         max_predictions_per_seq=int(specs[0]["max_predictions_per_seq"]),
@@ -314,6 +317,7 @@ class PretrainingLoader:
         world_size: int = 1,
         seed: int = 42,
         workers: int = 0,
+        vocab_file: str | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -323,7 +327,7 @@ class PretrainingLoader:
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.workers = workers
         self.workers_per_rank = max(1, workers)
-        self.masking = masking_spec(self.instances, max_seq_length)
+        self.masking = masking_spec(self.instances, max_seq_length, vocab_file)
         all_readers = split_shards(list_shards(self.instances, max_seq_length),
                                    world_size * self.workers_per_rank)
         per_reader = min(sum(s.rows for s in shards) for shards in all_readers) // micro_batch_size

@@ -159,7 +159,7 @@ def run_phase(
     )
     loader = PretrainingLoader(
         instances, phase.max_seq_length, phase.micro_batch_size, rank=rank, world_size=world_size,
-        seed=pre.seed + phase_index, workers=pre.loader_workers,
+        seed=pre.seed + phase_index, workers=pre.loader_workers, vocab_file=config.vocab.vocab_file,
     )
     metrics = MetricsLog(run) if rank == 0 else None
 
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--output {args.output}: DeepSpeed writes checkpoints with torch.save to a local "
                 "path; use a local or mounted (e.g. gcsfuse, NFS) folder shared by the nodes"
             )
-        vocab_file = vocab_file_of(args.instances)
+        vocab_file = vocab_file_of(args.instances, fallback=config.vocab.vocab_file)
         vocab_size = len(read_vocab(vocab_file))
         model_config(config, vocab_size)
     except (ConfigError, InstanceDataError, storage.UnfinishedWriteError, FileNotFoundError) as err:

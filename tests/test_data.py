@@ -21,7 +21,7 @@ import torch
 
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec
-from bert_core.data import InstanceDataError, PretrainingLoader, vocab_ids
+from bert_core.data import InstanceDataError, PretrainingLoader, vocab_file_of, vocab_ids
 from bert_core.pretraining_data import create_instances_from_document, rng_for
 
 SCHEMA = pa.schema([
@@ -224,3 +224,10 @@ def test_clear_errors(static_instances, tmp_path):
     with pytest.raises(ValueError, match="world_size=1"):
         loader.load_state_dict({"epoch": 0, "position": 3, "world_size": 1})
     assert np.all(loader.batch(0, 0)["attention_mask"].sum(1) > 0)
+    # instances made from a bare vocab.txt: the config's vocab.vocab_file names it
+    bare = tmp_path / "bare"
+    storage.write_manifest(str(bare), stage="instances", config={"masking": "static"})
+    with pytest.raises(InstanceDataError, match="vocab.vocab_file"):
+        vocab_file_of(str(bare))
+    assert vocab_file_of(str(bare), fallback="/v/vocab.txt") == "/v/vocab.txt"
+    assert vocab_file_of(static_instances).endswith("/vocab/vocab.txt")
