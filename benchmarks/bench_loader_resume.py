@@ -1,0 +1,91 @@
+"""Loader resume: ours (skip to the saved position by index) vs replaying the stream, side by side.
+
+    python benchmarks/bench_loader_resume.py            (BERTPIPE_SAMPLES = the sample folder)
+
+A resumed pre-training run must see the batches an uninterrupted run would have. Ours turns
+the saved (epoch, position) into shard and row offsets and reads the next batch directly
+(``bert_core.data.PretrainingLoader.load_state_dict``); the reference is what a loader without
+that does, e.g. transformers' ``skip_first_batches``: iterate (read, shuffle, pad) the first
+``position`` batches of the epoch and throw them away. Both must yield the same next batch
+(checked). Instances are Botchan from the samples, cut by the instance stage's functions
+(``benchmarks/bench_train_step.build_instances``), seq128, 4 shards.
+
+Writes bench-results/loader_resume.json = {"rows": [{measure, ours, reference, ratio, unit}]}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+MICRO_BATCH = 8
+
+
+def samples_dir() -> Path:
+    if os.environ.get("BERTPIPE_SAMPLES"):
+        return Path(os.environ["BERTPIPE_SAMPLES"])
+    from bert_core.samples import fetch
+
+    cache = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "samples"
+    return fetch(cache, log=lambda m: None)
+
+
+def best_of(fn, repeats: int = 3) -> tuple[float, dict]:
+    """Fastest of a few runs (after a warm-up run: imports, page cache) and its result."""
+    fn()
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def main() -> None:
+    import torch
+
+    from benchmarks.bench_train_step import MAX_SEQ_LENGTH, build_instances
+    from bert_core.data import PretrainingLoader
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        instances = build_instances(samples_dir(), Path(tmp), num_shards=4)
+        probe = PretrainingLoader(instances, MAX_SEQ_LENGTH, MICRO_BATCH, seed=1)
+        rows = []
+        for fraction in (0.5, 0.95):
+            position = int(probe.batches_per_epoch * fraction)
+
+            def resume(position: int = position) -> dict:
+                loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, MICRO_BATCH, seed=1)
+                loader.load_state_dict({"epoch": 0, "position": position})
+                return next(iter(loader))
+
+            def replay(position: int = position) -> dict:
+                loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, MICRO_BATCH, seed=1)
+                return next(itertools.islice(iter(loader), position, None))
+
+            (t_ours, mine), (t_ref, theirs) = best_of(resume), best_of(replay)
+
+            assert all(torch.equal(mine[k], theirs[k]) for k in mine), "resume and replay disagree"
+            print(f"resume at batch {position}/{probe.batches_per_epoch}: ours {t_ours * 1e3:.1f} ms, "
+                  f"replay {t_ref * 1e3:.1f} ms, {t_ref / t_ours:.1f}x")
+            rows.append({"measure": f"resume at {fraction:.0%} of an epoch ({position} batches of {MICRO_BATCH})",
+                         "ours": round(t_ours * 1e3, 2), "reference": round(t_ref * 1e3, 2),
+                         "ratio": round(t_ref / t_ours, 2), "unit": "ms to the first batch (replay / ours)"})
+    out = Path("bench-results") / "loader_resume.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "instances_per_epoch": probe.batches_per_epoch * MICRO_BATCH},
+                              indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
