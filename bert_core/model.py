@@ -338,7 +338,8 @@ class BertModel(nn.Module):
             if hidden is not None and rows is None:
                 hidden[-1] = tokens.pad(x)
         if rows is not None:  # [B + S, H]: [CLS] rows, then the requested ones
-            return BertOutput(x[B:], torch.tanh(self.pooler.dense(x[:B])), tuple(hidden) if hidden else None)
+            pooled = self.pooler(x[:B, None])  # [B, 1, H] holds only [CLS]
+            return BertOutput(x[B:], pooled, tuple(hidden) if hidden is not None else None)
         x = tokens.pad(x)  # [B, T, H], zeros at the padding
         return BertOutput(x, self.pooler(x), tuple(hidden) if hidden is not None else None)
 
