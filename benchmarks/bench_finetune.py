@@ -1,0 +1,177 @@
+"""Fine-tuning: ours (bert_core.finetune) vs transformers' Trainer + BertForSequenceClassification.
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_finetune.py --samples samples
+
+The sample MiniLM checkpoint fine-tuned on the real sentiment task (vaderSentiment product
+reviews and tweets, label = sign of the mean human rating), with the same examples (encoded
+once by our tokenizer, so both sides see identical ids), the same hyper-parameters (lr, batch,
+epochs, 10% linear warmup then linear decay, weight decay 0.01 off biases/LayerNorm, Adam eps
+1e-6, gradient clipping 1.0, dynamic padding), the same torch threads, one after the other in
+this process. Prints both held-out accuracies (and the majority-class rate: "better than
+chance" means above it) and both training throughputs (examples/s) with their ratio.
+
+Writes bench-results/finetune.json = {"rows": [{measure, ours, reference, ratio, unit}], ...}.
+The machine may be shared: throughput is indicative; accuracy is what must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def samples_dir(arg: str | None) -> Path:
+    for candidate in (arg, os.environ.get("BERTPIPE_SAMPLES"), "samples",
+                      str(Path.home() / ".cache" / "bertpipe" / "samples")):
+        if candidate and (Path(candidate) / "models" / "minilm" / "config.json").exists():
+            return Path(candidate)
+    from bert_core.samples import fetch
+
+    return fetch(Path.home() / ".cache" / "bertpipe" / "samples")
+
+
+def load_data(samples: Path, tokenizer, n_train: int, n_dev: int, max_seq_length: int):
+    from bert_core.finetune.glue import SENTIMENT_LABELS, encode_pairs, read_sentiment
+
+    folder = str(samples / "tasks" / "sentiment")
+    train = read_sentiment(folder, "train")[0][:n_train]
+    dev = read_sentiment(folder, "dev")[0][:n_dev]
+
+    def encode(examples):
+        enc = encode_pairs(tokenizer, examples, max_seq_length)
+        return [{"input_ids": i, "token_type_ids": t, "label": SENTIMENT_LABELS.index(e.label)}
+                for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], examples, strict=True)]
+
+    return encode(train), encode(dev)
+
+
+def run_ours(checkpoint: str, train, dev, cfg, seed: int, pad_id: int) -> dict:
+    import numpy as np
+
+    from bert_core.finetune.data import TaskData
+    from bert_core.finetune.train import train_and_predict
+
+    data = TaskData(kind="classification", num_labels=2, train=train, evals={"dev": dev},
+                    finish=lambda s, o: ({}, {}))
+    out = train_and_predict(data, checkpoint, cfg, seed, pad_id)
+    pred = np.stack(out["outputs"]["dev"]).argmax(-1)
+    acc = float((pred == np.array([f["label"] for f in dev])).mean())
+    return {"accuracy": acc, "train_examples_per_second": out["train"]["examples_per_second"],
+            "train_seconds": out["train"]["seconds"], "steps": out["train"]["steps"]}
+
+
+def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, workdir: str) -> dict:
+    import numpy as np
+    import torch
+    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
+
+    from bert_core.finetune.data import collate
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return self.rows[i]
+
+    def collator(rows):
+        batch = collate("classification", rows, pad_id)
+        return {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
+                "attention_mask": batch["attention_mask"], "labels": batch["labels"]}
+
+    steps_per_epoch = -(-len(train) // cfg.batch_size)
+    total = max(1, int(np.ceil(steps_per_epoch * cfg.num_train_epochs)))
+    args = TrainingArguments(
+        output_dir=workdir, learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=64, num_train_epochs=cfg.num_train_epochs,
+        warmup_steps=int(cfg.warmup_proportion * total), weight_decay=cfg.weight_decay,
+        adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear", seed=seed,
+        use_cpu=True, report_to=[], save_strategy="no", eval_strategy="no", logging_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0,
+    )
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(train), data_collator=collator)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    logits = trainer.predict(Rows(dev)).predictions
+    acc = float((np.asarray(logits).argmax(-1) == np.array([f["label"] for f in dev])).mean())
+    # Trainer goes through every example each epoch (the last batch may be short), as ours does.
+    seen = round(len(train) * cfg.num_train_epochs)
+    return {"accuracy": acc, "train_examples_per_second": round(seen / seconds, 2),
+            "train_seconds": round(seconds, 3), "steps": total}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", default=None)
+    parser.add_argument("--train-examples", type=int, default=480)
+    parser.add_argument("--dev-examples", type=int, default=400)
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--learning-rate", type=float, default=2e-4,
+                        help="few steps here, so above the paper's grid (tuned for thousands of steps)")
+    parser.add_argument("--max-seq-length", type=int, default=64)
+    # 1 by default: on a shared, oversubscribed CPU two spinning OpenMP threads run slower than one.
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default="bench-results/finetune.json")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import tempfile
+
+    import torch
+
+    from bert_core.config import FinetuneConfig
+    from bert_core.finetune.train import load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    samples = samples_dir(args.samples)
+    checkpoint = str(samples / "models" / "minilm")
+    tokenizer = load_tokenizer(checkpoint)
+    train, dev = load_data(samples, tokenizer, args.train_examples, args.dev_examples, args.max_seq_length)
+    cfg = FinetuneConfig(learning_rate=args.learning_rate, batch_size=args.batch_size,
+                         num_train_epochs=args.epochs, max_seq_length=args.max_seq_length,
+                         threads=args.threads)
+    labels = [f["label"] for f in dev]
+    majority = max(labels.count(0), labels.count(1)) / len(labels)
+    print(f"sentiment: {len(train)} train / {len(dev)} dev examples (majority class {majority:.3f}), "
+          f"MiniLM, lr {cfg.learning_rate}, batch {cfg.batch_size}, {cfg.num_train_epochs} epoch(s), "
+          f"{args.threads} threads", flush=True)
+    ours = run_ours(checkpoint, train, dev, cfg, args.seed, tokenizer.pad_id)
+    print(f"ours:         accuracy {ours['accuracy']:.4f}  {ours['train_examples_per_second']:.1f} examples/s", flush=True)
+    with tempfile.TemporaryDirectory() as work:
+        ref = run_transformers(checkpoint, train, dev, cfg, args.seed, tokenizer.pad_id, work)
+    print(f"transformers: accuracy {ref['accuracy']:.4f}  {ref['train_examples_per_second']:.1f} examples/s")
+    rows = [
+        {"measure": "sentiment dev accuracy (MiniLM)", "ours": ours["accuracy"],
+         "reference": ref["accuracy"], "ratio": round(ours["accuracy"] / max(ref["accuracy"], 1e-9), 4),
+         "unit": "accuracy"},
+        {"measure": "fine-tune training throughput (MiniLM)", "ours": ours["train_examples_per_second"],
+         "reference": ref["train_examples_per_second"],
+         "ratio": round(ours["train_examples_per_second"] / max(ref["train_examples_per_second"], 1e-9), 4),
+         "unit": "examples/s"},
+    ]
+    for r in rows:
+        print(f"{r['measure']}: ours {r['ours']} vs transformers {r['reference']} (ratio {r['ratio']})")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "majority_class": majority, "ours": ours,
+                               "transformers": ref, "settings": vars(args)}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
