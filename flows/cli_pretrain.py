@@ -65,18 +65,18 @@ def pretrain(
         LaunchInfraError,
         launch_pretraining,
     )
-    from bert_core.pretrain import read_metrics
-    from flows.pretrain import steps_done, total_steps
+    from bert_core.pretrain import MetricsTail, steps_done, total_steps
 
     columns = (TextColumn("[bold]pre-training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, transient=False) as bar:
         job = bar.add_task("", total=total_steps(cfg))
+        metrics = MetricsTail(output)
 
         def on_line(line: str) -> None:
             if verbose or not line.startswith("[20"):
                 bar.console.print(line, markup=False, highlight=False)
-            rows = read_metrics(output)
+            rows = metrics.poll()
             if rows:
                 bar.update(job, completed=steps_done(cfg, rows), description=f"loss {rows[-1]['loss']:.4f}")
 
@@ -94,8 +94,7 @@ def pretrain(
         except ValueError as err:  # e.g. launcher=no_ssh without --node-rank
             typer.secho(str(err), fg="red", err=True)
             raise typer.Exit(2) from None
-        rows = read_metrics(run)
-        bar.update(job, completed=steps_done(cfg, rows))
+        bar.update(job, completed=steps_done(cfg, metrics.poll()))
     typer.echo(f"pre-trained model: {run}/hf")
 
 

@@ -22,36 +22,27 @@ from prefect import flow, get_run_logger, task
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
+from bert_core.pretrain import steps_done, total_steps
 
 TABLE_EVERY_S = 30.0
 METRIC_COLUMNS = ("phase", "step", "loss", "mlm_acc", "nsp_acc", "lr", "seq_per_s", "tokens_per_s", "mfu")
-
-
-def total_steps(config: PipelineConfig) -> int:
-    return sum(p.max_steps for p in config.pretrain.phases)
-
-
-def steps_done(config: PipelineConfig, rows: list[dict[str, Any]]) -> int:
-    """Optimizer steps finished over all phases, from the last metrics row."""
-    if not rows:
-        return 0
-    last = rows[-1]
-    return sum(p.max_steps for p in config.pretrain.phases[: last["phase"] - 1]) + last["step"]
 
 
 class MetricsWatcher:
     """Follows ``RUN/metrics.jsonl`` and mirrors it into Prefect artifacts."""
 
     def __init__(self, config: PipelineConfig, run: str) -> None:
+        from bert_core.pretrain import MetricsTail
+
         self.config, self.run = config, run
+        self.tail = MetricsTail(run)
         self.seen = -1
         self.table_at = 0.0
 
     def poll(self, final: bool = False) -> list[dict[str, Any]]:
-        from bert_core.pretrain import read_metrics
         from flows.artifacts import progress, publish_table
 
-        rows = read_metrics(self.run)
+        rows = self.tail.poll()
         if len(rows) != self.seen or final:
             self.seen = len(rows)
             done, total = steps_done(self.config, rows), total_steps(self.config)

@@ -35,7 +35,14 @@ from bert_core.launch import (
     prepare_run,
     run_launch,
 )
-from bert_core.pretrain import load_run_config, read_metrics
+from bert_core.pretrain import (
+    MetricsLog,
+    MetricsTail,
+    load_run_config,
+    read_metrics,
+    steps_done,
+    total_steps,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import make_instances  # noqa: E402
@@ -154,6 +161,29 @@ def test_prepare_run_writes_config_hostfile_and_remote_env(tmp_path):
     argv, env = prepare_run(ssh, str(tmp_path / "inst"), str(tmp_path / "run2"))
     assert argv[argv.index("--hostfile") + 1] == "/job/hostfile"
     assert Path(env["DS_ENV_FILE"]).read_text() == "OMP_NUM_THREADS=4\nDS_ACCELERATOR=cpu\n"
+
+
+def test_metrics_log_and_tail_follow_appends_resume_truncation_and_torn_lines(tmp_path):
+    run = str(tmp_path / "run")
+    log, tail = MetricsLog(run), MetricsTail(run)
+    assert tail.poll() == []
+    for step in (1, 2, 3):
+        log.append({"phase": 1, "step": step, "loss": 10.0 - step})
+    assert [r["step"] for r in tail.poll()] == [1, 2, 3]
+    with open(log.uri, "a") as f:  # a line being written
+        f.write('{"phase": 1, "step": 4, "lo')
+    assert [r["step"] for r in tail.poll()] == [1, 2, 3]
+    resumed = MetricsLog(run)  # a resume from the checkpoint at step 2 drops rows 3 and the torn 4
+    resumed.truncate(1, 2)
+    resumed.append({"phase": 1, "step": 3, "loss": 6.5})
+    resumed.append({"phase": 1, "step": 4, "loss": 6.0})
+    resumed.append({"phase": 2, "step": 1, "loss": 5.0})
+    rows = tail.poll()
+    assert [(r["phase"], r["step"], r["loss"]) for r in rows] == [
+        (1, 1, 9.0), (1, 2, 8.0), (1, 3, 6.5), (1, 4, 6.0), (2, 1, 5.0)]
+    assert read_metrics(run) == rows
+    cfg = tiny_config()
+    assert steps_done(cfg, rows) == STEPS + 1 and total_steps(cfg) == STEPS + PHASE2_STEPS
 
 
 def test_run_launch_tells_config_errors_from_infrastructure_failures():
