@@ -128,6 +128,55 @@ def test_no_weight_decay_on_bias_and_layernorm():
     assert len(decay["params"]) + len(plain["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
+def test_real_engine_from_rendered_config(optimizer, monkeypatch):
+    """One CPU rank in this process: the rendered config builds a DeepSpeed engine whose optimizer,
+    parameter groups and schedule are the paper's (LAMB on CPU: torch-optimizer's, as client)."""
+    import deepspeed
+    import torch_optimizer
+
+    from bert_core.ds_config import client_optimizer, uses_client_optimizer
+    from bert_core.model import BertForPreTraining
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}.items():
+        monkeypatch.setenv(key, value)
+    cfg = tiny_config(f"pretrain.optimizer={optimizer}", "pretrain.procs_per_node=1",
+                      "pretrain.monitor=none")
+    pre = cfg.pretrain
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg.model.model_copy(update={"vocab_size": 120}))
+    groups = param_groups(model, pre.weight_decay)
+    client = client_optimizer(pre, pre.phases[0], groups) if uses_client_optimizer(pre) else None
+    deepspeed.init_distributed(dist_backend="gloo")
+    engine, opt, _, scheduler = deepspeed.initialize(model=model, model_parameters=groups,
+                                                     optimizer=client, config=ds_config(pre, 0))
+    inner = opt.optimizer if hasattr(opt, "optimizer") else opt
+    assert isinstance(inner, torch.optim.AdamW if optimizer == "adamw" else torch_optimizer.Lamb)
+    assert [g["weight_decay"] for g in inner.param_groups] == [0.01, 0.0]
+    assert engine.gradient_accumulation_steps() == 4  # global 16 = micro 4 x 1 rank x 4
+    g = torch.Generator().manual_seed(1)
+    batch = {
+        "input_ids": torch.randint(5, 120, (4, 16), generator=g), "token_type_ids": torch.zeros(4, 16, dtype=torch.long),
+        "attention_mask": torch.ones(4, 16, dtype=torch.long),
+        "masked_lm_positions": torch.tensor([[1, 2, 3]] * 4), "masked_lm_ids": torch.randint(5, 120, (4, 3), generator=g),
+        "masked_lm_weights": torch.ones(4, 3), "next_sentence_label": torch.tensor([0, 1, 0, 1]),
+    }
+    scheduler.step()  # as bert_core.pretrain does on a fresh phase: update k uses iteration k - 1
+    lrs, losses = [], []
+    before = model.bert.embeddings.word_embeddings.weight.detach().clone()
+    for _ in range(3):
+        lrs.append(inner.param_groups[0]["lr"])
+        for _ in range(4):
+            loss = engine(**batch)["loss"]
+            engine.backward(loss)
+            engine.step()
+        losses.append(loss.item())
+    assert lrs == pytest.approx([0.0, 0.0015, 0.003])  # linear warmup over 2 steps to the peak
+    assert losses[-1] < losses[0]  # the third update (at the peak rate) learnt the repeated batch
+    assert not torch.equal(before, model.bert.embeddings.word_embeddings.weight)
+
+
 def test_launcher_argv_shapes():
     local = load_config("demo").pretrain
     assert launcher_argv(local, ["--output", "r"]) == [
