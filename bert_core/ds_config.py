@@ -55,7 +55,8 @@ def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None)
                 "total_num_steps": phase.max_steps,
                 "warmup_min_lr": 0.0,
                 "warmup_max_lr": phase.learning_rate,
-                "warmup_num_steps": phase.warmup_steps,
+                # DeepSpeed refuses 0 (and warms up over at least 2 steps anyway)
+                "warmup_num_steps": max(1, phase.warmup_steps),
                 "warmup_type": "linear",
             },
         },

@@ -27,6 +27,7 @@ from bert_core.config import load_config
 from bert_core.ds_config import ds_config, param_groups
 from bert_core.launch import (
     LaunchConfigError,
+    LaunchError,
     LaunchInfraError,
     cpu_comm_op_built,
     ensure_cpu_comm_op,
@@ -104,6 +105,8 @@ def test_ds_config_from_pretrain_config():
     assert ds["scheduler"]["params"]["total_num_steps"] == 60
     assert ds["gradient_clipping"] == 1.0 and ds["csv_monitor"]["output_path"] == "/runs/x/monitor/"
     assert "bf16" not in ds and "fp16" not in ds
+    no_warmup = load_config("demo", None, ["pretrain.phases.1.warmup_steps=0"]).pretrain
+    assert ds_config(no_warmup, 1)["scheduler"]["params"]["warmup_num_steps"] == 1  # DeepSpeed refuses 0
     gpu = load_config("bert-base-128", None, ["pretrain.accelerator=gpu", "pretrain.precision=bf16",
                                               "pretrain.optimizer=lamb", "pretrain.zero_stage=2"]).pretrain
     ds = ds_config(gpu, 0)
@@ -246,6 +249,12 @@ def test_run_launch_tells_config_errors_from_infrastructure_failures():
         run_launch(killed, on_line=lines.append)
     assert err.value.exit_code == -9
     assert run_launch([sys.executable, "-c", "print('ok')"], on_line=lines.append) == 0
+    # a rank's Python error, logged by DeepSpeed's sigkill_handler: neither config nor infrastructure
+    crash = [sys.executable, "-c", "print('[launch.py:253:sigkill_handler] Killing subprocess 1'); "
+             "raise ValueError('warmup_num_steps must be a positive integer')"]
+    with pytest.raises(LaunchError) as err:
+        run_launch(crash, on_line=lines.append)
+    assert type(err.value) is LaunchError and err.value.exit_code == 1
 
 
 def test_launch_with_missing_instances_is_a_config_error(tmp_path):
