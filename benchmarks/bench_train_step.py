@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = r["tokens_per_s_ours"] / r["tokens_per_s_reference"]
         rows.append({"measure": f"train step {size} L{r['layers']}/H{r['hidden']} batch {n}x{r['batch'][1]}",
                      "ours": round(r["tokens_per_s_ours"], 1), "reference": round(r["tokens_per_s_reference"], 1),
-                     "ratio": round(ratio, 3), "unit": "non-padding tokens/s"})
+                     "ratio": round(ratio, 3), "unit": f"non-padding tokens per CPU-second ({args.threads} thread)"})
         print(f"{size:>5}: ours {r['tokens_per_s_ours']:8.1f} tok/s ({r['step_s_ours']:.3f} s/step)   "
               f"transformers {r['tokens_per_s_reference']:8.1f} tok/s ({r['step_s_reference']:.3f} s/step)   "
               f"ratio {ratio:.2f}x   loss {r['loss_ours']:.4f} vs {r['loss_reference']:.4f}", flush=True)
