@@ -163,7 +163,20 @@ def load_run_config(uri: str) -> PipelineConfig:
     return validate(json.loads(storage.read_text(uri)), source=uri)
 
 
-def model_config(config: PipelineConfig, vocab_size: int):  # -> ModelConfig
+def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str | None = None):  # -> ModelConfig
+    """The encoder's shape: the init checkpoint's own config.json if given, else ``config.model``
+    with the instances' vocab size."""
+    if init_checkpoint:
+        from bert_core.checkpoint import model_config_from_hf
+
+        source = storage.join(init_checkpoint, "config.json")
+        cfg = model_config_from_hf(json.loads(storage.read_text(source)), source=source)
+        if (cfg.vocab_size or 0) < vocab_size:
+            raise PretrainConfigError(
+                f"{source}: vocab_size={cfg.vocab_size} but the instances' vocab has {vocab_size} "
+                "tokens; start from a checkpoint trained with this vocab"
+            )
+        return cfg
     if config.model.vocab_size is not None and config.model.vocab_size < vocab_size:
         raise PretrainConfigError(
             f"model.vocab_size={config.model.vocab_size} is smaller than the instances' vocab "
@@ -202,7 +215,7 @@ def run_phase(
     pre = config.pretrain
     phase = pre.phases[phase_index]
     ckpt = checkpoint_dir(run, phase_index)
-    mcfg = model_config(config, vocab_size)
+    mcfg = model_config(config, vocab_size, init_checkpoint)
 
     torch.manual_seed(pre.seed)  # same initial weights on every rank
     if phase_index == 0 and init_checkpoint:
@@ -309,6 +322,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from bert_core.checkpoint import CheckpointError
     from bert_core.data import InstanceDataError, read_vocab, vocab_file_of
 
     try:
@@ -321,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         vocab_file = vocab_file_of(args.instances, fallback=config.vocab.vocab_file)
         vocab_size = len(read_vocab(vocab_file))
-        model_config(config, vocab_size)
-    except (ConfigError, InstanceDataError, storage.UnfinishedWriteError, FileNotFoundError) as err:
+        model_config(config, vocab_size, args.init_checkpoint)
+    except (ConfigError, CheckpointError, InstanceDataError, storage.UnfinishedWriteError,
+            FileNotFoundError) as err:
         print(f"{CONFIG_ERROR_PREFIX} {err}", file=sys.stderr, flush=True)
         return CONFIG_ERROR_EXIT
     if storage.has_manifest(args.output):
@@ -357,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             engine = result.pop("engine")
             stats.append(result | _phase_stats_from_metrics(args.output, i, phase.global_batch_size,
                                                             prefer=result))
-    except (ConfigError, InstanceDataError) as err:
+    except (ConfigError, CheckpointError, InstanceDataError) as err:
         print(f"{CONFIG_ERROR_PREFIX} {err}", file=sys.stderr, flush=True)
         return CONFIG_ERROR_EXIT
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from bert_core import storage
-from bert_core.config import load_config
+from bert_core.config import ConfigError, load_config
 from bert_core.ds_config import ds_config, param_groups
 from bert_core.launch import (
     LaunchConfigError,
@@ -40,6 +40,7 @@ from bert_core.pretrain import (
     MetricsLog,
     MetricsTail,
     load_run_config,
+    model_config,
     read_metrics,
     steps_done,
     total_steps,
@@ -178,6 +179,16 @@ def test_real_engine_from_rendered_config(optimizer, monkeypatch):
     assert lrs == pytest.approx([0.0, 0.0015, 0.003])  # linear warmup over 2 steps to the peak
     assert losses[-1] < losses[0]  # the third update (at the peak rate) learnt the repeated batch
     assert not torch.equal(before, model.bert.embeddings.word_embeddings.weight)
+
+
+def test_model_shape_from_config_or_init_checkpoint(samples_dir):
+    cfg = tiny_config()
+    assert model_config(cfg, 30522).hidden_size == 64 and model_config(cfg, 30522).vocab_size == 30522
+    minilm = str(samples_dir / "models" / "minilm")
+    from_ckpt = model_config(cfg, 30522, minilm)  # the checkpoint's own shape, not the preset's
+    assert (from_ckpt.hidden_size, from_ckpt.num_hidden_layers, from_ckpt.vocab_size) == (384, 6, 30522)
+    with pytest.raises(ConfigError, match="vocab_size=30522"):
+        model_config(cfg, 40000, minilm)
 
 
 def test_launcher_argv_shapes():
