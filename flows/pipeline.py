@@ -24,7 +24,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed
+from prefect.states import Completed, State
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, config_hash
@@ -150,6 +150,12 @@ def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name
 # --------------------------------------------------------------------------- the DAG
 
 
+def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    # A task that returns a State (our "Cached") hands that State to its caller: unwrap it.
+    out = run_stage(stage, config, output, inputs)
+    return out.result() if isinstance(out, State) else out
+
+
 @flow(name="bert-pipeline", log_prints=True)
 def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Raw text to fine-tuned models; finished stages are skipped, failed jobs listed."""
@@ -159,19 +165,19 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
     corpus = stage_output(config, "corpus", config.corpus,
                           files_identity(config.corpus.wikipedia + config.corpus.books))
-    stages["corpus"] = run_stage("corpus", config, corpus, {})
+    stages["corpus"] = _stage("corpus", config, corpus, {})
 
     vocab = stage_output(config, "vocab", config.vocab, manifest_identity(corpus))
-    stages["vocab"] = run_stage("vocab", config, vocab, {"corpus": corpus})
+    stages["vocab"] = _stage("vocab", config, vocab, {"corpus": corpus})
 
     instances = stage_output(config, "instances", config.instances,
                              manifest_identity(corpus), manifest_identity(vocab))
-    stages["instances"] = run_stage("instances", config, instances,
-                                    {"corpus": corpus, "vocab": vocab})
+    stages["instances"] = _stage("instances", config, instances,
+                                {"corpus": corpus, "vocab": vocab})
 
     run = stage_output(config, "pretrain", config.model, config.pretrain,
                        manifest_identity(instances), manifest_identity(vocab))
-    stages["pretrain"] = run_stage("pretrain", config, run, {"instances": instances})
+    stages["pretrain"] = _stage("pretrain", config, run, {"instances": instances})
 
     checkpoints = {"pretrained": storage.join(run, "hf")}
     for extra in config.finetune.extra_checkpoints:
@@ -196,7 +202,9 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
             st.wait()
         state = st.state if submit else st
         if state.is_completed():
-            results.append({"checkpoint": label, "task": task_name, **state.result()})
+            value = state.result()
+            value = value.result() if isinstance(value, State) else value
+            results.append({"checkpoint": label, "task": task_name, **value})
         else:
             results.append({"checkpoint": label, "task": task_name, "status": "failed",
                             "output": output, "error": state.message or state.name})

@@ -1,0 +1,75 @@
+"""A real ``prefect server start`` on 127.0.0.1 (free port, own PREFECT_HOME and SQLite) for slow tests.
+
+    with local_prefect_server(tmp_path) as api_url: ...
+
+Not a test module: test_pipeline.py and test_deployments.py import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env(home: Path, api_url: str | None = None) -> dict[str, str]:
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db"}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    else:
+        env.pop("PREFECT_API_URL", None)
+    return env
+
+
+@contextlib.contextmanager
+def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[str]:
+    """Start the server, wait for /api/health, yield the API URL, stop it (and only it)."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--analytics-off"],
+        env=server_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited {proc.returncode}: "
+                                   + (home / "server.log").read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prefect server on {url} not healthy after {timeout}s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        # The CLI runs uvicorn as a child: stop the whole process group this fixture started.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()

@@ -1,0 +1,164 @@
+"""bert_pipeline end to end on a real Prefect server: every stage runs, a second run skips them all,
+and the artifacts say what happened. Plus the retry policy (flows/retry.py) on real errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bert_core.config import ConfigError, load_config
+from flows.retry import is_infrastructure_error
+
+STAGE_FLOWS = {"clean-corpus": 1, "build-vocab": 1, "create-instances": 1, "pretrain": 1, "finetune": 2}
+
+
+def test_retry_only_infrastructure_errors():
+    from bert_core.download import ChecksumError, DownloadError
+    from bert_core.storage import UnfinishedWriteError
+
+    retried = [ConnectionResetError(104, "reset"), TimeoutError("read timed out"),
+               RuntimeError("torch.distributed.DistNetworkError: rendezvous timeout after 900 s"),
+               subprocess.CalledProcessError(1, ["deepspeed"], stderr=b"gloo connectFullMesh timeout"),
+               DownloadError("GET http://x/y: HTTP 503")]
+    never = [ConfigError("pretrain.nodes: bad"), ValueError("max_seq_length too long"),
+             UnfinishedWriteError("no manifest"), ChecksumError("sha1 mismatch, connection reset"),
+             KeyError("input_ids"), subprocess.CalledProcessError(2, ["deepspeed"], stderr=b"bad arg")]
+    assert [is_infrastructure_error(e) for e in retried] == [True] * len(retried)
+    assert [is_infrastructure_error(e) for e in never] == [False] * len(never)
+    wrapped = RuntimeError("stage failed")
+    wrapped.__cause__ = ConnectionRefusedError(111, "refused")
+    assert is_infrastructure_error(wrapped)
+
+
+def pipeline_config(samples: Path, root: Path):
+    return load_config("demo", sets=[
+        f"storage_root={root}",
+        "corpus.wikipedia=[]",
+        f"corpus.books=[{samples}/books/botchan.txt]",
+        "vocab.vocab_size=1000",
+        "instances.dupe_factor=1",
+        "instances.num_shards=2",
+        "pretrain.phases=[{max_seq_length: 128, max_steps: 4, global_batch_size: 16, micro_batch_size: 8, "
+        "warmup_steps: 1}, {max_seq_length: 512, max_steps: 2, global_batch_size: 4, micro_batch_size: 2, "
+        "warmup_steps: 1}]",
+        "pretrain.log_every=1",
+        "pretrain.checkpoint_every=2",
+        "finetune.tasks=[sentiment]",
+        "finetune.seeds=[1]",
+        f"finetune.data_dir={samples}/tasks",
+        "finetune.max_train_examples=32",
+        f"finetune.extra_checkpoints=[{samples}/models/minilm]",
+    ])
+
+
+def _flow_runs(client) -> list:
+    runs = client.read_flow_runs()
+    names = {f.id: f.name for f in client.read_flows()}
+    return [(names[r.flow_id], r) for r in runs]
+
+
+def _task_runs(client, flow_run_id) -> dict:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    # A child flow run also shows as a placeholder task run "<flow>-<uuid>"; keep our own tasks.
+    return {r.name: r for r in runs if not re.search(r"-[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$", r.name)}
+
+
+def _artifact(client, key: str):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                                  sort=ArtifactSort.CREATED_DESC)
+    assert found, f"no artifact {key!r}"
+    data = found[0].data
+    return json.loads(data) if found[0].type == "table" and isinstance(data, str) else data
+
+
+def _eventually(check, timeout: float = 60):
+    """Task-run states reach the API through events: give the server a moment to record them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+@pytest.mark.slow
+def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_server import local_prefect_server
+
+    from bert_core import storage
+    from flows.pipeline import SKIPPED, bert_pipeline
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg = pipeline_config(samples_dir, tmp_path / "data")
+    with local_prefect_server(tmp_path / "prefect") as api, temporary_settings({PREFECT_API_URL: api}):
+        first = bert_pipeline(cfg)
+        assert {s: v["status"] for s, v in first["stages"].items()} == {
+            "corpus": "completed", "vocab": "completed", "instances": "completed",
+            "pretrain": "completed", "finetune": "completed"}
+        # each stage landed in <root>/<stage>/<version> with its manifest
+        for stage in ("corpus", "vocab", "instances", "pretrain"):
+            out = first["stages"][stage]["output"]
+            assert out.startswith(storage.join(str(tmp_path / "data"), stage) + "/")
+            assert storage.read_manifest(out)["stage"] == stage
+        assert [(j["checkpoint"], j["status"]) for j in first["finetune_jobs"]] == [
+            ("pretrained", "completed"), ("minilm", "completed")]
+
+        second = bert_pipeline(cfg)
+        assert {v["status"] for v in second["stages"].values()} == {SKIPPED}
+
+        with get_client(sync_client=True) as client:
+            def check_runs():
+                runs = _flow_runs(client)
+                counts = Counter(name for name, _ in runs)
+                # the stage flows ran once (first run); the second pipeline run started none
+                assert counts == {"bert-pipeline": 2, **STAGE_FLOWS}, counts
+                pipelines = sorted((r for n, r in runs if n == "bert-pipeline"),
+                                   key=lambda r: r.expected_start_time)
+                assert all(r.state.is_completed() for _, r in runs)
+                tasks1, tasks2 = (_task_runs(client, r.id) for r in pipelines)
+                expected = {"corpus", "vocab", "instances", "pretrain", "finetune-sentiment-pretrained",
+                            "finetune-sentiment-minilm"}
+                assert set(tasks1) == expected and set(tasks2) == expected
+                assert {t.state.name for t in tasks1.values()} == {"Completed"}
+                assert {t.state.name for t in tasks2.values()} == {"Cached"}
+                assert all(SKIPPED in t.state.message for t in tasks2.values())
+            _eventually(check_runs)
+
+            stages = _artifact(client, "pipeline-stages")
+            assert {r["stage"]: r["status"] for r in stages} == {
+                s: SKIPPED for s in ("corpus", "vocab", "instances", "pretrain", "finetune")}
+            results = _artifact(client, "pipeline-finetune-results")
+            main = {r["checkpoint"]: r for r in results if r["metric"].endswith("(main)")}
+            assert set(main) == {"pretrained", "minilm"}
+            assert all(0 <= r["mean"] <= 1 and r["n"] == 1 for r in main.values())
+            report = _artifact(client, "pipeline-report")
+            assert report.count("](data:image/png;base64,") == 4  # loss, accuracy, 2 length histograms
+            assert "## Fine-tuning" in report and "minilm" in report
+            counts = _artifact(client, "corpus-counts")
+            kept = sum(r["records"] for r in counts if r["what"] == "kept")
+            read = sum(r["records"] for r in counts if r["what"] == "read")
+            assert 0 < kept <= read
+            metrics = _artifact(client, "pretrain-metrics")
+            assert [r["step"] for r in metrics if r["phase"] == 1][-1] == 4
+            assert all(r["loss"] > 0 for r in metrics)
+            from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+            (progress, *_) = client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pretrain-progress"])))
+            assert float(progress.data) == 100.0
+            for key in ("vocab-report", "instance-stats", "finetune-results", "pretrain-report"):
+                assert _artifact(client, key)
