@@ -150,6 +150,37 @@ def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name
 # --------------------------------------------------------------------------- the DAG
 
 
+def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> list[dict[str, Any]]:
+    """One isolated job per checkpoint x task (called inside a flow); failures become rows."""
+    jobs = []
+    for label, checkpoint in checkpoints.items():
+        ident = checkpoint_identity(checkpoint)
+        for task_name in config.finetune.tasks:
+            ft = finetune_job_config(config, task_name).finetune
+            output = stage_output(config, "finetune", ft, ident)
+            jobs.append((label, task_name, output, checkpoint))
+    submit = config.finetune.deployment is not None
+    states = []
+    for label, task_name, output, checkpoint in jobs:
+        args = (config, checkpoint, output, task_name, label)
+        # Deployed jobs run in parallel on the pool; in-process jobs one after another (shared CPU).
+        states.append(finetune_job.submit(*args) if submit else
+                      finetune_job(*args, return_state=True))
+    results = []
+    for (label, task_name, output, _), st in zip(jobs, states, strict=True):
+        if submit:
+            st.wait()
+        state = st.state if submit else st
+        if state.is_completed():
+            value = state.result()
+            value = value.result() if isinstance(value, State) else value
+            results.append({"checkpoint": label, "task": task_name, **value})
+        else:
+            results.append({"checkpoint": label, "task": task_name, "status": "failed",
+                            "output": output, "error": state.message or state.name})
+    return results
+
+
 def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
     # A task that returns a State (our "Cached") hands that State to its caller: unwrap it.
     out = run_stage(stage, config, output, inputs)
@@ -182,32 +213,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     checkpoints = {"pretrained": storage.join(run, "hf")}
     for extra in config.finetune.extra_checkpoints:
         checkpoints[extra.rstrip("/").rsplit("/", 1)[-1]] = extra
-    jobs = []
-    for label, checkpoint in checkpoints.items():
-        ident = checkpoint_identity(checkpoint)
-        for task_name in config.finetune.tasks:
-            ft = finetune_job_config(config, task_name).finetune
-            output = stage_output(config, "finetune", ft, ident)
-            jobs.append((label, task_name, output, checkpoint))
-    submit = config.finetune.deployment is not None
-    states = []
-    for label, task_name, output, checkpoint in jobs:
-        args = (config, checkpoint, output, task_name, label)
-        # Deployed jobs run in parallel on the pool; in-process jobs one after another (shared CPU).
-        states.append(finetune_job.submit(*args) if submit else
-                      finetune_job(*args, return_state=True))
-    results = []
-    for (label, task_name, output, _), st in zip(jobs, states, strict=True):
-        if submit:
-            st.wait()
-        state = st.state if submit else st
-        if state.is_completed():
-            value = state.result()
-            value = value.result() if isinstance(value, State) else value
-            results.append({"checkpoint": label, "task": task_name, **value})
-        else:
-            results.append({"checkpoint": label, "task": task_name, "status": "failed",
-                            "output": output, "error": state.message or state.name})
+    results = fan_out_finetune(config, checkpoints)
     stages["finetune"] = {"status": _overall(results), "output": storage.join(
         config.storage_root, "finetune")}
 
