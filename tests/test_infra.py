@@ -130,7 +130,9 @@ def test_beam_runner_settings_are_real_pipeline_options(runner, key, expected):
 def test_prefect_yaml_is_the_rendered_demo_and_names_real_flows():
     from prefect.flows import load_flow_from_entrypoint
 
-    assert (INFRA_DIR / "prefect.yaml").read_text() == prefect_yaml(load_config("demo"))
+    assert (INFRA_DIR / "prefect.yaml").read_text() == prefect_yaml(load_config("demo")), (
+        "infra/prefect.yaml is stale (the demo preset or the config changed): re-render it with "
+        "`bertpipe infra render --preset demo --out build/infra && cp build/infra/prefect.yaml infra/`")
     spec = load_prefect_yaml()
     names = set()
     for d in spec["deployments"]:
