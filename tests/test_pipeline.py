@@ -162,3 +162,6 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
             assert float(progress.data) == 100.0
             for key in ("vocab-report", "instance-stats", "finetune-results", "pretrain-report"):
                 assert _artifact(client, key)
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler().flush()  # ship the last run logs before the server stops
