@@ -1,27 +1,113 @@
-"""`make demo`: the whole pipeline on the real sample corpus, as far as it exists.
+"""`make demo`: the whole pipeline on the real sample corpus, then a summary a newcomer can read.
 
-    python -m flows.demo --samples samples
+    python -m flows.demo --samples samples            # what `make demo` runs
+    python -m flows.demo --samples samples --set pretrain.phases.0.max_steps=20
+
+Fetches the samples (cached after the first time), runs `bert_pipeline` with the `demo` preset
+(clean -> vocab -> instances 128/512 -> pre-train phase 1 and 2 on 2 CPU ranks -> fine-tune the
+fresh model and the sample MiniLM on sentiment, SQuAD, NER and SWAG), and prints the stages,
+the pre-training loss curve's ends, and the fine-tuning scores. Running it again skips every
+finished stage. Without a Prefect server it runs on an ephemeral one whose database is the one
+`bertpipe server` opens afterwards, so the run can still be browsed in the UI.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
-from bert_core.config import load_config
+from bert_core import storage
+from bert_core.config import PipelineConfig, load_config
 from bert_core.samples import fetch
+
+PRESET_SAMPLES = "samples/"
+
+
+def demo_config(samples: str, sets: list[str]) -> PipelineConfig:
+    """The demo preset pointed at ``samples`` (the preset names ``samples/...``), plus --set."""
+    cfg = load_config("demo", sets=sets)
+    root = samples.rstrip("/") + "/"
+
+    def rebase(path: str) -> str:
+        return root + path[len(PRESET_SAMPLES):] if path.startswith(PRESET_SAMPLES) else path
+
+    corpus = cfg.corpus.model_copy(update={
+        "wikipedia": [rebase(p) for p in cfg.corpus.wikipedia],
+        "books": [rebase(p) for p in cfg.corpus.books]})
+    finetune = cfg.finetune.model_copy(update={
+        "data_dir": rebase(cfg.finetune.data_dir or "samples/tasks"),
+        "extra_checkpoints": [rebase(p) for p in cfg.finetune.extra_checkpoints]})
+    return cfg.model_copy(update={"corpus": corpus, "finetune": finetune})
+
+
+def pretrain_lines(cfg: PipelineConfig, run: str) -> list[str]:
+    """First and last logged loss of each phase, from the run's manifest."""
+    if not storage.has_manifest(run):
+        return ["  (no pre-training manifest)"]
+    lines = []
+    for i, phase in enumerate(storage.read_manifest(run)["stats"].get("phases", []), start=1):
+        first, last = phase.get("first_loss"), phase.get("last_loss")
+        if first is None or last is None:
+            lines.append(f"  phase {i}: no losses logged")
+            continue
+        trend = "fell" if last < first else "did not fall"
+        seq = cfg.pretrain.phases[i - 1].max_seq_length
+        lines.append(f"  phase {i} (seq {seq}): loss {first:.3f} -> "
+                     f"{last:.3f} over {phase.get('steps', '?')} steps ({trend})")
+    return lines
+
+
+def finetune_lines(jobs: list[dict]) -> list[str]:
+    """One line per (checkpoint, task): the task's main metric, mean ± sd over seeds."""
+    lines = []
+    for job in jobs:
+        head = f"  {job['checkpoint']:>10s}  {job['task']:10s}"
+        if job["status"] == "failed":
+            lines.append(f"{head}  FAILED: {job.get('error', '')}")
+            continue
+        summary = storage.read_manifest(job["output"])["stats"]["summary"]
+        for task, entry in summary.items():
+            main = entry.get("main_metric")
+            stats = entry["metrics"].get(main) if main else None
+            if stats is None:
+                lines.append(f"{head}  {task}: no scores (failed seeds {entry['failed_seeds']})")
+                continue
+            lines.append(f"{head}  {main} = {stats['mean']:.3f} ± {stats['sd']:.3f} "
+                         f"(seeds: {stats['n']})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--samples", default="samples")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--samples", default="samples", help="Where the sample data is laid out.")
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        help="Override a config field, e.g. pretrain.phases.0.max_steps=20.")
     args = parser.parse_args(argv)
-    out = fetch(args.samples)
-    cfg = load_config("demo")
-    print(f"samples: {out}")
-    print(f"demo preset: {cfg.model.num_hidden_layers}-layer BERT, vocab {cfg.vocab.vocab_size}, "
-          f"{len(cfg.instances.lengths)} sequence lengths")
-    print("Stages available so far: samples, config. The Beam, training and Prefect stages are "
-          "not built yet (see the status table in README.md).")
+    start = time.perf_counter()
+    fetch(args.samples)
+    cfg = demo_config(args.samples, args.sets)
+    print(f"demo: {cfg.model.num_hidden_layers}-layer BERT (hidden {cfg.model.hidden_size}), vocab "
+          f"{cfg.vocab.vocab_size}, {cfg.pretrain.world_size} CPU ranks, output in {cfg.storage_root}",
+          flush=True)
+
+    from flows.pipeline import bert_pipeline
+
+    summary = bert_pipeline(cfg)
+    minutes = (time.perf_counter() - start) / 60
+    print("\n==================== bertpipe demo: summary ====================")
+    for stage, info in summary["stages"].items():
+        print(f"  {stage:10s} {info['status']:18s} {info['output']}")
+    print("\nPre-training (tiny BERT, DeepSpeed, 2 CPU ranks):")
+    print("\n".join(pretrain_lines(cfg, summary["stages"]["pretrain"]["output"])))
+    print("\nFine-tuning (main metric, mean ± sd over seeds):")
+    print("\n".join(finetune_lines(summary["finetune_jobs"])))
+    api = os.environ.get("PREFECT_API_URL")
+    print(f"\nArtifacts: {summary['storage_root']}  (every folder has a _MANIFEST.json)")
+    print("Prefect UI: " + (api.removesuffix("/api") if api else
+                            "run `.venv/bin/bertpipe server` and open http://127.0.0.1:4200 "
+                            "(flow run 'bert-pipeline', artifacts tab)"))
+    print(f"Took {minutes:.1f} min. Run `make demo` again: finished stages are skipped.")
 
 
 if __name__ == "__main__":

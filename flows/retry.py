@@ -41,6 +41,13 @@ def is_infrastructure_error(exc: BaseException | None) -> bool:
         return False
     if type(exc).__name__ in {"ChecksumError"}:
         return False
+    # The launcher already told a killed rank or a failed rendezvous from a config error.
+    from bert_core.launch import LaunchConfigError, LaunchInfraError
+
+    if isinstance(exc, LaunchInfraError):
+        return True
+    if isinstance(exc, LaunchConfigError):
+        return False
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     if isinstance(exc, OSError) and exc.errno in _INFRA_ERRNOS:
