@@ -72,6 +72,13 @@ def run_one(name: str, samples: str, timeout: int) -> dict:
     return {"name": name, "status": status, "seconds": seconds, "rows": rows}
 
 
+def collect(name: str) -> dict:
+    """An earlier run's results, as run_one would have returned them."""
+    out = RESULTS / f"{name}.json"
+    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
+    return {"name": name, "status": "ok" if rows else "no results", "seconds": None, "rows": rows}
+
+
 def fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
@@ -98,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", default="samples", help="Sample data folder (bertpipe samples fetch).")
     parser.add_argument("--only", default="", help="Comma-separated benchmark names.")
     parser.add_argument("--timeout", type=int, default=1800, help="Seconds per benchmark.")
+    parser.add_argument("--report-only", action="store_true",
+                        help="Tabulate the bench-results/*.json already there; run nothing.")
     args = parser.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     only = {n.strip() for n in args.only.split(",") if n.strip()} or None
@@ -105,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     if not names:
         print(f"no benchmarks match {args.only!r}; have: {', '.join(discover(None))}", file=sys.stderr)
         return 2
-    results = [run_one(name, args.samples, args.timeout) for name in names]
+    if args.report_only:
+        results = [collect(name) for name in names]
+    else:
+        results = [run_one(name, args.samples, args.timeout) for name in names]
     info = machine()
     report = table(results)
     print(f"\nMachine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, torch {info['torch']}")
