@@ -338,14 +338,22 @@ def export_checkpoint(
     """
     from bert_core.model import BertForPreTraining
 
+    # A pre-training run keeps one DeepSpeed folder per phase (checkpoints/phase<N>): take the last.
+    if not is_deepspeed_checkpoint(source) and not storage.exists(storage.join(source, "config.json")):
+        phases = [storage.join(source, f"phase{n}") for n in range(1, 10)]
+        phases = [p for p in phases if is_deepspeed_checkpoint(p)]
+        if phases:
+            log.info("%s: exporting the last phase, %s", source, phases[-1])
+            source = phases[-1]
     parent = source.rstrip("/").rsplit("/", 1)[0] if "/" in source.rstrip("/") else "."
+    run = parent.rsplit("/", 1)[0] if "/" in parent else "."
     if storage.exists(storage.join(source, "config.json")) and not is_deepspeed_checkpoint(source):
         cfg, state = load_pretrained(source)
     elif is_deepspeed_checkpoint(source):
         state = load_deepspeed_state_dict(source, tag)
         # beside the checkpoint, in the run folder, or in the run's final export (runs/<run>/hf)
         cfg_uri = _first_existing(storage.join(source, "config.json"), storage.join(parent, "config.json"),
-                                  storage.join(parent, "hf", "config.json"))
+                                  storage.join(parent, "hf", "config.json"), storage.join(run, "hf", "config.json"))
         if cfg_uri:
             cfg = model_config_from_hf(json.loads(storage.read_text(cfg_uri)), source=cfg_uri)
         elif like is not None:
@@ -363,7 +371,8 @@ def export_checkpoint(
     model = BertForPreTraining(cfg)
     load_into(model, state, source=storage.to_uri(source))
     vocab_file = vocab_file or _first_existing(
-        storage.join(source, "vocab.txt"), storage.join(parent, "vocab.txt"), storage.join(parent, "hf", "vocab.txt")
+        storage.join(source, "vocab.txt"), storage.join(parent, "vocab.txt"), storage.join(parent, "hf", "vocab.txt"),
+        storage.join(run, "hf", "vocab.txt"),
     )
     if vocab_file is None:
         log.warning("%s: no vocab.txt found; the export has weights only (pass --vocab)", source)

@@ -10,27 +10,14 @@ output), ``pipeline-finetune-results`` (checkpoint x task x metric: mean, sd, n,
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
+from bert_core.pretrain import read_metrics
 from flows import artifacts
 
 _MAX_LENGTH_ROWS = 200_000  # enough for a histogram; the shards of a real run are far larger
-
-
-def read_metrics(run: str) -> list[dict[str, Any]]:
-    uri = storage.join(run, "metrics.jsonl")
-    if not storage.exists(uri):
-        return []
-    rows = []
-    for line in storage.read_text(uri).splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a crash is not a metric
-            continue
-    return rows
 
 
 def instance_lengths(instances: str) -> dict[int, list[int]]:
