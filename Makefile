@@ -26,7 +26,7 @@ demo: $(STAMP) samples
 	$(BIN)/python -m flows.demo --samples $(SAMPLES)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow"

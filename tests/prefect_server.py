@@ -35,6 +35,26 @@ def server_env(home: Path, api_url: str | None = None) -> dict[str, str]:
     return env
 
 
+def drain_prefect_workers() -> None:
+    """Flush and stop this process's Prefect log and event workers while their server still runs.
+
+    They are process-wide singletons holding a client for the server they started with; left
+    running after that server stops, a later ``prefect_test_harness`` waits forever draining them.
+    """
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        for result in (APILogWorker.drain_all(), EventsWorker.drain_all()):
+            if inspect.isawaitable(result):
+                await result
+
+    run_coro_as_sync(drain())
+
+
 @contextlib.contextmanager
 def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[str]:
     """Start the server, wait for /api/health, yield the API URL, stop it (and only it)."""
@@ -63,6 +83,7 @@ def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
+        drain_prefect_workers()
         # The CLI runs uvicorn as a child: stop the whole process group this fixture started.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

@@ -419,6 +419,14 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     assert (Path(manifest["hf"]) / "vocab.txt").read_text().splitlines()[101] == "[CLS]"
     assert list(Path(run, "monitor").rglob("*.csv"))  # DeepSpeed's CSV monitor ran
 
+    # `bertpipe export RUN/checkpoints` takes the last phase and gives the same weights as hf/
+    from bert_core.checkpoint import export_checkpoint
+
+    again = export_checkpoint(str(Path(run, "checkpoints")), str(tmp_path / "again"))
+    reexported = BertForPreTraining.from_pretrained(str(tmp_path / "again")).state_dict()
+    assert again and reexported.keys() == exported.keys()
+    assert all(torch.equal(reexported[k], exported[k]) for k in exported)
+
 
 def _latest_artifacts() -> dict:
     import asyncio
