@@ -50,7 +50,9 @@ FORWARDED_ENV = ("OMP_NUM_THREADS", "DS_ACCELERATOR")
 # failure, so signal names in the text say nothing.)
 _INFRA_PATTERNS = re.compile(
     r"DistNetworkError|timed out|Socket Timeout|Connection (refused|reset)|Address already in use|"
-    r"EADDRINUSE|Broken pipe|rendezvous|No route to host",
+    r"EADDRINUSE|Broken pipe|rendezvous|No route to host|"
+    # gloo/NCCL on the surviving ranks when a peer process died (killed, OOM, preempted)
+    r"Connection closed by peer|remote worker crash",
     re.IGNORECASE,
 )
 

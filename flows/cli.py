@@ -96,8 +96,11 @@ def samples_fetch(
         raise typer.Exit(1) from None
 
 
-for _module in COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
+# Stage modules import this module by its name (flows.cli); under `python -m flows.cli` this file
+# is __main__, so registration is left to the real flows.cli imported below.
+if __name__ != "__main__":
+    for _module in COMMAND_MODULES:
+        importlib.import_module(_module).register(app)
 
 
 def main() -> None:
@@ -105,4 +108,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from flows.cli import main as _main
+
+    sys.exit(_main())
