@@ -49,7 +49,9 @@ class CorpusConfig(_Model):
         2, ge=1, description="Documents with fewer sentences are rejected (too_few_sentences)."
     )
     min_chars_per_doc: int = Field(
-        200, ge=0, description="Documents with fewer characters of text are rejected (too_short)."
+        50, ge=0, description="Documents with fewer characters of text are rejected (too_short). "
+        "Low on purpose: real stubs are short (enwiki's 'Aa River' is 2 sentences, 189 chars); "
+        "pages that are only a list lead-in ('X may refer to:') already fail min_sentences_per_doc."
     )
     min_chars_per_sentence: int = Field(
         2, ge=1, description="Shorter sentences are removed from a document (not a reject)."
