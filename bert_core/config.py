@@ -333,6 +333,12 @@ class PipelineConfig(_Model):
     storage_root: str = Field(
         "./bertpipe-data", description="Local folder or fsspec URL (gs://bucket/prefix) for all outputs."
     )
+    runs_root: str | None = Field(
+        None, description="Local or mounted folder (gcsfuse, NFS) for pre-training run folders: "
+        "DeepSpeed saves checkpoints with torch.save to a path. Unset: storage_root, which must then "
+        "be local. When set, the pipeline also copies each run's hf/ export to "
+        "<storage_root>/models/<version>/, and fine-tuning reads it from there.",
+    )
     workers: int = Field(2, ge=1, description="Beam worker processes on the local runner.")
     beam_runner: str = Field(
         "FnApiRunner", description="Beam runner: FnApiRunner (local), DataflowRunner, FlinkRunner, SparkRunner."
@@ -347,6 +353,11 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:
+        if self.runs_root is not None and "://" in self.runs_root and not self.runs_root.startswith("file://"):
+            raise ValueError(
+                f"runs_root={self.runs_root}: DeepSpeed saves checkpoints to a path; give a local "
+                "folder or a mount of the bucket (e.g. gcsfuse at /mnt/gcs/PREFIX/runs)"
+            )
         lengths = {s.max_seq_length for s in self.instances.lengths}
         for i, p in enumerate(self.pretrain.phases):
             if p.max_seq_length not in lengths:

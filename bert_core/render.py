@@ -44,7 +44,9 @@ class InfraSettings:
     namespace: str = "bertpipe"
     job_name: str = "bert-pretrain"
     instances: str | None = None  # instance folder the pods read; default <root>/instances/latest
-    run: str | None = None  # run folder the pods write; default <root>/pretrain/<config name>
+    run: str | None = None  # run folder the pods write; default <runs mount>/pretrain/<config name>
+    runs_mount: str = "/mnt/bertpipe-runs"  # where pods mount the runs volume unless runs_root is set
+    runs_claim: str = "bertpipe-runs"  # ReadWriteMany PVC for the runs volume when storage is not gs://
     gcp_project: str = "my-gcp-project"
     gcp_region: str = "us-central1"
     flink_master: str = "flink-jobmanager:8081"
@@ -85,13 +87,27 @@ def pretrain_manifests(cfg: PipelineConfig, settings: InfraSettings = InfraSetti
     pre = cfg.pretrain.model_copy(update={"launcher": "no_ssh", "master_addr": master_host(settings)})
     run_cfg = cfg.model_copy(update={"pretrain": pre})
     instances = settings.instances or storage.join(cfg.storage_root, "instances", "latest")
-    run = settings.run or storage.join(cfg.storage_root, "pretrain", cfg.name)
+    mount = storage.to_uri(cfg.runs_root or settings.runs_mount)
+    run = settings.run or storage.join(mount, "pretrain", cfg.name)
+    if not storage.is_local(run) or not run.startswith(mount.rstrip("/") + "/"):
+        raise ValueError(f"run folder {run}: pods write it with torch.save, so it must be a path under "
+                         f"the runs volume mounted at {mount} (set runs_root or InfraSettings.runs_mount)")
     config_map = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": f"{settings.job_name}-config", "namespace": settings.namespace},
         "data": {"pipeline.json": json.dumps(run_cfg.model_dump(mode="json"), indent=1),
                  "hostfile": render_hostfile(pre)},
     }
+    protocol, path = storage.split_protocol(cfg.storage_root)
+    if protocol == "gs":  # the bucket itself, through GKE's gcsfuse CSI driver
+        bucket, _, prefix = path.partition("/")
+        only_dir = f"{prefix.strip('/')}/runs" if prefix.strip("/") else "runs"
+        runs_volume = {"name": "runs", "csi": {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
+            "bucketName": bucket, "mountOptions": f"implicit-dirs,only-dir={only_dir}"}}}
+        annotations = {"gke-gcsfuse/volumes": "true"}
+    else:
+        runs_volume = {"name": "runs", "persistentVolumeClaim": {"claimName": settings.runs_claim}}
+        annotations = {}
     common = {"job_name": settings.job_name, "namespace": settings.namespace,
               "master_port": pre.master_port, "image": settings.image}
     docs = [config_map, yaml.safe_load(fill(template("k8s/pretrain-service.yaml"), common))]
@@ -111,7 +127,7 @@ def pretrain_manifests(cfg: PipelineConfig, settings: InfraSettings = InfraSetti
             node_rank=rank, hostfile="/etc/bertpipe/hostfile")
         docs.append(yaml.safe_load(fill(node_template, {
             **common, "node_rank": rank, "command": command, "env": env, "requests": requests,
-            "limits": limits,
+            "limits": limits, "annotations": annotations, "runs_volume": runs_volume, "runs_mount": mount,
             "node_selector": {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"} if gpu else {},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
             if gpu else [],

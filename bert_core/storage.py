@@ -109,6 +109,20 @@ def list_files(uri: str) -> list[str]:
     return sorted(_with_protocol(uri, p) for p in fs.ls(path, detail=False) if fs.isfile(p))
 
 
+def copy_files(src: str, dst: str, chunk: int = 4 << 20) -> list[str]:
+    """Copy the files directly inside folder ``src`` into folder ``dst`` (any protocols,
+    streamed); returns the new URIs."""
+    import shutil
+
+    out = []
+    for uri in list_files(src):
+        target = join(dst, uri.rsplit("/", 1)[-1])
+        with open_file(uri, "rb") as r, open_file(target, "wb") as w:
+            shutil.copyfileobj(r, w, chunk)
+        out.append(target)
+    return out
+
+
 def glob(pattern: str) -> list[str]:
     """Expand a glob (``*``, ``**``, ``?``) into sorted file URIs."""
     fs = filesystem(pattern)

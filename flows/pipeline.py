@@ -10,6 +10,13 @@ shows as ``Cached`` with "skipped (cached)", so re-running a failed pipeline res
 stopped (the cache key comes from the manifests, not from Prefect's run ids or result storage).
 Pre-training resumes from its latest checkpoint inside the pretrain stage itself.
 
+Pre-training writes its run folder under ``runs_root`` (default: ``storage_root``): DeepSpeed saves
+checkpoints with ``torch.save`` to a path, so with ``storage_root: gs://...`` the run folder is a
+local disk or a mount of the bucket (gcsfuse, NFS), and a pipeline that cannot have one fails
+before any work. With ``runs_root`` set, the run's ``hf/`` export is copied to
+``<storage_root>/models/<version>/`` (with its own manifest), so every output a user keeps is in
+the bucket and fine-tuning reads the model from there.
+
 Retries are in the task decorator and only for infrastructure errors (flows/retry.py). Fine-tune
 jobs (one per checkpoint x task, each running all seeds) are isolated: a failed job is listed in
 the report and fails the run only after every other job has finished, so the next run redoes just
@@ -27,7 +34,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 
 from bert_core import storage
-from bert_core.config import PipelineConfig, config_hash
+from bert_core.config import ConfigError, PipelineConfig, config_hash
 from flows.retry import retry_on_infrastructure
 
 SKIPPED = "skipped (cached)"
@@ -65,6 +72,18 @@ def checkpoint_identity(checkpoint: str) -> dict[str, Any]:
 
 def stage_output(config: PipelineConfig, stage: str, *parts: Any) -> str:
     return storage.join(config.storage_root, stage, config_hash(*parts))
+
+
+def runs_base(config: PipelineConfig) -> str:
+    """Where pre-training run folders go; refused at once when DeepSpeed could not save there."""
+    base = config.runs_root or config.storage_root
+    if not storage.is_local(base):
+        raise ConfigError(
+            f"storage_root={config.storage_root} is not a local folder and runs_root is unset: "
+            "DeepSpeed saves pre-training checkpoints to a path; set runs_root to a local folder or "
+            "a mount of the bucket (e.g. --set runs_root=/mnt/gcs/PREFIX/runs)"
+        )
+    return base
 
 
 def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
@@ -181,6 +200,26 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
     return results
 
 
+@task(retries=2, retry_delay_seconds=20, retry_condition_fn=retry_on_infrastructure,
+      cache_policy=NO_CACHE, task_run_name="publish-model")
+def publish_model(run: str, output: str):
+    """Copy a finished run's ``hf/`` export to ``output`` (the bucket) with a manifest."""
+    logger = get_run_logger()
+    if storage.has_manifest(output):
+        logger.info("model: %s, %s has a manifest", SKIPPED, output)
+        return Completed(name="Cached", message=f"{SKIPPED}: {output}",
+                         data={"status": SKIPPED, "output": output})
+    run_manifest = storage.read_manifest(run)
+    files = storage.copy_files(storage.join(run, "hf"), output)
+    if not any(f.endswith(("model.safetensors", "pytorch_model.bin")) for f in files):
+        raise RuntimeError(f"{storage.join(run, 'hf')} holds no model weights; was the export written?")
+    storage.write_manifest(output, stage="model", config={"run": storage.to_uri(run)},
+                           inputs=[run_manifest], shards=[storage.shard_entry(f) for f in files],
+                           counts={"files": len(files)})
+    logger.info("model: copied %d files of %s/hf to %s", len(files), run, output)
+    return {"status": "completed", "output": output}
+
+
 def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
     # A task that returns a State (our "Cached") hands that State to its caller: unwrap it.
     out = run_stage(stage, config, output, inputs)
@@ -193,6 +232,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     from flows.report import publish_pipeline_report
 
     stages: dict[str, dict[str, Any]] = {}
+    runs = runs_base(config)
 
     corpus = stage_output(config, "corpus", config.corpus,
                           files_identity(config.corpus.wikipedia + config.corpus.books))
@@ -206,11 +246,18 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     stages["instances"] = _stage("instances", config, instances,
                                 {"corpus": corpus, "vocab": vocab})
 
-    run = stage_output(config, "pretrain", config.model, config.pretrain,
-                       manifest_identity(instances), manifest_identity(vocab))
+    version = config_hash(config.model, config.pretrain, manifest_identity(instances),
+                          manifest_identity(vocab))
+    run = storage.join(runs, "pretrain", version)
     stages["pretrain"] = _stage("pretrain", config, run, {"instances": instances})
 
-    checkpoints = {"pretrained": storage.join(run, "hf")}
+    pretrained = storage.join(run, "hf")
+    if config.runs_root:
+        pretrained = storage.join(config.storage_root, "models", version)
+        out = publish_model(run, pretrained)
+        stages["model"] = out.result() if isinstance(out, State) else out
+
+    checkpoints = {"pretrained": pretrained}
     for extra in config.finetune.extra_checkpoints:
         checkpoints[extra.rstrip("/").rsplit("/", 1)[-1]] = extra
     results = fan_out_finetune(config, checkpoints)

@@ -1,12 +1,17 @@
 """gs:// through a real GCS emulator (gcp-storage-emulator) on 127.0.0.1: the storage seam, manifests,
-and pipeline stages writing to a bucket."""
+pipeline stages writing to a bucket, and the whole bert_pipeline with ``storage_root: gs://...``
+(pre-training's run folder on a local ``runs_root``, its export copied to the bucket)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
+
+from bert_core.config import ConfigError, load_config
 
 # gcsfs picks its implementation when imported; the emulator speaks only the classic JSON API.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
@@ -44,8 +49,9 @@ def gcs():
     emulator.HANDLERS = ((move_to, {"POST": _no_move_to}), *handlers)
     server = emulator.create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
     server.start()
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST",)}
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "FSSPEC_GS_TOKEN")}
     os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    os.environ["FSSPEC_GS_TOKEN"] = "anon"  # the same for Beam workers and DeepSpeed ranks
     fsspec.register_implementation("gs", gcsfs.core.GCSFileSystem, clobber=True)
     # No credential lookup (it would wait for a metadata server that is not there).
     saved_conf = fsspec.config.conf.get("gs")
@@ -115,3 +121,72 @@ def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
     tokenizer = load_vocab_dir(vocab)
     assert tokenizer.vocab_size == 600
     assert storage.read_manifest(vocab)["inputs"][0]["uri"] == corpus
+
+
+def test_pipeline_refuses_a_bucket_run_folder_before_any_work(gcs, tmp_path):
+    from flows.pipeline import runs_base
+
+    with pytest.raises(ConfigError, match="runs_root"):
+        runs_base(load_config("demo", sets=[f"storage_root={gcs}/refused"]))
+    with pytest.raises(ConfigError, match="runs_root=gs://"):
+        load_config("demo", sets=[f"runs_root={gcs}/runs"])
+    assert runs_base(load_config("demo", sets=[f"storage_root={gcs}/x", f"runs_root={tmp_path}"])) == str(tmp_path)
+
+
+@pytest.mark.slow
+def test_whole_pipeline_writes_to_the_bucket(gcs, samples_dir, tmp_path, monkeypatch):
+    """bert_pipeline with storage_root gs://: Beam stages on 2 worker processes, DeepSpeed ranks
+    reading instances from the bucket, the model copied there and fine-tuned from it; a second
+    run finds every manifest in the bucket and skips everything."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from bert_core import storage
+    from flows.pipeline import SKIPPED, bert_pipeline
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    root, runs = f"{gcs}/pipeline", tmp_path / "runs"
+    cfg = load_config("demo", sets=[
+        f"storage_root={root}", f"runs_root={runs}", "workers=2",
+        "corpus.wikipedia=[]", f"corpus.books=[{samples_dir}/books/botchan.txt]",
+        "vocab.vocab_size=1000",
+        "instances.lengths=[{max_seq_length: 128, max_predictions_per_seq: 20}]",
+        "instances.dupe_factor=1", "instances.num_shards=2",
+        "pretrain.phases=[{max_seq_length: 128, max_steps: 3, global_batch_size: 16, micro_batch_size: 8, "
+        "warmup_steps: 1}]",
+        "pretrain.log_every=1", "pretrain.checkpoint_every=3",
+        "finetune.tasks=[sentiment]", "finetune.seeds=[1]", f"finetune.data_dir={samples_dir}/tasks",
+        "finetune.max_train_examples=32", "finetune.extra_checkpoints=[]",
+    ])
+    with prefect_test_harness(server_startup_timeout=120):
+        first = bert_pipeline(cfg)
+        second = bert_pipeline(cfg)
+
+    stages = first["stages"]
+    assert {s: v["status"] for s, v in stages.items()} == {
+        "corpus": "completed", "vocab": "completed", "instances": "completed", "pretrain": "completed",
+        "model": "completed", "finetune": "completed"}
+    for stage in ("corpus", "vocab", "instances", "model"):
+        out = stages[stage]["output"]
+        assert out.startswith(f"{root}/{stage if stage != 'model' else 'models'}/"), out
+        manifest = storage.read_manifest(out)
+        assert manifest["stage"] == stage and manifest["uri"] == out
+        assert all(storage.exists(u) for u in storage.shard_uris(out, manifest))
+    # the instances in the bucket are real, balanced Parquet shards
+    seq = storage.read_manifest(f"{stages['instances']['output']}/seq128")
+    counts = [s["count"] for s in seq["shards"]]
+    assert len(counts) == 2 and max(counts) - min(counts) <= 1 and sum(counts) > 0
+    # DeepSpeed's run folder is local; the model in the bucket is its export, byte for byte
+    run = stages["pretrain"]["output"]
+    assert run.startswith(str(runs)) and storage.read_manifest(run)["counts"]["steps"] == 3
+    model = storage.read_manifest(stages["model"]["output"])
+    local = {Path(p).name: storage.sha256(str(p)) for p in Path(run, "hf").iterdir() if p.is_file()}
+    assert {s["path"]: s["sha256"] for s in model["shards"]} == local
+    [job] = first["finetune_jobs"]
+    assert job["status"] == "completed" and job["output"].startswith(f"{root}/finetune/")
+    ft = storage.read_manifest(job["output"])
+    assert ft["config"]["tasks"] == ["sentiment"] and stages["model"]["output"] in json.dumps(ft)
+    metrics = json.loads(storage.read_text(f"{job['output']}/sentiment/seed=1/metrics.json"))
+    assert 0.0 <= metrics["main"] <= 1.0
+    # the second run resumes from the bucket's manifests: nothing is redone
+    assert {v["status"] for v in second["stages"].values()} == {SKIPPED}
+    assert [j["status"] for j in second["finetune_jobs"]] == [SKIPPED]

@@ -55,7 +55,7 @@ def test_each_pod_gets_its_node_rank_master_address_and_gpus():
 
     cfg = load_config("demo", sets=GPU_SETS)
     settings = InfraSettings(image="gcr.io/p/bertpipe:1", namespace="ml", instances="gs://b/inst/v1",
-                             run="gs://b/pretrain/v2")
+                             run="/mnt/bertpipe-runs/pretrain/v2")
     config_map, service, *pods = pretrain_manifests(cfg, settings)
     assert [d["kind"] for d in (config_map, service, *pods)] == ["ConfigMap", "Service", "Pod", "Pod", "Pod"]
     master = "bert-pretrain-0.bert-pretrain.ml.svc.cluster.local"
@@ -78,11 +78,31 @@ def test_each_pod_gets_its_node_rank_master_address_and_gpus():
         assert args.user_script == "bert_core.pretrain"
         script = command[module_at + 2:]
         assert script[script.index("--instances") + 1] == "gs://b/inst/v1"
-        assert script[script.index("--output") + 1] == "gs://b/pretrain/v2"
+        assert script[script.index("--output") + 1] == "/mnt/bertpipe-runs/pretrain/v2"
+        # the run folder is a path on a volume every pod mounts (DeepSpeed saves with torch.save)
+        assert {"name": "runs", "mountPath": "/mnt/bertpipe-runs"} in container["volumeMounts"]
+        assert {"name": "runs", "persistentVolumeClaim": {"claimName": "bertpipe-runs"}} in spec["volumes"]
     # the pods' config is the run's config, switched to one launcher per pod
     run_cfg = PipelineConfig.model_validate(json.loads(config_map["data"]["pipeline.json"]))
     assert run_cfg.pretrain.launcher == "no_ssh" and run_cfg.pretrain.master_addr == master
     assert config_map["data"]["hostfile"].splitlines() == [f"node{i} slots=4" for i in range(3)]
+
+
+def test_pods_mount_the_bucket_for_the_run_folder_and_refuse_a_gs_run():
+    cfg = load_config("demo", sets=["storage_root=gs://bkt/team/bp", "runs_root=/mnt/gcs/runs"])
+    _, _, pod = pretrain_manifests(cfg)
+    assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "runs")
+    assert volume["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
+    assert volume["csi"]["volumeAttributes"] == {"bucketName": "bkt",
+                                                 "mountOptions": "implicit-dirs,only-dir=team/bp/runs"}
+    container = pod["spec"]["containers"][0]
+    assert {"name": "runs", "mountPath": "/mnt/gcs/runs"} in container["volumeMounts"]
+    command = container["command"]
+    assert command[command.index("--output") + 1] == "/mnt/gcs/runs/pretrain/demo"
+    assert command[command.index("--instances") + 1] == "gs://bkt/team/bp/instances/latest"
+    with pytest.raises(ValueError, match="torch.save"):
+        pretrain_manifests(cfg, InfraSettings(run="gs://bkt/team/bp/pretrain/x"))
 
 
 def test_cpu_pods_ask_for_cores_not_gpus():
