@@ -165,3 +165,30 @@ def test_trained_vocab_loads_in_transformers_fast_tokenizer(book_and_news_lines,
     from_json = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "both" / "tokenizer.json"))
     assert from_json(lines[0])["input_ids"] == [ours.cls_id, *ours.encode(lines[0]), ours.sep_id]
     assert [from_json(line, add_special_tokens=False)["input_ids"] for line in lines] == ours.encode_batch(lines)
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_ascii_word_cache_path_matches_transformers_on_edge_cases(vocab_file, lowercase) -> None:
+    """ASCII text takes the word-cache path: control characters, every punctuation char,
+    over-long words, [UNK] words and special-token strings must come out as transformers says,
+    the first time (cache miss) and the second (hit)."""
+    ours = Tokenizer.from_vocab_file(str(vocab_file), lowercase=lowercase)
+    ref = reference(vocab_file, lowercase)
+    punct = "".join(chr(c) for c in [*range(33, 48), *range(58, 65), *range(91, 97), *range(123, 127)])
+    lines = [
+        "a\x0bb c\x0cd e\x1cf g\x1fh i\x7fj k\x00l",  # deleted controls join words
+        "tab\tnew\nline\rcarriage  double  space",
+        f"x{punct}y {punct} Don't e-mail U.S.A. 3.14 $5 #hash @at",
+        "A" * 201 + " " + "Ab" * 100 + " tail",  # over 200 chars: [UNK]; exactly 200: pieces
+        "Zzxqjv qqqqq UNAFFABLE unaffable", "", "   ", "\x01\x02",
+    ]
+    want = ref_ids(ref, lines)
+    assert all(line.isascii() for line in lines)
+    assert ours.encode_batch(lines) == want == ours.encode_batch(lines)
+    assert [ours.encode(line) for line in lines] == want
+    mixed = [lines[2], "Ἀχιλλεύς café", lines[0], "ΟΔΟΣ"]  # ASCII and not, order kept
+    assert ours.encode_batch(mixed) == ref_ids(ref, mixed)
+    # special-token strings are plain text (transformers would match them as added tokens)
+    text = "[MASK] [CLS] text [SEP]"
+    assert ours.encode(text) == ours._backend.encode(text, add_special_tokens=False).ids
+    assert ours.mask_id not in ours.encode(text)
