@@ -31,14 +31,16 @@ differences:
 - **NFC first.** transformers NFC-normalizes before splitting (Google does not); we do too, so a
   decomposed ``e + U+0301`` and a precomposed ``é`` give the same ids in cased models.
 
-**Speed: a word cache for ASCII text.** ``encode``/``encode_batch`` send ASCII lines (nearly
-all of English text) past the full ``tokenizers`` pipeline: on ASCII, BERT's normalization is only
-"delete control characters, lowercase when uncased", and splitting is one regex (whitespace;
-every ASCII punctuation char is a word), all C-speed string methods. Each word's ids then come
-from a dict (a miss runs the ``tokenizers`` WordPiece model on the word, so ``##`` pieces,
-``[UNK]`` and ``max_input_chars_per_word`` are the model's). Words follow Zipf's law, so nearly
-every lookup hits: ~1.3M tokens per CPU-second against ~0.27M for ``tokenizers`` on one thread,
-which had been half the instance job's CPU time. Other lines take the full pipeline. The parity
+**Speed: a cache for ASCII text.** ``encode``/``encode_batch``/``encode_document`` send ASCII
+lines (nearly all of English text) past the full ``tokenizers`` pipeline: on ASCII, BERT's
+normalization is only "delete control characters, lowercase when uncased", and whitespace is
+space, tab, CR and LF, so ``translate``, ``lower`` and ``split`` (C-speed string methods) give
+the whitespace-delimited chunks, and each chunk's ids come from a dict. A miss splits the chunk
+at punctuation (every ASCII char in 33-47, 58-64, 91-96, 123-126 is a word of its own) and looks
+each word up in a second dict, whose misses run the ``tokenizers`` WordPiece model on the word
+(so ``##`` pieces, ``[UNK]`` and ``max_input_chars_per_word`` are the model's). Chunks and words
+follow Zipf's law, so nearly every lookup hits: ~2M tokens per CPU-second against ~0.27M for
+``tokenizers`` on one thread, which had been half the instance job's CPU time. Other lines take the full pipeline. The parity
 tests run both paths (every book/news line is ASCII; the Wikipedia lines are not).
 
 Offsets (:meth:`Tokenizer.encode_with_offsets`) are character offsets into the original text,
@@ -77,6 +79,7 @@ _ASCII_CONTROL = str.maketrans("", "", "".join(
     chr(c) for c in (*range(0, 9), 11, 12, *range(14, 32), 127)))
 _ASCII_PUNCT = r"!-/:-@\[-`{-~"
 _ASCII_WORDS = re.compile(rf"[^ \t\n\r{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]", re.ASCII)
+_SENTENCE_END = -1
 WORD_CACHE_SIZE = 1 << 19  # words remembered (Zipf: the first ones seen are the frequent ones)
 
 
@@ -93,6 +96,26 @@ class _WordPieceCache(dict):
         ids = [t.id for t in self._tokenize(word)]
         if len(self) < self._limit:
             self[word] = ids
+        return ids
+
+
+class _ChunkCache(dict):
+    """Whitespace-delimited ASCII chunk (``"world!"``, ``"U.S.A."``, already lowercased when
+    uncased) -> ids: ``str.split`` is several times cheaper than the punctuation regex, and
+    chunks are nearly as Zipfian as words. A miss splits the chunk into words and looks each up
+    in the word cache."""
+
+    def __init__(self, words: _WordPieceCache, limit: int = WORD_CACHE_SIZE) -> None:
+        super().__init__()
+        self._word_ids, self._limit = words.__getitem__, limit
+
+    def __missing__(self, chunk: str) -> list[int]:
+        if chunk.isalnum():  # one word (ASCII letters and digits): no punctuation to split at
+            ids = self._word_ids(chunk)
+        else:
+            ids = list(chain.from_iterable(map(self._word_ids, _ASCII_WORDS.findall(chunk))))
+        if len(self) < self._limit:
+            self[chunk] = ids
         return ids
 
 
@@ -186,7 +209,8 @@ class Tokenizer:
         self.sep_id = self.vocab.get(SEP, -1)
         self.mask_id = self.vocab.get(MASK, -1)
         self._backend = self._build_backend(special_tokens=False)
-        self._words = _WordPieceCache(self._backend.model)
+        self._chunks = _ChunkCache(_WordPieceCache(self._backend.model))
+        self._chunks["\x00"] = [_SENTENCE_END]  # see encode_document; never a chunk of real text
 
     # ------------------------------------------------------------------ construction
 
@@ -272,13 +296,39 @@ class Tokenizer:
         return out
 
     def _encode_ascii(self, text: str) -> list[int]:
-        """BERT's basic tokenizer on ASCII text (see _ASCII_WORDS: a translate, a lower and one
-        regex, all in C), then each word's pieces from the word cache: the full ``tokenizers``
-        pipeline spends most of its time normalizing and splitting, which ASCII does not need."""
-        text = text.translate(_ASCII_CONTROL)
+        """BERT's basic tokenizer on ASCII text: delete control characters, lowercase (uncased),
+        split on whitespace (all C-speed string methods), then each chunk's ids from the chunk
+        cache (punctuation split and WordPiece on a miss). The full ``tokenizers`` pipeline
+        spends most of its time normalizing and splitting, which ASCII does not need."""
+        if not text.isprintable():  # False for any control char, \t \n \r too: rare
+            text = text.translate(_ASCII_CONTROL)
         if self.lowercase:
             text = text.lower()
-        return list(chain.from_iterable(map(self._words.__getitem__, _ASCII_WORDS.findall(text))))
+        return list(chain.from_iterable(map(self._chunks.__getitem__, text.split())))
+
+    def encode_document(self, sentences: Sequence[str]) -> tuple[Any, Any]:
+        """A document's ids end to end and each sentence's length (0 for a sentence without
+        tokens), as numpy int32 arrays: what the instance job keeps of a document.
+
+        A document of printable ASCII sentences (the common case) is one join, one ``lower``,
+        one ``split`` and one pass over the chunk cache, with a NUL chunk (which printable text
+        cannot contain) marking each sentence's end; anything else goes sentence by sentence.
+        """
+        import numpy as np
+
+        if not sentences:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        if all(map(str.isascii, sentences)) and all(map(str.isprintable, sentences)):
+            text = " \x00 ".join(sentences) + " \x00"
+            if self.lowercase:
+                text = text.lower()
+            chunk_ids = self._chunks.__getitem__
+            ids = np.array(list(chain.from_iterable(map(chunk_ids, text.split()))), dtype=np.int32)
+            ends = np.flatnonzero(ids == _SENTENCE_END)
+            return ids[ids != _SENTENCE_END], (np.diff(ends, prepend=-1) - 1).astype(np.int32)
+        encoded = self.encode_batch(sentences)
+        return (np.array(list(chain.from_iterable(encoded)), dtype=np.int32),
+                np.array([len(e) for e in encoded], dtype=np.int32))
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
         """Word pieces of each pre-split word (NER labels, word alignment); ``[]`` for a word

@@ -192,3 +192,17 @@ def test_ascii_word_cache_path_matches_transformers_on_edge_cases(vocab_file, lo
     text = "[MASK] [CLS] text [SEP]"
     assert ours.encode(text) == ours._backend.encode(text, add_special_tokens=False).ids
     assert ours.mask_id not in ours.encode(text)
+
+
+def test_encode_document_is_encode_batch_end_to_end(vocab_file, book_and_news_lines) -> None:
+    """The job's per-document call (one joined pass over printable ASCII documents) gives the
+    same ids and sentence lengths as encode_batch, sentence by sentence."""
+    tok = Tokenizer.from_vocab_file(str(vocab_file))
+    docs = [book_and_news_lines[i:i + 50] for i in range(0, len(book_and_news_lines), 50)]
+    docs += [["Plain one.", "Ἀχιλλεύς café", "", "two"], ["tab\there", "x\x00y z"], [], ["   "]]
+    for sentences in docs:
+        ids, lengths = tok.encode_document(sentences)
+        want = tok.encode_batch(sentences)
+        assert ids.tolist() == [i for w in want for i in w]
+        assert lengths.tolist() == [len(w) for w in want]
+    assert tok.encode_document(["Hello, world!"])[0].tolist() == [7592, 1010, 2088, 999]
