@@ -56,6 +56,7 @@ from bert_core import storage
 from bert_core.config import InstanceConfig, load_config
 from bert_core.instance_stats import InstanceStats
 from bert_core.pretraining_data import (
+    DocumentPool,
     VocabIds,
     create_instances_from_document,
     create_packed_instances_from_document,
@@ -212,7 +213,7 @@ class CreateInstances(beam.DoFn):
     def process(self, bucket: tuple[int, Iterable[tuple[str, list[list[int]]]]]) -> Iterator[Any]:
         cfg = self.config
         docs = sorted(bucket[1])  # by doc_id: the pool's order must not depend on the shuffle
-        all_documents = [sentences for _, sentences in docs]
+        pool = DocumentPool.from_documents([sentences for _, sentences in docs])
         static = cfg.masking == "static"
         batches: dict[tuple[int, int], list[tuple[int, Row]]] = {}
         for index, (doc_id, sentences) in enumerate(docs):
@@ -226,7 +227,7 @@ class CreateInstances(beam.DoFn):
                                   vocab=self.vocab_ids, rng=rng,
                                   whole_word_mask=cfg.whole_word_mask, mask=static)
                     if cfg.next_sentence_prediction:
-                        made = create_instances_from_document(all_documents, index, **common)
+                        made = create_instances_from_document(pool, index, **common)
                     else:
                         made = create_packed_instances_from_document(sentences, **common)
                     for k, inst in enumerate(made):

@@ -1,13 +1,12 @@
 """Masked-LM + next-sentence instances from documents of tokenized sentences.
 
     bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI
-    (beam_jobs/create_instances.py calls these functions once per document, pass and length)
+    (beam_jobs/create_instances.py runs bert_core.instance_batch.create_instance_batch, which
+    calls pair_spans / packed_spans here once per document, pass and length)
 
 The algorithm of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token
-ids instead of token strings. Pair creation and truncation make the reference's draws in the
-reference's order; masking picks from the same distribution with fewer draws (see
-:func:`create_masked_lm_predictions`), so one seed gives instances distributed like the
-reference's, not the very same ones:
+ids instead of token strings. Same rules, same distributions, fewer draws (so one seed gives
+instances distributed like the reference's, not the very same ones):
 
 - per document and pass: ``target_seq_length = max_seq_length - 3``, or with probability
   ``short_seq_prob`` a random length in ``[2, max_seq_length - 3]``;
@@ -15,13 +14,22 @@ reference's, not the very same ones:
   ``a_end`` is random in ``[1, len(chunk) - 1]`` (1 for a one-sentence chunk);
 - with probability 0.5 (always for a one-sentence chunk) B is read from a random *other*
   document starting at a random sentence, and the chunk's unused sentences are put back;
-- :func:`truncate_seq_pair` trims the longer side, front or back with probability 0.5;
+- :func:`truncate_seq_pair` trims the longer side, front or back with probability 0.5: which
+  side loses how many tokens depends only on the lengths (:func:`trim_counts`), and how many of
+  them come off the front is one Binomial(n, 1/2) draw instead of n coin flips;
 - ``[CLS] A [SEP] B [SEP]``, then :func:`create_masked_lm_predictions`: candidates are all
   tokens but ``[CLS]``/``[SEP]`` (whole-word groups of ``##`` pieces with ``whole_word_mask``),
   ``num_to_predict = min(max_predictions_per_seq, max(1, round(len * masked_lm_prob)))``,
   80% ``[MASK]`` / 10% unchanged / 10% a random id from the whole vocab, positions sorted.
 
-``next_sentence_prediction: false`` (RoBERTa's ablation) uses
+Why spans: a segment of consecutive whole sentences is a token range of the document, so
+:func:`pair_spans` decides a pair with a few integers and draws (chunk ends found by bisecting
+the sentence offsets of a :class:`DocumentPool`) and copies no token; the job then builds and
+masks whole batches of pairs with numpy (``bert_core.instance_batch``), which made instance
+creation several times cheaper than a Python loop per instance. :func:`create_instances_from_document`
+keeps the one-instance-at-a-time form (tests, small tools) on the same spans.
+
+``next_sentence_prediction: false`` (RoBERTa's ablation) uses :func:`packed_spans` /
 :func:`create_packed_instances_from_document` instead: whole sentences packed up to the target
 length as one segment, no B, ``next_sentence_label = -1``.
 
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -83,17 +92,57 @@ def stable_hash(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
+def trim_counts(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
+    """How many tokens the reference's truncation loop removes from A and from B.
+
+    The loop removes one token at a time from the longer side (B on a tie) until the pair fits,
+    so which side loses a token depends only on the lengths: first the longer side down to the
+    shorter one's length, then B, A, B, A, ... (B first on a tie).
+    """
+    excess = len_a + len_b - max_num_tokens
+    if excess <= 0:
+        return 0, 0
+    gap = abs(len_a - len_b)
+    if excess <= gap:
+        return (excess, 0) if len_a > len_b else (0, excess)
+    rest = excess - gap
+    if len_a > len_b:
+        return gap + rest // 2, (rest + 1) // 2
+    return rest // 2, gap + (rest + 1) // 2
+
+
+def _front_removals(removed: int, rng: random.Random) -> int:
+    """Of ``removed`` tokens, how many the loop took from the front: each one independently with
+    probability 0.5, i.e. Binomial(removed, 1/2), drawn as the popcount of ``removed`` random
+    bits (one draw instead of one per token)."""
+    return bin(rng.getrandbits(removed)).count("1") if removed else 0
+
+
 def truncate_seq_pair(
     tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
 ) -> None:
     """Trim the pair in place to ``max_num_tokens``: always the longer side (B on a tie), from the
-    front or the back with probability 0.5 each, so neither end of a segment is favoured."""
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        trunc_tokens = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        if rng.random() < 0.5:
-            del trunc_tokens[0]
-        else:
-            trunc_tokens.pop()
+    front or the back with probability 0.5 each, so neither end of a segment is favoured.
+
+    Same distribution as the reference's token-by-token loop, in two draws (:func:`trim_counts`,
+    :func:`_front_removals`); the job trims spans the same way (:func:`_trimmed`).
+    """
+    removed_a, removed_b = trim_counts(len(tokens_a), len(tokens_b), max_num_tokens)
+    for tokens, removed in ((tokens_a, removed_a), (tokens_b, removed_b)):
+        front = _front_removals(removed, rng)
+        del tokens[:front]
+        del tokens[len(tokens) - (removed - front):]
+
+
+def _trimmed(a0: int, a1: int, b0: int, b1: int, max_num_tokens: int,
+             rng: random.Random) -> tuple[int, int, int, int]:
+    """:func:`truncate_seq_pair` on token ranges ``[a0, a1)`` and ``[b0, b1)``."""
+    if a1 - a0 + b1 - b0 <= max_num_tokens:
+        return a0, a1, b0, b1
+    removed_a, removed_b = trim_counts(a1 - a0, b1 - b0, max_num_tokens)
+    front_a = _front_removals(removed_a, rng)
+    front_b = _front_removals(removed_b, rng)
+    return a0 + front_a, a1 - (removed_a - front_a), b0 + front_b, b1 - (removed_b - front_b)
 
 
 def create_masked_lm_predictions(
@@ -159,31 +208,6 @@ def create_masked_lm_predictions(
     return output_ids, positions, [input_ids[p] for p in positions]
 
 
-def _finish(
-    tokens_a: list[int],
-    tokens_b: list[int] | None,
-    next_sentence_label: int,
-    masked_lm_prob: float,
-    max_predictions_per_seq: int,
-    vocab: VocabIds,
-    rng: random.Random,
-    whole_word_mask: bool,
-    mask: bool,
-) -> Instance:
-    """``[CLS] A [SEP] (B [SEP])``, masked now (static) or left for the loader (dynamic)."""
-    input_ids = [vocab.cls_id, *tokens_a, vocab.sep_id]
-    len_a = len(input_ids)
-    if tokens_b is not None:
-        input_ids += [*tokens_b, vocab.sep_id]
-    positions: list[int] = []
-    labels: list[int] = []
-    if mask:
-        input_ids, positions, labels = create_masked_lm_predictions(
-            input_ids, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask
-        )
-    return Instance(input_ids, len_a, positions, labels, next_sentence_label)
-
-
 def _target_seq_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> int:
     # Mostly fill the sequence (padding is wasted compute), sometimes shorter so pre-training
     # also sees the short inputs of fine-tuning. A rough target; max_seq_length is the hard limit.
@@ -192,8 +216,163 @@ def _target_seq_length(max_num_tokens: int, short_seq_prob: float, rng: random.R
     return max_num_tokens
 
 
+# --------------------------------------------------------------------------- spans
+
+
+@dataclass
+class DocumentPool:
+    """Tokenized documents laid end to end: what random-next B segments are drawn from.
+
+    ``tokens`` holds every token of every document; sentence ``s`` is
+    ``tokens[sentence_offsets[s]:sentence_offsets[s + 1]]`` and document ``d`` is sentences
+    ``doc_first[d] .. doc_first[d + 1] - 1``. Segments of consecutive whole sentences are then
+    token ranges, so pairs are made from a few integers (:func:`pair_spans`) and their tokens are
+    copied once, for a whole batch, by numpy (``bert_core.instance_batch``).
+    """
+
+    tokens: Sequence[int]  # numpy int32 array in the job; any sequence works
+    sentence_offsets: list[int]
+    doc_first: list[int]
+
+    def __len__(self) -> int:
+        return len(self.doc_first) - 1
+
+    @classmethod
+    def from_documents(cls, documents: Sequence[Document]) -> DocumentPool:
+        """From documents as lists of sentences of ids (tests, small corpora)."""
+        offsets, first, tokens = [0], [0], []
+        for document in documents:
+            for sentence in document:
+                tokens.extend(sentence)
+                offsets.append(len(tokens))
+            first.append(len(offsets) - 1)
+        return cls(tokens, offsets, first)
+
+    @classmethod
+    def from_arrays(cls, documents: Sequence[tuple[Sequence[int], Sequence[int]]]) -> DocumentPool:
+        """From ``(tokens, sentence_lengths)`` per document (numpy arrays, as the job carries them)."""
+        import numpy as np
+
+        lengths = [np.asarray(n, dtype=np.int64) for _, n in documents]
+        offsets = np.zeros(sum(len(n) for n in lengths) + 1, dtype=np.int64)
+        if len(offsets) > 1:
+            np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        first = np.zeros(len(documents) + 1, dtype=np.int64)
+        np.cumsum([len(n) for n in lengths], out=first[1:])
+        tokens = (np.concatenate([np.asarray(t, dtype=np.int32) for t, _ in documents])
+                  if documents else np.zeros(0, np.int32))
+        return cls(tokens, offsets.tolist(), first.tolist())
+
+
+Span = tuple[int, int, int, int, int]  # (a0, a1, b0, b1, next_sentence_label): token ranges of A and B
+
+
+def pair_spans(
+    pool: DocumentPool, document_index: int, max_seq_length: int, short_seq_prob: float,
+    rng: random.Random,
+) -> list[Span]:
+    """The MLM + NSP pairs of one document (one pass) as token ranges of ``pool`` (the rules of
+    the module docstring; truncation included). ``pool`` is where random-next B segments come
+    from: the whole corpus in the reference, the document's bucket in Beam."""
+    off, first = pool.sentence_offsets, pool.doc_first
+    n_docs = len(first) - 1
+    max_num_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
+    target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
+    start, end = first[document_index], first[document_index + 1]
+    uniform = rng.random
+
+    # Segments are whole sentences, never an arbitrary split point, which would make the
+    # next-sentence task too easy. A chunk is sentences chunk_start..i, where i is the first
+    # sentence that brings it to the target (a bisect over the offsets, not a loop), or the last.
+    spans: list[Span] = []
+    chunk_start = start
+    while chunk_start < end:
+        i = bisect_left(off, off[chunk_start] + target_seq_length, chunk_start + 1, end) - 1
+        n_chunk = i + 1 - chunk_start
+        # randint(1, n_chunk - 1) and friends as int(random() * n): uniform to within 2**-53
+        a_end = 1 + int(uniform() * (n_chunk - 1)) if n_chunk >= 2 else 1
+        a0, a1 = off[chunk_start], off[chunk_start + a_end]
+        if n_chunk == 1 or uniform() < 0.5:
+            label = RANDOM_NEXT
+            target_b_length = target_seq_length - (a1 - a0)
+            # Ten tries at another document; a one-document pool falls back to itself.
+            for _ in range(10):
+                random_document_index = int(uniform() * n_docs)
+                if random_document_index != document_index:
+                    break
+            r_start, r_end = first[random_document_index], first[random_document_index + 1]
+            j = r_start + int(uniform() * (r_end - r_start))  # the random start sentence
+            # B: sentences j.. until it reaches target_b_length (at least one) or the document ends
+            b0 = off[j]
+            b1 = off[bisect_left(off, b0 + target_b_length, j + 1, r_end)]
+            # The chunk's sentences after A were not used: put them back.
+            i = chunk_start + a_end - 1
+        else:
+            label = ACTUAL_NEXT
+            b0, b1 = a1, off[i + 1]
+        a0, a1, b0, b1 = _trimmed(a0, a1, b0, b1, max_num_tokens, rng)
+        if a1 <= a0 or b1 <= b0:  # the reference asserts; only an empty sentence gets here
+            raise ValueError(
+                f"document {document_index}: empty segment (a={a1 - a0}, b={b1 - b0}); "
+                "documents must not contain sentences without tokens"
+            )
+        spans.append((a0, a1, b0, b1, label))
+        chunk_start = i + 1
+    return spans
+
+
+def packed_spans(
+    pool: DocumentPool, document_index: int, max_seq_length: int, short_seq_prob: float,
+    rng: random.Random,
+) -> list[Span]:
+    """No NSP (RoBERTa's DOC-SENTENCES): whole consecutive sentences packed up to the target
+    length as one segment (B empty, label ``NO_NSP``). A sentence longer than the limit alone is
+    trimmed front or back like :func:`truncate_seq_pair`; nothing crosses a document boundary."""
+    off, first = pool.sentence_offsets, pool.doc_first
+    max_num_tokens = max_seq_length - 2  # [CLS], [SEP]
+    target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
+    start, end = first[document_index], first[document_index + 1]
+    spans: list[Span] = []
+    if start == end:
+        return spans
+    chunk_start = start
+    for s in range(start + 1, end + 1):
+        # emit the chunk when the next sentence would overflow it (or the document ends)
+        if s == end or off[s + 1] - off[chunk_start] > target_seq_length:
+            a0, a1, _, _ = _trimmed(off[chunk_start], off[s], 0, 0, max_num_tokens, rng)
+            spans.append((a0, a1, 0, 0, NO_NSP))
+            chunk_start = s
+    return spans
+
+
+def span_instance(pool: DocumentPool, span: Span, vocab: VocabIds) -> tuple[list[int], int]:
+    """``[CLS] A [SEP] (B [SEP])`` of one span: ``(input_ids, len_a)``."""
+    a0, a1, b0, b1, label = span
+    tokens = pool.tokens
+    input_ids = [vocab.cls_id, *(int(t) for t in tokens[a0:a1]), vocab.sep_id]
+    len_a = len(input_ids)
+    if label != NO_NSP:
+        input_ids += [*(int(t) for t in tokens[b0:b1]), vocab.sep_id]
+    return input_ids, len_a
+
+
+def _instances_of_spans(pool: DocumentPool, spans: list[Span], masked_lm_prob: float,
+                        max_predictions_per_seq: int, vocab: VocabIds, rng: random.Random,
+                        whole_word_mask: bool, mask: bool) -> list[Instance]:
+    instances = []
+    for span in spans:
+        input_ids, len_a = span_instance(pool, span, vocab)
+        positions: list[int] = []
+        labels: list[int] = []
+        if mask:
+            input_ids, positions, labels = create_masked_lm_predictions(
+                input_ids, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask)
+        instances.append(Instance(input_ids, len_a, positions, labels, span[4]))
+    return instances
+
+
 def create_instances_from_document(
-    all_documents: Sequence[Document],
+    all_documents: Sequence[Document] | DocumentPool,
     document_index: int,
     max_seq_length: int,
     short_seq_prob: float,
@@ -204,64 +383,15 @@ def create_instances_from_document(
     whole_word_mask: bool = False,
     mask: bool = True,
 ) -> list[Instance]:
-    """MLM + NSP instances of one document (one pass). ``all_documents`` is where random-next B
-    segments come from (the whole corpus in the reference, the document's bucket in Beam)."""
-    document = all_documents[document_index]
-    max_num_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
-    target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
-
-    # Segments are whole sentences, never an arbitrary split point, which would make the
-    # next-sentence task too easy.
-    instances: list[Instance] = []
-    current_chunk: list[Sequence[int]] = []
-    current_length = 0
-    i = 0
-    while i < len(document):
-        segment = document[i]
-        current_chunk.append(segment)
-        current_length += len(segment)
-        if i == len(document) - 1 or current_length >= target_seq_length:
-            if current_chunk:
-                a_end = 1
-                if len(current_chunk) >= 2:
-                    a_end = rng.randint(1, len(current_chunk) - 1)
-                tokens_a = [t for sentence in current_chunk[:a_end] for t in sentence]
-
-                tokens_b: list[int] = []
-                if len(current_chunk) == 1 or rng.random() < 0.5:
-                    label = RANDOM_NEXT
-                    target_b_length = target_seq_length - len(tokens_a)
-                    # Ten tries at another document; a one-document pool falls back to itself.
-                    for _ in range(10):
-                        random_document_index = rng.randint(0, len(all_documents) - 1)
-                        if random_document_index != document_index:
-                            break
-                    random_document = all_documents[random_document_index]
-                    random_start = rng.randint(0, len(random_document) - 1)
-                    for j in range(random_start, len(random_document)):
-                        tokens_b.extend(random_document[j])
-                        if len(tokens_b) >= target_b_length:
-                            break
-                    # The chunk's sentences after A were not used: put them back.
-                    i -= len(current_chunk) - a_end
-                else:
-                    label = ACTUAL_NEXT
-                    for sentence in current_chunk[a_end:]:
-                        tokens_b.extend(sentence)
-                truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-                if not tokens_a or not tokens_b:  # the reference asserts; only an empty sentence gets here
-                    raise ValueError(
-                        f"document {document_index}: empty segment (a={len(tokens_a)}, b={len(tokens_b)}); "
-                        "documents must not contain sentences without tokens"
-                    )
-                instances.append(
-                    _finish(tokens_a, tokens_b, label, masked_lm_prob, max_predictions_per_seq,
-                            vocab, rng, whole_word_mask, mask)
-                )
-            current_chunk = []
-            current_length = 0
-        i += 1
-    return instances
+    """MLM + NSP instances of one document (one pass), one at a time: :func:`pair_spans`, then
+    :func:`create_masked_lm_predictions` with the same ``rng``. ``all_documents`` (documents or
+    a :class:`DocumentPool`, which saves rebuilding it per call) is where random-next B
+    segments come from. The job makes the same pairs and masks whole batches with numpy
+    (``bert_core.instance_batch``)."""
+    pool = all_documents if isinstance(all_documents, DocumentPool) else DocumentPool.from_documents(all_documents)
+    spans = pair_spans(pool, document_index, max_seq_length, short_seq_prob, rng)
+    return _instances_of_spans(pool, spans, masked_lm_prob, max_predictions_per_seq, vocab, rng,
+                               whole_word_mask, mask)
 
 
 def create_packed_instances_from_document(
@@ -275,27 +405,9 @@ def create_packed_instances_from_document(
     whole_word_mask: bool = False,
     mask: bool = True,
 ) -> list[Instance]:
-    """No NSP (RoBERTa's DOC-SENTENCES): whole consecutive sentences packed up to the target length
-    as one segment ``[CLS] A [SEP]``. A sentence longer than the limit alone is trimmed front or
-    back like :func:`truncate_seq_pair`; nothing crosses a document boundary."""
-    max_num_tokens = max_seq_length - 2  # [CLS], [SEP]
-    target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
-    instances: list[Instance] = []
-    chunk: list[int] = []
-    for sentence in document:
-        if chunk and len(chunk) + len(sentence) > target_seq_length:
-            instances.append(_pack(chunk, max_num_tokens, masked_lm_prob, max_predictions_per_seq,
-                                   vocab, rng, whole_word_mask, mask))
-            chunk = []
-        chunk.extend(sentence)
-    if chunk:
-        instances.append(_pack(chunk, max_num_tokens, masked_lm_prob, max_predictions_per_seq,
-                               vocab, rng, whole_word_mask, mask))
-    return instances
-
-
-def _pack(chunk: list[int], max_num_tokens: int, masked_lm_prob: float, max_predictions_per_seq: int,
-          vocab: VocabIds, rng: random.Random, whole_word_mask: bool, mask: bool) -> Instance:
-    truncate_seq_pair(chunk, [], max_num_tokens, rng)
-    return _finish(chunk, None, NO_NSP, masked_lm_prob, max_predictions_per_seq, vocab, rng,
-                   whole_word_mask, mask)
+    """No NSP: :func:`packed_spans` of one document, masked like
+    :func:`create_instances_from_document`."""
+    pool = DocumentPool.from_documents([document])
+    spans = packed_spans(pool, 0, max_seq_length, short_seq_prob, rng)
+    return _instances_of_spans(pool, spans, masked_lm_prob, max_predictions_per_seq, vocab, rng,
+                               whole_word_mask, mask)

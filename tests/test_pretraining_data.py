@@ -20,6 +20,7 @@ from bert_core.pretraining_data import (
     create_masked_lm_predictions,
     create_packed_instances_from_document,
     rng_for,
+    trim_counts,
     truncate_seq_pair,
 )
 
@@ -279,3 +280,33 @@ def test_packing_trims_an_overlong_sentence_and_masks(vocab) -> None:
     instances = create_packed_instances_from_document(doc, 32, 0.0, 0.15, 5, vocab, random.Random(0))
     assert [len(i.input_ids) for i in instances] == [32, 12]
     assert all(1 <= len(i.masked_lm_positions) <= 5 for i in instances)
+
+
+def test_trim_counts_are_the_reference_loops_counts() -> None:
+    def loop(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
+        removed = [0, 0]
+        while len_a + len_b > max_num_tokens:  # the reference: the longer side, B on a tie
+            if len_a > len_b:
+                len_a, removed[0] = len_a - 1, removed[0] + 1
+            else:
+                len_b, removed[1] = len_b - 1, removed[1] + 1
+        return removed[0], removed[1]
+
+    for len_a in range(0, 30):
+        for len_b in range(0, 30):
+            for max_num_tokens in range(0, 40, 3):
+                assert trim_counts(len_a, len_b, max_num_tokens) == loop(len_a, len_b, max_num_tokens)
+
+
+def test_front_removals_are_binomial_half() -> None:
+    # 40 tokens removed from A: the number taken at the front is Binomial(40, 1/2)
+    fronts = []
+    for seed in range(2000):
+        a = list(range(100))
+        truncate_seq_pair(a, [1], 61, random.Random(seed))
+        fronts.append(a[0])
+        assert len(a) == 60 and a == list(range(a[0], a[0] + 60))
+    mean = sum(fronts) / len(fronts)
+    var = sum((f - mean) ** 2 for f in fronts) / len(fronts)
+    assert abs(mean - 20) < 4 * math.sqrt(10 / 2000)
+    assert abs(var - 10) < 1.5  # np(1-p) = 10
