@@ -161,7 +161,8 @@ class ReadWikipediaDump(beam.PTransform):
     def expand(self, pbegin):
         from beam_jobs.dumps import plan_reads
 
-        items = [item for f in self.files for item in plan_reads(f)]
+        # a single-stream .bz2 is split by bz2 block too, so one big file uses every worker
+        items = [item for f in self.files for item in plan_reads(f, split_single_stream=True)]
         out = (
             pbegin
             | "ListWorkItems" >> beam.Create(items)

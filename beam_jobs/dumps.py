@@ -13,7 +13,16 @@ Work items let several workers share one big file:
   * plain ``.xml``: byte ranges; a page belongs to the range where its ``<page>`` tag starts;
   * multistream ``.xml.bz2`` (many independent bz2 streams, as Wikimedia publishes): groups of
     streams, found from the ``-index.txt.bz2`` beside the dump or by scanning for stream headers;
-  * anything else (single-stream ``.bz2``, ``.gz``, UTF-16): one item for the whole file.
+  * single-stream ``.xml.bz2`` (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt), with
+    ``split_single_stream=True``: ranges of compressed bytes, "blocks". Without them one worker
+    would decompress and clean the whole file while the others wait. A bz2 block starts at a
+    48-bit magic at any bit offset and decompresses alone (``beam_jobs/bz2_blocks.py``), so an
+    item finds the first block that starts in its range, reads the blocks that start there and
+    reads on into later blocks only to finish its last page: the ``<page>`` rule of byte ranges,
+    with blocks for bytes. A block that does not decompress is skipped by the item it starts
+    in and reported there; an item that meets it while reading on stops silently. Page origins
+    of these items read ``file@bit<B>+<N>``: byte N of the block whose magic is at bit B;
+  * anything else (``.gz``, UTF-16, a small single-stream ``.bz2``): one item for the whole file.
 
 Bad input becomes rejects (source ``wikipedia``): ``truncated_input`` (a bz2 or XML file that ends
 inside a page), ``malformed_xml``, ``invalid_utf8``, ``not_a_dump`` (no ``<page>`` anywhere,
@@ -46,7 +55,8 @@ _ID = re.compile(rb"<id>(\d+)</id>")
 @dataclass(frozen=True)
 class WorkItem:
     """A slice of one dump: ``kind`` is "range" (plain XML bytes), "streams" (bz2 streams in
-    compressed bytes [start, end)) or "whole"."""
+    compressed bytes [start, end)), "blocks" (the bz2 blocks whose magic starts in compressed
+    bytes [start, end) of a single-stream file) or "whole"."""
 
     uri: str
     kind: str
@@ -81,11 +91,14 @@ def _bz2_stream_offsets(uri: str) -> list[int]:
     return sorted(set(offsets)) or [0]
 
 
-def plan_reads(uri: str, range_bytes: int = RANGE_BYTES) -> list[WorkItem]:
-    """Split one dump file into work items (independent of the number of workers)."""
+def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bool = False) -> list[WorkItem]:
+    """Split one dump file into work items (independent of the number of workers).
+
+    A single-stream ``.bz2`` is split into "blocks" items only with ``split_single_stream``
+    (the cleaning job asks for it); otherwise it stays one "whole" item."""
     total = storage.size(uri)
     with storage.open_file(uri, "rb") as f:
-        head = f.read(4)
+        head = f.read(10)
     if uri.endswith(".bz2") and head.startswith(b"BZh"):
         offsets = _bz2_stream_offsets(uri)
         if len(offsets) > 1:
@@ -96,6 +109,13 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES) -> list[WorkItem]:
                     start = off
             items.append(WorkItem(uri, "streams", start, total))
             return items
+        # about one level-9 block of text (900 kB of XML, ~250 kB compressed) per item: an item
+        # decompresses one block more than it owns (to finish its last page), and a small file
+        # such as the 1.7 MB sample still spreads evenly over two workers
+        step = max(range_bytes // 16, 1)
+        if split_single_stream and total > step and _bz2_head_ok(head):
+            return [WorkItem(uri, "blocks", s, min(s + step, total), last=s + step >= total)
+                    for s in range(0, total, step)]
         return [WorkItem(uri, "whole")]
     if uri.endswith(".xml") and total > range_bytes and not _is_utf16(head):
         return [WorkItem(uri, "range", s, min(s + range_bytes, total), last=s + range_bytes >= total)
@@ -103,8 +123,70 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES) -> list[WorkItem]:
     return [WorkItem(uri, "whole")]
 
 
+def _bz2_head_ok(head: bytes) -> bool:
+    """``BZh`` + level digit and the first block's magic: a stream we can split by block."""
+    from beam_jobs.bz2_blocks import BLOCK_MAGIC
+
+    return (len(head) == 10 and head[3:4] in b"123456789"
+            and int.from_bytes(head[4:10], "big") == BLOCK_MAGIC)
+
+
 class _Truncated(Exception):
     pass
+
+
+class _BlockFeed:
+    """What reading a "blocks" item learned, for read_pages: where the data of its own blocks
+    ends (``bound``, a decompressed offset; None while still in them), whether its own blocks
+    reached the end of the stream, whether it stopped at a bad block while reading on (a later
+    item reports that block), corrupt blocks it skipped, and block starts for page origins."""
+
+    def __init__(self, item: WorkItem):
+        self.item = item
+        self.bound: int | None = None
+        self.eos = self.stopped = False
+        self.corrupt: list[int] = []
+        self.starts: list[tuple[int, int]] = []  # (decompressed offset, bit offset of the block)
+
+    def where(self, pos: int) -> str:
+        for start, bit in reversed(self.starts):
+            if start <= pos:
+                return f"{self.item.uri}@bit{bit}+{pos - start}"
+        return f"{self.item.uri}@bit{self.item.start * 8}"
+
+    def blocks(self, raw) -> Iterator[bytes]:
+        from beam_jobs.bz2_blocks import BlockReader, Corrupt, Truncated
+
+        item = self.item
+        header = raw.read(4)
+        reader = BlockReader(raw, item.start, header)
+        blocks = reader.blocks(item.start * 8, item.end * 8)
+        produced = 0
+        while True:
+            try:
+                block = next(blocks, None)
+            except (Truncated, Corrupt) as err:
+                if err.bit is not None and err.bit >= item.end * 8:
+                    self.stopped = True  # in a later item's block: that item reports it
+                    return
+                if isinstance(err, Truncated):
+                    raise _Truncated("the bz2 stream ends before its end-of-stream marker") from None
+                raise OSError(f"{err}; the pages in it are lost") from None
+            finally:
+                # a magic in range that does not decompress: a false match inside a block that
+                # started earlier, or a corrupt block of ours (reported, never silently lost)
+                for bit in reader.undecodable:
+                    if not reader.inside_block(bit):
+                        self.corrupt.append(bit)
+                reader.undecodable.clear()
+            if block is None:
+                return
+            if not block.owned and self.bound is None:
+                self.bound = produced
+            self.eos = self.eos or (block.owned and block.last)
+            self.starts.append((produced, block.bit))
+            produced += len(block.data)
+            yield block.data
 
 
 def _bz2_blocks(raw, limit: int | None) -> Iterator[bytes]:
@@ -190,7 +272,9 @@ def _page_record(chunk: bytes, origin: str) -> tuple[str, dict]:
     }
 
 
-def _blocks(item: WorkItem, raw) -> Iterator[bytes]:
+def _blocks(item: WorkItem, raw, feed: _BlockFeed | None) -> Iterator[bytes]:
+    if feed is not None:
+        return feed.blocks(raw)
     if item.kind == "streams":
         raw.seek(item.start)
         return _bz2_blocks(raw, item.end - item.start)
@@ -226,9 +310,11 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
     buf = b""
     offset = item.start if item.kind == "range" else 0  # offset of buf[0] in the (decompressed) data
     seen_page = closed = False
+    feed = _BlockFeed(item) if item.kind == "blocks" else None
+    where = feed.where if feed else lambda pos: f"{item.uri}@{pos}"
     try:
         with storage.open_file(item.uri, "rb") as raw:
-            blocks = _blocks(item, raw)
+            blocks = _blocks(item, raw, feed)
             if item.kind == "whole":
                 blocks = _peek_utf16(blocks)
             for block in blocks:
@@ -241,15 +327,17 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
                         offset += max(len(buf) - keep, 0)
                         buf = buf[-keep:]
                         break
-                    if item.kind == "range" and offset + start >= item.end:
-                        return  # the next range owns this page
+                    bound = item.end if item.kind == "range" else feed.bound if feed else None
+                    if bound is not None and offset + start >= bound:
+                        yield from _corrupt_blocks(feed)
+                        return  # the next range (or the item of the next blocks) owns this page
                     end = buf.find(_PAGE_CLOSE, start)
                     nested = buf.find(_PAGE_OPEN, start + 1)
                     if 0 <= nested < (end if end >= 0 else len(buf)):
                         # "<page>" again before "</page>": the first page never closed
                         seen_page = True
                         pages += 1
-                        yield "reject", _unclosed(buf[start:nested], item, offset + start)
+                        yield "reject", _unclosed(buf[start:nested], where(offset + start))
                         offset += nested
                         buf = buf[nested:]
                         continue
@@ -257,7 +345,7 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
                         if len(buf) - start > MAX_PAGE_BYTES:
                             seen_page = True
                             pages += 1
-                            yield "reject", _unclosed(buf[start : start + 4096], item, offset + start)
+                            yield "reject", _unclosed(buf[start : start + 4096], where(offset + start))
                             offset += len(buf)
                             buf = b""
                         elif start:
@@ -267,22 +355,28 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
                     stop = end + len(_PAGE_CLOSE)
                     seen_page = True
                     pages += 1
-                    yield _page_record(buf[start:stop], f"{item.uri}@{offset + start}")
+                    yield _page_record(buf[start:stop], where(offset + start))
                     offset += stop
                     buf = buf[stop:]
     except _Truncated as err:
-        yield "reject", _truncated(buf, item, offset, pages, str(err))
+        yield from _corrupt_blocks(feed)
+        yield "reject", _truncated(buf, item, where, offset, pages, str(err))
         return
     except (OSError, EOFError, ValueError, UnicodeDecodeError) as err:
+        yield from _corrupt_blocks(feed)
         yield "reject", D.make_reject(
-            D.WIKIPEDIA, f"{item.uri}@{offset}", D.UNREADABLE_FILE,
+            D.WIKIPEDIA, where(offset), D.UNREADABLE_FILE,
             f"{item.uri}: cannot read past decompressed byte {offset} ({type(err).__name__}: {err}); "
             f"{pages} pages were read before it. Check the file (e.g. `bzip2 -t`) or download it again")
         return
+    yield from _corrupt_blocks(feed)
+    if feed and feed.stopped:
+        return  # stopped at a later item's bad block, which that item reports
+    last = feed.eos if feed else item.last
     if _PAGE_OPEN in buf:  # the file ended inside a page
-        yield "reject", _truncated(buf, item, offset, pages, "the XML ends inside a <page>")
-    elif seen_page and item.last and not closed and b"</mediawiki>" not in buf:
-        yield "reject", _truncated(b"", item, offset, pages, "the XML ends without </mediawiki>")
+        yield "reject", _truncated(buf, item, where, offset, pages, "the XML ends inside a <page>")
+    elif seen_page and last and not closed and b"</mediawiki>" not in buf:
+        yield "reject", _truncated(b"", item, where, offset, pages, "the XML ends without </mediawiki>")
     elif not seen_page and item.start == 0:
         yield "reject", D.make_reject(
             D.WIKIPEDIA, item.uri, D.NOT_A_DUMP,
@@ -290,18 +384,28 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
             "(pages-articles*.xml[.bz2])?")
 
 
-def _unclosed(chunk: bytes, item: WorkItem, at: int) -> dict:
+def _corrupt_blocks(feed: _BlockFeed | None) -> Iterator[tuple[str, dict]]:
+    """One unreadable_file reject per corrupt bz2 block an item skipped (its pages are lost)."""
+    for bit in feed.corrupt if feed else ():
+        yield "reject", D.make_reject(
+            D.WIKIPEDIA, f"{feed.item.uri}@bit{bit}", D.UNREADABLE_FILE,
+            f"{feed.item.uri}: the bz2 block at bit {bit} does not decompress; the pages in it are "
+            "lost. Check the file (e.g. `bzip2 -t`) or download it again")
+    if feed:
+        feed.corrupt.clear()
+
+
+def _unclosed(chunk: bytes, at: str) -> dict:
     title_m = _TITLE.search(chunk)
     title = title_m.group(1).decode("utf-8", "replace") if title_m else "?"
-    return D.make_reject(D.WIKIPEDIA, f"{item.uri}@{at}", D.MALFORMED_XML,
-                         f"page {title!r} at {item.uri}@{at} has no </page>")
+    return D.make_reject(D.WIKIPEDIA, at, D.MALFORMED_XML, f"page {title!r} at {at} has no </page>")
 
 
-def _truncated(buf: bytes, item: WorkItem, offset: int, pages: int, why: str) -> dict:
+def _truncated(buf: bytes, item: WorkItem, where, offset: int, pages: int, why: str) -> dict:  # noqa: ANN001
     start = buf.find(_PAGE_OPEN)
     title_m = _TITLE.search(buf, max(start, 0))
     inside = f" inside page {title_m.group(1).decode('utf-8', 'replace')!r}" if start >= 0 and title_m else ""
     return D.make_reject(
-        D.WIKIPEDIA, f"{item.uri}@{offset + max(start, 0)}", D.TRUNCATED_INPUT,
+        D.WIKIPEDIA, where(offset + max(start, 0)), D.TRUNCATED_INPUT,
         f"{item.uri}: {why}{inside} after {pages} complete pages; the file is cut short, "
         "download it again")
