@@ -20,22 +20,33 @@ masked_lm columns are empty and the loader masks with
 
 How it stays streaming, bounded and deterministic:
 
-- Random-next B segments come from the document's *bucket* (``stable_hash(doc_id) % buckets``),
-  not from the whole corpus, so a worker holds one bucket, never the corpus. See
-  :func:`num_random_doc_buckets`: ``instances.random_doc_buckets``, raised so that no bucket
+- Random-next B segments come from the document's *pool* (``stable_hash(doc_id) % pools``),
+  not from the whole corpus, so a worker holds one pool, never the corpus. See
+  :func:`num_random_doc_buckets`: ``instances.random_doc_buckets``, raised so that no pool
   averages more than MAX_DOCS_PER_BUCKET documents (bounded memory whatever the corpus size),
-  lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a tiny corpus gets one bucket,
+  lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a tiny corpus gets one pool,
   so its B segments are not drawn from a handful of documents).
-- Every RNG is ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` and documents inside a
-  bucket are sorted by ``doc_id``: no draw depends on the runner, the workers or bundle order.
-- Balanced shards: each instance gets a 64-bit key from the same parts. Instances are grouped
-  into SORT_BUCKETS by key, counted, and given a global rank (bucket offset + rank inside the
-  sorted bucket); shard ``f`` takes a contiguous rank range, so shard sizes differ by at most
-  one and the order inside a shard is the keys' pseudo-random order (the reference shuffles
-  all instances in memory instead). A bucket of the sort is what one worker holds at a time.
-- Every shard index is written, empty ones too, so a loader can always split them evenly.
+- Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
+  64-bit key per instance that seeds its masking; see ``bert_core.instance_batch``) and the
+  documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
+  bundle order.
+- Balanced shards: a pool's instances (per length) are sorted by key and cut into *pieces* by
+  ``key % pools``. Pieces are counted and ordered by ``(key % pools, pool)``; a piece's rows get
+  consecutive global ranks from that order, and shard ``f`` takes a contiguous rank range, so
+  shard sizes differ by at most one. A shard thus holds a slice of the ``key % pools`` groups of
+  every pool, in key order (pseudo-random; the reference shuffles all instances in memory
+  instead). Every shard index is written, empty ones too, so a loader can always split them
+  evenly.
 
-Memory: each step holds one random-next pool, one sort bucket or one shard. What a runner keeps
+Why this shape (speed): Beam charges per element and per shuffle, so elements are whole
+documents (numpy ids, from ``Tokenizer.encode_document``) and whole pieces
+(``InstanceBatch``: a handful of numpy arrays per element, cheap to pickle), never one
+instance, and the instances cross one shuffle (to their shard), not two. Instances are made a
+pool at a time by ``bert_core.instance_batch.create_instance_batch`` (pairs as token ranges,
+then numpy assembly and masking), shards are written from the arrays and their stats are
+counted without a Python loop per row.
+
+Memory: each step holds one pool's documents and instances, or one shard. What a runner keeps
 between steps is the runner's business: Dataflow/Flink/Spark shuffle through disk, while the
 local FnApiRunner keeps shuffled data in memory (fine for the demo and tests, not for all of
 Wikipedia on one machine).
@@ -54,22 +65,13 @@ from apache_beam.metrics import Metrics
 
 from bert_core import storage
 from bert_core.config import InstanceConfig, load_config
+from bert_core.instance_batch import InstanceBatch, create_instance_batch, shard_name, write_table
 from bert_core.instance_stats import InstanceStats
-from bert_core.pretraining_data import (
-    DocumentPool,
-    VocabIds,
-    create_instances_from_document,
-    create_packed_instances_from_document,
-    rng_for,
-    stable_hash,
-)
+from bert_core.pretraining_data import DocumentPool, VocabIds, stable_hash
 
-SORT_BUCKETS = 1024  # groups of the shard-balancing sort; memory per group = instances / 1024
 MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
 MAX_DOCS_PER_BUCKET = 20_000  # ~0.5 GB of tokenized Wikipedia articles held by one worker
 INSTANCES_PER_SHARD = 100_000  # when num_shards = 0 (automatic)
-
-Row = tuple  # (input_ids, len_a, masked_lm_positions, masked_lm_ids, next_sentence_label)
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -102,9 +104,10 @@ def shard_of_rank(rank: int, total: int, shards: int) -> int:
     return rem + (rank - boundary) // q
 
 
-def make_layout(counts: Iterable[tuple[tuple[int, int], int]], config: InstanceConfig) -> dict:
-    """Per length: total, shard count, and the first global rank of every sort bucket."""
-    per_length: dict[int, dict[int, int]] = {s.max_seq_length: {} for s in config.lengths}
+def make_layout(counts: Iterable[tuple[tuple[int, Any], int]], config: InstanceConfig) -> dict:
+    """Per length: total, shard count, and the first global rank of every piece (pieces in the
+    order of their keys, ``(sort group, pool)``)."""
+    per_length: dict[int, dict[Any, int]] = {s.max_seq_length: {} for s in config.lengths}
     for (length, bucket), n in counts:
         per_length[length][bucket] = n
     layout = {}
@@ -137,10 +140,6 @@ def prepare_output(output: str, config: InstanceConfig) -> None:
         storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
 
 
-def shard_name(index: int, shards: int) -> str:
-    return f"part-{index:05d}-of-{shards:05d}.parquet"
-
-
 def read_documents(uri: str) -> Iterator[tuple[str, list[str] | None]]:
     """(doc_id, sentences) of one documents shard, batch by batch (never the whole file)."""
     import pyarrow.parquet as pq
@@ -155,29 +154,13 @@ def read_documents(uri: str) -> Iterator[tuple[str, list[str] | None]]:
             yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
 
 
-def write_shard(uri: str, rows: list[Row]) -> None:
-    """One Parquet shard with the contract's schema (same rows -> same bytes)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    ints = pa.list_(pa.int32())
-    schema = pa.schema([
-        ("input_ids", ints), ("len_a", pa.int32()), ("masked_lm_positions", ints),
-        ("masked_lm_ids", ints), ("next_sentence_label", pa.int8()),
-    ])
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in range(5)]
-    table = pa.Table.from_arrays([pa.array(c, type=t) for c, t in zip(columns, schema.types, strict=True)],
-                                 schema=schema)
-    with storage.open_file(uri, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
-
-
 # --------------------------------------------------------------------------- DoFns
 
 
 class TokenizeDocuments(beam.DoFn):
-    """(doc_id, sentences) -> (doc_id, sentences of ids); sentences with no tokens are dropped
-    (as the reference does), documents with none left go to the 'rejects' output."""
+    """(doc_id, sentences) -> (doc_id, (ids, sentence_lengths)) as numpy int32 arrays (the
+    document's ids end to end); sentences with no tokens are dropped (as the reference does),
+    documents with none left go to the 'rejects' output."""
 
     def __init__(self, vocab: str, lowercase: bool) -> None:
         self.vocab, self.lowercase = vocab, lowercase
@@ -190,85 +173,91 @@ class TokenizeDocuments(beam.DoFn):
     def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
         doc_id, sentences = doc
         sentences = [s for s in sentences or [] if isinstance(s, str)]  # a null sentence is no text
-        ids = [s for s in self.tokenizer.encode_batch(sentences) if s]
-        if not ids:
+        ids, lengths = self.tokenizer.encode_document(sentences)
+        if len(ids) == 0:
             self.rejected.inc()
             yield beam.pvalue.TaggedOutput("rejects", {
                 "source": "documents", "id": doc_id, "reason": "no_tokens",
-                "detail": f"{len(sentences or [])} sentences, none with a token in this vocab",
+                "detail": f"{len(sentences)} sentences, none with a token in this vocab",
             })
             return
         self.documents.inc()
-        yield doc_id, ids
+        yield doc_id, (ids, lengths[lengths > 0])
 
 
 class CreateInstances(beam.DoFn):
-    """One random-next bucket of documents -> ((length, sort bucket), [(key, row), ...]) for
-    every pass and length (batched per sort bucket: one element per group, not per instance)."""
+    """One random-next pool (bucket ``b``) of documents -> for every length, its instances as
+    :class:`InstanceBatch` pieces keyed ``(length, (g, b))``: piece ``g`` holds the instances
+    whose key is ``g`` modulo the number of pools, sorted by key (see the module docstring)."""
 
-    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds) -> None:
-        self.config, self.vocab_ids = config, vocab_ids
+    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, min_docs_per_bucket: int) -> None:
+        self.config, self.vocab_ids, self.min_docs = config, vocab_ids, min_docs_per_bucket
         self.instances = Metrics.counter("instances", "instances")
 
-    def process(self, bucket: tuple[int, Iterable[tuple[str, list[list[int]]]]]) -> Iterator[Any]:
+    def process(self, bucket: tuple[int, Iterable[tuple[str, Any]]], n_docs: int) -> Iterator[Any]:
+        import numpy as np
+
         cfg = self.config
-        docs = sorted(bucket[1])  # by doc_id: the pool's order must not depend on the shuffle
-        pool = DocumentPool.from_documents([sentences for _, sentences in docs])
-        static = cfg.masking == "static"
-        batches: dict[tuple[int, int], list[tuple[int, Row]]] = {}
-        for index, (doc_id, sentences) in enumerate(docs):
-            for dupe in range(cfg.dupe_factor):
-                for spec in cfg.lengths:
-                    length = spec.max_seq_length
-                    rng = rng_for(cfg.seed, doc_id, dupe, length)
-                    common = dict(max_seq_length=length, short_seq_prob=cfg.short_seq_prob,
-                                  masked_lm_prob=cfg.masked_lm_prob,
-                                  max_predictions_per_seq=spec.max_predictions_per_seq,
-                                  vocab=self.vocab_ids, rng=rng,
-                                  whole_word_mask=cfg.whole_word_mask, mask=static)
-                    if cfg.next_sentence_prediction:
-                        made = create_instances_from_document(pool, index, **common)
-                    else:
-                        made = create_packed_instances_from_document(sentences, **common)
-                    for k, inst in enumerate(made):
-                        key = stable_hash(cfg.seed, length, doc_id, dupe, k)
-                        row = (inst.input_ids, inst.len_a, inst.masked_lm_positions,
-                               inst.masked_lm_ids, inst.next_sentence_label)
-                        batches.setdefault((length, key % SORT_BUCKETS), []).append((key, row))
-                    self.instances.inc(len(made))
-        yield from batches.items()
+        docs = sorted(bucket[1], key=lambda d: d[0])  # by doc_id: the pool must not depend on the shuffle
+        pool = DocumentPool.from_arrays([arrays for _, arrays in docs])
+        doc_ids = [doc_id for doc_id, _ in docs]
+        groups = num_random_doc_buckets(n_docs, cfg, self.min_docs)
+        for spec in cfg.lengths:
+            batch = create_instance_batch(
+                pool, doc_ids, seed=cfg.seed, dupe_factor=cfg.dupe_factor,
+                max_seq_length=spec.max_seq_length, max_predictions_per_seq=spec.max_predictions_per_seq,
+                masked_lm_prob=cfg.masked_lm_prob, short_seq_prob=cfg.short_seq_prob, vocab=self.vocab_ids,
+                next_sentence_prediction=cfg.next_sentence_prediction,
+                whole_word_mask=cfg.whole_word_mask, mask=cfg.masking == "static",
+            ).sorted_by_key()
+            self.instances.inc(len(batch))
+            group_of = (batch.keys % np.uint64(groups)).astype(np.int64)
+            for g in range(groups):
+                rows = np.flatnonzero(group_of == g)
+                if len(rows):
+                    yield (spec.max_seq_length, (g, bucket[0])), batch.take(rows)
 
 
-def assign_shards(group: tuple[tuple[int, int], Iterable[list[tuple[int, Row]]]], layout: dict) -> Iterator[Any]:
-    """Global rank = bucket offset + rank in the sorted bucket -> ((length, shard), [(rank, row)])."""
-    (length, bucket), batches = group
+def shard_start(shard: int, total: int, shards: int) -> int:
+    """The first global rank of ``shard`` (inverse of :func:`shard_of_rank`)."""
+    q, rem = divmod(total, shards)
+    return shard * q + min(shard, rem)
+
+
+def assign_shards(piece: tuple[tuple[int, Any], InstanceBatch], layout: dict) -> Iterator[Any]:
+    """A piece's rows have global ranks ``offset(piece) ..``: cut it at shard boundaries ->
+    ((length, shard), (first rank, rows))."""
+    import numpy as np
+
+    (length, group), batch = piece
     lay = layout[length]
-    items = sorted((kv for batch in batches for kv in batch), key=lambda kv: kv[0])
-    out: dict[int, list[tuple[int, Row]]] = {}
-    for rank, (_, row) in enumerate(items, start=lay["offsets"][bucket]):
-        out.setdefault(shard_of_rank(rank, lay["total"], lay["shards"]), []).append((rank, row))
-    for shard, ranked in out.items():
-        yield (length, shard), ranked
+    total, shards = lay["total"], lay["shards"]
+    first = lay["offsets"][group]
+    last = first + len(batch) - 1
+    for shard in range(shard_of_rank(first, total, shards), shard_of_rank(last, total, shards) + 1):
+        lo = max(first, shard_start(shard, total, shards))
+        hi = min(last + 1, shard_start(shard + 1, total, shards))
+        yield (length, shard), (lo, batch.take(np.arange(lo - first, hi - first)))
 
 
 class WriteShards(beam.DoFn):
-    """((length, shard), rows) -> the Parquet shard, and its manifest entry and stats."""
+    """((length, shard), pieces) -> the Parquet shard (rows in key order), its manifest entry
+    and stats."""
 
     def __init__(self, output: str, mask_id: int) -> None:
         self.output, self.mask_id = output, mask_id
 
     def process(self, group: tuple[tuple[int, int], Iterable[Any]], layout: dict) -> Iterator[dict]:
-        (length, index), batches = group
-        ranked = [x for batch in batches for x in batch]  # the empty marker batch adds nothing
-        rows = [row for _, row in sorted(ranked, key=lambda x: x[0])]
+        (length, index), pieces = group
+        ranked = sorted((p for p in pieces if p is not None), key=lambda p: p[0])  # None: the empty marker
+        batch = InstanceBatch.concat([b for _, b in ranked]).sorted_by_key()
         uri = storage.join(self.output, f"seq{length}", shard_name(index, layout[length]["shards"]))
-        write_shard(uri, rows)
+        write_table(uri, batch.to_table())
         stats = InstanceStats(max_seq_length=length)
-        for input_ids, len_a, positions, labels, nsp in rows:
-            stats.add(input_ids, positions, labels, nsp, self.mask_id,
-                      n_special=2 if len_a == len(input_ids) else 3)
+        stats.add_columns(batch.input_ids, batch.offsets, batch.len_a, batch.masked_lm_positions,
+                          batch.masked_lm_ids, batch.mask_offsets, batch.next_sentence_label, self.mask_id)
         yield {"length": length, "index": index,
-               "entry": storage.shard_entry(uri, count=len(rows)), "stats": stats.to_dict()}
+               "entry": storage.shard_entry(uri, count=len(batch)), "stats": stats.to_dict()}
 
 
 def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, output: str,
@@ -330,27 +319,23 @@ class CreateInstanceShards(beam.PTransform):
         def key_by_bucket(doc: tuple[str, Any], n: int) -> tuple[int, Any]:
             return stable_hash("bucket", doc[0]) % num_random_doc_buckets(n, cfg, min_docs), doc
 
+        n_docs_si = beam.pvalue.AsSingleton(n_docs)
         instances = (
             tokenized.docs
-            | "KeyByBucket" >> beam.Map(key_by_bucket, n=beam.pvalue.AsSingleton(n_docs))
+            | "KeyByBucket" >> beam.Map(key_by_bucket, n=n_docs_si)
             | "GroupBuckets" >> beam.GroupByKey()
-            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids))
+            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, min_docs), n_docs=n_docs_si)
         )
         layout = (
             instances
-            | "BatchSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
-            | "CountPerSortBucket" >> beam.CombinePerKey(sum)
+            | "PieceSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
             | "GatherCounts" >> beam.combiners.ToList()
             | "MakeLayout" >> beam.Map(make_layout, config=cfg)
         )
         layout_si = beam.pvalue.AsSingleton(layout)
-        placed = (
-            instances
-            | "GroupSortBuckets" >> beam.GroupByKey()
-            | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
-        )
+        placed = instances | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
         every_shard = layout | "EveryShard" >> beam.FlatMap(
-            lambda lay: [((length, i), []) for length, v in lay.items() for i in range(v["shards"])])
+            lambda lay: [((length, i), None) for length, v in lay.items() for i in range(v["shards"])])
         results = (
             (placed, every_shard)
             | "FlattenShards" >> beam.Flatten()
