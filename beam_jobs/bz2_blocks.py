@@ -27,11 +27,12 @@ from __future__ import annotations
 import bz2
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 BLOCK_MAGIC = 0x314159265359
 EOS_MAGIC = 0x177245385090
 CHUNK = 1 << 20
+PIECE = 64 << 10  # blocks after the range are decompressed this much at a time
 _MASK48 = (1 << 48) - 1
 
 
@@ -54,9 +55,9 @@ class Corrupt(Exception):
 @dataclass(frozen=True)
 class Block:
     bit: int  # offset of the block's magic in the file, in bits
-    data: bytes  # its decompressed bytes
+    data: bytes  # its decompressed bytes (of a block after the range: the next piece of them)
     owned: bool  # the magic lies in the range asked for
-    last: bool  # the stream's end-of-stream marker follows it
+    last: bool  # the stream's end-of-stream marker follows it (and this is its last piece)
 
 
 def _patterns(magic: int) -> list[tuple[int, bytes, int, int, int, int, int]]:
@@ -164,21 +165,38 @@ class BlockReader:
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode(self, a: int, b: int) -> bytes | None:
-        """Decompress bits [a, b) of the file as one block, or None if they are not one."""
+    def _stream(self, a: int, b: int) -> bytes:
+        """Bits [a, b) of the file as a one-block bz2 stream."""
         n = b - a
-        if n <= 80:
-            return None
         ra, rb = a - self.base * 8, b - self.base * 8
         lo, hi = ra // 8, (rb + 7) // 8
         v = (int.from_bytes(self.buf[lo:hi], "big") >> (hi * 8 - rb)) & ((1 << n) - 1)
         crc = (v >> (n - 80)) & 0xFFFFFFFF  # right after the 48-bit magic
         pad = -(n + 80) % 8
         v = ((((v << 48) | EOS_MAGIC) << 32 | crc) << pad)
+        return self.header + v.to_bytes((n + 80 + pad) // 8, "big")
+
+    def _decode(self, a: int, b: int) -> bytes | None:
+        """Decompress bits [a, b) of the file as one block, or None if they are not one."""
+        if b - a <= 80:
+            return None
         try:
-            return bz2.decompress(self.header + v.to_bytes((n + 80 + pad) // 8, "big"))
+            return bz2.decompress(self._stream(a, b))
         except (OSError, ValueError, EOFError):
             return None
+
+    def _open(self, a: int, b: int) -> tuple[bz2.BZ2Decompressor, bytes] | None:
+        """A decompressor of bits [a, b) as one block and its first piece, or None if they are
+        not one. The whole block is Huffman-decoded before the first byte comes out (a false end
+        fails there), but the rest of the output, and its CRC check, waits until asked for."""
+        if b - a <= 80:
+            return None
+        dec = bz2.BZ2Decompressor()
+        try:
+            first = dec.decompress(self._stream(a, b), max_length=PIECE)
+        except (OSError, ValueError, EOFError):
+            return None
+        return (dec, first) if first else None
 
     def _decode_to_eof(self, a: int) -> bytes:
         """The block at bit ``a`` when the file ends after it, inside the next magic (which the
@@ -191,14 +209,15 @@ class BlockReader:
         except (OSError, ValueError, EOFError):
             return b""
 
-    def _block_at(self, a: int) -> tuple[bytes, int | None, bool]:
+    def _block_at(self, a: int, lazy: bool = False) -> tuple[Any, int | None, bool]:
         """(data, end bit, end is end-of-stream) of the block starting at bit ``a``; the end is
         None for a whole block at the very end of a truncated file. A block that decodes to no
-        later magic is Corrupt, or Truncated if the file ends before any later magic."""
+        later magic is Corrupt, or Truncated if the file ends before any later magic. ``lazy``:
+        data is (decompressor, first piece) instead, when the end is known."""
         tried = False
         try:
             for b, eos in self._candidates(a + 80, a + self.max_bits):
-                data = self._decode(a, b)
+                data = self._open(a, b) if lazy else self._decode(a, b)
                 if data is not None:
                     return data, b, eos
                 tried = True
@@ -237,7 +256,34 @@ class BlockReader:
                 raise Truncated(a)  # reported by the owner of this last whole block
             self._drop_before(b)
             a = b
+            if a >= end_bit:
+                yield from self._pieces(a)
+                return
             data, b, eos = self._block_at(a)
+
+    def _pieces(self, a: int) -> Iterator[Block]:
+        """Blocks from bit ``a`` on, a piece at a time: the caller reads past its range only to
+        finish a page, usually a few kB into the next block."""
+        while True:
+            opened, b, eos = self._block_at(a, lazy=True)
+            if b is None:  # a whole block at the end of a truncated file
+                yield Block(a, opened, False, False)
+                raise Truncated(a)
+            dec, piece = opened
+            while True:
+                yield Block(a, piece, False, eos and dec.eof)
+                if dec.eof:
+                    break
+                try:
+                    piece = dec.decompress(b"", max_length=PIECE)
+                except (OSError, ValueError, EOFError):
+                    raise Corrupt(a) from None
+                if not piece and not dec.eof:
+                    raise Corrupt(a)
+            if eos:
+                return
+            self._drop_before(b)
+            a = b
 
     def inside_block(self, bit: int) -> bool:
         """Whether ``bit`` lies inside a block that starts before it (so a magic found there is a

@@ -165,7 +165,9 @@ class ReadWikipediaDump(beam.PTransform):
         items = [item for f in self.files for item in plan_reads(f, split_single_stream=True)]
         out = (
             pbegin
-            | "ListWorkItems" >> beam.Create(items)
+            # Create would reshuffle too (more than one element): once is enough, and the shuffle
+            # is what spreads the items over the workers (the local runner deals them out)
+            | "ListWorkItems" >> beam.Create(items, reshuffle=False)
             | "SpreadWorkItems" >> beam.Reshuffle()
             | "ParsePages" >> beam.ParDo(ReadPagesFn()).with_outputs(REJECTS, READ, main="docs")
         )
@@ -183,7 +185,7 @@ class ReadBooks(beam.PTransform):
         ids = _book_ids(self.files)
         out = (
             pbegin
-            | "ListBooks" >> beam.Create(sorted(ids.items()))
+            | "ListBooks" >> beam.Create(sorted(ids.items()), reshuffle=False)
             | "SpreadBooks" >> beam.Reshuffle()
             | "ReadBooks" >> beam.ParDo(ReadBookFn()).with_outputs(REJECTS, READ, main="docs")
         )

@@ -109,10 +109,11 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bo
                     start = off
             items.append(WorkItem(uri, "streams", start, total))
             return items
-        # about one level-9 block of text (900 kB of XML, ~250 kB compressed) per item: an item
-        # decompresses one block more than it owns (to finish its last page), and a small file
-        # such as the 1.7 MB sample still spreads evenly over two workers
-        step = max(range_bytes // 16, 1)
+        # About one level-9 block of text (900 kB of XML, ~250 kB compressed) per item for a
+        # small file, so the 1.7 MB sample still spreads evenly over two workers; up to four for
+        # a big one, since an item decompresses one block more than it owns (to finish its last
+        # page) and 16 items are plenty to share out.
+        step = max(min(total // 16, range_bytes // 4), range_bytes // 16, 1)
         if split_single_stream and total > step and _bz2_head_ok(head):
             return [WorkItem(uri, "blocks", s, min(s + step, total), last=s + step >= total)
                     for s in range(0, total, step)]
@@ -184,7 +185,8 @@ class _BlockFeed:
             if not block.owned and self.bound is None:
                 self.bound = produced
             self.eos = self.eos or (block.owned and block.last)
-            self.starts.append((produced, block.bit))
+            if not self.starts or self.starts[-1][1] != block.bit:  # (later blocks come in pieces)
+                self.starts.append((produced, block.bit))
             produced += len(block.data)
             yield block.data
 

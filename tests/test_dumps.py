@@ -73,7 +73,12 @@ def test_block_reader_returns_the_whole_stream_from_any_start(xml, single) -> No
     start = magics[2] // 8 - 3
     with open(single, "rb") as f:
         later = list(BlockReader(f, start).blocks(start * 8, magics[3] + 1))
-    assert [b.bit for b in later] == magics[2:] and [b.owned for b in later] == [True, True] + [False] * (len(later) - 2)
+    assert sorted({b.bit for b in later}) == magics[2:] and b"".join(b.data for b in later) == b"".join(
+        b.data for b in blocks[2:])
+    # the two blocks in range whole, the later ones a piece at a time, the last piece marked
+    assert [(b.bit, b.owned) for b in later[:2]] == [(magics[2], True), (magics[3], True)]
+    assert not any(b.owned for b in later[2:]) and len(later) > len(magics)
+    assert [b.last for b in later] == [False] * (len(later) - 1) + [True]
 
 
 def test_single_stream_bz2_splits_into_items_that_read_every_page_once(single) -> None:
