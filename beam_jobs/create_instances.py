@@ -39,7 +39,7 @@ How it stays streaming, bounded and deterministic:
   evenly.
 
 Why this shape (speed): Beam charges per element and per shuffle, so elements are whole
-documents (numpy ids, from ``Tokenizer.encode_document``) and whole pieces
+documents (one bytes value of ids, from ``Tokenizer.encode_document_bytes``) and whole pieces
 (``InstanceBatch``: a handful of numpy arrays per element, cheap to pickle), never one
 instance, and the instances cross one shuffle (to their shard), not two. Instances are made a
 pool at a time by ``bert_core.instance_batch.create_instance_batch`` (pairs as token ranges,
@@ -158,9 +158,11 @@ def read_documents(uri: str) -> Iterator[tuple[str, list[str] | None]]:
 
 
 class TokenizeDocuments(beam.DoFn):
-    """(doc_id, sentences) -> (doc_id, (ids, sentence_lengths)) as numpy int32 arrays (the
-    document's ids end to end); sentences with no tokens are dropped (as the reference does),
-    documents with none left go to the 'rejects' output."""
+    """(doc_id, sentences) -> (doc_id, ids) with ids the bytes of a C int array, each sentence's
+    ids followed by an end mark (``Tokenizer.encode_document_bytes``: one bytes value per
+    document is what Beam moves cheapest); documents without a token go to the 'rejects'
+    output. Sentences without tokens are dropped later, with the marks (as the reference drops
+    empty lines)."""
 
     def __init__(self, vocab: str, lowercase: bool) -> None:
         self.vocab, self.lowercase = vocab, lowercase
@@ -173,8 +175,8 @@ class TokenizeDocuments(beam.DoFn):
     def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
         doc_id, sentences = doc
         sentences = [s for s in sentences or [] if isinstance(s, str)]  # a null sentence is no text
-        ids, lengths = self.tokenizer.encode_document(sentences)
-        if len(ids) == 0:
+        marked = self.tokenizer.encode_document_bytes(sentences)
+        if len(marked) // 4 == len(sentences):  # nothing but the end marks
             self.rejected.inc()
             yield beam.pvalue.TaggedOutput("rejects", {
                 "source": "documents", "id": doc_id, "reason": "no_tokens",
@@ -182,7 +184,7 @@ class TokenizeDocuments(beam.DoFn):
             })
             return
         self.documents.inc()
-        yield doc_id, (ids, lengths[lengths > 0])
+        yield doc_id, marked
 
 
 class CreateInstances(beam.DoFn):
@@ -199,7 +201,7 @@ class CreateInstances(beam.DoFn):
 
         cfg = self.config
         docs = sorted(bucket[1], key=lambda d: d[0])  # by doc_id: the pool must not depend on the shuffle
-        pool = DocumentPool.from_arrays([arrays for _, arrays in docs])
+        pool = DocumentPool.from_marked([marked for _, marked in docs])
         doc_ids = [doc_id for doc_id, _ in docs]
         groups = num_random_doc_buckets(n_docs, cfg, self.min_docs)
         for spec in cfg.lengths:
@@ -227,8 +229,6 @@ def shard_start(shard: int, total: int, shards: int) -> int:
 def assign_shards(piece: tuple[tuple[int, Any], InstanceBatch], layout: dict) -> Iterator[Any]:
     """A piece's rows have global ranks ``offset(piece) ..``: cut it at shard boundaries ->
     ((length, shard), (first rank, rows))."""
-    import numpy as np
-
     (length, group), batch = piece
     lay = layout[length]
     total, shards = lay["total"], lay["shards"]
@@ -237,7 +237,7 @@ def assign_shards(piece: tuple[tuple[int, Any], InstanceBatch], layout: dict) ->
     for shard in range(shard_of_rank(first, total, shards), shard_of_rank(last, total, shards) + 1):
         lo = max(first, shard_start(shard, total, shards))
         hi = min(last + 1, shard_start(shard + 1, total, shards))
-        yield (length, shard), (lo, batch.take(np.arange(lo - first, hi - first)))
+        yield (length, shard), (lo, batch.slice(lo - first, hi - first))
 
 
 class WriteShards(beam.DoFn):

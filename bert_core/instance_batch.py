@@ -52,7 +52,7 @@ GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment (2^64 / golden r
 # counters of an instance's stream: its candidates' keys, then the 80/10/10 choices, then the ids
 _CHOICE_STREAM = np.uint64(1 << 20)
 _RANDOM_ID_STREAM = np.uint64(2 << 20)
-MASK_CHUNK = 8192  # instances masked at once: bounds the (instances x length) key matrix
+MASK_CHUNK = 2048  # instances masked at once: bounds the (instances x length) key matrix
 
 
 def splitmix64(z: np.ndarray) -> np.ndarray:
@@ -147,6 +147,16 @@ class InstanceBatch:
             self.next_sentence_label[rows],
         )
 
+    def slice(self, start: int, stop: int) -> InstanceBatch:
+        """Rows ``start:stop`` (views, no copy)."""
+        o0, o1 = int(self.offsets[start]), int(self.offsets[stop])
+        m0, m1 = int(self.mask_offsets[start]), int(self.mask_offsets[stop])
+        return InstanceBatch(
+            self.keys[start:stop], self.input_ids[o0:o1], self.offsets[start:stop + 1] - o0,
+            self.len_a[start:stop], self.masked_lm_positions[m0:m1], self.masked_lm_ids[m0:m1],
+            self.mask_offsets[start:stop + 1] - m0, self.next_sentence_label[start:stop],
+        )
+
     def sorted_by_key(self) -> InstanceBatch:
         return self.take(np.argsort(self.keys, kind="stable"))
 
@@ -208,7 +218,7 @@ def write_instance_shards(batch: InstanceBatch, folder: str, num_shards: int) ->
     entries = []
     for i in range(num_shards):
         uri = storage.join(folder, shard_name(i, num_shards))
-        write_table(uri, batch.take(np.arange(bounds[i], bounds[i + 1])).to_table())
+        write_table(uri, batch.slice(int(bounds[i]), int(bounds[i + 1])).to_table())
         entries.append(storage.shard_entry(uri, count=int(bounds[i + 1] - bounds[i])))
     return entries
 
@@ -244,7 +254,7 @@ def mask_batch(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per_
     if len(batch) <= MASK_CHUNK:
         return _mask_chunk(batch, masked_lm_prob, max_predictions_per_seq, vocab)
     return InstanceBatch.concat([
-        _mask_chunk(batch.take(np.arange(i, min(i + MASK_CHUNK, len(batch)))), masked_lm_prob,
+        _mask_chunk(batch.slice(i, min(i + MASK_CHUNK, len(batch))), masked_lm_prob,
                     max_predictions_per_seq, vocab)
         for i in range(0, len(batch), MASK_CHUNK)
     ])

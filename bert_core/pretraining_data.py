@@ -264,6 +264,28 @@ class DocumentPool:
         return cls(tokens, offsets.tolist(), first.tolist())
 
 
+    @classmethod
+    def from_marked(cls, documents: Sequence[bytes], end_mark: int = -1) -> DocumentPool:
+        """From documents as the bytes of C int arrays, each sentence's ids followed by
+        ``end_mark`` (``Tokenizer.encode_document_bytes``): all documents decoded at once, and
+        sentences without tokens dropped (as the reference drops empty lines)."""
+        import numpy as np
+
+        ids = np.frombuffer(b"".join(documents), dtype=np.intc)
+        is_mark = ids == end_mark
+        ends = np.flatnonzero(is_mark)
+        lengths = np.diff(ends, prepend=-1) - 1
+        keep = lengths > 0
+        # sentences (kept ones) before each document's first element
+        doc_starts = np.zeros(len(documents), dtype=np.int64)
+        np.cumsum([len(d) // ids.itemsize for d in documents[:-1]], out=doc_starts[1:])
+        kept_before = np.concatenate([[0], np.cumsum(keep)])
+        first = kept_before[np.searchsorted(ends, doc_starts)].tolist() + [int(keep.sum())]
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=offsets[1:])
+        return cls(ids[~is_mark].astype(np.int32), offsets.tolist(), first)
+
+
 Span = tuple[int, int, int, int, int]  # (a0, a1, b0, b1, next_sentence_label): token ranges of A and B
 
 

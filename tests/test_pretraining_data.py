@@ -15,6 +15,7 @@ from bert_core.instance_stats import InstanceStats
 from bert_core.pretraining_data import (
     NO_NSP,
     RANDOM_NEXT,
+    DocumentPool,
     VocabIds,
     create_instances_from_document,
     create_masked_lm_predictions,
@@ -310,3 +311,16 @@ def test_front_removals_are_binomial_half() -> None:
     var = sum((f - mean) ** 2 for f in fronts) / len(fronts)
     assert abs(mean - 20) < 4 * math.sqrt(10 / 2000)
     assert abs(var - 10) < 1.5  # np(1-p) = 10
+
+
+def test_document_pool_from_marked_bytes_drops_empty_sentences() -> None:
+    from array import array
+
+    def marked(document: list[list[int]]) -> bytes:
+        return array("i", [t for sentence in document for t in [*sentence, -1]]).tobytes()
+
+    docs = [[[5, 6], [], [7]], [[], [8, 9, 10]], [[11]]]
+    pool = DocumentPool.from_marked([marked(d) for d in docs])
+    want = DocumentPool.from_documents([[s for s in d if s] for d in docs])
+    assert list(pool.tokens) == want.tokens == [5, 6, 7, 8, 9, 10, 11]
+    assert pool.sentence_offsets == want.sentence_offsets and pool.doc_first == want.doc_first == [0, 2, 3, 4]
