@@ -81,6 +81,40 @@ def test_block_reader_returns_the_whole_stream_from_any_start(xml, single) -> No
     assert [b.last for b in later] == [False] * (len(later) - 1) + [True]
 
 
+class FalseMagics(BlockReader):
+    """The real reader, whose scan also "finds" magics at bits where there are none: what a
+    false match inside compressed data (48 bits that look like a magic) does to it."""
+
+    fakes: tuple[int, ...] = ()
+
+    def _fill(self) -> bool:
+        more = super()._fill()
+        known = set(self.cands)
+        scanned = range(self.base * 8, (self.base + self.scanned) * 8)
+        self.cands = sorted(known | {(bit, eos) for bit, eos in self.fakes if bit in scanned})
+        return more
+
+
+def test_false_magic_matches_are_skipped_not_reported(xml, single) -> None:
+    data = single.read_bytes()
+    magics = find_magics(data, 0, len(data) - 6)
+    middles = [(a + b) // 2 for a, b in zip(magics, magics[1:], strict=False)]
+    # a false block start and a false end-of-stream inside blocks, and one right after a magic
+    FalseMagics.fakes = ((middles[1], False), (middles[3], True), (magics[2] + 9, False))
+    bounds = [0, middles[1] - 8, magics[2], middles[3], len(data) * 8]  # fakes first in some ranges
+    out = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        with open(single, "rb") as f:
+            reader = FalseMagics(f, lo // 8)
+            out += [b.data for b in reader.blocks(lo, hi) if b.owned]
+            assert all(reader.inside_block(bit) for bit in reader.undecodable)
+            if lo == middles[1] - 8:
+                assert reader.undecodable == [middles[1]]
+    assert b"".join(out) == xml
+    with open(single, "rb") as f:  # a real block start is not inside another block
+        assert not BlockReader(f, 0).inside_block(magics[2])
+
+
 def test_single_stream_bz2_splits_into_items_that_read_every_page_once(single) -> None:
     uri = str(single)
     assert plan_reads(uri, range_bytes=RANGE) == [WorkItem(uri, "whole")]  # unless asked
