@@ -24,9 +24,12 @@ instances in a few vector operations. No draw depends on how instances are batch
 Masking (:func:`mask_batch`), per instance, as in the reference: candidates are all tokens but
 ``[CLS]``/``[SEP]``, ``num_to_predict = min(max_predictions_per_seq, max(1, round(len *
 masked_lm_prob)))`` (numpy's ``rint`` rounds half to even like Python 3's ``round``), a uniformly
-random subset of that many candidates (the ones with the smallest random keys: a uniformly
-random order's first ``num_to_predict``), each ``[MASK]`` with probability 0.8, kept 0.1, a
-random id of the whole vocab 0.1, positions sorted. Whole-word masking keeps the per-instance
+random subset of that many candidates, each ``[MASK]`` with probability 0.8, kept 0.1, a random
+id of the whole vocab 0.1, positions sorted. The subset is the first ``num_to_predict`` distinct
+values of the instance's stream of uniform draws over its candidates (by symmetry a uniformly
+random subset, and ~30 draws per instance instead of a key per token); rows whose segments hold a
+``[CLS]``/``[SEP]`` id, or whose draws repeat too much (astronomically rare), use a random key
+per token instead (:func:`_choose_by_keys`). Whole-word masking keeps the per-instance
 :func:`~bert_core.pretraining_data.create_masked_lm_predictions` (seeded from the same key).
 """
 
@@ -49,9 +52,10 @@ from bert_core.pretraining_data import (
 )
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment (2^64 / golden ratio)
-# counters of an instance's stream: its candidates' keys, then the 80/10/10 choices, then the ids
+# counters of an instance's stream: 1.. the draws that choose its predictions, then their
+# corruption (keyed by position), then per-token keys (only for _choose_by_keys)
 _CHOICE_STREAM = np.uint64(1 << 20)
-_RANDOM_ID_STREAM = np.uint64(2 << 20)
+_KEY_STREAM = np.uint64(2 << 20)
 MASK_CHUNK = 2048  # instances masked at once: bounds the (instances x length) key matrix
 
 
@@ -266,45 +270,102 @@ def _mask_chunk(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per
     if n == 0:
         return batch
     ids, lengths = batch.input_ids, batch.lengths
-    row = np.repeat(np.arange(n), lengths)
-    col = np.arange(len(ids)) - np.repeat(batch.offsets[:-1], lengths)
-    key = batch.keys[row]
-    candidate = (ids != vocab.cls_id) & (ids != vocab.sep_id)
-    # Random key per token; the low 16 bits hold the column, so keys within a row never tie
-    # and the k smallest are exactly k tokens (48 random bits above them).
-    col64 = col.astype(np.uint64)
-    u = splitmix64(key + (col64 + np.uint64(1)) * GAMMA)
-    u >>= np.uint64(16)
-    u <<= np.uint64(16)
-    u |= col64
-    u[~candidate] = np.uint64(np.iinfo(np.uint64).max)
-    budget = np.minimum(max_predictions_per_seq,
-                        np.maximum(1, np.rint(lengths * masked_lm_prob).astype(np.int64)))
-    budget = np.minimum(budget, np.bincount(row, weights=candidate, minlength=n).astype(np.int64))
-    width = int(lengths.max())
-    grid = np.full((n, width), np.iinfo(np.uint64).max, dtype=np.uint64)
-    grid[row, col] = u
-    kmax = int(budget.max())
-    if kmax == 0:
-        return batch
-    smallest = np.partition(grid, kmax - 1, axis=1)[:, :kmax] if kmax < width else grid
-    smallest.sort(axis=1)
-    threshold = smallest[np.arange(n), np.maximum(budget, 1) - 1]
-    chosen = candidate & (u <= threshold[row]) & (budget[row] > 0)
+    has_b = batch.len_a != lengths
+    # [CLS] at 0, [SEP] at len_a - 1 and (with B) at the end: the candidates are the rest,
+    # unless a segment holds a [CLS]/[SEP] id itself (never from text; possible in hand-made
+    # documents), which _choose_by_keys handles by id, as the reference does.
+    is_special = (ids == vocab.cls_id) | (ids == vocab.sep_id)
+    structural = np.add.reduceat(is_special.astype(np.int64), batch.offsets[:-1]) == np.where(has_b, 3, 2)
+    n_candidates = lengths - np.where(has_b, 3, 2)
+    budget = np.minimum(np.minimum(max_predictions_per_seq,
+                                   np.maximum(1, np.rint(lengths * masked_lm_prob).astype(np.int64))),
+                        n_candidates)
+    rows, positions, ok = _choose_by_draws(batch.keys, batch.len_a.astype(np.int64) - 2, n_candidates, budget)
+    ok &= structural
+    if not ok.all():
+        redo = np.flatnonzero(~ok)
+        keep = ok[rows]
+        redo_rows, redo_positions = _choose_by_keys(batch.take(redo), masked_lm_prob, max_predictions_per_seq, vocab)
+        rows = np.concatenate([rows[keep], redo[redo_rows]])
+        positions = np.concatenate([positions[keep], redo_positions])
+        order = np.lexsort((positions, rows))
+        rows, positions = rows[order], positions[order]
 
-    where = np.flatnonzero(chosen)  # row-major: rows in order, positions sorted within a row
-    r, c = row[where], col[where].astype(np.uint64)
+    where = batch.offsets[rows] + positions
     labels = ids[where]
-    choice = _uniform(splitmix64(key[where] + (_CHOICE_STREAM + c + np.uint64(1)) * GAMMA))
-    random_id = np.floor(_uniform(splitmix64(key[where] + (_RANDOM_ID_STREAM + c + np.uint64(1)) * GAMMA))
-                         * vocab.vocab_size).astype(np.int32)
+    # One 64-bit draw per prediction: the high 32 bits choose [MASK]/keep/random, the low 32
+    # bits pick the random id (multiply-shift: uniform over the vocab to within 2**-32).
+    draw = splitmix64(batch.keys[rows] + (_CHOICE_STREAM + positions.astype(np.uint64) + np.uint64(1)) * GAMMA)
+    choice = (draw >> np.uint64(32)).astype(np.float64) * (1.0 / (1 << 32))
+    random_id = (((draw & np.uint64(0xFFFFFFFF)) * np.uint64(vocab.vocab_size)) >> np.uint64(32)).astype(np.int32)
     out = ids.copy()
     out[where[choice < 0.8]] = vocab.mask_id  # 80% [MASK]; 0.8-0.9: keep the token (10%)
     randomized = choice >= 0.9
     out[where[randomized]] = random_id[randomized]  # 10% a random id of the whole vocab
-    return InstanceBatch(batch.keys, out, batch.offsets, batch.len_a, col[where].astype(np.int32),
-                         labels.astype(np.int32), _offsets(np.bincount(r, minlength=n)),
+    return InstanceBatch(batch.keys, out, batch.offsets, batch.len_a, positions.astype(np.int32),
+                         labels.astype(np.int32), _offsets(np.bincount(rows, minlength=n)),
                          batch.next_sentence_label)
+
+
+def _choose_by_draws(keys: np.ndarray, a_tokens: np.ndarray, n_candidates: np.ndarray,
+                     budget: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, ``budget`` distinct candidates, uniformly: the first ``budget`` distinct values
+    of a stream of uniform draws from ``[0, n_candidates)`` (by symmetry a uniformly random
+    subset), candidate ``c`` being position ``c + 1`` in A and ``c + 2`` in B. A few more draws
+    than the largest budget are made for every row at once (a small matrix, not one key per
+    token); a row whose draws repeat too often to fill its budget (astronomically rare) comes
+    back with ``ok`` False. Returns (row, position) sorted by row then position, and ``ok``."""
+    n = len(keys)
+    width = int(budget.max()) + 12
+    counters = (np.arange(1, width + 1, dtype=np.uint64) * GAMMA)[None, :]
+    draws = splitmix64(keys[:, None] + counters)
+    picks = (((draws & np.uint64(0xFFFFFFFF)) * n_candidates.astype(np.uint64)[:, None])
+             >> np.uint64(32)).astype(np.int64)  # uniform in [0, n_candidates) to within 2**-32
+    order = np.argsort(picks, axis=1, kind="stable")
+    ranked = np.take_along_axis(picks, order, axis=1)
+    first = np.ones_like(ranked, dtype=bool)
+    first[:, 1:] = ranked[:, 1:] != ranked[:, :-1]  # first draw of each value (stable sort)
+    distinct = np.empty_like(first)
+    np.put_along_axis(distinct, order, first, axis=1)
+    seen = np.cumsum(distinct, axis=1)
+    chosen = distinct & (seen <= budget[:, None])
+    ok = seen[:, -1] >= budget
+    positions = picks + 1 + (picks >= a_tokens[:, None])
+    big = np.iinfo(np.int64).max
+    positions = np.where(chosen, positions, big)
+    positions.sort(axis=1)
+    valid = positions != big
+    return np.repeat(np.arange(n), valid.sum(axis=1)), positions[valid], ok
+
+
+def _choose_by_keys(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per_seq: int,
+                    vocab: VocabIds) -> tuple[np.ndarray, np.ndarray]:
+    """The general form of :func:`_choose_by_draws`: a random key per token, candidates found
+    by id, the ``budget`` smallest keys of each row. Returns (row, position), sorted."""
+    n = len(batch)
+    ids, lengths = batch.input_ids, batch.lengths
+    row = np.repeat(np.arange(n), lengths)
+    col = np.arange(len(ids)) - np.repeat(batch.offsets[:-1], lengths)
+    candidate = (ids != vocab.cls_id) & (ids != vocab.sep_id)
+    # the low 16 bits hold the column, so keys within a row never tie (48 random bits above)
+    col64 = col.astype(np.uint64)
+    u = splitmix64(batch.keys[row] + (_KEY_STREAM + col64 + np.uint64(1)) * GAMMA)
+    u >>= np.uint64(16)
+    u <<= np.uint64(16)
+    u |= col64
+    u[~candidate] = np.uint64(np.iinfo(np.uint64).max)
+    budget = np.minimum(max_predictions_per_seq, np.maximum(1, np.rint(lengths * masked_lm_prob).astype(np.int64)))
+    budget = np.minimum(budget, np.add.reduceat(candidate.astype(np.int64), batch.offsets[:-1]))
+    kmax = int(budget.max())
+    if kmax == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    grid = np.full((n, int(lengths.max())), np.iinfo(np.uint64).max, dtype=np.uint64)
+    grid[row, col] = u
+    smallest = np.partition(grid, kmax - 1, axis=1)[:, :kmax] if kmax < grid.shape[1] else grid
+    smallest.sort(axis=1)
+    threshold = smallest[np.arange(n), np.maximum(budget, 1) - 1]
+    where = np.flatnonzero(candidate & (u <= threshold[row]) & (budget[row] > 0))
+    return row[where], col[where]
 
 
 def _mask_whole_words(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per_seq: int,

@@ -189,3 +189,22 @@ def test_stats_columns_equal_stats_rows_and_shards_balance(vocab, tmp_path) -> N
     want = batch.sorted_by_key().rows()
     assert [(r["input_ids"], r["len_a"], r["masked_lm_positions"], r["masked_lm_ids"], r["next_sentence_label"])
             for r in rows] == want
+
+
+def test_special_ids_inside_a_segment_are_never_candidates(vocab) -> None:
+    # Text never tokenizes to [SEP]/[CLS], but hand-made documents may hold their ids: those
+    # rows take the by-id path (the reference's rule), the others the fast one, in one batch.
+    plain = [vocab.cls_id, *range(2000, 2040), vocab.sep_id]
+    odd = [vocab.cls_id, *range(2000, 2010), vocab.sep_id, vocab.cls_id, *range(2010, 2030), vocab.sep_id]
+    ids = [plain, odd] * 200
+    batch = mask_batch(rows_of(ids, vocab), 0.15, 20, vocab)
+    hits = Counter()
+    for (_, _, positions, labels, _), row in zip(batch.rows(), ids, strict=True):
+        assert positions == sorted(set(positions)) and labels == [row[p] for p in positions]
+        assert len(positions) == min(20, max(1, round(len(row) * 0.15)))
+        assert all(row[p] not in (vocab.cls_id, vocab.sep_id) for p in positions)
+        if row is odd:
+            hits.update(positions)
+    assert 11 not in hits and 12 not in hits and len(hits) == 30  # every other token gets picked
+    alone = mask_batch(rows_of([odd], vocab, seed=0).take(np.array([0])), 0.15, 20, vocab)
+    assert alone.rows()[0] == mask_batch(rows_of([odd, plain], vocab), 0.15, 20, vocab).rows()[0]
