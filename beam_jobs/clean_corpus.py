@@ -162,7 +162,7 @@ class ReadWikipediaDump(beam.PTransform):
         from beam_jobs.dumps import plan_reads
 
         # a single-stream .bz2 is split by bz2 block too, so one big file uses every worker
-        items = [item for f in self.files for item in plan_reads(f, split_single_stream=True)]
+        items = [item for f in self.files for item in plan_reads(f)]
         out = (
             pbegin
             # Create would reshuffle too (more than one element): once is enough, and the shuffle

@@ -13,8 +13,8 @@ Work items let several workers share one big file:
   * plain ``.xml``: byte ranges; a page belongs to the range where its ``<page>`` tag starts;
   * multistream ``.xml.bz2`` (many independent bz2 streams, as Wikimedia publishes): groups of
     streams, found from the ``-index.txt.bz2`` beside the dump or by scanning for stream headers;
-  * single-stream ``.xml.bz2`` (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt), with
-    ``split_single_stream=True``: ranges of compressed bytes, "blocks". Without them one worker
+  * single-stream ``.xml.bz2`` (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt):
+    ranges of compressed bytes, "blocks" (``split_single_stream=False`` keeps one item). Without them one worker
     would decompress and clean the whole file while the others wait. A bz2 block starts at a
     48-bit magic at any bit offset and decompresses alone (``beam_jobs/bz2_blocks.py``), so an
     item finds the first block that starts in its range, reads the blocks that start there and
@@ -94,12 +94,11 @@ def _bz2_stream_offsets(uri: str) -> list[int]:
     return sorted(set(offsets)) or [0]
 
 
-def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bool = False) -> list[WorkItem]:
+def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bool = True) -> list[WorkItem]:
     """Split one dump file into work items (independent of the number of workers).
 
-    A single-stream ``.bz2`` is split into "blocks" items only with ``split_single_stream``
-    (the cleaning job asks for it); otherwise it stays one "whole" item, which callers such as
-    tests/test_clean_corpus.py read as the whole file."""
+    ``split_single_stream=False`` keeps a single-stream ``.bz2`` as one "whole" item (to
+    compare a split read with the whole file; ``WorkItem(uri, "whole")`` reads any file whole)."""
     total = storage.size(uri)
     with storage.open_file(uri, "rb") as f:
         head = f.read(10)

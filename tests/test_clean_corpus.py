@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 import pytest
 
 from beam_jobs.clean_corpus import InputError, clean, expand_inputs
-from beam_jobs.dumps import plan_reads, read_pages
+from beam_jobs.dumps import WorkItem, plan_reads, read_pages
 from bert_core import documents as D
 from bert_core import storage
 from bert_core.config import CorpusConfig
@@ -171,7 +171,7 @@ def test_multistream_and_xml_ranges_read_every_page_once(samples_dir, tmp_path) 
     assert plan_reads(str(multi), range_bytes=400_000) == scanned
     plain = tmp_path / "x.xml"
     plain.write_bytes(xml)
-    whole = [r["doc_id"] for _, r in read_pages(plan_reads(str(samples_dir / SAMPLE_DUMP))[0])]
+    whole = [r["doc_id"] for _, r in read_pages(WorkItem(str(samples_dir / SAMPLE_DUMP), "whole"))]
     assert len(whole) == 206
     for path in (multi, plain):
         items = plan_reads(str(path), range_bytes=400_000)

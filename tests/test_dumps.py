@@ -117,8 +117,8 @@ def test_false_magic_matches_are_skipped_not_reported(xml, single) -> None:
 
 def test_single_stream_bz2_splits_into_items_that_read_every_page_once(single) -> None:
     uri = str(single)
-    assert plan_reads(uri, range_bytes=RANGE) == [WorkItem(uri, "whole")]  # unless asked
-    items = plan_reads(uri, range_bytes=RANGE, split_single_stream=True)
+    assert plan_reads(uri, range_bytes=RANGE, split_single_stream=False) == [WorkItem(uri, "whole")]
+    items = plan_reads(uri, range_bytes=RANGE)
     assert len(items) >= 2 and {i.kind for i in items} == {"blocks"}
     assert [(i.start, i.end) for i in items][0][0] == 0 and items[-1].end == single.stat().st_size
     assert all(a.end == b.start for a, b in zip(items, items[1:], strict=False)) and items[-1].last
@@ -127,7 +127,7 @@ def test_single_stream_bz2_splits_into_items_that_read_every_page_once(single) -
     assert read(items) == whole
     # items of other sizes (several blocks each, or less than one) agree too
     for range_bytes in (RANGE * 3, RANGE // 3):
-        assert read(plan_reads(uri, range_bytes=range_bytes, split_single_stream=True)) == whole
+        assert read(plan_reads(uri, range_bytes=range_bytes)) == whole
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.8, "magic"])
@@ -139,7 +139,7 @@ def test_truncated_single_stream_is_read_the_same_split_or_whole(single, tmp_pat
     path = tmp_path / "cut.xml.bz2"
     path.write_bytes(data[:end])
     whole = read([WorkItem(str(path), "whole")])
-    split = read(plan_reads(str(path), range_bytes=RANGE, split_single_stream=True))
+    split = read(plan_reads(str(path), range_bytes=RANGE))
     assert split == whole
     assert whole[-1] == ("reject", "truncated_input") and [k for k, _ in whole[:-1]] == ["page"] * (len(whole) - 1)
     assert 0 < len(whole) - 1 < 300
@@ -152,7 +152,7 @@ def test_corrupt_block_loses_only_its_pages_with_a_reject(single, tmp_path) -> N
     data[middle : middle + 64] = bytes(64)  # zeros in the middle of the third block
     path = tmp_path / "corrupt.xml.bz2"
     path.write_bytes(bytes(data))
-    got = read(plan_reads(str(path), range_bytes=RANGE, split_single_stream=True))
+    got = read(plan_reads(str(path), range_bytes=RANGE))
     pages = [i for k, i in got if k == "page"]
     rejects = [i for k, i in got if k == "reject"]
     assert rejects == ["unreadable_file"]
@@ -178,7 +178,7 @@ def test_job_output_is_the_same_for_one_or_two_workers(tmp_path) -> None:
                          .replace("</text>", f" {noise}</text>"))
     single = tmp_path / "big.xml.bz2"
     single.write_bytes(bz2.compress((HEAD + "".join(pages) + "</mediawiki>\n").encode()))
-    assert len(plan_reads(str(single), split_single_stream=True)) >= 3
+    assert len(plan_reads(str(single))) >= 3
 
     def digest(folder: Path) -> dict[str, str]:
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
