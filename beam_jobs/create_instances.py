@@ -33,10 +33,11 @@ How it stays streaming, bounded and deterministic:
 - Balanced shards: a pool's instances (per length) are sorted by key and cut into *pieces* by
   ``key % pools``. Pieces are counted and ordered by ``(key % pools, pool)``; a piece's rows get
   consecutive global ranks from that order, and shard ``f`` takes a contiguous rank range, so
-  shard sizes differ by at most one. A shard thus holds a slice of the ``key % pools`` groups of
-  every pool, in key order (pseudo-random; the reference shuffles all instances in memory
-  instead). Every shard index is written, empty ones too, so a loader can always split them
-  evenly.
+  shard sizes differ by at most one. A shard thus holds a random share of every pool (whole
+  ``key % pools`` groups, and the key-ordered head or tail of one at each end), written in rank
+  order: blocks of pseudo-random order (the reference shuffles all instances in memory; our
+  loader shuffles each shard's rows every epoch). Every shard index is written, empty ones
+  too, so a loader can always split them evenly.
 
 Why this shape (speed): Beam charges per element and per shuffle, so elements are whole
 documents (one bytes value of ids, from ``Tokenizer.encode_document_bytes``) and whole pieces
@@ -190,7 +191,8 @@ class TokenizeDocuments(beam.DoFn):
 class CreateInstances(beam.DoFn):
     """One random-next pool (bucket ``b``) of documents -> for every length, its instances as
     :class:`InstanceBatch` pieces keyed ``(length, (g, b))``: piece ``g`` holds the instances
-    whose key is ``g`` modulo the number of pools, sorted by key (see the module docstring)."""
+    whose key is ``g`` modulo the number of pools, sorted by key (see the module docstring);
+    and each piece's size on the 'sizes' output."""
 
     def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, min_docs_per_bucket: int) -> None:
         self.config, self.vocab_ids, self.min_docs = config, vocab_ids, min_docs_per_bucket
@@ -218,7 +220,9 @@ class CreateInstances(beam.DoFn):
             bounds = np.searchsorted((batch.keys % np.uint64(groups)).astype(np.int64), np.arange(groups + 1))
             for g in range(groups):
                 if bounds[g + 1] > bounds[g]:
-                    yield (spec.max_seq_length, (g, bucket[0])), batch.slice(int(bounds[g]), int(bounds[g + 1]))
+                    key = (spec.max_seq_length, (g, bucket[0]))
+                    yield key, batch.slice(int(bounds[g]), int(bounds[g + 1]))
+                    yield beam.pvalue.TaggedOutput("sizes", (key, int(bounds[g + 1] - bounds[g])))
 
 
 def shard_start(shard: int, total: int, shards: int) -> int:
@@ -242,7 +246,7 @@ def assign_shards(piece: tuple[tuple[int, Any], InstanceBatch], layout: dict) ->
 
 
 class WriteShards(beam.DoFn):
-    """((length, shard), pieces) -> the Parquet shard (rows in key order), its manifest entry
+    """((length, shard), pieces) -> the Parquet shard (rows in rank order), its manifest entry
     and stats."""
 
     def __init__(self, output: str, mask_id: int) -> None:
@@ -251,9 +255,9 @@ class WriteShards(beam.DoFn):
     def process(self, group: tuple[tuple[int, int], Iterable[Any]], layout: dict) -> Iterator[dict]:
         (length, index), pieces = group
         ranked = sorted((p for p in pieces if p is not None), key=lambda p: p[0])  # None: the empty marker
+        # Rank order: piece after piece, each a key-ordered (pseudo-random) slice of one pool.
+        # Not re-sorted: the loader shuffles the rows of a shard anyway (bert_core/data.py).
         batch = InstanceBatch.concat([b for _, b in ranked])
-        if len(ranked) > 1:  # a single piece is in key order already
-            batch = batch.sorted_by_key()
         uri = storage.join(self.output, f"seq{length}", shard_name(index, layout[length]["shards"]))
         write_table(uri, batch.to_table())
         stats = InstanceStats(max_seq_length=length)
@@ -328,15 +332,15 @@ class CreateInstanceShards(beam.PTransform):
             | "KeyByBucket" >> beam.Map(key_by_bucket, n=n_docs_si)
             | "GroupBuckets" >> beam.GroupByKey()
             | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, min_docs), n_docs=n_docs_si)
+            .with_outputs("sizes", main="pieces")
         )
         layout = (
-            instances
-            | "PieceSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
+            instances.sizes  # (piece key, rows): the layout never decodes the pieces themselves
             | "GatherCounts" >> beam.combiners.ToList()
             | "MakeLayout" >> beam.Map(make_layout, config=cfg)
         )
         layout_si = beam.pvalue.AsSingleton(layout)
-        placed = instances | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
+        placed = instances.pieces | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
         every_shard = layout | "EveryShard" >> beam.FlatMap(
             lambda lay: [((length, i), None) for length, v in lay.items() for i in range(v["shards"])])
         results = (

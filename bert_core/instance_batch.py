@@ -76,13 +76,18 @@ def _uniform(z: np.ndarray) -> np.ndarray:
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` without the loop."""
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` without the loop
+    (int32 when the values fit: half the memory traffic of int64 on these long index arrays)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64)
     ends = np.cumsum(lengths)
-    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(total)
+    shift = np.asarray(starts, dtype=np.int64) - (ends - lengths)
+    dtype = np.int32 if total < 2**31 and int(np.abs(shift).max()) < 2**30 else np.int64
+    out = np.repeat(shift.astype(dtype), lengths)
+    out += np.arange(total, dtype=dtype)
+    return out
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
