@@ -25,7 +25,8 @@ How it stays streaming, bounded and deterministic:
   :func:`num_random_doc_buckets`: ``instances.random_doc_buckets``, raised so that no pool
   averages more than MAX_DOCS_PER_BUCKET documents (bounded memory whatever the corpus size),
   lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a tiny corpus gets one pool,
-  so its B segments are not drawn from a handful of documents).
+  so its B segments are not drawn from a handful of documents). The count is that of the
+  documents read (Parquet footers, before the pipeline), so no step waits for a count.
 - Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
   64-bit key per instance that seeds its masking; see ``bert_core.instance_batch``) and the
   documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
@@ -267,6 +268,17 @@ class WriteShards(beam.DoFn):
                "entry": storage.shard_entry(uri, count=len(batch)), "stats": stats.to_dict()}
 
 
+def count_documents(shards: list[str]) -> int:
+    """Rows of the documents shards, from their Parquet footers (no data read)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for uri in shards:
+        with storage.open_file(uri, "rb") as f:
+            total += pq.ParquetFile(f).metadata.num_rows
+    return total
+
+
 def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, output: str,
                     config: InstanceConfig, inputs: list[dict], documents_used: int) -> dict:
     """Per-length manifests, the rejects file, then the top-level manifest (last: it marks done)."""
@@ -309,11 +321,15 @@ class CreateInstanceShards(beam.PTransform):
     """(doc_id, sentences) -> written shards' results (dicts) and rejects, per length."""
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
-                 lowercase: bool = True, min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET) -> None:
+                 lowercase: bool = True, min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET,
+                 documents_read: int | None = None) -> None:
         super().__init__()
         self.config, self.vocab, self.vocab_ids = config, vocab, vocab_ids
         self.output, self.lowercase = output, lowercase
         self.min_docs_per_bucket = min_docs_per_bucket
+        # Known up front (Parquet footers), the pool count needs no side input, so tokenized
+        # documents go straight into the pool shuffle; otherwise it waits for a count.
+        self.documents_read = documents_read
 
     def expand(self, docs):  # noqa: ANN001, ANN201 - PCollections
         cfg = self.config
@@ -326,12 +342,12 @@ class CreateInstanceShards(beam.PTransform):
         def key_by_bucket(doc: tuple[str, Any], n: int) -> tuple[int, Any]:
             return stable_hash("bucket", doc[0]) % num_random_doc_buckets(n, cfg, min_docs), doc
 
-        n_docs_si = beam.pvalue.AsSingleton(n_docs)
+        n_pool_docs = self.documents_read if self.documents_read is not None else beam.pvalue.AsSingleton(n_docs)
         instances = (
             tokenized.docs
-            | "KeyByBucket" >> beam.Map(key_by_bucket, n=n_docs_si)
+            | "KeyByBucket" >> beam.Map(key_by_bucket, n=n_pool_docs)
             | "GroupBuckets" >> beam.GroupByKey()
-            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, min_docs), n_docs=n_docs_si)
+            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, min_docs), n_docs=n_pool_docs)
             .with_outputs("sizes", main="pieces")
         )
         layout = (
@@ -405,7 +421,8 @@ def create_instances(
             # has nothing to spread, and the shuffle would cost it ~10% of its CPU time.
             docs = docs | "SpreadDocuments" >> beam.Reshuffle()
         results, rejects, layout, n_docs = docs | "CreateInstanceShards" >> CreateInstanceShards(
-            config, vocab, vocab_ids, output, lowercase, min_docs_per_bucket)
+            config, vocab, vocab_ids, output, lowercase, min_docs_per_bucket,
+            documents_read=count_documents(shards))
         _ = (
             results
             | "GatherResults" >> beam.combiners.ToList()
