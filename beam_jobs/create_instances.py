@@ -40,8 +40,9 @@ How it stays streaming, bounded and deterministic:
   loader shuffles each shard's rows every epoch). Every shard index is written, empty ones
   too, so a loader can always split them evenly.
 
-Why this shape (speed): Beam charges per element and per shuffle, so elements are whole
-documents (one bytes value of ids, from ``Tokenizer.encode_document_bytes``) and whole pieces
+Why this shape (speed): Beam charges per element and per shuffle, so elements are batches of
+up to 512 tokenized documents of one pool (one bytes value of ids each, from
+``Tokenizer.encode_document_bytes``) and whole pieces
 (``InstanceBatch``: a handful of numpy arrays per element, cheap to pickle), never one
 instance, and the instances cross one shuffle (to their shard), not two. Instances are made a
 pool at a time by ``bert_core.instance_batch.create_instance_batch`` (pairs as token ranges,
@@ -60,6 +61,7 @@ import argparse
 import json
 import math
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any
 
 import apache_beam as beam
@@ -160,19 +162,25 @@ def read_documents(uri: str) -> Iterator[tuple[str, list[str] | None]]:
 
 
 class TokenizeDocuments(beam.DoFn):
-    """(doc_id, sentences) -> (doc_id, ids) with ids the bytes of a C int array, each sentence's
-    ids followed by an end mark (``Tokenizer.encode_document_bytes``: one bytes value per
-    document is what Beam moves cheapest); documents without a token go to the 'rejects'
-    output. Sentences without tokens are dropped later, with the marks (as the reference drops
-    empty lines)."""
+    """(doc_id, sentences) -> (pool, [(doc_id, ids), ...]): each document's ids as the bytes of
+    a C int array, each sentence's ids followed by an end mark
+    (``Tokenizer.encode_document_bytes``), gathered by random-next pool up to FLUSH_DOCS per
+    element (Beam's cost is per element: one per document cost more than the tokenizing).
+    Documents without a token go to the 'rejects' output; sentences without tokens are dropped
+    later, with the marks (as the reference drops empty lines)."""
 
-    def __init__(self, vocab: str, lowercase: bool) -> None:
-        self.vocab, self.lowercase = vocab, lowercase
+    FLUSH_DOCS = 512
+
+    def __init__(self, vocab: str, lowercase: bool, pools: int) -> None:
+        self.vocab, self.lowercase, self.pools = vocab, lowercase, pools
         self.rejected = Metrics.counter("instances", "rejected_no_tokens")
         self.documents = Metrics.counter("instances", "documents")
 
     def setup(self) -> None:
         self.tokenizer = load_tokenizer(self.vocab, self.lowercase)
+
+    def start_bundle(self) -> None:
+        self.buffers: dict[int, list[tuple[str, bytes]]] = {}
 
     def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
         doc_id, sentences = doc
@@ -186,7 +194,18 @@ class TokenizeDocuments(beam.DoFn):
             })
             return
         self.documents.inc()
-        yield doc_id, marked
+        pool = stable_hash("bucket", doc_id) % self.pools
+        buffer = self.buffers.setdefault(pool, [])
+        buffer.append((doc_id, marked))
+        if len(buffer) >= self.FLUSH_DOCS:
+            yield pool, self.buffers.pop(pool)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        from apache_beam.transforms.window import GlobalWindows
+
+        for pool, buffer in sorted(self.buffers.items()):
+            yield GlobalWindows.windowed_value((pool, buffer))
+        self.buffers = {}
 
 
 class CreateInstances(beam.DoFn):
@@ -195,18 +214,19 @@ class CreateInstances(beam.DoFn):
     whose key is ``g`` modulo the number of pools, sorted by key (see the module docstring);
     and each piece's size on the 'sizes' output."""
 
-    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, min_docs_per_bucket: int) -> None:
-        self.config, self.vocab_ids, self.min_docs = config, vocab_ids, min_docs_per_bucket
+    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: int) -> None:
+        self.config, self.vocab_ids, self.pools = config, vocab_ids, pools
         self.instances = Metrics.counter("instances", "instances")
 
-    def process(self, bucket: tuple[int, Iterable[tuple[str, Any]]], n_docs: int) -> Iterator[Any]:
+    def process(self, bucket: tuple[int, Iterable[list[tuple[str, bytes]]]]) -> Iterator[Any]:
         import numpy as np
 
         cfg = self.config
-        docs = sorted(bucket[1], key=lambda d: d[0])  # by doc_id: the pool must not depend on the shuffle
+        # by doc_id: the pool must not depend on the shuffle or on how documents were gathered
+        docs = sorted(chain.from_iterable(bucket[1]), key=lambda d: d[0])
         pool = DocumentPool.from_marked([marked for _, marked in docs])
         doc_ids = [doc_id for doc_id, _ in docs]
-        groups = num_random_doc_buckets(n_docs, cfg, self.min_docs)
+        groups = self.pools
         for spec in cfg.lengths:
             batch = create_instance_batch(
                 pool, doc_ids, seed=cfg.seed, dupe_factor=cfg.dupe_factor,
@@ -321,33 +341,26 @@ class CreateInstanceShards(beam.PTransform):
     """(doc_id, sentences) -> written shards' results (dicts) and rejects, per length."""
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
-                 lowercase: bool = True, min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET,
-                 documents_read: int | None = None) -> None:
+                 documents_read: int, lowercase: bool = True,
+                 min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET) -> None:
         super().__init__()
         self.config, self.vocab, self.vocab_ids = config, vocab, vocab_ids
         self.output, self.lowercase = output, lowercase
-        self.min_docs_per_bucket = min_docs_per_bucket
-        # Known up front (Parquet footers), the pool count needs no side input, so tokenized
-        # documents go straight into the pool shuffle; otherwise it waits for a count.
-        self.documents_read = documents_read
+        # Known up front (Parquet footers), the pool count needs no side input: tokenized
+        # documents go straight into the pool shuffle.
+        self.pools = num_random_doc_buckets(documents_read, config, min_docs_per_bucket)
 
     def expand(self, docs):  # noqa: ANN001, ANN201 - PCollections
         cfg = self.config
         tokenized = docs | "TokenizeDocuments" >> beam.ParDo(
-            TokenizeDocuments(self.vocab, self.lowercase)).with_outputs("rejects", main="docs")
-        n_docs = tokenized.docs | "CountDocuments" >> beam.combiners.Count.Globally()
-
-        min_docs = self.min_docs_per_bucket
-
-        def key_by_bucket(doc: tuple[str, Any], n: int) -> tuple[int, Any]:
-            return stable_hash("bucket", doc[0]) % num_random_doc_buckets(n, cfg, min_docs), doc
-
-        n_pool_docs = self.documents_read if self.documents_read is not None else beam.pvalue.AsSingleton(n_docs)
+            TokenizeDocuments(self.vocab, self.lowercase, self.pools)).with_outputs("rejects", main="docs")
+        n_docs = (tokenized.docs
+                  | "DocumentsPerElement" >> beam.Map(lambda kv: len(kv[1]))
+                  | "CountDocuments" >> beam.CombineGlobally(sum))
         instances = (
             tokenized.docs
-            | "KeyByBucket" >> beam.Map(key_by_bucket, n=n_pool_docs)
             | "GroupBuckets" >> beam.GroupByKey()
-            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, min_docs), n_docs=n_pool_docs)
+            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, self.pools))
             .with_outputs("sizes", main="pieces")
         )
         layout = (
@@ -421,8 +434,7 @@ def create_instances(
             # has nothing to spread, and the shuffle would cost it ~10% of its CPU time.
             docs = docs | "SpreadDocuments" >> beam.Reshuffle()
         results, rejects, layout, n_docs = docs | "CreateInstanceShards" >> CreateInstanceShards(
-            config, vocab, vocab_ids, output, lowercase, min_docs_per_bucket,
-            documents_read=count_documents(shards))
+            config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket)
         _ = (
             results
             | "GatherResults" >> beam.combiners.ToList()
