@@ -58,9 +58,11 @@ Wikipedia on one machine).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any
 
@@ -381,6 +383,26 @@ class CreateInstanceShards(beam.PTransform):
         return results, tokenized.rejects, layout, n_docs
 
 
+@contextmanager
+def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
+    """Collect garbage less often while the job runs in this process, then restore.
+
+    The job allocates millions of short-lived objects (token lists, tuples, small arrays) and
+    makes no cycles worth chasing, yet CPython's default gen-0 threshold (700) starts a
+    collection every few hundred allocations: ~4 % of the CPU time at 10x the sample corpus
+    (measured: 14.4 -> 13.8 CPU-s, three runs each). ``gc.freeze`` also keeps the objects
+    loaded before the run (Beam, pyarrow, the vocab) out of every pass. Restored afterwards,
+    since a Prefect flow process lives on."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(threshold, 50, 1000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
 def pipeline_options(workers: int, runner: str = "FnApiRunner", beam_args: Iterable[str] = ()):  # noqa: ANN201
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -423,7 +445,7 @@ def create_instances(
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
         runner_obj = FnApiRunner()
-    with beam.Pipeline(runner=runner_obj, options=options) as p:
+    with fewer_gc_passes(), beam.Pipeline(runner=runner_obj, options=options) as p:
         docs = (
             p
             | "ListShards" >> beam.Create(shards)
