@@ -29,3 +29,19 @@ def samples_dir() -> Path:
     from bert_core.samples import fetch
 
     return fetch(samples_root(), log=lambda m: None)
+
+
+@pytest.fixture(scope="module")
+def vocab_tokens(samples_dir) -> list[str]:
+    """The bert-base-uncased vocab of the sample MiniLM model, one token a line."""
+    return (samples_dir / "models" / "minilm" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="module")
+def vocab(vocab_tokens):
+    """That vocab's special ids and ``##`` subwords, as the instance algorithm takes them."""
+    from bert_core.pretraining_data import VocabIds
+
+    ids = {t: i for i, t in enumerate(vocab_tokens)}
+    subwords = frozenset(i for t, i in ids.items() if t.startswith("##"))
+    return VocabIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], len(vocab_tokens), subwords)

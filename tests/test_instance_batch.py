@@ -34,18 +34,6 @@ from bert_core.pretraining_data import (
 )
 
 
-@pytest.fixture(scope="module")
-def vocab_tokens(samples_dir) -> list[str]:
-    return (samples_dir / "models" / "minilm" / "vocab.txt").read_text(encoding="utf-8").splitlines()
-
-
-@pytest.fixture(scope="module")
-def vocab(vocab_tokens) -> VocabIds:
-    ids = {t: i for i, t in enumerate(vocab_tokens)}
-    subwords = frozenset(i for t, i in ids.items() if t.startswith("##"))
-    return VocabIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], len(vocab_tokens), subwords)
-
-
 def sentences(doc: int, n: int, length: int) -> list[list[int]]:
     return [[1000 + 10000 * doc + 100 * s + k for k in range(length)] for s in range(n)]
 

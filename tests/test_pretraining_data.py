@@ -16,7 +16,6 @@ from bert_core.pretraining_data import (
     NO_NSP,
     RANDOM_NEXT,
     DocumentPool,
-    VocabIds,
     create_instances_from_document,
     create_masked_lm_predictions,
     create_packed_instances_from_document,
@@ -24,18 +23,6 @@ from bert_core.pretraining_data import (
     trim_counts,
     truncate_seq_pair,
 )
-
-
-@pytest.fixture(scope="module")
-def vocab_tokens(samples_dir) -> list[str]:
-    return (samples_dir / "models" / "minilm" / "vocab.txt").read_text(encoding="utf-8").splitlines()
-
-
-@pytest.fixture(scope="module")
-def vocab(vocab_tokens) -> VocabIds:
-    ids = {t: i for i, t in enumerate(vocab_tokens)}
-    subwords = frozenset(i for t, i in ids.items() if t.startswith("##"))
-    return VocabIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], len(vocab_tokens), subwords)
 
 
 def sentences(doc: int, n: int, length: int) -> list[list[int]]:
