@@ -74,6 +74,16 @@ def stage_output(config: PipelineConfig, stage: str, *parts: Any) -> str:
     return storage.join(config.storage_root, stage, config_hash(*parts))
 
 
+def _cached(output: str) -> State:
+    """What a skipped stage or job returns: shows as "Cached" in the UI, with its output."""
+    return Completed(name="Cached", message=f"{SKIPPED}: {output}", data={"status": SKIPPED, "output": output})
+
+
+def _unwrap(out: Any) -> dict[str, Any]:
+    # A task that returns a State (our "Cached") hands that State to its caller.
+    return out.result() if isinstance(out, State) else out
+
+
 def runs_base(config: PipelineConfig) -> str:
     """Where pre-training run folders go; refused at once when DeepSpeed could not save there."""
     base = config.runs_root or config.storage_root
@@ -123,8 +133,7 @@ def run_stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str,
     logger = get_run_logger()
     if storage.has_manifest(output):
         logger.info("%s: %s, %s has a manifest", stage, SKIPPED, output)
-        return Completed(name="Cached", message=f"{SKIPPED}: {output}",
-                         data={"status": SKIPPED, "output": output})
+        return _cached(output)
     logger.info("%s: running into %s", stage, output)
     _stage_flow(stage)(config, **inputs, output=output)
     if not storage.has_manifest(output):
@@ -140,8 +149,7 @@ def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name
     logger = get_run_logger()
     if storage.has_manifest(output):
         logger.info("finetune %s on %s: %s", task_name, label, SKIPPED)
-        return Completed(name="Cached", message=f"{SKIPPED}: {output}",
-                         data={"status": SKIPPED, "output": output})
+        return _cached(output)
     job_config = finetune_job_config(config, task_name)
     if config.finetune.deployment:
         from prefect.context import TaskRunContext
@@ -191,8 +199,7 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
             st.wait()
         state = st.state if submit else st
         if state.is_completed():
-            value = state.result()
-            value = value.result() if isinstance(value, State) else value
+            value = _unwrap(state.result())
             results.append({"checkpoint": label, "task": task_name, **value})
         else:
             results.append({"checkpoint": label, "task": task_name, "status": "failed",
@@ -207,8 +214,7 @@ def publish_model(run: str, output: str):
     logger = get_run_logger()
     if storage.has_manifest(output):
         logger.info("model: %s, %s has a manifest", SKIPPED, output)
-        return Completed(name="Cached", message=f"{SKIPPED}: {output}",
-                         data={"status": SKIPPED, "output": output})
+        return _cached(output)
     run_manifest = storage.read_manifest(run)
     files = storage.copy_files(storage.join(run, "hf"), output)
     if not any(f.endswith(("model.safetensors", "pytorch_model.bin")) for f in files):
@@ -221,9 +227,7 @@ def publish_model(run: str, output: str):
 
 
 def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    # A task that returns a State (our "Cached") hands that State to its caller: unwrap it.
-    out = run_stage(stage, config, output, inputs)
-    return out.result() if isinstance(out, State) else out
+    return _unwrap(run_stage(stage, config, output, inputs))
 
 
 @flow(name="bert-pipeline", log_prints=True)
@@ -254,8 +258,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     pretrained = storage.join(run, "hf")
     if config.runs_root:
         pretrained = storage.join(config.storage_root, "models", version)
-        out = publish_model(run, pretrained)
-        stages["model"] = out.result() if isinstance(out, State) else out
+        stages["model"] = _unwrap(publish_model(run, pretrained))
 
     checkpoints = {"pretrained": pretrained}
     for extra in config.finetune.extra_checkpoints:
