@@ -9,7 +9,7 @@ Steps: ``ReadSentences`` (the corpus shards its manifest lists, one row batch at
 ``WriteCounts`` (``word<TAB>count`` text shards in a scratch folder). The driver then reads the
 counts, sorts them (count descending, then word) and trains WordPiece with HF ``tokenizers``,
 feeding each word repeated by its count (why, what it costs and why it is reproducible:
-``bert_core/vocab_training.py``). Memory in the driver is the distinct-word table, never the
+``bert_core/vocab/training.py``). Memory in the driver is the distinct-word table, never the
 corpus. Finally the vocab is measured on the same counts (UNK rate, pieces per word, top tokens)
 and the manifest is written last.
 
@@ -21,7 +21,7 @@ with a corpus, its coverage is measured too.
 Output: ``vocab.txt`` (id = line number), ``tokenizer.json`` (transformers-loadable),
 ``_MANIFEST.json`` (stage "vocab"; ``config`` = VocabConfig with ``strip_accents`` resolved;
 ``counts``: vocab size, documents, sentences, words; ``stats``: see
-:func:`bert_core.vocab_training.vocab_stats`). The bytes of ``vocab.txt`` and ``tokenizer.json``
+:func:`bert_core.vocab.training.vocab_stats`). The bytes of ``vocab.txt`` and ``tokenizer.json``
 depend only on the documents and the config, never on the runner or the number of workers.
 """
 
@@ -37,7 +37,7 @@ from apache_beam.metrics import Metrics
 
 from bert_core import storage
 from bert_core.config import VocabConfig
-from bert_core.tokenization import (
+from bert_core.vocab.tokenization import (
     Tokenizer,
     VocabError,
     parse_vocab,
@@ -74,7 +74,7 @@ class CountDocumentWords(beam.DoFn):
         self.null_sentences = Metrics.counter(NAMESPACE, "null_sentences")
 
     def process(self, element: tuple[str, list[str] | None]) -> Iterator[tuple[str, int]]:
-        from bert_core.wordcount import count_words
+        from bert_core.vocab.wordcount import count_words
 
         _, sentences = element
         self.documents.inc()
@@ -195,7 +195,7 @@ def build_vocab(
     beam_args: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest."""
-    from bert_core.vocab_training import train_wordpiece, vocab_stats
+    from bert_core.vocab.training import train_wordpiece, vocab_stats
 
     output = storage.to_uri(output)
     if corpus is None and cfg.vocab_file is None:

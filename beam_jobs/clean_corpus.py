@@ -9,7 +9,7 @@ split sentences), ``ReadBooks`` (one book = one document), ``CleanDocuments`` (f
 and near-duplicate removal), ``WriteDocuments`` (sorted, hash-assigned shards), then the
 manifest. Every record read ends as a kept document or one reject (with a reason, and the id it
 duplicates for duplicates); one Beam counter per reject reason. Output layout and schema:
-``bert_core/documents.py``. Output bytes do not depend on ``--workers``: shards are chosen by a
+``bert_core/corpus/documents.py``. Output bytes do not depend on ``--workers``: shards are chosen by a
 stable hash of ``doc_id``, rows sorted by ``doc_id``, rejects sorted too, and which of a set of
 duplicates is kept depends only on ids, never on arrival order.
 """
@@ -27,10 +27,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
 
-from bert_core import documents as D
 from bert_core import storage
 from bert_core.config import CorpusConfig
-from bert_core.sentences import split_paragraphs
+from bert_core.corpus import documents as D
+from bert_core.corpus.sentences import split_paragraphs
 
 NAMESPACE = "clean_corpus"
 REJECTS = "rejects"
@@ -71,7 +71,7 @@ def expand_inputs(patterns: Iterable[str], what: str) -> list[str]:
 
 def _book_ids(files: list[str]) -> dict[str, str]:
     """doc_id per book file: ``book:<stem>``, with the parent folder added when stems collide."""
-    from bert_core.books import book_stem
+    from bert_core.corpus.books import book_stem
 
     stems = [book_stem(f) for f in files]
     ids = {}
@@ -94,8 +94,8 @@ class ReadPagesFn(beam.DoFn):
     """One dump work item -> documents (sentences) and rejects; plus one READ count per item."""
 
     def process(self, item) -> Iterator[Any]:
-        from beam_jobs.dumps import read_pages
-        from bert_core.wikitext import CleanStats, is_redirect, wikitext_to_paragraphs
+        from bert_core.corpus.dumps import read_pages
+        from bert_core.corpus.wikitext import CleanStats, is_redirect, wikitext_to_paragraphs
 
         read = 0
         for kind, record in read_pages(item):
@@ -129,7 +129,7 @@ class ReadBookFn(beam.DoFn):
     """One book file -> one document, or a reject naming why it is not a book."""
 
     def process(self, element: tuple[str, str]) -> Iterator[Any]:
-        from bert_core.books import BookError, book_paragraphs
+        from bert_core.corpus.books import BookError, book_paragraphs
 
         uri, doc_id = element
         yield TaggedOutput(READ, (D.BOOKS, 1))
@@ -159,7 +159,7 @@ class ReadWikipediaDump(beam.PTransform):
         self.files = files
 
     def expand(self, pbegin):
-        from beam_jobs.dumps import plan_reads
+        from bert_core.corpus.dumps import plan_reads
 
         # a single-stream .bz2 is split by bz2 block too, so one big file uses every worker
         items = [item for f in self.files for item in plan_reads(f)]
@@ -215,12 +215,12 @@ class FingerprintFn(beam.DoFn):
         self.cfg = cfg
 
     def setup(self) -> None:
-        from bert_core.dedup import MinHasher
+        from bert_core.corpus.dedup import MinHasher
 
         self.hasher = MinHasher(self.cfg.minhash_num_perm, self.cfg.near_dup_threshold)
 
     def process(self, doc: D.Document) -> Iterator[Any]:
-        from bert_core.dedup import normalize, normalized_hash
+        from bert_core.corpus.dedup import normalize, normalized_hash
 
         text = normalize(" ".join(doc["sentences"]))
         if self.cfg.dedup_exact:
@@ -241,7 +241,7 @@ def _exact_losers(element) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
 
 
 def _bucket_pairs(element, threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
-    from bert_core.dedup import near_duplicates_in_bucket
+    from bert_core.corpus.dedup import near_duplicates_in_bucket
 
     _, members = element
     members = list(members)

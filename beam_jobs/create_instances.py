@@ -16,7 +16,7 @@ Output (the "instances" contract)::
 Rows are unpadded. Segment ids are 0 before ``len_a`` and 1 after. ``next_sentence_label`` is 1
 for a random next, 0 for the actual next, -1 without NSP. With ``masking: dynamic`` the
 masked_lm columns are empty and the loader masks with
-``bert_core.pretraining_data.create_masked_lm_predictions``.
+``bert_core.instances.pairs.create_masked_lm_predictions``.
 
 How it stays streaming, bounded and deterministic:
 
@@ -28,7 +28,7 @@ How it stays streaming, bounded and deterministic:
   so its B segments are not drawn from a handful of documents). The count is that of the
   documents read (Parquet footers, before the pipeline), so no step waits for a count.
 - Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
-  64-bit key per instance that seeds its masking; see ``bert_core.instance_batch``) and the
+  64-bit key per instance that seeds its masking; see ``bert_core.instances.batch``) and the
   documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
   bundle order.
 - Balanced shards: a pool's instances (per length) are sorted by key and cut into *pieces* by
@@ -45,7 +45,7 @@ up to 512 tokenized documents of one pool (one bytes value of ids each, from
 ``Tokenizer.encode_document_bytes``) and whole pieces
 (``InstanceBatch``: a handful of numpy arrays per element, cheap to pickle), never one
 instance, and the instances cross one shuffle (to their shard), not two. Instances are made a
-pool at a time by ``bert_core.instance_batch.create_instance_batch`` (pairs as token ranges,
+pool at a time by ``bert_core.instances.batch.create_instance_batch`` (pairs as token ranges,
 then numpy assembly and masking), shards are written from the arrays and their stats are
 counted without a Python loop per row.
 
@@ -71,9 +71,10 @@ from apache_beam.metrics import Metrics
 
 from bert_core import storage
 from bert_core.config import InstanceConfig, load_config
-from bert_core.instance_batch import InstanceBatch, create_instance_batch, shard_name, write_table
-from bert_core.instance_stats import InstanceStats
-from bert_core.pretraining_data import DocumentPool, VocabIds, stable_hash
+from bert_core.instances.batch import InstanceBatch, create_instance_batch, shard_name, write_table
+from bert_core.instances.pairs import DocumentPool, VocabIds, stable_hash
+from bert_core.instances.stats import InstanceStats
+from bert_core.vocab.tokenization import load_tokenizer
 
 MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
 MAX_DOCS_PER_BUCKET = 20_000  # ~0.5 GB of tokenized Wikipedia articles held by one worker
@@ -81,15 +82,6 @@ INSTANCES_PER_SHARD = 100_000  # when num_shards = 0 (automatic)
 
 
 # --------------------------------------------------------------------------- pure helpers
-
-
-def load_tokenizer(vocab: str, lowercase: bool = True):  # noqa: ANN201 - bert_core.tokenization.Tokenizer
-    """A vocab stage folder (trusted through its manifest, casing from it) or a ``vocab.txt``."""
-    from bert_core.tokenization import Tokenizer, load_vocab_dir
-
-    if vocab.endswith(".txt"):
-        return Tokenizer.from_vocab_file(vocab, lowercase=lowercase)
-    return load_vocab_dir(vocab)
 
 
 def num_shards(total: int, config: InstanceConfig) -> int:
@@ -279,7 +271,7 @@ class WriteShards(beam.DoFn):
         (length, index), pieces = group
         ranked = sorted((p for p in pieces if p is not None), key=lambda p: p[0])  # None: the empty marker
         # Rank order: piece after piece, each a key-ordered (pseudo-random) slice of one pool.
-        # Not re-sorted: the loader shuffles the rows of a shard anyway (bert_core/data.py).
+        # Not re-sorted: the loader shuffles the rows of a shard anyway (bert_core/pretrain/data.py).
         batch = InstanceBatch.concat([b for _, b in ranked])
         uri = storage.join(self.output, f"seq{length}", shard_name(index, layout[length]["shards"]))
         write_table(uri, batch.to_table())

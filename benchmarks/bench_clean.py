@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bert_core.dedup import normalize  # noqa: E402
-from bert_core.sentences import split_sentences  # noqa: E402
-from bert_core.wikitext import MARKUP  # noqa: E402
+from bert_core.corpus.dedup import normalize  # noqa: E402
+from bert_core.corpus.sentences import split_sentences  # noqa: E402
+from bert_core.corpus.wikitext import MARKUP  # noqa: E402
 
 WIKIEXTRACTOR = "wikiextractor==3.1.0"
 PROCESSES = 2
@@ -46,7 +46,7 @@ DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2
 def samples_dir() -> Path:
     if os.environ.get("BERTPIPE_SAMPLES"):
         return Path(os.environ["BERTPIPE_SAMPLES"])
-    from bert_core.samples import fetch
+    from flows.samples import fetch
 
     base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
     return fetch(base / "samples", log=lambda m: None)
@@ -150,7 +150,7 @@ def run_wikiextractor(python: str, dump: Path, out: Path) -> tuple[float, int, f
 
 def our_sentences(out: Path) -> list[str]:
     from bert_core import storage
-    from bert_core.documents import read_documents
+    from bert_core.corpus.documents import read_documents
 
     return [s for uri in storage.shard_uris(str(out)) for d in read_documents(uri) for s in d["sentences"]]
 

@@ -32,7 +32,7 @@ def samples_dir(arg: str | None) -> Path:
                       str(Path.home() / ".cache" / "bertpipe" / "samples")):
         if candidate and (Path(candidate) / "models" / "minilm" / "config.json").exists():
             return Path(candidate)
-    from bert_core.samples import fetch
+    from flows.samples import fetch
 
     return fetch(Path.home() / ".cache" / "bertpipe" / "samples")
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from bert_core.config import FinetuneConfig
-    from bert_core.finetune.train import load_tokenizer
+    from bert_core.vocab.tokenization import load_tokenizer
 
     torch.set_num_threads(args.threads)
     samples = samples_dir(args.samples)

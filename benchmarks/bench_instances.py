@@ -10,7 +10,7 @@ The reference is google-research/bert's own ``create_pretraining_data.py`` as pu
 on first use; TensorFlow is far too big to be a dependency of the project).
 
 Both sides get the same documents (the sample corpus: 300 news articles, a Gutenberg book and
-38 plays, split into sentences by ``bert_core.sentences``, books and plays cut into documents
+38 plays, split into sentences by ``bert_core.corpus.sentences``, books and plays cut into documents
 of 40 sentences; ``--repeat`` copies them under new ids for a bigger run) and the same vocab (bert-base-uncased ``vocab.txt`` of the sample MiniLM
 model), the reference in its text format (one sentence a line, blank line between documents),
 ours as a documents folder. Same settings: one max_seq_length, dupe_factor, masked_lm_prob,
@@ -21,7 +21,7 @@ and its children) and peak RSS. "per process" = one process doing all the work (
 cannot do otherwise; ours with ``workers=1``); "per CPU-second" divides by CPU time, which is
 what a core delivers and is robust to other load on the machine. Ours with 2 workers is also
 timed (wall). Statistics of both outputs are computed by the same code
-(``bert_core.instance_stats``) and compared with z = difference / (sd over ``--seeds`` extra
+(``bert_core.instances.stats``) and compared with z = difference / (sd over ``--seeds`` extra
 seeds x sqrt 2); |z| < 3 = within sampling error (see :func:`seed_spread` for why not a
 binomial error).
 
@@ -57,7 +57,7 @@ READ_TFRECORDS = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import tensorflow as tf
-from bert_core.instance_stats import InstanceStats
+from bert_core.instances.stats import InstanceStats
 path, length, mask_id = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 stats = InstanceStats(max_seq_length=length)
 for raw in tf.data.TFRecordDataset([path]):
@@ -101,8 +101,8 @@ def tf_venv() -> Path:
 
 def documents(repeat: int) -> list[tuple[str, list[str]]]:
     """The sample corpus as (doc_id, sentences): news lines, the book, the plays."""
-    from bert_core.books import book_paragraphs
-    from bert_core.sentences import split_paragraphs, split_sentences
+    from bert_core.corpus.books import book_paragraphs
+    from bert_core.corpus.sentences import split_paragraphs, split_sentences
 
     root = samples_dir()
     docs: list[tuple[str, list[str]]] = []
@@ -173,10 +173,10 @@ def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path, length: int, max
     """
     from beam_jobs.create_instances import num_random_doc_buckets
     from bert_core.config import InstanceConfig
-    from bert_core.instance_batch import create_instance_batch
-    from bert_core.instance_stats import InstanceStats
-    from bert_core.pretraining_data import DocumentPool, VocabIds, stable_hash
-    from bert_core.tokenization import Tokenizer
+    from bert_core.instances.batch import create_instance_batch
+    from bert_core.instances.pairs import DocumentPool, VocabIds, stable_hash
+    from bert_core.instances.stats import InstanceStats
+    from bert_core.vocab.tokenization import Tokenizer
 
     tokenizer = Tokenizer.from_vocab_file(str(vocab))
     vocab_ids = VocabIds.from_tokenizer(tokenizer)

@@ -4,7 +4,7 @@
 
 A resumed pre-training run must see the batches an uninterrupted run would have. Ours turns
 the saved (epoch, position) into shard and row offsets and reads the next batch directly
-(``bert_core.data.PretrainingLoader.load_state_dict``); the reference is what a loader without
+(``bert_core.pretrain.data.PretrainingLoader.load_state_dict``); the reference is what a loader without
 that does, e.g. transformers' ``skip_first_batches``: iterate (read, shuffle, pad) the first
 ``position`` batches of the epoch and throw them away. Both must yield the same next batch
 (checked). Instances are Botchan from the samples, cut by the instance stage's functions
@@ -32,7 +32,7 @@ MICRO_BATCH = 8
 def samples_dir() -> Path:
     if os.environ.get("BERTPIPE_SAMPLES"):
         return Path(os.environ["BERTPIPE_SAMPLES"])
-    from bert_core.samples import fetch
+    from flows.samples import fetch
 
     cache = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "samples"
     return fetch(cache, log=lambda m: None)
@@ -53,7 +53,7 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_train_step import MAX_SEQ_LENGTH, build_instances
-    from bert_core.data import PretrainingLoader
+    from bert_core.pretrain.data import PretrainingLoader
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""Tokenizer: ours (HF tokenizers, bert_core/tokenization.py) vs transformers' pure-Python BERT
+"""Tokenizer: ours (HF tokenizers, bert_core/vocab/tokenization.py) vs transformers' pure-Python BERT
 tokenizer (``BertTokenizerLegacy`` in transformers 5, the Google algorithm), on every line of the
 sample corpus.
 
@@ -33,7 +33,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 def samples() -> Path:
     if os.environ.get("BERTPIPE_SAMPLES"):
         return Path(os.environ["BERTPIPE_SAMPLES"])
-    from bert_core.samples import fetch
+    from flows.samples import fetch
 
     base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
     return fetch(base / "samples", log=lambda m: None)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
-    from bert_core.tokenization import Tokenizer
+    from bert_core.vocab.tokenization import Tokenizer
 
     root = samples()
     vocab = root / "models" / "minilm" / "vocab.txt"

@@ -1,4 +1,4 @@
-"""Pre-training step: ours (bert_core.model) vs transformers.BertForPreTraining, side by side.
+"""Pre-training step: ours (bert_core.model.bert) vs transformers.BertForPreTraining, side by side.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --samples samples
     python benchmarks/bench_train_step.py --instances bertpipe-data/instances/<version> --sizes base
@@ -15,7 +15,7 @@ kept in the details); warm-up steps are excluded and the fastest timed step coun
 Throughput is non-padding tokens per second (padding is work, not progress). At tiny sizes the
 30,522-word output projection dominates the step, so base is the honest comparison.
 
-Also timed: the data loader (bert_core.data.PretrainingLoader, in-process) in sequences/s,
+Also timed: the data loader (bert_core.pretrain.data.PretrainingLoader, in-process) in sequences/s,
 against the sequences/s the demo-size train step consumes.
 
 Writes bench-results/train_step.json = {"rows": [{measure, ours, reference, ratio, unit}], ...}.
@@ -49,9 +49,9 @@ def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
 
     from bert_core import storage
     from bert_core.config import InstanceConfig, SequenceSpec
-    from bert_core.pretraining_data import VocabIds, create_instances_from_document, rng_for
-    from bert_core.sentences import split_sentences
-    from bert_core.tokenization import Tokenizer
+    from bert_core.corpus.sentences import split_sentences
+    from bert_core.instances.pairs import VocabIds, create_instances_from_document, rng_for
+    from bert_core.vocab.tokenization import Tokenizer
 
     vocab_file = samples / "models" / "minilm" / "vocab.txt"
     vocab_dir = root / "vocab"
@@ -95,7 +95,7 @@ def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
 
 def time_loader(instances: str, batch_size: int, batches: int) -> float:
     """Sequences/s of the pre-training loader (in-process), first batch (shard read) included."""
-    from bert_core.data import PretrainingLoader
+    from bert_core.pretrain.data import PretrainingLoader
 
     loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=batch_size, seed=1)
     it = iter(loader)
@@ -113,9 +113,9 @@ def make_pair(size: str, vocab_size: int, seed: int = 0):
     import torch
     import transformers
 
-    from bert_core.checkpoint import hf_config_from_model
     from bert_core.config import ModelConfig
-    from bert_core.model import BertForPreTraining
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.model.checkpoint import hf_config_from_model
 
     cfg = ModelConfig(size=size, vocab_size=vocab_size, max_position_embeddings=512)
     torch.manual_seed(seed)
@@ -213,12 +213,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from bert_core.data import PretrainingLoader
+    from bert_core.pretrain.data import PretrainingLoader
 
     torch.set_num_threads(args.threads)
     samples = Path(args.samples)
     if not (samples / "models" / "minilm" / "vocab.txt").exists():
-        from bert_core.samples import fetch
+        from flows.samples import fetch
 
         samples = fetch(samples, log=lambda m: print(m, file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:

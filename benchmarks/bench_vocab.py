@@ -9,7 +9,7 @@ news articles, the 38 plays, and the enwiki excerpt with XML entities decoded), 
 documents folder of 40-line documents (the corpus contract). Same vocab size, min_frequency,
 limit_alphabet and special tokens. Measured: wall time (ours with 1 and 2 Beam workers; it
 includes Beam's start-up, which dominates on a corpus this small) and the Jaccard similarity of
-the two vocabs (the claim of bert_core/vocab_training.py: feeding counts reproduces raw-text
+the two vocabs (the claim of bert_core/vocab/training.py: feeding counts reproduces raw-text
 training). Rows go to ``bench-results/vocab.json``.
 """
 
@@ -51,8 +51,8 @@ def write_documents(folder: Path, lines: list[str], per_doc: int = 40, num_shard
 def raw_text_training(lines: list[str], vocab_size: int, num_unused: int) -> set[str]:
     from tokenizers import Tokenizer, models, trainers
 
-    from bert_core.tokenization import bert_normalizer, bert_pre_tokenizer
-    from bert_core.vocab_training import special_tokens
+    from bert_core.vocab.tokenization import bert_normalizer, bert_pre_tokenizer
+    from bert_core.vocab.training import special_tokens
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = bert_normalizer(lowercase=True)

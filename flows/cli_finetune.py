@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def finetune(

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def instances(
@@ -70,7 +70,7 @@ def format_stats(manifest: dict[str, Any]) -> str:
         blocks = sorted(stats.items(), key=lambda kv: (kv[1].get("max_seq_length", 0), kv[0]))
     else:
         blocks = [("stats", stats)]
-    from bert_core.instance_stats import InstanceStats
+    from bert_core.instances.stats import InstanceStats
 
     order = list(InstanceStats(max_seq_length=8).summary())  # instance stats in reading order
     for name, block in blocks:

@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 download_app = typer.Typer(help="Download raw corpora.", no_args_is_help=True)
 infra_app = typer.Typer(help="Render infra/ templates from the typed config.", no_args_is_help=True)
@@ -44,8 +44,8 @@ def download_wikipedia(
     retries: Annotated[int, typer.Option(help="Resume attempts per file.")] = 5,
 ) -> None:
     """Download the articles files of a Wikipedia dump, verified against the site's sha1 sums."""
-    from bert_core.download import DownloadError
-    from bert_core.download import download_wikipedia as run
+    from bert_core.corpus.download import DownloadError
+    from bert_core.corpus.download import download_wikipedia as run
 
     try:
         manifest = run(lang, date, to, job=job, base=base_url, staging=staging, retries=retries,
@@ -106,7 +106,7 @@ def infra_render(
     run_dir: Annotated[str | None, typer.Option("--run", help="Run folder the training pods write.")] = None,
 ) -> None:
     """Render Kubernetes pods, the GPU work pool template, Beam runner overlays and prefect.yaml."""
-    from bert_core.render import InfraSettings, render_all
+    from flows.render import InfraSettings, render_all
 
     cfg = resolve(preset, config, set_)
     settings = InfraSettings(image=image, namespace=namespace, instances=instances, run=run_dir)

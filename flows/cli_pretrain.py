@@ -5,7 +5,7 @@
         --nodes 4 --node-rank 0 --master-addr 10.0.0.2     (one launcher per node, e.g. a pod)
     bertpipe pretrain ... --nodes 4 --hostfile /job/hostfile     (one launcher, ssh to the hosts)
 
-Runs ``bert_core.launch.launch_pretraining`` directly (no Prefect). ``--nodes`` with
+Runs ``bert_core.pretrain.launch.launch_pretraining`` directly (no Prefect). ``--nodes`` with
 ``--node-rank`` selects ``launcher=no_ssh``; ``--nodes`` with ``--hostfile`` selects the ssh
 launcher. Exit codes: 0 done, 2 the config or data was refused (fix it), 3 the infrastructure
 failed (run the same command again: it resumes from the last checkpoint), 1 anything else.
@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def pretrain(
@@ -59,13 +59,13 @@ def pretrain(
         TimeRemainingColumn,
     )
 
-    from bert_core.launch import (
+    from bert_core.pretrain.launch import (
         LaunchConfigError,
         LaunchError,
         LaunchInfraError,
         launch_pretraining,
     )
-    from bert_core.pretrain import MetricsTail, steps_done, total_steps
+    from bert_core.pretrain.loop import MetricsTail, steps_done, total_steps
 
     columns = (TextColumn("[bold]pre-training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())

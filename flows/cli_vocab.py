@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def vocab(
@@ -40,7 +40,7 @@ def vocab(
     if vocab_file:
         vocab_cfg = vocab_cfg.model_copy(update={"vocab_file": vocab_file})
     from beam_jobs.build_vocab import build_vocab as run_job
-    from bert_core.vocab_training import report_markdown
+    from bert_core.vocab.training import report_markdown
 
     try:
         manifest = run_job(corpus, output, vocab_cfg, workers=workers or cfg.workers,

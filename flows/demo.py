@@ -19,7 +19,7 @@ import time
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, load_config
-from bert_core.samples import fetch
+from flows.samples import fetch
 
 PRESET_SAMPLES = "samples/"
 

@@ -46,7 +46,7 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str) -> str:
     if not cfg.data_dir:
         raise ValueError("finetune.data_dir is not set; point it at a folder with one sub-folder per task")
     tasks = [get_task(t).name for t in cfg.tasks]  # unknown names fail before any work
-    from bert_core.finetune.demo_data import ensure_demo_tasks
+    from flows.demo_data import ensure_demo_tasks
 
     ensure_demo_tasks(cfg.data_dir, tasks, logger.warning)
     pairs = [(t, s) for t in tasks for s in cfg.seeds]

@@ -3,8 +3,8 @@
     bertpipe run --preset demo              (as part of the whole DAG, flows/pipeline.py)
     bertpipe pretrain --preset demo --instances I --output RUN    (the same launch without Prefect)
 
-The work is ``bert_core.launch.launch_pretraining`` (the ``deepspeed`` launcher running
-``bert_core.pretrain`` on every rank). While it runs, this flow logs rank 0's lines to the flow
+The work is ``bert_core.pretrain.launch.launch_pretraining`` (the ``deepspeed`` launcher running
+``bert_core.pretrain.loop`` on every rank). While it runs, this flow logs rank 0's lines to the flow
 logger, turns new ``metrics.jsonl`` rows into the live progress artifact ``pretrain-progress``
 (steps done / steps of all phases) and refreshes the table ``pretrain-metrics`` at most every
 ``TABLE_EVERY_S`` seconds; at the end it publishes the loss and accuracy curves as
@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
-from bert_core.pretrain import steps_done, total_steps
+from bert_core.pretrain.loop import steps_done, total_steps
 
 TABLE_EVERY_S = 30.0
 METRIC_COLUMNS = ("phase", "step", "loss", "mlm_acc", "nsp_acc", "lr", "seq_per_s", "tokens_per_s", "mfu")
@@ -32,7 +32,7 @@ class MetricsWatcher:
     """Follows ``RUN/metrics.jsonl`` and mirrors it into Prefect artifacts."""
 
     def __init__(self, config: PipelineConfig, run: str) -> None:
-        from bert_core.pretrain import MetricsTail
+        from bert_core.pretrain.loop import MetricsTail
 
         self.config, self.run = config, run
         self.tail = MetricsTail(run)
@@ -57,7 +57,7 @@ class MetricsWatcher:
 
 def _retry_launch(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a killed rank or a rendezvous timeout (the run resumes); never a config error."""
-    from bert_core.launch import LaunchConfigError, LaunchInfraError
+    from bert_core.pretrain.launch import LaunchConfigError, LaunchInfraError
     from flows.retry import retry_on_infrastructure
 
     try:
@@ -74,7 +74,7 @@ def _retry_launch(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="launch-deepspeed", retries=2, retry_delay_seconds=15, retry_condition_fn=_retry_launch)
 def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None,
            node_rank: int | None) -> str:
-    from bert_core.launch import launch_pretraining
+    from bert_core.pretrain.launch import launch_pretraining
 
     logger = get_run_logger()
     watcher = MetricsWatcher(config, output)
@@ -104,7 +104,7 @@ def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoin
     if node_rank:  # another node's launcher: rank 0's node writes the manifest and the report
         return output
     manifest = storage.read_manifest(output)
-    from bert_core.pretrain import read_metrics
+    from bert_core.pretrain.loop import read_metrics
 
     figs = metrics_curves(read_metrics(output))
     stats = manifest["stats"]

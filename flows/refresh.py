@@ -34,7 +34,7 @@ def candidate_dates(today: dt.date) -> list[str]:
 @task(retries=3, retry_delay_seconds=60, retry_condition_fn=retry_on_infrastructure,
       cache_policy=NO_CACHE, task_run_name="find-dump-{lang}")
 def find_dump(lang: str, dates: list[str], base_url: str | None) -> str:
-    from bert_core.download import DownloadError, list_dump_files
+    from bert_core.corpus.download import DownloadError, list_dump_files
 
     logger = get_run_logger()
     reasons = []
@@ -52,7 +52,7 @@ def find_dump(lang: str, dates: list[str], base_url: str | None) -> str:
 @task(retries=3, retry_delay_seconds=60, retry_condition_fn=retry_on_infrastructure,
       cache_policy=NO_CACHE, task_run_name="download-{lang}wiki-{date}")
 def download(lang: str, date: str, to: str, base_url: str | None) -> str:
-    from bert_core.download import download_wikipedia
+    from bert_core.corpus.download import download_wikipedia
 
     logger = get_run_logger()
     if storage.has_manifest(to):

@@ -42,7 +42,7 @@ def is_infrastructure_error(exc: BaseException | None) -> bool:
     if type(exc).__name__ in {"ChecksumError"}:
         return False
     # The launcher already told a killed rank or a failed rendezvous from a config error.
-    from bert_core.launch import LaunchConfigError, LaunchInfraError
+    from bert_core.pretrain.launch import LaunchConfigError, LaunchInfraError
 
     if isinstance(exc, LaunchInfraError):
         return True

@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, VocabConfig
-from bert_core.vocab_training import report_markdown
+from bert_core.vocab.training import report_markdown
 
 
 def _config_dump(cfg: VocabConfig) -> dict[str, Any]:

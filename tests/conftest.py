@@ -25,8 +25,8 @@ def samples_root() -> Path:
 
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
-    """The real sample corpus, model and task files (see bert_core/samples.py)."""
-    from bert_core.samples import fetch
+    """The real sample corpus, model and task files (see flows/samples.py)."""
+    from flows.samples import fetch
 
     return fetch(samples_root(), log=lambda m: None)
 
@@ -40,7 +40,7 @@ def vocab_tokens(samples_dir) -> list[str]:
 @pytest.fixture(scope="module")
 def vocab(vocab_tokens):
     """That vocab's special ids and ``##`` subwords, as the instance algorithm takes them."""
-    from bert_core.pretraining_data import VocabIds
+    from bert_core.instances.pairs import VocabIds
 
     ids = {t: i for i, t in enumerate(vocab_tokens)}
     subwords = frozenset(i for t, i in ids.items() if t.startswith("##"))

@@ -1,10 +1,10 @@
-"""bert_core/books.py: Gutenberg boilerplate, unwrapping, Markdown plays, files that are not books."""
+"""bert_core/corpus/books.py: Gutenberg boilerplate, unwrapping, Markdown plays, files that are not books."""
 
 from __future__ import annotations
 
 import pytest
 
-from bert_core.books import (
+from bert_core.corpus.books import (
     BookError,
     book_paragraphs,
     book_stem,

@@ -1,4 +1,4 @@
-"""beam_jobs/build_vocab.py (+ bert_core/wordcount.py, bert_core/vocab_training.py, flows/vocab.py,
+"""beam_jobs/build_vocab.py (+ bert_core/vocab/wordcount.py, bert_core/vocab/training.py, flows/vocab.py,
 flows/cli_vocab.py): real Beam pipelines, the real tokenizers trainer, real Parquet, on documents
 made of real sample text."""
 
@@ -13,9 +13,9 @@ import pytest
 from beam_jobs.build_vocab import build_vocab, run
 from bert_core import storage
 from bert_core.config import VocabConfig
-from bert_core.tokenization import Tokenizer, VocabError, load_vocab_dir
-from bert_core.vocab_training import special_tokens
-from bert_core.wordcount import count_words
+from bert_core.vocab.tokenization import Tokenizer, VocabError, load_tokenizer
+from bert_core.vocab.training import special_tokens
+from bert_core.vocab.wordcount import count_words
 
 SMALL = VocabConfig(vocab_size=2000, num_unused=10)
 
@@ -99,7 +99,7 @@ def test_vocab_layout_manifest_and_stats(one_worker, sentences_by_doc) -> None:
     assert 1.0 < stats["tokens_per_word"] < 2.0
     assert [tok for tok, _ in stats["top_tokens"][:3]] == ["the", ".", ","]
 
-    tok = load_vocab_dir(one_worker)
+    tok = load_tokenizer(one_worker)
     assert tok.vocab_size == 2000 and tok.lowercase
     assert tok.encode("The cat sat.") == Tokenizer.from_vocab_file(str(Path(one_worker, "vocab.txt"))).encode(
         "The cat sat.")
@@ -118,7 +118,7 @@ def test_counts_fed_as_repeats_reproduce_raw_text_training(one_worker, sentences
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, trainers
 
-    from bert_core.tokenization import bert_normalizer, bert_pre_tokenizer
+    from bert_core.vocab.tokenization import bert_normalizer, bert_pre_tokenizer
 
     raw = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
     raw.normalizer = bert_normalizer(lowercase=True)
@@ -131,7 +131,7 @@ def test_counts_fed_as_repeats_reproduce_raw_text_training(one_worker, sentences
     jaccard = len(ours & theirs) / len(ours | theirs)
     assert jaccard > 0.99, jaccard
     # and scaling the counts down (the shortcut the module docstring rejects) is visibly worse
-    from bert_core.vocab_training import train_wordpiece
+    from bert_core.vocab.training import train_wordpiece
 
     words = count_words(s for d in sentences_by_doc for s in d["sentences"] if s)
     scaled = sorted(((w, max(1, c // 10)) for w, c in words.items()), key=lambda wc: (-wc[1], wc[0]))
@@ -150,7 +150,7 @@ def test_cased_vocab_keeps_case_and_accents(tmp_path) -> None:
     assert manifest["config"]["lowercase"] is False and manifest["config"]["strip_accents"] is False
     vocab = set(Path(tmp_path / "vocab" / "vocab.txt").read_text(encoding="utf-8").split("\n"))
     assert "É" in vocab and "P" in vocab and "é" not in vocab
-    assert load_vocab_dir(str(tmp_path / "vocab")).tokenize("Émile")[0].startswith("É")
+    assert load_tokenizer(str(tmp_path / "vocab")).tokenize("Émile")[0].startswith("É")
 
 
 def test_vocab_file_is_validated_and_measured_not_trained(corpus, samples_dir, tmp_path) -> None:

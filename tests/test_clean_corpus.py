@@ -1,4 +1,4 @@
-"""beam_jobs/clean_corpus.py (+ beam_jobs/dumps.py): real Beam pipelines on the real enwiki
+"""beam_jobs/clean_corpus.py (+ bert_core/corpus/dumps.py): real Beam pipelines on the real enwiki
 excerpt, a real book, and generated bad inputs."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from xml.sax.saxutils import escape
 import pytest
 
 from beam_jobs.clean_corpus import InputError, clean, expand_inputs
-from beam_jobs.dumps import WorkItem, plan_reads, read_pages
-from bert_core import documents as D
 from bert_core import storage
 from bert_core.config import CorpusConfig
-from bert_core.wikitext import MARKUP
+from bert_core.corpus import documents as D
+from bert_core.corpus.dumps import WorkItem, plan_reads, read_pages
+from bert_core.corpus.wikitext import MARKUP
 
 SAMPLE_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2"
 HEAD = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">\n'

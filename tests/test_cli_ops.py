@@ -44,7 +44,7 @@ def test_server_prints_its_address_and_serve_registers_the_monthly_refresh(tmp_p
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_server import free_port, server_env
 
-    from bert_core.render import REFRESH_CRON
+    from flows.render import REFRESH_CRON
 
     bertpipe = str(Path(sys.executable).with_name("bertpipe"))
     port = free_port()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from beam_jobs.create_instances import create_instances, num_random_doc_buckets, shard_of_rank
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec, load_config
-from bert_core.sentences import split_sentences
+from bert_core.corpus.sentences import split_sentences
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@
 
 The instances are made here in the instances contract (Parquet shards + manifests) from the
 real Botchan text, tokenized with the real bert-base-uncased vocab of the MiniLM sample, by
-the instance stage's own pure functions (``bert_core.pretraining_data``).
+the instance stage's own pure functions (``bert_core.instances.pairs``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec
-from bert_core.data import InstanceDataError, PretrainingLoader, vocab_file_of, vocab_ids
-from bert_core.pretraining_data import create_instances_from_document, rng_for
+from bert_core.instances.pairs import create_instances_from_document, rng_for
+from bert_core.pretrain.data import InstanceDataError, PretrainingLoader, vocab_file_of, vocab_ids
 
 SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),

@@ -1,4 +1,4 @@
-"""bert_core/dedup.py: normalized exact hashes, MinHash similarity, LSH banding."""
+"""bert_core/corpus/dedup.py: normalized exact hashes, MinHash similarity, LSH banding."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from bert_core.dedup import (
+from bert_core.corpus.dedup import (
     MinHasher,
     choose_bands,
     content_hash,

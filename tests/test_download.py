@@ -1,4 +1,4 @@
-"""bert_core/download.py against a dump site on 127.0.0.1 serving the real sample enwiki dump."""
+"""bert_core/corpus/download.py against a dump site on 127.0.0.1 serving the real sample enwiki dump."""
 
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from bert_core import storage
-from bert_core.download import ChecksumError, DownloadError, download_wikipedia, list_dump_files
+from bert_core.corpus.download import (
+    ChecksumError,
+    DownloadError,
+    download_wikipedia,
+    list_dump_files,
+)
 
 DATE = "20240601"
 NAME = f"enwiki-{DATE}-pages-articles1.xml-p10p30302.bz2"

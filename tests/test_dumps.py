@@ -1,4 +1,4 @@
-"""beam_jobs/dumps.py + beam_jobs/bz2_blocks.py: a single-stream .bz2 dump split by bz2 block.
+"""bert_core/corpus/dumps.py + bert_core/corpus/bz2_blocks.py: a single-stream .bz2 dump split by bz2 block.
 
 Real files built with the stdlib ``bz2`` at compresslevel=1 (100 kB blocks), read item by item
 and by a real Beam job with 1 and 2 workers."""
@@ -14,10 +14,10 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from beam_jobs.bz2_blocks import BLOCK_MAGIC, BlockReader, find_magics
-from beam_jobs.dumps import WorkItem, plan_reads, read_pages
 from bert_core import storage
 from bert_core.config import CorpusConfig
+from bert_core.corpus.bz2_blocks import BLOCK_MAGIC, BlockReader, find_magics
+from bert_core.corpus.dumps import WorkItem, plan_reads, read_pages
 
 HEAD = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">\n'
         "  <siteinfo><sitename>Test</sitename></siteinfo>\n")

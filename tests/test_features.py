@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from bert_core.finetune.features import LAYER_CHOICES, combine_layers, extract_file, word_features
-from bert_core.finetune.train import load_tokenizer
-from bert_core.model import BertModel
+from bert_core.model.bert import BertModel
+from bert_core.vocab.tokenization import load_tokenizer
 
 SENTENCES = [["Rockwell", "International", "said", "Tuesday", "it", "signed", "a", "contract", "."],
              ["Soubirous", "appeared", "in", "Lourdes", "in", "1858", "."]]

@@ -27,8 +27,8 @@ def tiny_checkpoint(tmp_path_factory, samples_dir):
     """A randomly initialised 2-layer BERT with the real bert-base-uncased vocab, saved as transformers does."""
     import torch
 
-    from bert_core.checkpoint import save_pretrained
-    from bert_core.model import BertModel
+    from bert_core.model.bert import BertModel
+    from bert_core.model.checkpoint import save_pretrained
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-bert")
@@ -167,7 +167,7 @@ def test_cli_finetune_and_features(tiny_checkpoint, tmp_path):
 
 def test_demo_data_dir_layout(tmp_path):
     """samples/tasks gets ner + swag fixtures beside the real sentiment/squad; a user folder never does."""
-    from bert_core.finetune.demo_data import ensure_demo_tasks
+    from flows.demo_data import ensure_demo_tasks
 
     (tmp_path / "samples" / "tasks" / "sentiment").mkdir(parents=True)
     (tmp_path / "samples" / "SOURCES.md").write_text("fetched by bertpipe samples fetch\n")

@@ -103,7 +103,7 @@ def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
     from beam_jobs.clean_corpus import clean
     from bert_core import storage
     from bert_core.config import CorpusConfig, VocabConfig
-    from bert_core.tokenization import load_vocab_dir
+    from bert_core.vocab.tokenization import load_tokenizer
 
     corpus = storage.join(gcs, "corpus", "v1")
     manifest = clean(CorpusConfig(books=[str(samples_dir / "books" / "botchan.txt")]), corpus)
@@ -118,7 +118,7 @@ def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
 
     vocab = storage.join(gcs, "vocab", "v1")
     build_vocab(corpus, vocab, VocabConfig(vocab_size=600, min_frequency=2, num_unused=0))
-    tokenizer = load_vocab_dir(vocab)
+    tokenizer = load_tokenizer(vocab)
     assert tokenizer.vocab_size == 600
     assert storage.read_manifest(vocab)["inputs"][0]["uri"] == corpus
 

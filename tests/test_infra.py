@@ -1,4 +1,4 @@
-"""infra/ templates rendered from the typed config (bert_core/render.py): they parse, and they say
+"""infra/ templates rendered from the typed config (flows/render.py): they parse, and they say
 what the config says (node ranks, rendezvous address, GPUs, Beam options, deployments)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from bert_core.config import PipelineConfig, load_config
-from bert_core.render import (
+from flows.render import (
     GPU_POOL,
     INFRA_DIR,
     PROCESS_POOL,

@@ -1,5 +1,5 @@
-"""bert_core/instance_batch.py: the job's batched instance creation follows the same rules as the
-per-instance functions of bert_core.pretraining_data (pinned in tests/test_pretraining_data.py).
+"""bert_core/instances/batch.py: the job's batched instance creation follows the same rules as the
+per-instance functions of bert_core.instances.pairs (pinned in tests/test_pretraining_data.py).
 
 Vocab ids come from the real bert-base-uncased vocab.txt of the sample MiniLM model.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bert_core.instance_batch import (
+from bert_core.instances.batch import (
     InstanceBatch,
     assemble,
     create_instance_batch,
@@ -21,8 +21,7 @@ from bert_core.instance_batch import (
     splitmix64,
     write_instance_shards,
 )
-from bert_core.instance_stats import InstanceStats
-from bert_core.pretraining_data import (
+from bert_core.instances.pairs import (
     NO_NSP,
     DocumentPool,
     VocabIds,
@@ -32,6 +31,7 @@ from bert_core.pretraining_data import (
     rng_for,
     span_instance,
 )
+from bert_core.instances.stats import InstanceStats
 
 
 def sentences(doc: int, n: int, length: int) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""bert_core.model / bert_core.checkpoint / `bertpipe export` against transformers on real weights.
+"""bert_core.model.bert / bert_core.model.checkpoint / `bertpipe export` against transformers on real weights.
 
 The reference is transformers' BERT loaded from the real MiniLM sample (6 layers, H=384,
 the bert-base-uncased vocab); batches are real sentences tokenized with its vocab.
@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_core.checkpoint import (
+from bert_core.config import ModelConfig
+from bert_core.model.bert import BertForPreTraining, BertModel
+from bert_core.model.checkpoint import (
     CheckpointError,
     hf_config_from_model,
     load_pretrained,
     model_config_from_hf,
     save_pretrained,
 )
-from bert_core.config import ModelConfig
-from bert_core.model import BertForPreTraining, BertModel
 
 transformers = pytest.importorskip("transformers")
 
@@ -280,9 +280,9 @@ DS_SCRIPT = textwrap.dedent("""
     import copy, json, os, sys, torch
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     import deepspeed
-    from bert_core.checkpoint import save_pretrained
+    from bert_core.model.checkpoint import save_pretrained
     from bert_core.config import ModelConfig
-    from bert_core.model import BertForPreTraining
+    from bert_core.model.bert import BertForPreTraining
     torch.manual_seed(0)
     # no dropout: the loops draw from one RNG in a different order
     model = BertForPreTraining(ModelConfig(size="tiny", vocab_size=300, max_position_embeddings=64,

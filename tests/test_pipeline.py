@@ -19,7 +19,7 @@ STAGE_FLOWS = {"clean-corpus": 1, "build-vocab": 1, "create-instances": 1, "pret
 
 
 def test_retry_only_infrastructure_errors():
-    from bert_core.download import ChecksumError, DownloadError
+    from bert_core.corpus.download import ChecksumError, DownloadError
     from bert_core.storage import UnfinishedWriteError
 
     retried = [ConnectionResetError(104, "reset"), TimeoutError("read timed out"),

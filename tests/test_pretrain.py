@@ -24,8 +24,8 @@ import torch
 
 from bert_core import storage
 from bert_core.config import ConfigError, load_config
-from bert_core.ds_config import ds_config, param_groups
-from bert_core.launch import (
+from bert_core.pretrain.ds_config import ds_config, param_groups
+from bert_core.pretrain.launch import (
     LaunchConfigError,
     LaunchError,
     LaunchInfraError,
@@ -36,7 +36,7 @@ from bert_core.launch import (
     prepare_run,
     run_launch,
 )
-from bert_core.pretrain import (
+from bert_core.pretrain.loop import (
     MetricsLog,
     MetricsTail,
     load_run_config,
@@ -120,7 +120,7 @@ def test_ds_config_from_pretrain_config():
 
 
 def test_no_weight_decay_on_bias_and_layernorm():
-    from bert_core.model import BertForPreTraining
+    from bert_core.model.bert import BertForPreTraining
 
     model = BertForPreTraining(tiny_config().model.model_copy(update={"vocab_size": 100}))
     decay, plain = param_groups(model, 0.01)
@@ -139,8 +139,8 @@ def test_real_engine_from_rendered_config(optimizer, monkeypatch):
     import deepspeed
     import torch_optimizer
 
-    from bert_core.ds_config import client_optimizer, uses_client_optimizer
-    from bert_core.model import BertForPreTraining
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.pretrain.ds_config import client_optimizer, uses_client_optimizer
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}.items():
@@ -166,7 +166,7 @@ def test_real_engine_from_rendered_config(optimizer, monkeypatch):
         "masked_lm_positions": torch.tensor([[1, 2, 3]] * 4), "masked_lm_ids": torch.randint(5, 120, (4, 3), generator=g),
         "masked_lm_weights": torch.ones(4, 3), "next_sentence_label": torch.tensor([0, 1, 0, 1]),
     }
-    scheduler.step()  # as bert_core.pretrain does on a fresh phase: update k uses iteration k - 1
+    scheduler.step()  # as bert_core.pretrain.loop does on a fresh phase: update k uses iteration k - 1
     lrs, losses = [], []
     before = model.bert.embeddings.word_embeddings.weight.detach().clone()
     for _ in range(3):
@@ -403,7 +403,7 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
         assert got[key] == pytest.approx(ref[key], abs=1e-6), (key, got[key], ref[key])
 
     # the transformers-layout export holds the final weights of the DeepSpeed checkpoint
-    from bert_core.model import BertForPreTraining
+    from bert_core.model.bert import BertForPreTraining
 
     manifest = storage.read_manifest(run)
     exported = BertForPreTraining.from_pretrained(manifest["hf"]).state_dict()
@@ -420,7 +420,7 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     assert list(Path(run, "monitor").rglob("*.csv"))  # DeepSpeed's CSV monitor ran
 
     # `bertpipe export RUN/checkpoints` takes the last phase and gives the same weights as hf/
-    from bert_core.checkpoint import export_checkpoint
+    from bert_core.model.checkpoint import export_checkpoint
 
     again = export_checkpoint(str(Path(run, "checkpoints")), str(tmp_path / "again"))
     reexported = BertForPreTraining.from_pretrained(str(tmp_path / "again")).state_dict()

@@ -1,4 +1,4 @@
-"""Each rule of google-research/bert's create_pretraining_data.py, pinned on bert_core.pretraining_data.
+"""Each rule of google-research/bert's create_pretraining_data.py, pinned on bert_core.instances.pairs.
 
 Vocab ids come from the real bert-base-uncased vocab.txt of the sample MiniLM model.
 """
@@ -11,8 +11,7 @@ from collections import Counter
 
 import pytest
 
-from bert_core.instance_stats import InstanceStats
-from bert_core.pretraining_data import (
+from bert_core.instances.pairs import (
     NO_NSP,
     RANDOM_NEXT,
     DocumentPool,
@@ -23,6 +22,7 @@ from bert_core.pretraining_data import (
     trim_counts,
     truncate_seq_pair,
 )
+from bert_core.instances.stats import InstanceStats
 
 
 def sentences(doc: int, n: int, length: int) -> list[list[int]]:

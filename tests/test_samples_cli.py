@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from bert_core import samples
+from flows import samples
 
 
 def bertpipe(*args, **kw):

@@ -1,10 +1,10 @@
-"""bert_core/sentences.py: abbreviations, initials, decimals, quotes, ellipses."""
+"""bert_core/corpus/sentences.py: abbreviations, initials, decimals, quotes, ellipses."""
 
 from __future__ import annotations
 
 import pytest
 
-from bert_core.sentences import split_paragraphs, split_sentences
+from bert_core.corpus.sentences import split_paragraphs, split_sentences
 
 CASES = [
     ("Dr. Smith arrived at 3.30 p.m. on Monday. \"Hello!\" he said. It was 2.5 km.",
@@ -38,7 +38,7 @@ def test_text_is_kept_whole_and_paragraphs_end_sentences() -> None:
 
 
 def test_real_book_sentences_look_like_sentences(samples_dir) -> None:
-    from bert_core.books import book_paragraphs
+    from bert_core.corpus.books import book_paragraphs
 
     _, paragraphs = book_paragraphs("botchan.txt", (samples_dir / "books" / "botchan.txt").read_bytes())
     sentences = split_paragraphs(paragraphs)

@@ -1,4 +1,4 @@
-"""bert_core/tokenization.py against transformers' pure-Python BERT tokenizer on real text, with
+"""bert_core/vocab/tokenization.py against transformers' pure-Python BERT tokenizer on real text, with
 the real bert-base-uncased vocab of the sample MiniLM model."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import json
 import pytest
 
 from bert_core import storage
-from bert_core.tokenization import (
+from bert_core.vocab.tokenization import (
     Tokenizer,
     VocabError,
-    load_vocab_dir,
+    load_tokenizer,
     parse_vocab,
 )
-from bert_core.vocab_training import train_wordpiece
-from bert_core.wordcount import basic_tokenize, count_words
+from bert_core.vocab.training import train_wordpiece
+from bert_core.vocab.wordcount import basic_tokenize, count_words
 
 WIKI = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2"
 
@@ -141,7 +141,7 @@ def test_bad_vocab_files_name_file_and_line(tmp_path) -> None:
     with pytest.raises(VocabError, match="does not exist"):
         Tokenizer.from_vocab_file(str(tmp_path / "missing.txt"))
     with pytest.raises(storage.UnfinishedWriteError):
-        load_vocab_dir(str(tmp_path))
+        load_tokenizer(str(tmp_path))
 
 
 def test_trained_vocab_loads_in_transformers_fast_tokenizer(book_and_news_lines, tmp_path) -> None:

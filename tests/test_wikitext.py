@@ -1,4 +1,4 @@
-"""bert_core/wikitext.py: markup handling rule by rule, and the real enwiki excerpt end to end."""
+"""bert_core/corpus/wikitext.py: markup handling rule by rule, and the real enwiki excerpt end to end."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from bert_core.samples import wikipedia_xml
-from bert_core.wikitext import (
+from bert_core.corpus.wikitext import (
     MARKUP,
     CleanStats,
     has_markup,
@@ -15,6 +14,7 @@ from bert_core.wikitext import (
     prescan,
     wikitext_to_paragraphs,
 )
+from flows.samples import wikipedia_xml
 
 NS = "{http://www.mediawiki.org/xml/export-0.10/}"
 

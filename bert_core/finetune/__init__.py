@@ -1,5 +1,5 @@
 """Fine-tuning: the task registry. Each task = a reader of the dataset's published format,
-a head over :class:`bert_core.model.BertModel`, and the task's official metric.
+a head over :class:`bert_core.model.bert.BertModel`, and the task's official metric.
 
     bertpipe finetune --task squad --data tests/fixtures/tasks --checkpoint samples/models/minilm --output /tmp/ft
 

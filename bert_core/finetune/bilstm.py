@@ -102,7 +102,7 @@ def run_feature_based_ner(
     from bert_core.finetune.data import TaskData
     from bert_core.finetune.features import word_features
     from bert_core.finetune.ner import _find, read_conll, to_iob2
-    from bert_core.model import BertModel
+    from bert_core.model.bert import BertModel
 
     spec = get_task("ner_bilstm")
     folder = task_dir(data_dir, spec)

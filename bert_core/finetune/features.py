@@ -105,8 +105,8 @@ def extract_file(
     import pyarrow.parquet as pq
     import torch
 
-    from bert_core.finetune.train import load_tokenizer
-    from bert_core.model import BertModel
+    from bert_core.model.bert import BertModel
+    from bert_core.vocab.tokenization import load_tokenizer
 
     if not storage.exists(input_uri):
         raise FileNotFoundError(f"{input_uri} does not exist")

@@ -1,4 +1,4 @@
-"""Task heads over :class:`bert_core.model.BertModel`: the paper's "one additional output layer".
+"""Task heads over :class:`bert_core.model.bert.BertModel`: the paper's "one additional output layer".
 
     model = BertForTask(BertModel.from_pretrained("samples/models/minilm"), "classification", 2)
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bert_core.model import BertModel, init_weights
+from bert_core.model.bert import BertModel, init_weights
 
 IGNORE_INDEX = -100  # label of positions that take no loss (padding, later word pieces)
 

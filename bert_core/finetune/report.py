@@ -125,8 +125,8 @@ def run_many(
     output: str, log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every (task, seed) one after another in this process; returns the manifest."""
-    from bert_core.finetune.demo_data import ensure_demo_tasks
     from bert_core.finetune.train import run_job
+    from flows.demo_data import ensure_demo_tasks
 
     ensure_demo_tasks(data_dir, tasks, log)
     results = []

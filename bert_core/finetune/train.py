@@ -17,29 +17,11 @@ import argparse
 import json
 import math
 import os
-import tempfile
 import time
 from typing import Any
 
 from bert_core import storage
 from bert_core.config import FinetuneConfig
-
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "config.json", "tokenizer.json",
-                   "special_tokens_map.json")
-
-
-def load_tokenizer(checkpoint: str) -> Any:
-    """The checkpoint's own tokenizer (vocab.txt + casing); remote folders are copied locally first."""
-    from bert_core.tokenization import Tokenizer
-
-    if storage.is_local(checkpoint):
-        return Tokenizer.from_pretrained_dir(storage.to_uri(checkpoint))
-    local = tempfile.mkdtemp(prefix="bertpipe-tok-")
-    for name in TOKENIZER_FILES:
-        uri = storage.join(checkpoint, name)
-        if storage.exists(uri):
-            storage.write_text(os.path.join(local, name), storage.read_text(uri))
-    return Tokenizer.from_pretrained_dir(local)
 
 
 def prepare_task(task_name: str, data_dir: str, tokenizer: Any, cfg: FinetuneConfig) -> Any:
@@ -118,7 +100,7 @@ def train_and_predict(
 
     from bert_core.finetune.data import collate
     from bert_core.finetune.heads import BertForTask, mask_padding, task_loss
-    from bert_core.model import BertModel
+    from bert_core.model.bert import BertModel
 
     torch.manual_seed(seed)
     model = BertForTask(BertModel.from_pretrained(checkpoint), data.kind, data.num_labels)
@@ -207,6 +189,8 @@ def run_job(
     spec = get_task(task)
     torch.set_num_threads(cfg.threads)
     job_dir = storage.join(output, spec.name, f"seed={seed}")
+    from bert_core.vocab.tokenization import load_tokenizer
+
     tokenizer = load_tokenizer(checkpoint)
     if spec.kind == "token_features":
         from bert_core.finetune import bilstm

@@ -1,8 +1,8 @@
 """BERT pre-training (masked LM + next sentence) on a DeepSpeed engine: one process per rank.
 
-    deepspeed --num_gpus 2 --module bert_core.pretrain --config RUN/pretrain_config.json \
+    deepspeed --num_gpus 2 --module bert_core.pretrain.loop --config RUN/pretrain_config.json \
         --instances INSTANCES_URI --output RUN
-    (``bertpipe pretrain`` and ``bert_core.launch`` render this command; you rarely type it)
+    (``bertpipe pretrain`` and ``bert_core.pretrain.launch`` render this command; you rarely type it)
 
 Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
 
@@ -21,7 +21,7 @@ Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
 - at the end rank 0 exports ``RUN/hf/`` (transformers layout) and writes ``RUN/_MANIFEST.json``.
 
 A config or data problem exits with code 2 after a line starting with ``bertpipe-config-error:``
-so the launcher can tell it from an infrastructure failure (see ``bert_core/launch.py``).
+so the launcher can tell it from an infrastructure failure (see ``bert_core/pretrain/launch.py``).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str |
     """The encoder's shape: the init checkpoint's own config.json if given, else ``config.model``
     with the instances' vocab size."""
     if init_checkpoint:
-        from bert_core.checkpoint import model_config_from_hf
+        from bert_core.model.checkpoint import model_config_from_hf
 
         source = storage.join(init_checkpoint, "config.json")
         cfg = model_config_from_hf(json.loads(storage.read_text(source)), source=source)
@@ -208,9 +208,14 @@ def run_phase(
     import torch
     import torch.distributed as dist
 
-    from bert_core.data import PretrainingLoader
-    from bert_core.ds_config import client_optimizer, ds_config, param_groups, uses_client_optimizer
-    from bert_core.model import BertForPreTraining, flops_per_token
+    from bert_core.model.bert import BertForPreTraining, flops_per_token
+    from bert_core.pretrain.data import PretrainingLoader
+    from bert_core.pretrain.ds_config import (
+        client_optimizer,
+        ds_config,
+        param_groups,
+        uses_client_optimizer,
+    )
 
     pre = config.pretrain
     phase = pre.phases[phase_index]
@@ -322,8 +327,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bert_core.checkpoint import CheckpointError
-    from bert_core.data import InstanceDataError, read_vocab, vocab_file_of
+    from bert_core.model.checkpoint import CheckpointError
+    from bert_core.pretrain.data import InstanceDataError, read_vocab, vocab_file_of
 
     try:
         config = load_run_config(args.config)
@@ -398,7 +403,7 @@ def _phase_stats_from_metrics(run: str, phase_index: int, global_batch: int,
 def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_file: str,
            stats: list[dict[str, Any]]) -> None:
     """``RUN/hf/`` in the transformers layout, then the run manifest (written last)."""
-    from bert_core.checkpoint import save_pretrained
+    from bert_core.model.checkpoint import save_pretrained
 
     hf = storage.join(args.output, "hf")
     save_pretrained(model, hf, vocab_file=vocab_file, lowercase=config.vocab.lowercase)
@@ -414,6 +419,3 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
     )
     print(f"exported {hf} and wrote {storage.join(args.output, storage.MANIFEST)}", flush=True)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

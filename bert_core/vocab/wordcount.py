@@ -6,7 +6,7 @@
 BERT's basic tokenization (google-research/bert ``BasicTokenizer``): drop control characters,
 put spaces around CJK ideographs, lowercase and strip accents when uncased, split on whitespace
 and punctuation. The normalizer and pre-tokenizer are the exact objects the tokenizer uses
-(:func:`bert_core.tokenization.bert_normalizer` / ``bert_pre_tokenizer``), so a word counted here
+(:func:`bert_core.vocab.tokenization.bert_normalizer` / ``bert_pre_tokenizer``), so a word counted here
 is a word the trainer and the tokenizer would see in the raw text. Such a word never contains
 whitespace, so ``"word word word"`` splits back into three copies of it (see
 :func:`repeated_words`).
@@ -23,7 +23,7 @@ from typing import Any
 @lru_cache(maxsize=8)
 def _pipeline(lowercase: bool, strip_accents: bool | None) -> tuple[Any, Any]:
     # Built once per process and casing (Rust objects; cheap to call, not free to build).
-    from bert_core.tokenization import bert_normalizer, bert_pre_tokenizer
+    from bert_core.vocab.tokenization import bert_normalizer, bert_pre_tokenizer
 
     return bert_normalizer(lowercase, strip_accents), bert_pre_tokenizer()
 

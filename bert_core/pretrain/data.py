@@ -5,7 +5,7 @@
     for batch in loader: ...            # endless: epochs advance by themselves
     state = loader.state_dict()         # {"epoch": e, "position": micro-batches taken in epoch e}
 
-(``bert_core/pretrain.py`` drives it; ``pytest tests/test_data.py`` checks it.)
+(``bert_core/pretrain/loop.py`` drives it; ``pytest tests/test_data.py`` checks it.)
 
 Who reads what: the shards of ``<instances>/seq{L}/`` are split over *readers* = ranks x loader
 workers; reader ``k = rank * W + w`` owns shards ``k, k + R, k + 2R, ...`` (R readers). Each reader
@@ -26,7 +26,7 @@ shard's permutation. Nothing is replayed, so resuming is instant.
 A batch is padded to its longest sequence rounded up to 8 (tensor-core friendly, few shapes);
 ``masked_lm_weights`` is 1 for a real prediction and 0 for padding. With ``masking: dynamic``
 in the instances manifest, the stored sequences are unmasked and each sample is masked here by
-``bert_core.pretraining_data.create_masked_lm_predictions`` with an RNG drawn from
+``bert_core.instances.pairs.create_masked_lm_predictions`` with an RNG drawn from
 ``(seed, epoch, shard, row)``: a new mask every epoch, the same mask after a resume.
 """
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover - pyarrow and torch are imported where use
     import pyarrow as pa
     import torch
 
-    from bert_core.pretraining_data import VocabIds
+    from bert_core.instances.pairs import VocabIds
 
 PAD_MULTIPLE = 8
 COLUMNS = ["input_ids", "len_a", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
@@ -102,7 +102,7 @@ def read_vocab(vocab_file: str) -> list[str]:
 
 def vocab_ids(tokens: list[str], source: str = "vocab.txt") -> VocabIds:
     """Special ids, size and ``##`` pieces of a vocab, for dynamic masking."""
-    from bert_core.pretraining_data import VocabIds
+    from bert_core.instances.pairs import VocabIds
 
     index = {t: i for i, t in enumerate(tokens)}
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
@@ -251,7 +251,7 @@ def mask_rows(table: pa.Table, spec: MaskingSpec, rngs: list[random.Random]) -> 
     """Dynamic masking: replace the (empty) masked_lm columns with fresh predictions per row."""
     import pyarrow as pa
 
-    from bert_core.pretraining_data import create_masked_lm_predictions
+    from bert_core.instances.pairs import create_masked_lm_predictions
 
     ids, positions, labels = [], [], []
     for row, rng in zip(table.column("input_ids").to_pylist(), rngs, strict=True):
@@ -374,7 +374,7 @@ class PretrainingLoader:
             tables.append(self._read(reader.shards[shard_index].uri).take(rows))
         table = pa.concat_tables(tables)
         if self.masking is not None:
-            from bert_core.pretraining_data import rng_for
+            from bert_core.instances.pairs import rng_for
 
             rngs = [rng_for(self.seed, "mask", epoch, reader.shards[s].uri.rsplit("/", 1)[-1], r)
                     for s, r in picks]
@@ -407,7 +407,7 @@ class PretrainingLoader:
         # threads and atexit state the parent has (Prefect, gloo) and may die on exit. The
         # server imports this module (torch, pyarrow) once; each epoch's workers fork from it.
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch.utils.data", "pyarrow.parquet", "bert_core.data"])
+        context.set_forkserver_preload(["torch.utils.data", "pyarrow.parquet", "bert_core.pretrain.data"])
         return iter(torch.utils.data.DataLoader(
             _torch_stream_class()(stream), batch_size=None, num_workers=self.workers,
             collate_fn=_identity, multiprocessing_context=context,
@@ -432,7 +432,7 @@ def _identity(batch: Any) -> Any:
 def _torch_stream_class() -> type:
     """``TorchStream``: a :class:`ReaderStream` as a torch ``IterableDataset``, for DataLoader
     workers. Built on first use so importing this module does not import torch; published as
-    ``bert_core.data.TorchStream`` (module ``__getattr__``) so a worker can unpickle it by name."""
+    ``bert_core.pretrain.data.TorchStream`` (module ``__getattr__``) so a worker can unpickle it by name."""
     cls = globals().get("TorchStream")
     if cls is None:
         import torch.utils.data

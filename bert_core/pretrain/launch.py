@@ -1,6 +1,6 @@
 """Render and run the ``deepspeed`` launcher command for pre-training, from the config.
 
-    python -c "from bert_core.config import load_config; from bert_core.launch import launcher_argv; \
+    python -c "from bert_core.config import load_config; from bert_core.pretrain.launch import launcher_argv; \
 print(' '.join(launcher_argv(load_config('demo').pretrain, ['--output', 'runs/x'])))"
 
 Three shapes, one per ``pretrain.launcher``:
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, PretrainConfig
-from bert_core.pretrain import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, CONFIG_FILE
+from bert_core.pretrain.loop import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, CONFIG_FILE
 
 SCRIPT_MODULE = "bert_core.pretrain"
 HOSTFILE = "hostfile"
@@ -83,7 +83,7 @@ def launcher_argv(
     node_rank: int | None = None,
     hostfile: str | None = None,
 ) -> list[str]:
-    """``deepspeed ... --module bert_core.pretrain <script_args>`` for ``cfg.launcher``."""
+    """``deepspeed ... --module bert_core.pretrain.loop <script_args>`` for ``cfg.launcher``."""
     argv = ["deepspeed"]
     if cfg.launcher == "local":
         if cfg.nodes != 1:

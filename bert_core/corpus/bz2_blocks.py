@@ -1,6 +1,6 @@
 """Read a single-stream .bz2 file from any point, block by block (pure Python + stdlib ``bz2``).
 
-    from beam_jobs.bz2_blocks import BlockReader
+    from bert_core.corpus.bz2_blocks import BlockReader
     with open("enwiki-...-pages-articles.xml.bz2", "rb") as f:
         reader = BlockReader(f, start=0)
         for block in reader.blocks(start_bit=0, end_bit=8 << 20):  # the blocks that start in
@@ -20,7 +20,7 @@ Decoding costs what ``bz2.decompress`` of the same bytes costs, plus a scan for 
 ``bytes.find`` passes, ~80 MB/s of compressed data). Memory is bounded by a few blocks (a
 level-9 block is 900 kB of data, about 250 kB compressed for text). Errors: :class:`Truncated` (the file ends inside a block or before the end-of-stream
 marker) and :class:`Corrupt` (no end found where a block must end). Used by
-``beam_jobs/dumps.py`` to split one big single-stream dump into work items.
+``bert_core/corpus/dumps.py`` to split one big single-stream dump into work items.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Streaming reader for MediaWiki XML dumps (.xml, .xml.bz2, multistream .xml.bz2).
 
-    from beam_jobs.dumps import plan_reads, read_pages
+    from bert_core.corpus.dumps import plan_reads, read_pages
     for item in plan_reads("enwiki-...-multistream.xml.bz2"):
         for kind, record in read_pages(item):   # ("page", dict) or ("reject", dict)
             ...
@@ -16,7 +16,7 @@ Work items let several workers share one big file:
   * single-stream ``.xml.bz2`` (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt):
     ranges of compressed bytes, "blocks" (``split_single_stream=False`` keeps one item). Without them one worker
     would decompress and clean the whole file while the others wait. A bz2 block starts at a
-    48-bit magic at any bit offset and decompresses alone (``beam_jobs/bz2_blocks.py``), so an
+    48-bit magic at any bit offset and decompresses alone (``bert_core/corpus/bz2_blocks.py``), so an
     item finds the first block that starts in its range, reads the blocks that start there and
     reads on into later blocks only to finish its last page: the ``<page>`` rule of byte ranges,
     with blocks for bytes. A block that does not decompress is skipped by the item it starts
@@ -42,8 +42,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bert_core import documents as D
 from bert_core import storage
+from bert_core.corpus import documents as D
 
 BLOCK = 1 << 20
 RANGE_BYTES = 4 << 20  # target XML bytes of one work item (bz2 compresses about 4:1)
@@ -129,7 +129,7 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bo
 
 def _bz2_head_ok(head: bytes) -> bool:
     """``BZh`` + level digit and the first block's magic: a stream we can split by block."""
-    from beam_jobs.bz2_blocks import BLOCK_MAGIC
+    from bert_core.corpus.bz2_blocks import BLOCK_MAGIC
 
     return (len(head) == 10 and head[3:4] in b"123456789"
             and int.from_bytes(head[4:10], "big") == BLOCK_MAGIC)
@@ -159,7 +159,7 @@ class _BlockFeed:
         return f"{self.item.uri}@bit{self.item.start * 8}"
 
     def blocks(self, raw) -> Iterator[bytes]:
-        from beam_jobs.bz2_blocks import BlockReader, Corrupt, Truncated
+        from bert_core.corpus.bz2_blocks import BlockReader, Corrupt, Truncated
 
         item = self.item
         header = raw.read(4)

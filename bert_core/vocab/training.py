@@ -6,7 +6,7 @@
 **Why the counts are fed as repeated words.** HF ``tokenizers`` trains WordPiece from an
 iterator of texts and has no train-from-counts API (its maintainers declined one). The trainer
 only uses the count of each distinct word, so feeding each word repeated by its count
-(:func:`bert_core.wordcount.repeated_words`) gives it exactly the counts it would have built
+(:func:`bert_core.vocab.wordcount.repeated_words`) gives it exactly the counts it would have built
 from the raw text: the same vocab as raw-text training up to ties (Jaccard 0.999 with
 raw-text training at 2,000 tokens in tests/test_build_vocab.py, 0.9993 at 8,000 tokens on the whole
 sample corpus in benchmarks/bench_vocab.py). Scaling the counts down to save time changes which merges win (Jaccard
@@ -33,8 +33,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from bert_core.tokenization import CLS, MASK, PAD, SEP, SUBWORD_PREFIX, UNK, Tokenizer
-from bert_core.wordcount import repeated_words
+from bert_core.vocab.tokenization import CLS, MASK, PAD, SEP, SUBWORD_PREFIX, UNK, Tokenizer
+from bert_core.vocab.wordcount import repeated_words
 
 
 def special_tokens(num_unused: int) -> list[str]:

@@ -74,7 +74,7 @@ class InstanceStats:
 
     def add_columns(self, input_ids: Any, offsets: Any, len_a: Any, masked_lm_positions: Any,
                     masked_lm_ids: Any, mask_offsets: Any, next_sentence_label: Any, mask_id: int) -> None:
-        """Count a batch of rows given as numpy columns (``bert_core.instance_batch.InstanceBatch``'s
+        """Count a batch of rows given as numpy columns (``bert_core.instances.batch.InstanceBatch``'s
         layout): the same counts as :meth:`add` per row (``n_special`` = 2 when ``len_a`` is the
         whole row), without a Python loop."""
         import numpy as np

@@ -1,6 +1,6 @@
 """Duplicate detection: exact (hash of normalized text) and near (MinHash + LSH bands).
 
-    from bert_core.dedup import content_hash, MinHasher
+    from bert_core.corpus.dedup import content_hash, MinHasher
     content_hash(["A  sentence.", "Another!"]) == content_hash(["a sentence", "another"])  # True
     hasher = MinHasher(num_perm=128, threshold=0.8)
     sig = hasher.signature(text); hasher.band_keys(sig); hasher.similarity(sig, other_sig)

@@ -2,7 +2,7 @@
 
     bertpipe export runs/demo/checkpoints --output runs/demo/hf
 
-Our parameter names equal transformers' (see ``bert_core/model.py``), so a state dict maps
+Our parameter names equal transformers' (see ``bert_core/model/bert.py``), so a state dict maps
 1:1; the only translations are the ``bert.`` prefix (a bare ``BertModel`` checkpoint has none),
 the old TF-converted ``LayerNorm.gamma/beta`` names, and the MLM decoder, which both sides tie
 to the word embeddings. Weights are read without unpickling code: safetensors, or
@@ -158,7 +158,7 @@ def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str = "c
     model has no place for (e.g. ``cls.*`` when loading a bare encoder) are ignored (logged).
     """
     state = normalize_state_dict(state)
-    from bert_core.model import BertModel
+    from bert_core.model.bert import BertModel
 
     if isinstance(model, BertModel):
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
@@ -205,7 +205,7 @@ def save_pretrained(
     """
     from safetensors.torch import save as save_safetensors
 
-    from bert_core.model import BertModel
+    from bert_core.model.bert import BertModel
 
     cfg: ModelConfig = model.config
     if any(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters()):
@@ -336,7 +336,7 @@ def export_checkpoint(
     checkpoint (or in its run folder, or the run's ``hf/`` export), else from the weight shapes
     plus ``like`` (the run's ``ModelConfig``). The vocab defaults to a ``vocab.txt`` in the same places.
     """
-    from bert_core.model import BertForPreTraining
+    from bert_core.model.bert import BertForPreTraining
 
     # A pre-training run keeps one DeepSpeed folder per phase (checkpoints/phase<N>): take the last.
     if not is_deepspeed_checkpoint(source) and not storage.exists(storage.join(source, "config.json")):

@@ -1,7 +1,7 @@
 """Masked-LM + next-sentence instances from documents of tokenized sentences.
 
     bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI
-    (beam_jobs/create_instances.py runs bert_core.instance_batch.create_instance_batch, which
+    (beam_jobs/create_instances.py runs bert_core.instances.batch.create_instance_batch, which
     calls pair_spans / packed_spans here once per document, pass and length)
 
 The algorithm of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token
@@ -25,7 +25,7 @@ instances distributed like the reference's, not the very same ones):
 Why spans: a segment of consecutive whole sentences is a token range of the document, so
 :func:`pair_spans` decides a pair with a few integers and draws (chunk ends found by bisecting
 the sentence offsets of a :class:`DocumentPool`) and copies no token; the job then builds and
-masks whole batches of pairs with numpy (``bert_core.instance_batch``), which made instance
+masks whole batches of pairs with numpy (``bert_core.instances.batch``), which made instance
 creation several times cheaper than a Python loop per instance. :func:`create_instances_from_document`
 keeps the one-instance-at-a-time form (tests, small tools) on the same spans.
 
@@ -64,7 +64,7 @@ class VocabIds:
     subword_ids: frozenset[int] = field(default_factory=frozenset)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> VocabIds:  # noqa: ANN001 - bert_core.tokenization.Tokenizer
+    def from_tokenizer(cls, tokenizer) -> VocabIds:  # noqa: ANN001 - bert_core.vocab.tokenization.Tokenizer
         subwords = frozenset(i for t, i in tokenizer.vocab.items() if t.startswith("##"))
         return cls(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.vocab_size, subwords)
 
@@ -227,7 +227,7 @@ class DocumentPool:
     ``tokens[sentence_offsets[s]:sentence_offsets[s + 1]]`` and document ``d`` is sentences
     ``doc_first[d] .. doc_first[d + 1] - 1``. Segments of consecutive whole sentences are then
     token ranges, so pairs are made from a few integers (:func:`pair_spans`) and their tokens are
-    copied once, for a whole batch, by numpy (``bert_core.instance_batch``).
+    copied once, for a whole batch, by numpy (``bert_core.instances.batch``).
     """
 
     tokens: Sequence[int]  # numpy int32 array in the job; any sequence works
@@ -409,7 +409,7 @@ def create_instances_from_document(
     :func:`create_masked_lm_predictions` with the same ``rng``. ``all_documents`` (documents or
     a :class:`DocumentPool`, which saves rebuilding it per call) is where random-next B
     segments come from. The job makes the same pairs and masks whole batches with numpy
-    (``bert_core.instance_batch``)."""
+    (``bert_core.instances.batch``)."""
     pool = all_documents if isinstance(all_documents, DocumentPool) else DocumentPool.from_documents(all_documents)
     spans = pair_spans(pool, document_index, max_seq_length, short_seq_prob, rng)
     return _instances_of_spans(pool, spans, masked_lm_prob, max_predictions_per_seq, vocab, rng,

@@ -82,7 +82,7 @@ def master_host(settings: InfraSettings) -> str:
 
 def pretrain_manifests(cfg: PipelineConfig, settings: InfraSettings = InfraSettings()) -> list[dict]:
     """ConfigMap + headless Service + one Pod per node, each with its own ``--node_rank``."""
-    from bert_core.launch import launcher_argv, render_hostfile
+    from bert_core.pretrain.launch import launcher_argv, render_hostfile
 
     pre = cfg.pretrain.model_copy(update={"launcher": "no_ssh", "master_addr": master_host(settings)})
     run_cfg = cfg.model_copy(update={"pretrain": pre})
@@ -232,7 +232,7 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
     header = (
         "# Prefect deployments of bertpipe: one per flow, a monthly corpus refresh, two work pools.\n"
         "# GENERATED from the demo preset: `bertpipe infra render --preset demo --out build/infra`\n"
-        "# (bert_core/render.py::prefect_yaml); edit that, not this file.\n"
+        "# (flows/render.py::prefect_yaml); edit that, not this file.\n"
         "#   prefect work-pool create bertpipe-process --type process\n"
         "#   prefect work-pool create bertpipe-k8s-gpu --type kubernetes \\\n"
         "#       --base-job-template build/infra/k8s/gpu-base-job-template.json\n"

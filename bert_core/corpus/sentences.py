@@ -1,6 +1,6 @@
 """An offline sentence splitter: rules, an abbreviation list, no model download.
 
-    from bert_core.sentences import split_sentences
+    from bert_core.corpus.sentences import split_sentences
     split_sentences('Dr. Smith arrived at 3.30 p.m. on Monday. "Hello!" he said. It was 2.5 km.')
     # ['Dr. Smith arrived at 3.30 p.m. on Monday.', '"Hello!" he said.', 'It was 2.5 km.']
 

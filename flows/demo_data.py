@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bert_core import storage
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tasks"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tasks"
 
 
 def is_samples_tasks(data_dir: str) -> bool:

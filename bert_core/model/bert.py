@@ -1,11 +1,11 @@
 """BERT: the whole forward pass in one file (embeddings, encoder, pooler, pre-training heads).
 
-    python -c "from bert_core.model import BertForPreTraining; from bert_core.config import ModelConfig; \
+    python -c "from bert_core.model.bert import BertForPreTraining; from bert_core.config import ModelConfig; \
 print(BertForPreTraining(ModelConfig(size='tiny', vocab_size=8000)))"
 
 Module and parameter names equal transformers' ``BertModel`` / ``BertForPreTraining``
 (``bert.encoder.layer.0.attention.self.query.weight``, ``cls.predictions.bias`` ...), so a state
-dict maps 1:1 both ways (see ``bert_core/checkpoint.py``). Shapes are commented inline:
+dict maps 1:1 both ways (see ``bert_core/model/checkpoint.py``). Shapes are commented inline:
 B = batch, T = sequence length, N = real (non-padding) tokens of the batch, H = hidden size,
 nh = heads, hs = H / nh, P = masked positions per sequence, M = real masked positions of the
 batch, V = vocab size.
@@ -346,7 +346,7 @@ class BertModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str) -> Self:
         """Load a transformers-layout folder (``config.json`` + weights), ``bert.`` prefix or not."""
-        from bert_core.checkpoint import load_into, load_pretrained
+        from bert_core.model.checkpoint import load_into, load_pretrained
 
         cfg, state = load_pretrained(path)
         model = cls(cfg)
@@ -448,7 +448,7 @@ class BertForPreTraining(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str) -> Self:
         """Load a transformers-layout folder; heads missing there (e.g. from a BertModel) stay initialised."""
-        from bert_core.checkpoint import load_into, load_pretrained
+        from bert_core.model.checkpoint import load_into, load_pretrained
 
         cfg, state = load_pretrained(path)
         model = cls(cfg)

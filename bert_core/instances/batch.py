@@ -9,12 +9,12 @@
 Why: made one at a time, an instance costs tens of microseconds of Python (copying token lists,
 a shuffle of the candidates, a loop over the predictions), several times what it costs to
 tokenize its text. Here the pairs of a whole pool are decided first, as token ranges
-(:func:`bert_core.pretraining_data.pair_spans`: a few draws per pair, no token touched), then
+(:func:`bert_core.instances.pairs.pair_spans`: a few draws per pair, no token touched), then
 numpy copies the tokens of every pair at once (:func:`assemble`) and masks all of them at once
 (:func:`mask_batch`). The rules are the same; the draws are not the reference's.
 
 Randomness stays per document and pass: the pairs of ``(seed, doc_id, dupe, max_seq_length)``
-come from :func:`~bert_core.pretraining_data.rng_for` of those parts, which also draws a 64-bit
+come from :func:`~bert_core.instances.pairs.rng_for` of those parts, which also draws a 64-bit
 base; instance ``k`` of that pass gets the key ``splitmix64(base + (k + 1) * GAMMA)``. The key
 orders the shards, and seeds a counter-based stream for the instance's masking (SplitMix64:
 ``splitmix64(key + j * GAMMA)`` is output ``j`` of a SplitMix64 generator seeded with ``key``),
@@ -30,7 +30,7 @@ values of the instance's stream of uniform draws over its candidates (by symmetr
 random subset, and ~30 draws per instance instead of a key per token); rows whose segments hold a
 ``[CLS]``/``[SEP]`` id, or whose draws repeat too much (astronomically rare), use a random key
 per token instead (:func:`_choose_by_keys`). Whole-word masking keeps the per-instance
-:func:`~bert_core.pretraining_data.create_masked_lm_predictions` (seeded from the same key).
+:func:`~bert_core.instances.pairs.create_masked_lm_predictions` (seeded from the same key).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bert_core.pretraining_data import (
+from bert_core.instances.pairs import (
     NO_NSP,
     DocumentPool,
     VocabIds,

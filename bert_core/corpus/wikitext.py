@@ -1,6 +1,6 @@
 """Wikitext -> plain paragraphs: the text passages of an article, nothing else.
 
-    from bert_core.wikitext import wikitext_to_paragraphs
+    from bert_core.corpus.wikitext import wikitext_to_paragraphs
     wikitext_to_paragraphs("'''Anarchism''' is a [[political philosophy]].{{cn}}")
     # ['Anarchism is a political philosophy.']
 

@@ -1,6 +1,6 @@
 """The DeepSpeed config dict, rendered from ``PretrainConfig`` and one phase (never a hand-written JSON).
 
-    python -c "from bert_core.config import load_config; from bert_core.ds_config import ds_config; \
+    python -c "from bert_core.config import load_config; from bert_core.pretrain.ds_config import ds_config; \
 import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, '/tmp/run'), indent=1))"
 
 - batch: ``train_batch_size`` = the phase's global batch, ``train_micro_batch_size_per_gpu``,

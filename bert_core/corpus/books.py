@@ -1,6 +1,6 @@
 """Books -> paragraphs: Project Gutenberg boilerplate removed, hard-wrapped lines re-joined.
 
-    from bert_core.books import book_paragraphs
+    from bert_core.corpus.books import book_paragraphs
     title, paragraphs = book_paragraphs("botchan.txt", open("botchan.txt", "rb").read())
 
 One book is one document. ``.txt`` (and ``.txt.gz``) books are plain text: the Gutenberg header

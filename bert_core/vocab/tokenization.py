@@ -1,9 +1,9 @@
 """BERT's WordPiece tokenizer, fast: HF ``tokenizers`` (Rust) configured with Google's rules.
 
-    from bert_core.tokenization import Tokenizer, load_vocab_dir
+    from bert_core.vocab.tokenization import Tokenizer, load_tokenizer
     tok = Tokenizer.from_vocab_file("vocab.txt", lowercase=True)
     tok.encode("Hello, world!")          # [7592, 1010, 2088, 999]  (no [CLS]/[SEP])
-    tok = load_vocab_dir("bertpipe-data/vocab/<version>")   # output of `bertpipe vocab`
+    tok = load_tokenizer("bertpipe-data/vocab/<version>")   # a vocab stage, model folder or vocab.txt
 
 The pipeline is google-research/bert's ``FullTokenizer``: clean text (drop NUL, U+FFFD and
 control characters, whitespace -> space), put spaces around CJK ideographs, lowercase and strip
@@ -435,13 +435,18 @@ def _casing_from_dir(directory: str) -> dict[str, Any]:
     return {"lowercase": True}
 
 
-def load_vocab_dir(uri: str) -> Tokenizer:
-    """The tokenizer of a finished vocab stage output (``vocab.txt`` + ``_MANIFEST.json``)."""
-    manifest = storage.read_manifest(uri)  # refuses an unfinished write
-    config = manifest.get("config", {})
-    return Tokenizer.from_vocab_file(
-        storage.join(uri, "vocab.txt"),
-        lowercase=config.get("lowercase", True),
-        strip_accents=config.get("strip_accents"),
-        max_input_chars_per_word=config.get("max_input_chars_per_word", GOOGLE_MAX_INPUT_CHARS_PER_WORD),
-    )
+def load_tokenizer(uri: str, lowercase: bool | None = None) -> Tokenizer:
+    """The tokenizer of a vocab stage folder, a model folder or a ``vocab.txt`` (any fsspec URI).
+
+    A ``vocab.txt`` takes its casing from ``lowercase`` (uncased when None). A folder takes it
+    from what it holds (see ``Tokenizer.from_pretrained_dir``); a folder that is neither a model
+    (``config.json`` / ``tokenizer_config.json``) nor a finished vocab stage is refused as an
+    unfinished write.
+    """
+    uri = str(uri)
+    if uri.endswith(".txt"):
+        return Tokenizer.from_vocab_file(uri, lowercase=True if lowercase is None else lowercase)
+    is_model = any(storage.exists(storage.join(uri, name)) for name in ("config.json", "tokenizer_config.json"))
+    if not is_model:
+        storage.read_manifest(uri)  # refuses an unfinished write
+    return Tokenizer.from_pretrained_dir(uri)

@@ -1,0 +1,28 @@
+"""Options every ``bertpipe`` command that reads config takes, and the config they resolve to."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from bert_core.config import ConfigError, PipelineConfig, load_config, preset_names
+
+# Options every command that reads config takes.
+PresetOpt = Annotated[str, typer.Option("--preset", "-p", help=f"Preset: {', '.join(preset_names())}.")]
+ConfigOpt = Annotated[
+    str | None, typer.Option("--config", "-c", help="YAML file shaped like a preset; overrides it.")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),
+]
+
+
+def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:
+    """Load config or exit with the validation message (before any work starts)."""
+    try:
+        return load_config(preset, config, sets or [])
+    except ConfigError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
