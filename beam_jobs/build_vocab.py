@@ -1,8 +1,8 @@
 """Beam job: documents -> WordPiece vocab (``vocab.txt``, ``tokenizer.json``, ``_MANIFEST.json``).
 
     bertpipe vocab --corpus ./bertpipe-data/corpus --output ./bertpipe-data/vocab
-    python -m beam_jobs.build_vocab --corpus CORPUS_URI --output VOCAB_URI [--workers 2] \\
-        [--vocab-size 30522] [--cased] [--vocab-file VOCAB_TXT] [beam args]
+    python -m beam_jobs.build_vocab --corpus CORPUS_URI --output VOCAB_URI [--preset demo] \\
+        [--set vocab.vocab_size=30522] [--vocab-size N] [--cased] [--vocab-file VOCAB_TXT] [-- beam args]
 
 Steps: ``ReadSentences`` (the corpus shards its manifest lists, one row batch at a time),
 ``CountWords`` (BERT's basic tokenization per document, ``CombinePerKey(sum)`` across workers),
@@ -27,38 +27,30 @@ depend only on the documents and the config, never on the runner or the number o
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from beam_jobs.job import (
+    LOCAL_RUNNER,
+    ReadSentences,
+    counters,
+    job_parser,
+    parse_job_args,
+    run_pipeline,
+)
 from bert_core import storage
 from bert_core.config import VocabConfig
-from bert_core.vocab.tokenization import (
-    Tokenizer,
-    VocabError,
-    parse_vocab,
-    vocab_problems,
-)
+from bert_core.vocab.tokenization import Tokenizer, VocabError, parse_vocab, vocab_problems
 
 NAMESPACE = "build_vocab"
+COUNTERS = ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")
 SCRATCH = "_word_counts"
 
 
 # --------------------------------------------------------------------------- pipeline
-
-
-def read_sentences(uri: str, batch_rows: int = 256) -> Iterator[tuple[str, list[str]]]:
-    """``(doc_id, sentences)`` of one documents shard, streamed in row batches."""
-    import pyarrow.parquet as pq
-
-    with storage.open_file(uri, "rb") as f:
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=["doc_id", "sentences"]):
-            yield from zip(batch.column("doc_id").to_pylist(), batch.column("sentences").to_pylist(),
-                           strict=True)
 
 
 class CountDocumentWords(beam.DoFn):
@@ -92,16 +84,15 @@ class CountDocumentWords(beam.DoFn):
 
 
 class CountWords(beam.PTransform):
-    """Documents shards -> ``(word, count)`` over the whole corpus."""
+    """``(doc_id, sentences)`` -> ``(word, count)`` over the whole corpus."""
 
     def __init__(self, lowercase: bool, strip_accents: bool):
         super().__init__()
         self.lowercase, self.strip_accents = lowercase, strip_accents
 
-    def expand(self, shard_uris):
+    def expand(self, docs):
         return (
-            shard_uris
-            | "ReadSentences" >> beam.FlatMap(read_sentences)
+            docs
             # A corpus may have fewer shards than workers; spread the documents out.
             | "SpreadDocuments" >> beam.Reshuffle()
             | "CountDocumentWords" >> beam.ParDo(CountDocumentWords(self.lowercase, self.strip_accents))
@@ -109,8 +100,19 @@ class CountWords(beam.PTransform):
         )
 
 
-def _format_count(pair: tuple[str, int]) -> str:
-    return f"{pair[0]}\t{pair[1]}"
+class WriteCounts(beam.PTransform):
+    """``(word, count)`` -> ``word<TAB>count`` text shards ``<prefix>-SSSSS-of-NNNNN.tsv``."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def expand(self, pairs):
+        return (
+            pairs
+            | "FormatCounts" >> beam.MapTuple(lambda word, count: f"{word}\t{count}")
+            | "WriteText" >> beam.io.WriteToText(self.prefix, file_name_suffix=".tsv")
+        )
 
 
 def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int, runner: str,
@@ -118,26 +120,17 @@ def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int
     """Run the counting pipeline; ``word<TAB>count`` files land in ``scratch``. Returns counters."""
     shards = storage.shard_uris(corpus)
     storage.remove(scratch)
-    options = pipeline_options(workers, runner, beam_args)
-    runner_obj = None
-    if runner == "FnApiRunner":
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-        runner_obj = FnApiRunner()
-    p = beam.Pipeline(runner=runner_obj, options=options)
-    _ = (
-        p
-        | "ListShards" >> beam.Create(shards)
-        | "CountWords" >> CountWords(cfg.lowercase, cfg.do_strip_accents)
-        | "FormatCounts" >> beam.Map(_format_count)
-        | "WriteCounts" >> beam.io.WriteToText(storage.join(scratch, "counts"), file_name_suffix=".tsv")
-    )
-    result = p.run()
-    result.wait_until_finish()
-    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]
-                if c.key.metric.namespace == NAMESPACE}
-    return {name: int(counters.get(name, 0)) for name in
-            ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")}
+    def build(p: beam.Pipeline) -> None:
+        _ = (
+            p
+            | "ReadSentences" >> ReadSentences(shards)
+            | "CountWords" >> CountWords(cfg.lowercase, cfg.do_strip_accents)
+            | "WriteCounts" >> WriteCounts(storage.join(scratch, "counts"))
+        )
+
+    found = counters(run_pipeline(build, workers, runner, beam_args), NAMESPACE)
+    return {name: found.get(name, 0) for name in COUNTERS}
 
 
 def read_counts(scratch: str) -> list[tuple[str, int]]:
@@ -150,16 +143,6 @@ def read_counts(scratch: str) -> list[tuple[str, int]]:
                 pairs.append((word, int(count)))
     pairs.sort(key=lambda wc: (-wc[1], wc[0]))
     return pairs
-
-
-def pipeline_options(workers: int, runner: str = "FnApiRunner", beam_args: Iterable[str] = ()):  # noqa: ANN201
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    if runner != "FnApiRunner":
-        return PipelineOptions(list(beam_args), runner=runner)
-    mode = ({"direct_num_workers": workers, "direct_running_mode": "multi_processing"}
-            if workers > 1 else {"direct_num_workers": 1, "direct_running_mode": "in_memory"})
-    return PipelineOptions(list(beam_args), **mode)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -191,7 +174,7 @@ def build_vocab(
     output: str,
     cfg: VocabConfig,
     workers: int = 1,
-    runner: str = "FnApiRunner",
+    runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest."""
@@ -231,35 +214,26 @@ def build_vocab(
                                   shards=files, counts=counts, stats=stats)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Command-line entry: the shared job options plus the vocab's own; unknown ones go to Beam."""
+    parser = job_parser(__doc__.split("\n", 1)[0])
     parser.add_argument("--corpus", default=None, help="Corpus stage folder URI (documents + manifest).")
     parser.add_argument("--output", required=True, help="Output folder URI.")
     parser.add_argument("--vocab-file", default=None, help="Validate and use this vocab.txt instead of training.")
-    parser.add_argument("--vocab-size", type=int, default=None, help="Trained vocab size (default 30522).")
+    parser.add_argument("--vocab-size", type=int, default=None, help="Trained vocab size (default: vocab.vocab_size).")
     parser.add_argument("--cased", action="store_true", help="Keep case and accents (a cased model).")
-    parser.add_argument("--workers", type=int, default=1, help="Local Beam worker processes.")
-    parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (default: local).")
-    parser.add_argument("--config-json", default=None, help="A VocabConfig as JSON (other fields).")
-    return parser
-
-
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry: unknown arguments go to Beam."""
-    import json
-
-    args, beam_args = build_parser().parse_known_args(argv)
-    data = json.loads(args.config_json) if args.config_json else {}
+    args, cfg, beam_args = parse_job_args(parser, argv)
+    updates: dict[str, Any] = {}
     if args.vocab_file:
-        data["vocab_file"] = args.vocab_file
+        updates["vocab_file"] = args.vocab_file
     if args.vocab_size:
-        data["vocab_size"] = args.vocab_size
+        updates["vocab_size"] = args.vocab_size
     if args.cased:
-        data["lowercase"] = False
-    cfg = VocabConfig.model_validate(data)
-    return build_vocab(args.corpus, args.output, cfg, args.workers, args.runner, beam_args)
+        updates["lowercase"] = False
+    vocab_cfg = VocabConfig.model_validate({**cfg.vocab.model_dump(), **updates})
+    return build_vocab(args.corpus, args.output, vocab_cfg, cfg.workers, cfg.beam_runner, beam_args)
 
 
 if __name__ == "__main__":
-    manifest = run(sys.argv[1:])
+    manifest = run()
     print(f"vocab of {manifest['counts']['vocab_size']} tokens at {manifest['uri']}")

@@ -1,8 +1,9 @@
 """Beam job: Wikipedia dumps + book folders -> cleaned, deduplicated document-level sentences.
 
-    bertpipe clean --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \\
+    bertpipe corpus --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \\
         --output ./bertpipe-data/corpus --workers 2
-    python -m beam_jobs.clean_corpus --wikipedia ... --output ... [--workers N] [beam args]
+    python -m beam_jobs.clean_corpus --wikipedia ... --output ... [--preset demo] [--set corpus.num_shards=8] \\
+        [--workers N] [-- beam args]
 
 Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
 split sentences), ``ReadBooks`` (one book = one document), ``CleanDocuments`` (filters, exact
@@ -16,7 +17,6 @@ duplicates is kept depends only on ids, never on arrival order.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
 import uuid
@@ -27,9 +27,12 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
 
+from beam_jobs.job import LOCAL_RUNNER, job_parser, parse_job_args, run_pipeline
+from beam_jobs.job import counters as job_counters
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
+from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.sentences import split_paragraphs
 
 NAMESPACE = "clean_corpus"
@@ -37,49 +40,13 @@ REJECTS = "rejects"
 READ = "read"
 EXACT = "exact"
 BANDS = "bands"
-# Near-duplicate search covers books (the issue: "near-duplicate books"): editions and copies
-# of one book differ by a few lines. Wikipedia pages are unique by page id and copied pages
-# are caught by the exact hash; MinHash over every article would cost about a fifth of the
-# job's CPU (and 8 band records per article at scale) for almost no hits.
+# Near-duplicate search covers books: editions and copies of one book differ by a few lines.
+# Wikipedia pages are unique by page id and copied pages are caught by the exact hash; MinHash
+# over every article would cost a large share of the job's CPU (and 8 band records per article)
+# for almost no hits.
 NEAR_DEDUP_SOURCES = (D.BOOKS,)
 SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
 SPILL_CHARS = 16 << 20  # characters of documents a worker holds before it spills them
-
-
-class InputError(ValueError):
-    """Missing input paths or empty globs: raised before any work starts."""
-
-
-def expand_inputs(patterns: Iterable[str], what: str) -> list[str]:
-    """Files matching each glob (a folder means every file in it); fail at once on no match."""
-    files: list[str] = []
-    for pattern in patterns:
-        pattern = str(pattern)
-        if not any(c in pattern for c in "*?[") and storage.exists(pattern) and not storage.glob(pattern):
-            matched = storage.glob(storage.join(pattern, "*"))  # a folder
-        else:
-            matched = storage.glob(pattern)
-        if not matched:
-            hint = "the path does not exist" if not any(c in pattern for c in "*?[") else "the glob matched no files"
-            raise InputError(
-                f"{what} input {pattern!r}: {hint}. Check the path (relative paths start at "
-                f"{storage.to_uri('.')}); sample data comes from `bertpipe samples fetch samples`"
-            )
-        files += matched
-    return sorted(set(files))
-
-
-def _book_ids(files: list[str]) -> dict[str, str]:
-    """doc_id per book file: ``book:<stem>``, with the parent folder added when stems collide."""
-    from bert_core.corpus.books import book_stem
-
-    stems = [book_stem(f) for f in files]
-    ids = {}
-    for f, stem in zip(files, stems, strict=True):
-        if stems.count(stem) > 1:
-            stem = f"{f.rstrip('/').rsplit('/', 2)[-2]}/{stem}"
-        ids[f] = f"book:{stem}"
-    return ids
 
 
 def _count_reject(reject: D.Reject) -> D.Reject:
@@ -114,7 +81,7 @@ class ReadPagesFn(beam.DoFn):
                 stats = CleanStats()
                 try:
                     sentences = split_paragraphs(wikitext_to_paragraphs(record["text"], stats))
-                except Exception as err:  # noqa: BLE001 - one odd page must not stop the job
+                except Exception as err:  # one odd page must not stop the job
                     yield TaggedOutput(REJECTS, D.make_reject(
                         D.WIKIPEDIA, doc_id, D.UNPARSEABLE_PAGE,
                         f"{title!r} at {record['origin']}: {type(err).__name__}: {err}"))
@@ -182,7 +149,7 @@ class ReadBooks(beam.PTransform):
         self.files = files
 
     def expand(self, pbegin):
-        ids = _book_ids(self.files)
+        ids = book_ids(self.files)
         out = (
             pbegin
             | "ListBooks" >> beam.Create(sorted(ids.items()), reshuffle=False)
@@ -468,16 +435,6 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
 # --------------------------------------------------------------------------- entry points
 
 
-def pipeline_options(workers: int, runner: str = "FnApiRunner", beam_args: Iterable[str] = ()):  # noqa: ANN201
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    if runner != "FnApiRunner":
-        return PipelineOptions(list(beam_args), runner=runner)
-    mode = ({"direct_num_workers": workers, "direct_running_mode": "multi_processing"}
-            if workers > 1 else {"direct_num_workers": 1, "direct_running_mode": "in_memory"})
-    return PipelineOptions(list(beam_args), **mode)
-
-
 def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int) -> None:
     """The job's graph: read -> clean -> write shards -> manifest (after every shard)."""
     wiki_files, book_files = inputs["wikipedia"], inputs["books"]
@@ -511,12 +468,12 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
     )
 
 
-def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = "FnApiRunner",
+def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,
           beam_args: Iterable[str] = (), counters: dict[str, int] | None = None) -> dict[str, Any]:
     """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
 
-    ``runner`` "FnApiRunner" is the local multi-process runner; any other name (DataflowRunner,
-    FlinkRunner, ...) is passed to Beam with ``beam_args``. ``counters``, if given, receives the
+    ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, or
+    DataflowRunner, FlinkRunner, ... with ``beam_args``). ``counters``, if given, receives the
     job's Beam counters (``rejected_<reason>``, ``slow_path_paragraphs``).
     """
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
@@ -531,44 +488,26 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = "FnApi
     storage.remove(storage.join(output, SPILL_DIR))
     inputs = {"wikipedia": wiki_files, "books": book_files}
 
-    options = pipeline_options(workers, runner, beam_args)
-    runner_obj = None
-    if runner == "FnApiRunner":
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-        runner_obj = FnApiRunner()
-    p = beam.Pipeline(runner=runner_obj, options=options)
-    build_pipeline(p, cfg, output, inputs, num_shards)
-    result = p.run()
-    result.wait_until_finish()
+    result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards), workers, runner, beam_args)
     if counters is not None:
-        from apache_beam.metrics.metric import MetricsFilter
-
-        query = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
-        for c in query["counters"]:
-            counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + c.committed
+        for name, n in job_counters(result, NAMESPACE).items():
+            counters[name] = counters.get(name, 0) + n
     return storage.read_manifest(output)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Command-line entry: the shared job options plus the inputs; unknown ones go to Beam.
+    ``--wikipedia``/``--books`` given replace both of the config's globs."""
+    parser = job_parser(__doc__.split("\n", 1)[0])
     parser.add_argument("--wikipedia", action="append", default=[], help="Dump glob (repeatable).")
     parser.add_argument("--books", action="append", default=[], help="Book glob (repeatable).")
     parser.add_argument("--output", required=True, help="Output folder URI.")
-    parser.add_argument("--workers", type=int, default=1, help="Local Beam worker processes.")
-    parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (default: local).")
-    parser.add_argument("--config-json", default=None, help="A CorpusConfig as JSON (other fields).")
-    return parser
-
-
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    args, beam_args = build_parser().parse_known_args(argv)
-    fields = json.loads(args.config_json) if args.config_json else {}
-    if args.wikipedia:
-        fields["wikipedia"] = args.wikipedia
-    if args.books:
-        fields["books"] = args.books
-    return clean(CorpusConfig(**fields), args.output, args.workers, args.runner, beam_args)
+    args, cfg, beam_args = parse_job_args(parser, argv)
+    corpus = cfg.corpus
+    if args.wikipedia or args.books:
+        corpus = CorpusConfig.model_validate({**corpus.model_dump(), "wikipedia": args.wikipedia,
+                                              "books": args.books})
+    return clean(corpus, args.output, cfg.workers, cfg.beam_runner, beam_args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Beam job: documents -> masked-LM + NSP instances in balanced Parquet shards, per sequence length.
 
     python -m beam_jobs.create_instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI \
-        [--preset demo] [--set instances.dupe_factor=5]
+        [--preset demo] [--set instances.dupe_factor=5] [-- beam args]
     bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI   (same thing)
 
 Output (the "instances" contract)::
@@ -15,30 +15,25 @@ Output (the "instances" contract)::
 
 Rows are unpadded. Segment ids are 0 before ``len_a`` and 1 after. ``next_sentence_label`` is 1
 for a random next, 0 for the actual next, -1 without NSP. With ``masking: dynamic`` the
-masked_lm columns are empty and the loader masks with
-``bert_core.instances.pairs.create_masked_lm_predictions``.
+masked_lm columns are empty and the loader masks each epoch with ``bert_core.instances.masking``,
+the same masking the job uses.
 
 How it stays streaming, bounded and deterministic:
 
-- Random-next B segments come from the document's *pool* (``stable_hash(doc_id) % pools``),
-  not from the whole corpus, so a worker holds one pool, never the corpus. See
-  :func:`num_random_doc_buckets`: ``instances.random_doc_buckets``, raised so that no pool
-  averages more than MAX_DOCS_PER_BUCKET documents (bounded memory whatever the corpus size),
-  lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a tiny corpus gets one pool,
-  so its B segments are not drawn from a handful of documents). The count is that of the
-  documents read (Parquet footers, before the pipeline), so no step waits for a count.
+- Random-next B segments come from the document's *pool*, not from the whole corpus, so a
+  worker holds one pool, never the corpus; how many pools, and how big, is
+  ``bert_core.instances.sharding.num_random_doc_buckets`` of the documents read (Parquet
+  footers, before the pipeline), so no step waits for a count.
 - Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
   64-bit key per instance that seeds its masking; see ``bert_core.instances.batch``) and the
   documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
   bundle order.
-- Balanced shards: a pool's instances (per length) are sorted by key and cut into *pieces* by
-  ``key % pools``. Pieces are counted and ordered by ``(key % pools, pool)``; a piece's rows get
-  consecutive global ranks from that order, and shard ``f`` takes a contiguous rank range, so
-  shard sizes differ by at most one. A shard thus holds a random share of every pool (whole
-  ``key % pools`` groups, and the key-ordered head or tail of one at each end), written in rank
-  order: blocks of pseudo-random order (the reference shuffles all instances in memory; our
-  loader shuffles each shard's rows every epoch). Every shard index is written, empty ones
-  too, so a loader can always split them evenly.
+- Balanced shards: a pool's instances (per length) are cut into *pieces* by ``key % pools``,
+  pieces get consecutive global ranks, and shard ``f`` takes a contiguous rank range, so shard
+  sizes differ by at most one and a shard holds a random share of every pool, written in rank
+  order (``bert_core/instances/sharding.py``; our loader shuffles each shard's rows every
+  epoch). Every shard index is written, empty ones too, so a loader can always split them
+  evenly.
 
 Why this shape (speed): Beam charges per element and per shuffle, so elements are batches of
 up to 512 tokenized documents of one pool (one bytes value of ids each, from
@@ -57,99 +52,39 @@ Wikipedia on one machine).
 
 from __future__ import annotations
 
-import argparse
-import gc
 import json
-import math
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from itertools import chain
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from beam_jobs.job import (
+    LOCAL_RUNNER,
+    ReadSentences,
+    count_documents,
+    is_local,
+    job_parser,
+    parse_job_args,
+    run_pipeline,
+)
 from bert_core import storage
-from bert_core.config import InstanceConfig, load_config
+from bert_core.config import InstanceConfig
 from bert_core.instances.batch import InstanceBatch, create_instance_batch, shard_name, write_table
 from bert_core.instances.pairs import DocumentPool, VocabIds, stable_hash
+from bert_core.instances.sharding import (
+    MIN_DOCS_PER_BUCKET,
+    assign_shards,
+    every_shard,
+    make_layout,
+    num_random_doc_buckets,
+    pieces_by_group,
+)
 from bert_core.instances.stats import InstanceStats
 from bert_core.vocab.tokenization import load_tokenizer
 
-MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
-MAX_DOCS_PER_BUCKET = 20_000  # ~0.5 GB of tokenized Wikipedia articles held by one worker
-INSTANCES_PER_SHARD = 100_000  # when num_shards = 0 (automatic)
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-def num_shards(total: int, config: InstanceConfig) -> int:
-    """Shards for one length: the configured count (or one per INSTANCES_PER_SHARD), rounded up
-    to a multiple of ``shard_multiple_of`` so world size x loader workers divides it."""
-    wanted = config.num_shards or max(1, math.ceil(total / INSTANCES_PER_SHARD))
-    m = config.shard_multiple_of
-    return math.ceil(wanted / m) * m
-
-
-def shard_of_rank(rank: int, total: int, shards: int) -> int:
-    """The shard holding global rank ``rank`` when ``total`` rows are split into contiguous
-    ranges whose sizes differ by at most one (the first ``total % shards`` get one more)."""
-    q, rem = divmod(total, shards)
-    boundary = rem * (q + 1)
-    if rank < boundary:
-        return rank // (q + 1)
-    return rem + (rank - boundary) // q
-
-
-def make_layout(counts: Iterable[tuple[tuple[int, Any], int]], config: InstanceConfig) -> dict:
-    """Per length: total, shard count, and the first global rank of every piece (pieces in the
-    order of their keys, ``(sort group, pool)``)."""
-    per_length: dict[int, dict[Any, int]] = {s.max_seq_length: {} for s in config.lengths}
-    for (length, bucket), n in counts:
-        per_length[length][bucket] = n
-    layout = {}
-    for length, buckets in per_length.items():
-        offsets, running = {}, 0
-        for bucket in sorted(buckets):
-            offsets[bucket] = running
-            running += buckets[bucket]
-        layout[length] = {"total": running, "shards": num_shards(running, config), "offsets": offsets}
-    return layout
-
-
-def num_random_doc_buckets(n_docs: int, config: InstanceConfig,
-                           min_docs: int = MIN_DOCS_PER_BUCKET, max_docs: int = MAX_DOCS_PER_BUCKET) -> int:
-    """How many random-next pools ``n_docs`` documents are hashed into (see the module docstring)."""
-    wanted = max(config.random_doc_buckets, math.ceil(n_docs / max_docs))
-    return max(1, min(wanted, n_docs // min_docs))
-
-
-def prepare_output(output: str, config: InstanceConfig) -> None:
-    """Refuse another stage's folder; clear an earlier instances run of the same lengths, so no
-    old manifest vouches for shards being rewritten and no stale shard count is left behind."""
-    if storage.has_manifest(output):
-        stage = storage.read_manifest(output).get("stage")
-        if stage != "instances":
-            raise ValueError(f"{output} holds the output of the {stage!r} stage; "
-                             "give the instances their own --output folder")
-    storage.remove(storage.join(output, storage.MANIFEST))
-    for spec in config.lengths:
-        storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
-
-
-def read_documents(uri: str) -> Iterator[tuple[str, list[str] | None]]:
-    """(doc_id, sentences) of one documents shard, batch by batch (never the whole file)."""
-    import pyarrow.parquet as pq
-
-    with storage.open_file(uri, "rb") as f:
-        shard = pq.ParquetFile(f)
-        missing = {"doc_id", "sentences"} - set(shard.schema_arrow.names)
-        if missing:
-            raise ValueError(f"documents shard {uri} has no column(s) {sorted(missing)}; it is not "
-                             "a corpus stage output: re-run `bertpipe clean` or fix --corpus")
-        for batch in shard.iter_batches(columns=["doc_id", "sentences"], batch_size=256):
-            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+NAMESPACE = "instances"
 
 
 # --------------------------------------------------------------------------- DoFns
@@ -167,8 +102,8 @@ class TokenizeDocuments(beam.DoFn):
 
     def __init__(self, vocab: str, lowercase: bool, pools: int) -> None:
         self.vocab, self.lowercase, self.pools = vocab, lowercase, pools
-        self.rejected = Metrics.counter("instances", "rejected_no_tokens")
-        self.documents = Metrics.counter("instances", "documents")
+        self.rejected = Metrics.counter(NAMESPACE, "rejected_no_tokens")
+        self.documents = Metrics.counter(NAMESPACE, "documents")
 
     def setup(self) -> None:
         self.tokenizer = load_tokenizer(self.vocab, self.lowercase)
@@ -205,22 +140,20 @@ class TokenizeDocuments(beam.DoFn):
 class CreateInstances(beam.DoFn):
     """One random-next pool (bucket ``b``) of documents -> for every length, its instances as
     :class:`InstanceBatch` pieces keyed ``(length, (g, b))``: piece ``g`` holds the instances
-    whose key is ``g`` modulo the number of pools, sorted by key (see the module docstring);
-    and each piece's size on the 'sizes' output."""
+    whose key is ``g`` modulo the number of pools, sorted by key
+    (:func:`bert_core.instances.sharding.pieces_by_group`); and each piece's size on the
+    'sizes' output."""
 
     def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: int) -> None:
         self.config, self.vocab_ids, self.pools = config, vocab_ids, pools
-        self.instances = Metrics.counter("instances", "instances")
+        self.instances = Metrics.counter(NAMESPACE, "instances")
 
     def process(self, bucket: tuple[int, Iterable[list[tuple[str, bytes]]]]) -> Iterator[Any]:
-        import numpy as np
-
         cfg = self.config
         # by doc_id: the pool must not depend on the shuffle or on how documents were gathered
         docs = sorted(chain.from_iterable(bucket[1]), key=lambda d: d[0])
         pool = DocumentPool.from_marked([marked for _, marked in docs])
         doc_ids = [doc_id for doc_id, _ in docs]
-        groups = self.pools
         for spec in cfg.lengths:
             batch = create_instance_batch(
                 pool, doc_ids, seed=cfg.seed, dupe_factor=cfg.dupe_factor,
@@ -230,34 +163,10 @@ class CreateInstances(beam.DoFn):
                 whole_word_mask=cfg.whole_word_mask, mask=cfg.masking == "static",
             )
             self.instances.inc(len(batch))
-            group_of = batch.keys % np.uint64(groups)
-            batch = batch.take(np.lexsort((batch.keys, group_of)))  # by group, then key
-            bounds = np.searchsorted((batch.keys % np.uint64(groups)).astype(np.int64), np.arange(groups + 1))
-            for g in range(groups):
-                if bounds[g + 1] > bounds[g]:
-                    key = (spec.max_seq_length, (g, bucket[0]))
-                    yield key, batch.slice(int(bounds[g]), int(bounds[g + 1]))
-                    yield beam.pvalue.TaggedOutput("sizes", (key, int(bounds[g + 1] - bounds[g])))
-
-
-def shard_start(shard: int, total: int, shards: int) -> int:
-    """The first global rank of ``shard`` (inverse of :func:`shard_of_rank`)."""
-    q, rem = divmod(total, shards)
-    return shard * q + min(shard, rem)
-
-
-def assign_shards(piece: tuple[tuple[int, Any], InstanceBatch], layout: dict) -> Iterator[Any]:
-    """A piece's rows have global ranks ``offset(piece) ..``: cut it at shard boundaries ->
-    ((length, shard), (first rank, rows))."""
-    (length, group), batch = piece
-    lay = layout[length]
-    total, shards = lay["total"], lay["shards"]
-    first = lay["offsets"][group]
-    last = first + len(batch) - 1
-    for shard in range(shard_of_rank(first, total, shards), shard_of_rank(last, total, shards) + 1):
-        lo = max(first, shard_start(shard, total, shards))
-        hi = min(last + 1, shard_start(shard + 1, total, shards))
-        yield (length, shard), (lo, batch.slice(lo - first, hi - first))
+            for g, piece in pieces_by_group(batch, self.pools):
+                key = (spec.max_seq_length, (g, bucket[0]))
+                yield key, piece
+                yield beam.pvalue.TaggedOutput("sizes", (key, len(piece)))
 
 
 class WriteShards(beam.DoFn):
@@ -282,15 +191,20 @@ class WriteShards(beam.DoFn):
                "entry": storage.shard_entry(uri, count=len(batch)), "stats": stats.to_dict()}
 
 
-def count_documents(shards: list[str]) -> int:
-    """Rows of the documents shards, from their Parquet footers (no data read)."""
-    import pyarrow.parquet as pq
+# --------------------------------------------------------------------------- manifests
 
-    total = 0
-    for uri in shards:
-        with storage.open_file(uri, "rb") as f:
-            total += pq.ParquetFile(f).metadata.num_rows
-    return total
+
+def prepare_output(output: str, config: InstanceConfig) -> None:
+    """Refuse another stage's folder; clear an earlier instances run of the same lengths, so no
+    old manifest vouches for shards being rewritten and no stale shard count is left behind."""
+    if storage.has_manifest(output):
+        stage = storage.read_manifest(output).get("stage")
+        if stage != "instances":
+            raise ValueError(f"{output} holds the output of the {stage!r} stage; "
+                             "give the instances their own --output folder")
+    storage.remove(storage.join(output, storage.MANIFEST))
+    for spec in config.lengths:
+        storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
 
 
 def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, output: str,
@@ -332,7 +246,8 @@ def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, o
 
 
 class CreateInstanceShards(beam.PTransform):
-    """(doc_id, sentences) -> written shards' results (dicts) and rejects, per length."""
+    """(doc_id, sentences) -> {"results": one dict per written shard, "rejects", "layout",
+    "documents": how many documents gave instances}."""
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
                  documents_read: int, lowercase: bool = True,
@@ -344,7 +259,7 @@ class CreateInstanceShards(beam.PTransform):
         # documents go straight into the pool shuffle.
         self.pools = num_random_doc_buckets(documents_read, config, min_docs_per_bucket)
 
-    def expand(self, docs):  # noqa: ANN001, ANN201 - PCollections
+    def expand(self, docs):
         cfg = self.config
         tokenized = docs | "TokenizeDocuments" >> beam.ParDo(
             TokenizeDocuments(self.vocab, self.lowercase, self.pools)).with_outputs("rejects", main="docs")
@@ -364,45 +279,14 @@ class CreateInstanceShards(beam.PTransform):
         )
         layout_si = beam.pvalue.AsSingleton(layout)
         placed = instances.pieces | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
-        every_shard = layout | "EveryShard" >> beam.FlatMap(
-            lambda lay: [((length, i), None) for length, v in lay.items() for i in range(v["shards"])])
+        empty = layout | "EveryShard" >> beam.FlatMap(lambda lay: [(key, None) for key in every_shard(lay)])
         results = (
-            (placed, every_shard)
+            (placed, empty)
             | "FlattenShards" >> beam.Flatten()
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShards" >> beam.ParDo(WriteShards(self.output, self.vocab_ids.mask_id), layout=layout_si)
         )
-        return results, tokenized.rejects, layout, n_docs
-
-
-@contextmanager
-def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
-    """Collect garbage less often while the job runs in this process, then restore.
-
-    The job allocates millions of short-lived objects (token lists, tuples, small arrays) and
-    makes no cycles worth chasing, yet CPython's default gen-0 threshold (700) starts a
-    collection every few hundred allocations: ~4 % of the CPU time at 10x the sample corpus
-    (measured: 14.4 -> 13.8 CPU-s, three runs each). ``gc.freeze`` also keeps the objects
-    loaded before the run (Beam, pyarrow, the vocab) out of every pass. Restored afterwards,
-    since a Prefect flow process lives on."""
-    old = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(threshold, 50, 1000)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
-
-
-def pipeline_options(workers: int, runner: str = "FnApiRunner", beam_args: Iterable[str] = ()):  # noqa: ANN201
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    if runner == "FnApiRunner":
-        mode = {"direct_num_workers": workers, "direct_running_mode": "multi_processing"} \
-            if workers > 1 else {"direct_num_workers": 1, "direct_running_mode": "in_memory"}
-        return PipelineOptions(list(beam_args), **mode)
-    return PipelineOptions(list(beam_args), runner=runner)
+        return {"results": results, "rejects": tokenized.rejects, "layout": layout, "documents": n_docs}
 
 
 def create_instances(
@@ -413,7 +297,7 @@ def create_instances(
     *,
     lowercase: bool = True,
     workers: int = 2,
-    runner: str = "FnApiRunner",
+    runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
     min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET,
 ) -> dict[str, Any]:
@@ -431,53 +315,40 @@ def create_instances(
     output = storage.to_uri(output)
     prepare_output(output, config)
 
-    options = pipeline_options(workers, runner, beam_args)
-    runner_obj: Any = runner
-    if runner == "FnApiRunner":
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-        runner_obj = FnApiRunner()
-    with fewer_gc_passes(), beam.Pipeline(runner=runner_obj, options=options) as p:
-        docs = (
-            p
-            | "ListShards" >> beam.Create(shards)
-            | "ReadDocuments" >> beam.FlatMap(read_documents)
-        )
-        if workers > 1 or runner != "FnApiRunner":
+    def build(p: beam.Pipeline) -> None:
+        docs = p | "ReadSentences" >> ReadSentences(shards)
+        if workers > 1 or not is_local(runner):
             # Spread the documents of a few big shards over the workers. One in-process worker
             # has nothing to spread, and the shuffle would cost it ~10% of its CPU time.
             docs = docs | "SpreadDocuments" >> beam.Reshuffle()
-        results, rejects, layout, n_docs = docs | "CreateInstanceShards" >> CreateInstanceShards(
+        out = docs | "CreateInstanceShards" >> CreateInstanceShards(
             config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket)
         _ = (
-            results
+            out["results"]
             | "GatherResults" >> beam.combiners.ToList()
             | "WriteManifests" >> beam.Map(
                 lambda rs, rj, lay, n: write_manifests(
                     rs, rj, lay, output=output, config=config, inputs=inputs, documents_used=n),
-                rj=beam.pvalue.AsList(rejects), lay=beam.pvalue.AsSingleton(layout),
-                n=beam.pvalue.AsSingleton(n_docs),
+                rj=beam.pvalue.AsList(out["rejects"]), lay=beam.pvalue.AsSingleton(out["layout"]),
+                n=beam.pvalue.AsSingleton(out["documents"]),
             )
         )
+
+    run_pipeline(build, workers, runner, beam_args)
     return storage.read_manifest(output)
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """Command-line entry: the shared job options plus the instances' own; unknown ones go to Beam."""
+    parser = job_parser(__doc__.split("\n")[0])
     parser.add_argument("--corpus", required=True, help="Documents folder (corpus stage output).")
     parser.add_argument("--vocab", required=True, help="Vocab stage folder, or a vocab.txt.")
     parser.add_argument("--output", required=True, help="Output folder for seq{L}/ shards.")
-    parser.add_argument("--preset", default="demo")
-    parser.add_argument("--config", default=None)
-    parser.add_argument("--set", dest="sets", action="append", default=[])
-    args, beam_args = parser.parse_known_args(argv)
-    cfg = load_config(args.preset, args.config, args.sets)
-    manifest = create_instances(args.corpus, args.vocab, args.output, cfg.instances,
-                                lowercase=cfg.vocab.lowercase, workers=cfg.workers,
-                                runner=cfg.beam_runner, beam_args=[*cfg.beam_args, *beam_args])
-    print(json.dumps(manifest["counts"], indent=2))
-    return manifest
+    args, cfg, beam_args = parse_job_args(parser, argv)
+    return create_instances(args.corpus, args.vocab, args.output, cfg.instances,
+                            lowercase=cfg.vocab.lowercase, workers=cfg.workers,
+                            runner=cfg.beam_runner, beam_args=beam_args)
 
 
 if __name__ == "__main__":
-    run()
+    print(json.dumps(run()["counts"], indent=2))

@@ -341,7 +341,8 @@ class PipelineConfig(_Model):
     )
     workers: int = Field(2, ge=1, description="Beam worker processes on the local runner.")
     beam_runner: str = Field(
-        "FnApiRunner", description="Beam runner: FnApiRunner (local), DataflowRunner, FlinkRunner, SparkRunner."
+        "FnApiRunner", description="Beam runner (PipelineOptions --runner): FnApiRunner (local, in process, "
+        "the DirectRunner's batch engine, with `workers` processes), DataflowRunner, FlinkRunner, SparkRunner."
     )
     beam_args: list[str] = Field(default_factory=list, description="Extra Beam pipeline options.")
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)

@@ -39,7 +39,7 @@ COMMAND_MODULES: list[str] = [
     "flows.cli_export",
     "flows.cli_instances",
     "flows.cli_finetune",
-    "flows.cli_clean",
+    "flows.cli_corpus",
     "flows.cli_vocab",
     "flows.cli_pretrain",
 ]

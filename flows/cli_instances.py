@@ -6,7 +6,8 @@
     bertpipe stats ./bertpipe-data/instances --json
 
 ``instances`` runs the Beam job directly (no Prefect); ``--vocab`` is a vocab stage folder or a
-``vocab.txt`` (then ``vocab.lowercase`` says the casing).
+``vocab.txt`` (then ``vocab.lowercase`` says the casing); extra arguments after the options go
+to Beam.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def instances(
+    ctx: typer.Context,
     corpus: Annotated[str, typer.Option(help="Documents folder (corpus stage output).")],
     vocab: Annotated[str, typer.Option(help="Vocab stage folder, or a vocab.txt file.")],
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for seq{L}/ shards.")],
+    workers: Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")] = None,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam)."""
+    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Extra
+    arguments after the options are passed to Beam."""
     from bert_core.storage import UnfinishedWriteError
 
     cfg = resolve(preset, config, set_)
@@ -35,7 +39,8 @@ def instances(
 
     try:
         manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
-                           workers=cfg.workers, runner=cfg.beam_runner, beam_args=cfg.beam_args)
+                           workers=workers or cfg.workers, runner=cfg.beam_runner,
+                           beam_args=[*cfg.beam_args, *ctx.args])
     except (UnfinishedWriteError, ValueError) as err:
         typer.secho(str(err), fg="red", err=True)
         raise typer.Exit(1) from None
@@ -95,5 +100,5 @@ def _bin_start(key: str) -> int | None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("instances")(instances)
+    app.command("instances", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(instances)
     app.command("stats")(stats)

@@ -5,7 +5,6 @@ made of real sample text."""
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -146,7 +145,7 @@ def test_cased_vocab_keeps_case_and_accents(tmp_path) -> None:
     (tmp_path / "corpus").mkdir()
     corpus = write_corpus(tmp_path / "corpus", docs, num_shards=1)
     manifest = run(["--corpus", corpus, "--output", str(tmp_path / "vocab"), "--cased", "--vocab-size", "200",
-                    "--config-json", json.dumps({"num_unused": 2, "min_frequency": 1})])
+                    "--set", "vocab.num_unused=2", "--set", "vocab.min_frequency=1", "--workers", "1"])
     assert manifest["config"]["lowercase"] is False and manifest["config"]["strip_accents"] is False
     vocab = set(Path(tmp_path / "vocab" / "vocab.txt").read_text(encoding="utf-8").split("\n"))
     assert "É" in vocab and "P" in vocab and "é" not in vocab

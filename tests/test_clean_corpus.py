@@ -13,11 +13,12 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from beam_jobs.clean_corpus import InputError, clean, expand_inputs
+from beam_jobs.clean_corpus import clean, run
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.dumps import WorkItem, plan_reads, read_pages
+from bert_core.corpus.inputs import InputError, expand_inputs
 from bert_core.corpus.wikitext import MARKUP
 
 SAMPLE_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2"
@@ -292,14 +293,28 @@ def test_cli_runs_and_fails_fast_on_missing_input(tiny_inputs, tmp_path) -> None
     from flows.cli import app
 
     wiki, book = tiny_inputs
-    missing = CliRunner().invoke(app, ["clean", "--wikipedia", str(tmp_path / "no/*.xml"),
+    missing = CliRunner().invoke(app, ["corpus", "--wikipedia", str(tmp_path / "no/*.xml"),
                                        "--output", str(tmp_path / "o")])
     assert missing.exit_code == 2 and "matched no files" in missing.output
-    done = CliRunner().invoke(app, ["clean", "--wikipedia", wiki, "--books", book, "--workers", "1",
+    done = CliRunner().invoke(app, ["corpus", "--wikipedia", wiki, "--books", book, "--workers", "1",
                                     "--output", str(tmp_path / "o")])
     assert done.exit_code == 0, done.output
     assert "wikipedia: read 2, kept 1, rejected 1" in done.output and "redirect: 1" in done.output
     assert storage.read_manifest(str(tmp_path / "o"))["counts"]["books"]["kept"] == 1
+    # `bertpipe clean` is the same command, kept as a hidden alias
+    alias = CliRunner().invoke(app, ["clean", "--wikipedia", wiki, "--workers", "1", "--output", str(tmp_path / "a")])
+    assert alias.exit_code == 0, alias.output
+    assert "wikipedia: read 2, kept 1, rejected 1" in alias.output
+    listed = [line.strip("│ ").split(" ", 1)[0] for line in CliRunner().invoke(app, ["--help"]).output.splitlines()]
+    assert "corpus" in listed and "clean" not in listed
+
+
+def test_run_takes_the_shared_job_options(tiny_inputs, tmp_path) -> None:
+    wiki, book = tiny_inputs
+    manifest = run(["--wikipedia", wiki, "--output", str(tmp_path / "o"), "--preset", "demo",
+                    "--set", "corpus.num_shards=2", "--workers", "1", "--", "--direct_num_workers=1"])
+    assert manifest["counts"]["wikipedia"]["kept"] == 1 and "books" not in manifest["counts"]
+    assert len(manifest["shards"]) == 2
 
 
 @pytest.mark.slow

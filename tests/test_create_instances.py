@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from beam_jobs.create_instances import create_instances, num_random_doc_buckets, shard_of_rank
+from beam_jobs.create_instances import create_instances, run
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec, load_config
 from bert_core.corpus.sentences import split_sentences
@@ -119,28 +119,6 @@ def test_manifest_stats_and_rejects(runs) -> None:
         assert s["mean_length"] > 0.7 * length  # mostly full sequences
 
 
-def test_shard_of_rank_splits_contiguously_within_one() -> None:
-    for total, shards in [(0, 4), (3, 4), (10, 3), (1000, 7), (8, 8)]:
-        sizes = [0] * shards
-        last = 0
-        for rank in range(total):
-            f = shard_of_rank(rank, total, shards)
-            assert f >= last  # contiguous ranges in rank order
-            last = f
-            sizes[f] += 1
-        assert max(sizes) - min(sizes) <= 1
-
-
-def test_random_doc_buckets_bound_memory_and_keep_pools_large() -> None:
-    cfg = InstanceConfig(random_doc_buckets=64)
-    assert num_random_doc_buckets(0, cfg) == 1
-    assert num_random_doc_buckets(300, cfg) == 1  # tiny corpus: one pool, the whole corpus
-    assert num_random_doc_buckets(5_000, cfg) == 5  # never under 1000 documents a pool
-    assert num_random_doc_buckets(500_000, cfg) == 64  # the setting
-    assert num_random_doc_buckets(6_000_000, cfg) == 300  # never over 20000 a pool
-    assert num_random_doc_buckets(40, cfg, min_docs=10) == 4
-
-
 def test_cli_without_nsp_dynamic_masking_and_stats(corpus, vocab_file, tmp_path) -> None:
     from flows.cli import app
 
@@ -206,6 +184,22 @@ def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(corpus, vocab_
         rows = json.loads(table) if isinstance(table, str) else table
         assert [r["set"] for r in rows] == ["seq64", "seq128"]
         assert "instance-lengths" in artifacts
+
+
+def test_run_takes_the_shared_job_options_and_passes_the_rest_to_beam(corpus, vocab_file, runs, tmp_path) -> None:
+    out = str(tmp_path / "run")
+    sets = ["instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10},"
+            " {max_seq_length: 128, max_predictions_per_seq: 20}]",
+            "instances.dupe_factor=3", "instances.num_shards=3", "instances.seed=7",
+            "pretrain.phases=[{max_seq_length: 128, micro_batch_size: 16, global_batch_size: 32}]"]
+    argv = ["--corpus", corpus, "--vocab", vocab_file, "--output", out, "--preset", "demo", "--workers", "1"]
+    for s in sets:
+        argv += ["--set", s]
+    manifest = run([*argv, "--", "--direct_num_workers=3"])  # Beam options after --
+    assert manifest["config"] == storage.read_manifest(runs[1])["config"]
+    for length in (64, 128):  # one random-next pool here, four in `runs`: same config, own bytes
+        shards = storage.read_manifest(storage.join(out, f"seq{length}"))["shards"]
+        assert len(shards) == 3 and sum(s["count"] for s in shards) > 50
 
 
 def test_a_vocab_without_specials_is_refused_before_any_work(corpus, tmp_path) -> None:

@@ -1,11 +1,11 @@
 """CLI of the corpus stage.
 
-    bertpipe clean --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \
+    bertpipe corpus --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \
         --output ./bertpipe-data/corpus --workers 2 [-- beam args]
-    bertpipe clean --preset demo --output ./bertpipe-data/corpus     (globs from corpus.*)
+    bertpipe corpus --preset demo --output ./bertpipe-data/corpus     (globs from corpus.*)
 
 Runs the Beam job directly (no Prefect), with a progress display while it runs and a table of
-counts (read / kept / rejected by reason) at the end.
+counts (read / kept / rejected by reason) at the end. ``bertpipe clean`` is a hidden alias.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import typer
 from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
-def clean(
+def corpus(
     ctx: typer.Context,
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for the documents.")],
     wikipedia: Annotated[
@@ -39,26 +39,26 @@ def clean(
     from rich.console import Console
 
     cfg = resolve(preset, config, set_)
-    corpus = cfg.corpus
+    corpus_cfg = cfg.corpus
     updates = {}
     if wikipedia or books:  # explicit inputs replace the preset's globs
         updates = {"wikipedia": wikipedia or [], "books": books or []}
     if text_format:
         updates["text_format"] = text_format
     try:
-        corpus = corpus.model_validate({**corpus.model_dump(), **updates})
+        corpus_cfg = corpus_cfg.model_validate({**corpus_cfg.model_dump(), **updates})
     except ValueError as err:
         typer.secho(str(err), fg="red", err=True)
         raise typer.Exit(2) from None
 
-    from beam_jobs.clean_corpus import InputError
     from beam_jobs.clean_corpus import clean as run_job
+    from bert_core.corpus.inputs import InputError
 
     console = Console(stderr=True)
     try:
-        with console.status(f"cleaning {len(corpus.wikipedia)} dump glob(s) and {len(corpus.books)} "
+        with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s) and {len(corpus_cfg.books)} "
                             f"book glob(s) with {workers or cfg.workers} worker(s) ..."):
-            manifest = run_job(corpus, output, workers=workers or cfg.workers, runner=cfg.beam_runner,
+            manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=cfg.beam_runner,
                                beam_args=[*cfg.beam_args, *ctx.args])
     except InputError as err:
         typer.secho(str(err), fg="red", err=True)
@@ -78,4 +78,6 @@ def format_counts(manifest: dict) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("clean", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(clean)
+    extra = {"allow_extra_args": True, "ignore_unknown_options": True}
+    app.command("corpus", context_settings=extra)(corpus)
+    app.command("clean", context_settings=extra, hidden=True)(corpus)

@@ -1,0 +1,162 @@
+"""The skeleton every Beam job here stands on: command line, pipeline options, run, counters,
+and reading the documents shards of a corpus.
+
+    python -m beam_jobs.<job> [job options] [--preset demo] [--config FILE] [--set a.b=c ...]
+        [--workers N] [--runner NAME] [-- beam pipeline options]
+
+Every job's ``run(argv)`` takes the same ``--preset/--config/--set`` as ``bertpipe``, plus its
+own options; options it does not know (and everything after ``--``) go to Beam, after the
+config's ``beam_args``.
+
+The runner is named through Beam's ``PipelineOptions`` (``--runner``). The local default,
+:data:`LOCAL_RUNNER`, is Beam's in-process FnApiRunner (the engine the DirectRunner runs batch
+pipelines on), with ``direct_num_workers`` worker processes when ``workers > 1``. It is named
+directly because the DirectRunner tries the Prism runner first, which fetches a binary and so
+needs the network. Dataflow, Flink or Spark are settings: ``beam_runner`` and ``beam_args`` in
+the config (see ``infra/beam/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineResult
+
+from bert_core import storage
+from bert_core.config import PipelineConfig, load_config
+
+LOCAL_RUNNER = "FnApiRunner"
+DOCUMENT_COLUMNS = ["doc_id", "sentences"]
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def job_parser(description: str) -> argparse.ArgumentParser:
+    """A job's parser with the options every job takes; the job adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--preset", default="demo", help="Preset the config starts from.")
+    parser.add_argument("--config", default=None, help="YAML file shaped like a preset; overrides it.")
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        help="Override one field, e.g. instances.dupe_factor=2 (repeatable).")
+    parser.add_argument("--workers", type=int, default=None, help="Local Beam worker processes (default: workers).")
+    parser.add_argument("--runner", default=None, help="Beam runner (default: beam_runner).")
+    return parser
+
+
+def parse_job_args(parser: argparse.ArgumentParser,
+                   argv: list[str] | None) -> tuple[argparse.Namespace, PipelineConfig, list[str]]:
+    """Parsed job options, the resolved config (``--workers``/``--runner`` applied) and the
+    Beam arguments (the config's ``beam_args``, then the unknown ones)."""
+    args, unknown = parser.parse_known_args(argv)
+    cfg = load_config(args.preset, args.config, args.sets)
+    updates = {"workers": args.workers, "beam_runner": args.runner}
+    cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
+    return args, cfg, [*cfg.beam_args, *unknown]
+
+
+# --------------------------------------------------------------------------- running
+
+
+def is_local(runner: str) -> bool:
+    return runner == LOCAL_RUNNER
+
+
+def pipeline_options(workers: int, runner: str = LOCAL_RUNNER, beam_args: Iterable[str] = ()) -> PipelineOptions:
+    """Beam options for ``runner``: ``beam_args`` (a ``--`` separator among them is dropped),
+    then the runner and, on the local runner, its worker processes (these win over the same
+    options in ``beam_args``)."""
+    ours = [f"--runner={runner}"]
+    if is_local(runner):
+        mode = "multi_processing" if workers > 1 else "in_memory"
+        ours += [f"--direct_num_workers={max(1, workers)}", f"--direct_running_mode={mode}"]
+    return PipelineOptions([*(a for a in beam_args if a != "--"), *ours])
+
+
+@contextmanager
+def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
+    """Collect garbage less often while a job runs in this process, then restore.
+
+    The jobs allocate millions of short-lived objects (token lists, tuples, small arrays) and
+    make no cycles worth chasing, yet CPython's default gen-0 threshold (700) starts a
+    collection every few hundred allocations. ``gc.freeze`` also keeps the objects loaded
+    before the run (Beam, pyarrow, the vocab) out of every pass. Restored afterwards, since a
+    Prefect flow process lives on."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(threshold, 50, 1000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
+def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: str = LOCAL_RUNNER,
+                 beam_args: Iterable[str] = ()) -> PipelineResult:
+    """Build the graph with ``build(pipeline)``, run it to the end, return the result."""
+    with fewer_gc_passes():
+        p = beam.Pipeline(options=pipeline_options(workers, runner, beam_args))
+        build(p)
+        result = p.run()
+        result.wait_until_finish()
+    return result
+
+
+def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
+    """The job's Beam counters in ``namespace``, by name (summed over the steps that count)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    totals: dict[str, int] = {}
+    for c in result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]:
+        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + int(c.committed)
+    return totals
+
+
+# --------------------------------------------------------------------------- documents shards
+
+
+def read_sentences(uri: str, batch_rows: int = 256) -> Iterator[tuple[str, list[str] | None]]:
+    """``(doc_id, sentences)`` of one documents shard, streamed in row batches (never the whole file)."""
+    import pyarrow.parquet as pq
+
+    with storage.open_file(uri, "rb") as f:
+        shard = pq.ParquetFile(f)
+        missing = set(DOCUMENT_COLUMNS) - set(shard.schema_arrow.names)
+        if missing:
+            raise ValueError(f"documents shard {uri} has no column(s) {sorted(missing)}; it is not "
+                             "a corpus stage output: re-run `bertpipe corpus` or fix --corpus")
+        for batch in shard.iter_batches(batch_size=batch_rows, columns=DOCUMENT_COLUMNS):
+            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+
+
+def count_documents(shards: Iterable[str]) -> int:
+    """Rows of the documents shards, from their Parquet footers (no data read)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for uri in shards:
+        with storage.open_file(uri, "rb") as f:
+            total += pq.ParquetFile(f).metadata.num_rows
+    return total
+
+
+class ReadSentences(beam.PTransform):
+    """Documents shards (URIs) -> ``(doc_id, sentences)``, one row batch at a time."""
+
+    def __init__(self, shards: list[str]):
+        super().__init__()
+        self.shards = shards
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "ListShards" >> beam.Create(self.shards)
+            | "ReadShards" >> beam.FlatMap(read_sentences)
+        )

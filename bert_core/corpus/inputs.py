@@ -1,0 +1,46 @@
+"""The corpus stage's inputs: globs expanded to files before any work starts, and book ids.
+
+    (beam_jobs/clean_corpus.py and flows/corpus.py expand ``corpus.wikipedia`` / ``corpus.books``)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from bert_core import storage
+from bert_core.corpus.books import book_stem
+
+
+class InputError(ValueError):
+    """Missing input paths or empty globs: raised before any work starts."""
+
+
+def expand_inputs(patterns: Iterable[str], what: str) -> list[str]:
+    """Files matching each glob (a folder means every file in it); fail at once on no match."""
+    files: list[str] = []
+    for pattern in patterns:
+        pattern = str(pattern)
+        is_glob = any(c in pattern for c in "*?[")
+        if not is_glob and storage.exists(pattern) and not storage.glob(pattern):
+            matched = storage.glob(storage.join(pattern, "*"))  # a folder
+        else:
+            matched = storage.glob(pattern)
+        if not matched:
+            hint = "the glob matched no files" if is_glob else "the path does not exist"
+            raise InputError(
+                f"{what} input {pattern!r}: {hint}. Check the path (relative paths start at "
+                f"{storage.to_uri('.')}); sample data comes from `bertpipe samples fetch samples`"
+            )
+        files += matched
+    return sorted(set(files))
+
+
+def book_ids(files: list[str]) -> dict[str, str]:
+    """doc_id per book file: ``book:<stem>``, with the parent folder added when stems collide."""
+    stems = [book_stem(f) for f in files]
+    ids = {}
+    for f, stem in zip(files, stems, strict=True):
+        if stems.count(stem) > 1:
+            stem = f"{f.rstrip('/').rsplit('/', 2)[-2]}/{stem}"
+        ids[f] = f"book:{stem}"
+    return ids

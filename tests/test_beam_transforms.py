@@ -1,0 +1,235 @@
+"""Each composite PTransform of beam_jobs/ alone, on real Beam (TestPipeline on the local
+runner chosen by beam_jobs/job.py) with assert_that/equal_to, on tiny real inputs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_jobs.build_vocab import CountWords, WriteCounts, read_counts
+from beam_jobs.clean_corpus import CleanDocuments, ReadBooks, ReadWikipediaDump, WriteDocuments
+from beam_jobs.create_instances import CreateInstanceShards
+from beam_jobs.job import ReadSentences, pipeline_options
+from bert_core import storage
+from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec
+from bert_core.corpus import documents as D
+from bert_core.corpus.sentences import split_sentences
+from bert_core.instances.pairs import VocabIds
+from bert_core.vocab.tokenization import load_tokenizer
+from bert_core.vocab.wordcount import count_words
+
+PROSE = ("The river runs through the old town. It was first mapped in 1820 by Dr. Hale, who "
+         "walked its banks for three years. Today it feeds two lakes and a canal. ")
+
+
+def pipeline() -> test_pipeline.TestPipeline:
+    """One in-process worker on the jobs' own local runner (never a runner that needs the network)."""
+    return test_pipeline.TestPipeline(options=pipeline_options(workers=1))
+
+
+def page_xml(page_id: int, title: str, text: str, ns: int = 0) -> str:
+    return (f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n    <id>{page_id}</id>\n"
+            f"    <revision><id>1</id><text xml:space=\"preserve\">{escape(text)}</text></revision>\n"
+            "  </page>\n")
+
+
+def write_documents_shard(uri: str, docs: list[tuple[str, list[str]]]) -> None:
+    table = pa.table({"doc_id": [d for d, _ in docs], "source": ["news"] * len(docs),
+                      "title": [d for d, _ in docs],
+                      "sentences": pa.array([s for _, s in docs], type=pa.list_(pa.string()))})
+    with storage.open_file(uri, "wb") as f:
+        pq.write_table(table, f)
+
+
+# --------------------------------------------------------------------------- clean_corpus
+
+
+def test_read_wikipedia_dump_gives_documents_rejects_and_read_counts(tmp_path) -> None:
+    dump = tmp_path / "tiny.xml"
+    dump.write_text(
+        '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">\n'
+        + page_xml(1, "River", PROSE) + page_xml(2, "Moved", "#REDIRECT [[River]]")
+        + page_xml(3, "Talk:River", PROSE, ns=1) + "</mediawiki>\n")
+    with pipeline() as p:
+        out = p | ReadWikipediaDump([str(dump)])
+        docs = out["docs"] | "Ids" >> beam.Map(lambda d: (d["doc_id"], d["title"], len(d["sentences"])))
+        assert_that(docs, equal_to([("wiki:1", "River", 3)]), label="CheckDocs")
+        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
+        assert_that(reasons, equal_to([("wiki:2", D.REDIRECT), ("wiki:3", D.NOT_ARTICLE)]),
+                    label="CheckRejects")
+        assert_that(out["read"], equal_to([(D.WIKIPEDIA, 3)]), label="CheckRead")
+
+
+def test_read_books_gives_one_document_per_book_or_a_reject(tmp_path) -> None:
+    (tmp_path / "tale.txt").write_text(PROSE * 4)
+    (tmp_path / "empty.txt").write_bytes(b"")
+    files = [str(tmp_path / "empty.txt"), str(tmp_path / "tale.txt")]
+    with pipeline() as p:
+        out = p | ReadBooks(files)
+        docs = out["docs"] | "Ids" >> beam.Map(lambda d: (d["doc_id"], d["source"], d["sentences"][0]))
+        assert_that(docs, equal_to([("book:tale", D.BOOKS, "The river runs through the old town.")]),
+                    label="CheckDocs")
+        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
+        assert_that(reasons, equal_to([("book:empty", D.EMPTY_FILE)]), label="CheckRejects")
+        assert_that(out["read"], equal_to([(D.BOOKS, 1), (D.BOOKS, 1)]), label="CheckRead")
+
+
+def long_book(seed: int) -> list[str]:
+    rng = random.Random(seed)
+    words = PROSE.replace(".", "").replace(",", "").split()
+    return [" ".join(rng.choice(words) for _ in range(12)).capitalize() + "." for _ in range(60)]
+
+
+def test_clean_documents_filters_and_finds_exact_and_near_duplicates() -> None:
+    book = long_book(1)
+    edited = [*book[:-2], "An edited line that was not in the original book at all.", book[-1]]
+    docs = [
+        D.make_document("wiki:1", D.WIKIPEDIA, "River", split_sentences(PROSE), "a.xml"),
+        D.make_document("wiki:9", D.WIKIPEDIA, "Copy", split_sentences(PROSE), "b.xml"),
+        D.make_document("wiki:5", D.WIKIPEDIA, "Stub", ["Too short."], "a.xml"),
+        D.make_document("book:a", D.BOOKS, "A", book, "a.txt"),
+        D.make_document("book:b", D.BOOKS, "B", edited, "b.txt"),
+    ]
+    with pipeline() as p:
+        out = p | beam.Create(docs) | CleanDocuments(CorpusConfig())
+        kept = out["docs"] | "Ids" >> beam.Map(lambda d: d["doc_id"])
+        assert_that(kept, equal_to(["wiki:1", "wiki:9", "book:a", "book:b"]), label="CheckDocs")
+        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
+        assert_that(reasons, equal_to([("wiki:5", D.TOO_FEW_SENTENCES)]), label="CheckRejects")
+        # the smallest (doc_id, origin) of the same text is kept
+        assert_that(out["duplicates"], equal_to([(("wiki:9", "b.xml"), ("wiki:1", "a.xml"))]),
+                    label="CheckDuplicates")
+        near = out["near_duplicates"] | "Near" >> beam.MapTuple(lambda doc_id, match: (doc_id, match[0]))
+        assert_that(near, equal_to([("book:b", "book:a")]), label="CheckNear")
+
+
+def test_write_documents_applies_verdicts_and_writes_every_shard(tmp_path) -> None:
+    output = str(tmp_path / "corpus")
+    docs = [D.make_document(f"wiki:{i}", D.WIKIPEDIA, f"T{i}", split_sentences(PROSE), "a.xml")
+            for i in (3, 1, 2)]
+    early = D.make_reject(D.WIKIPEDIA, "wiki:7", D.REDIRECT, "'Moved' is a redirect")
+    with pipeline() as p:
+        out = {
+            "docs": p | "Docs" >> beam.Create(docs),
+            "rejects": p | "Rejects" >> beam.Create([early]),
+            "duplicates": p | "Dups" >> beam.Create([(("wiki:2", "a.xml"), ("wiki:1", "b.xml"))]),
+            "near_duplicates": p | "Near" >> beam.Create([]),
+        } | WriteDocuments(output, num_shards=1, text_format="none")
+        assert_that(out["written"], equal_to([("docs", 0), ("rejects", 0)]), label="CheckWritten")
+        kept = out["kept"] | "Kept" >> beam.MapTuple(lambda source, stats: (source, stats["sentences"]))
+        assert_that(kept, equal_to([(D.WIKIPEDIA, 3), (D.WIKIPEDIA, 3)]), label="CheckKept")
+        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
+        assert_that(reasons, equal_to([("wiki:7", D.REDIRECT), ("wiki:2", D.DUPLICATE)]), label="CheckRejects")
+    rows = D.read_documents(storage.join(output, D.shard_name("docs", 0, 1, "parquet")))
+    assert [r["doc_id"] for r in rows] == ["wiki:1", "wiki:3"]  # sorted, the duplicate dropped
+    rejects = storage.read_text(storage.join(output, D.shard_name("rejects", 0, 1, "jsonl")))
+    assert '"duplicate_of": "wiki:1"' in rejects and "wiki:7" in rejects
+
+
+# --------------------------------------------------------------------------- shared reading
+
+
+def test_read_sentences_streams_every_row_of_every_shard(tmp_path) -> None:
+    first, second = str(tmp_path / "docs-00000-of-00002.parquet"), str(tmp_path / "docs-00001-of-00002.parquet")
+    write_documents_shard(first, [("a", ["One.", "Two."]), ("b", [])])
+    write_documents_shard(second, [("c", ["Three."])])
+    with pipeline() as p:
+        rows = p | ReadSentences([first, second]) | beam.MapTuple(lambda doc_id, s: (doc_id, tuple(s)))
+        assert_that(rows, equal_to([("a", ("One.", "Two.")), ("b", ()), ("c", ("Three.",))]))
+
+
+def test_read_sentences_names_a_shard_that_is_not_documents(tmp_path) -> None:
+    uri = str(tmp_path / "docs-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": ["hello"]}), uri)
+    with pytest.raises(Exception, match="docs-00000-of-00001.parquet has no column"), pipeline() as p:
+        _ = p | ReadSentences([uri])
+
+
+# --------------------------------------------------------------------------- build_vocab
+
+
+def test_count_words_sums_basic_tokens_over_documents() -> None:
+    docs = [("d1", ["The cat sat.", None]), ("d2", ["the Cat ran!"]), ("d3", [])]
+    expected = count_words(["The cat sat.", "the Cat ran!"])
+    with pipeline() as p:
+        counts = p | beam.Create(docs) | CountWords(lowercase=True, strip_accents=True)
+        assert_that(counts, equal_to(sorted(expected.items())))
+    assert expected["the"] == 2 and expected["cat"] == 2
+
+
+def test_write_counts_round_trips_through_read_counts(tmp_path) -> None:
+    scratch = str(tmp_path / "scratch")
+    pairs = [("the", 5), ("cat", 2), ("sat", 2), ("tab\u00e9", 1)]
+    with pipeline() as p:
+        _ = p | beam.Create(pairs) | WriteCounts(storage.join(scratch, "counts"))
+    assert read_counts(scratch) == [("the", 5), ("cat", 2), ("sat", 2), ("tab\u00e9", 1)]
+
+
+# --------------------------------------------------------------------------- create_instances
+
+
+def test_create_instance_shards_writes_balanced_shards_and_rejects(samples_dir, tmp_path) -> None:
+    vocab = str(samples_dir / "models" / "minilm" / "vocab.txt")
+    lines = (samples_dir / "news" / "lee_background.cor").read_text(encoding="utf-8").splitlines()
+    docs = [(f"news:{i}", split_sentences(line)) for i, line in enumerate(lines[:12])]
+    docs.append(("news:empty", ["\u200b"]))
+    config = InstanceConfig(lengths=[SequenceSpec(max_seq_length=64, max_predictions_per_seq=10)],
+                            dupe_factor=2, num_shards=3, seed=7)
+    output = str(tmp_path / "instances")
+    vocab_ids = VocabIds.from_tokenizer(load_tokenizer(vocab))
+    with pipeline() as p:
+        out = p | beam.Create(docs) | CreateInstanceShards(
+            config, vocab, vocab_ids, output, documents_read=len(docs), min_docs_per_bucket=4)
+        written = out["results"] | "Shards" >> beam.Map(lambda r: (r["length"], r["index"]))
+        assert_that(written, equal_to([(64, 0), (64, 1), (64, 2)]), label="CheckShards")
+        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
+        assert_that(reasons, equal_to([("news:empty", "no_tokens")]), label="CheckRejects")
+        assert_that(out["documents"], equal_to([12]), label="CheckDocuments")
+        shards = out["layout"] | "Layout" >> beam.Map(lambda lay: (lay[64]["shards"], len(lay[64]["offsets"])))
+        assert_that(shards, equal_to([(3, 9)]), label="CheckLayout")  # 3 pools x 3 groups
+    sizes = [pq.read_metadata(str(f)).num_rows for f in sorted(Path(output, "seq64").iterdir())]
+    assert len(sizes) == 3 and max(sizes) - min(sizes) <= 1 and sum(sizes) > 12
+
+
+# --------------------------------------------------------------------------- the job skeleton
+
+
+def test_local_runner_is_the_in_process_fn_api_runner_never_prism() -> None:
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    for workers, mode in ((1, "in_memory"), (3, "multi_processing")):
+        options = pipeline_options(workers, beam_args=["--", "--direct_num_workers=7"])
+        assert options.view_as(StandardOptions).runner == "FnApiRunner"
+        direct = options.view_as(DirectOptions)
+        assert (direct.direct_num_workers, direct.direct_running_mode) == (workers, mode)
+        assert isinstance(beam.Pipeline(options=options).runner, FnApiRunner)
+    dataflow = pipeline_options(4, "DataflowRunner", ["--project=p", "--region=r"])
+    assert dataflow.view_as(StandardOptions).runner == "DataflowRunner"
+    assert dataflow.get_all_options()["project"] == "p"
+    assert dataflow.view_as(DirectOptions).direct_num_workers == 1  # Beam's default: not ours to set
+
+
+def test_every_job_parses_preset_config_set_and_passes_the_rest_to_beam(tmp_path) -> None:
+    from beam_jobs.job import job_parser, parse_job_args
+
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("beam_args: [--temp_location=/tmp/beam]\nvocab: {vocab_size: 500}\n")
+    parser = job_parser("a job")
+    parser.add_argument("--output", required=True)
+    args, cfg, beam_args = parse_job_args(parser, [
+        "--output", "o", "--config", str(overlay), "--set", "workers=3", "--runner", "FlinkRunner",
+        "--flink_master=host:8081", "--", "--parallelism=2"])
+    assert args.output == "o" and cfg.workers == 3 and cfg.vocab.vocab_size == 500
+    assert cfg.beam_runner == "FlinkRunner"
+    assert beam_args == ["--temp_location=/tmp/beam", "--flink_master=host:8081", "--", "--parallelism=2"]
+    _, cfg, _ = parse_job_args(parser, ["--output", "o", "--workers", "1"])
+    assert cfg.workers == 1 and cfg.beam_runner == "FnApiRunner"
