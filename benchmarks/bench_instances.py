@@ -1,7 +1,7 @@
 """Instance creation: ours (Beam job) vs google-research/bert's create_pretraining_data.py.
 
     python benchmarks/bench_instances.py                  # samples from ~/.cache/bertpipe/samples
-    python benchmarks/bench_instances.py --also-repeat 10   # + rows for 10 copies (~8 more minutes)
+    python benchmarks/bench_instances.py --also-repeat 10   # + rows for 10 copies
     BERTPIPE_SAMPLES=samples python benchmarks/bench_instances.py --dupe-factor 2 --repeat 2
 
 The reference is google-research/bert's own ``create_pretraining_data.py`` as published on PyPI
@@ -10,9 +10,9 @@ The reference is google-research/bert's own ``create_pretraining_data.py`` as pu
 on first use; TensorFlow is far too big to be a dependency of the project).
 
 Both sides get the same documents (the sample corpus: 300 news articles, a Gutenberg book and
-38 plays, split into sentences by ``bert_core.corpus.sentences``, books and plays cut into documents
-of 40 sentences; ``--repeat`` copies them under new ids for a bigger run) and the same vocab (bert-base-uncased ``vocab.txt`` of the sample MiniLM
-model), the reference in its text format (one sentence a line, blank line between documents),
+38 plays, split into sentences by ``bert_core.corpus.sentences``, books and plays cut into
+documents of 40 sentences; ``--repeat`` copies them under new ids for a bigger run) and the same
+vocab (bert-base-uncased ``vocab.txt`` of the sample MiniLM model), the reference in its text format (one sentence a line, blank line between documents),
 ours as a documents folder. Same settings: one max_seq_length, dupe_factor, masked_lm_prob,
 short_seq_prob, max_predictions_per_seq.
 
@@ -23,9 +23,10 @@ what a core delivers and is robust to other load on the machine. Ours with 2 wor
 timed (wall). Statistics of both outputs are computed by the same code
 (``bert_core.instances.stats``) and compared with z = difference / (sd over ``--seeds`` extra
 seeds x sqrt 2); |z| < 3 = within sampling error (see :func:`seed_spread` for why not a
-binomial error).
+binomial error). The same rules are compared without TensorFlow, on tiny data, by
+tests/test_pretraining_data.py against the reference's loops transcribed in tests/oracles.py.
 
-Sizes: ours pays ~3 CPU-seconds of fixed costs (Python, Beam and pyarrow imports, pipeline
+Sizes: ours pays a few CPU-seconds of fixed costs (Python, Beam and pyarrow imports, pipeline
 start-up) that the reference (one plain Python loop) does not, which caps the ratio on the 1x
 corpus; ``--also-repeat N`` adds rows for N copies, where they amortize. Copies repeat the same
 text, so after the first copy our tokenizer's chunk/word caches hit every lookup (a real corpus
@@ -171,10 +172,10 @@ def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path, length: int, max
     too small. The same pure functions the Beam job runs (tokenization, random-next pools,
     ``create_instance_batch``) are rerun here with other seeds over the same documents.
     """
-    from beam_jobs.create_instances import num_random_doc_buckets
     from bert_core.config import InstanceConfig
     from bert_core.instances.batch import create_instance_batch
     from bert_core.instances.pairs import DocumentPool, VocabIds, stable_hash
+    from bert_core.instances.sharding import num_random_doc_buckets
     from bert_core.instances.stats import InstanceStats
     from bert_core.vocab.tokenization import Tokenizer
 

@@ -44,13 +44,11 @@ MAX_PREDICTIONS = 20
 
 def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
     """Botchan -> sentences -> tokenized documents -> seq128 instances in the instances contract."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from bert_core import storage
     from bert_core.config import InstanceConfig, SequenceSpec
     from bert_core.corpus.sentences import split_sentences
-    from bert_core.instances.pairs import VocabIds, create_instances_from_document, rng_for
+    from bert_core.instances.batch import create_instance_batch, write_instance_shards
+    from bert_core.instances.pairs import DocumentPool, VocabIds
     from bert_core.vocab.tokenization import Tokenizer
 
     vocab_file = samples / "models" / "minilm" / "vocab.txt"
@@ -67,29 +65,19 @@ def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
     docs = [encoded[i:i + 60] for i in range(0, len(encoded), 60)]  # ~chapter-sized documents
     spec = SequenceSpec(max_seq_length=MAX_SEQ_LENGTH, max_predictions_per_seq=MAX_PREDICTIONS)
     cfg = InstanceConfig(lengths=[spec], dupe_factor=1, num_shards=num_shards)
-    vocab = VocabIds.from_tokenizer(tok)
-    instances = []
-    for i in range(len(docs)):
-        instances += create_instances_from_document(
-            docs, i, MAX_SEQ_LENGTH, cfg.short_seq_prob, cfg.masked_lm_prob, MAX_PREDICTIONS, vocab,
-            rng_for(cfg.seed, f"book:botchan:{i}", 0),
-        )
-    schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("len_a", pa.int32()),
-                        ("masked_lm_positions", pa.list_(pa.int32())),
-                        ("masked_lm_ids", pa.list_(pa.int32())), ("next_sentence_label", pa.int8())])
+    batch = create_instance_batch(
+        DocumentPool.from_documents(docs), [f"book:botchan:{i}" for i in range(len(docs))],
+        seed=cfg.seed, dupe_factor=1, max_seq_length=MAX_SEQ_LENGTH,
+        max_predictions_per_seq=MAX_PREDICTIONS, masked_lm_prob=cfg.masked_lm_prob,
+        short_seq_prob=cfg.short_seq_prob, vocab=VocabIds.from_tokenizer(tok),
+    )
     out = root / "instances"
     folder = out / f"seq{MAX_SEQ_LENGTH}"
-    folder.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for k in range(num_shards):
-        rows = instances[k::num_shards]
-        uri = str(folder / f"part-{k:05d}-of-{num_shards:05d}.parquet")
-        pq.write_table(pa.Table.from_pylist([r.__dict__ for r in rows], schema=schema), uri)
-        shards.append(storage.shard_entry(uri, count=len(rows)))
+    shards = write_instance_shards(batch, str(folder), num_shards)
     storage.write_manifest(str(folder), stage="instances", config=cfg, shards=shards,
-                           counts={"instances": len(instances)})
+                           counts={"instances": len(batch)})
     storage.write_manifest(str(out), stage="instances", config=cfg, inputs=[vocab_manifest],
-                           counts={"instances": len(instances)})
+                           counts={"instances": len(batch)})
     return str(out)
 
 

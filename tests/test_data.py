@@ -4,7 +4,7 @@
 
 The instances are made here in the instances contract (Parquet shards + manifests) from the
 real Botchan text, tokenized with the real bert-base-uncased vocab of the MiniLM sample, by
-the instance stage's own pure functions (``bert_core.instances.pairs``).
+the instance stage's own functions (``bert_core.instances.batch``).
 """
 
 from __future__ import annotations
@@ -14,23 +14,14 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec
-from bert_core.instances.pairs import create_instances_from_document, rng_for
+from bert_core.instances.batch import create_instance_batch, write_instance_shards
+from bert_core.instances.pairs import DocumentPool
 from bert_core.pretrain.data import InstanceDataError, PretrainingLoader, vocab_file_of, vocab_ids
-
-SCHEMA = pa.schema([
-    ("input_ids", pa.list_(pa.int32())),
-    ("len_a", pa.int32()),
-    ("masked_lm_positions", pa.list_(pa.int32())),
-    ("masked_lm_ids", pa.list_(pa.int32())),
-    ("next_sentence_label", pa.int8()),
-])
 
 
 def book_documents(samples_dir: Path, vocab_file: str, max_docs: int) -> list[list[list[int]]]:
@@ -67,30 +58,20 @@ def make_instances(
         masking=masking, dupe_factor=1, num_shards=num_shards,
     )
     docs = book_documents(samples_dir, str(vocab_dir / "vocab.txt"), max_docs)
-    instances = []
-    for i in range(len(docs)):
-        instances += create_instances_from_document(
-            docs, i, max_seq_length, cfg.short_seq_prob, cfg.masked_lm_prob, 10, vocab,
-            rng_for(cfg.seed, f"book:{i}", 0), mask=masking == "static",
-        )
+    batch = create_instance_batch(
+        DocumentPool.from_documents(docs), [f"book:{i}" for i in range(len(docs))], seed=cfg.seed,
+        dupe_factor=1, max_seq_length=max_seq_length, max_predictions_per_seq=10,
+        masked_lm_prob=cfg.masked_lm_prob, short_seq_prob=cfg.short_seq_prob, vocab=vocab,
+        mask=masking == "static",
+    )
+    instances = len(batch)
     out = root / "instances"
     folder = out / f"seq{max_seq_length}"
-    folder.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for k in range(num_shards):
-        rows = instances[k::num_shards]
-        uri = str(folder / f"part-{k:05d}-of-{num_shards:05d}.parquet")
-        table = pa.Table.from_pylist(
-            [dict(input_ids=r.input_ids, len_a=r.len_a, masked_lm_positions=r.masked_lm_positions,
-                  masked_lm_ids=r.masked_lm_ids, next_sentence_label=r.next_sentence_label) for r in rows],
-            schema=SCHEMA,
-        )
-        pq.write_table(table, uri)
-        shards.append(storage.shard_entry(uri, count=len(rows)))
+    shards = write_instance_shards(batch, str(folder), num_shards)
     storage.write_manifest(str(folder), stage="instances", config=cfg, shards=shards,
-                           counts={"instances": len(instances)})
+                           counts={"instances": instances})
     storage.write_manifest(str(out), stage="instances", config=cfg, inputs=[vocab_manifest],
-                           counts={"instances": len(instances)})
+                           counts={"instances": instances})
     return str(out)
 
 
@@ -201,6 +182,21 @@ def test_dynamic_masking_new_masks_each_epoch_same_after_resume(tmp_path, sample
     inputs_at = first["input_ids"][rows[real], first["masked_lm_positions"][real]]
     assert (inputs_at == 103).float().mean() > 0.5  # [MASK] applied by the loader
     assert (labels != 103).all()
+    # the instance stage's rules: round(15%) of each sequence (1..10) predicted, 80/10/10
+    lengths = torch.cat([b["attention_mask"].sum(1) for b in batches])
+    assert torch.equal(w.long(), torch.clamp(torch.round(lengths * 0.15).long(), 1, 10))
+    kinds = {"mask": 0, "kept": 0, "random": 0}
+    for b in batches:
+        real = b["masked_lm_weights"] == 1
+        rows = torch.arange(real.shape[0])[:, None].expand_as(real)[real]
+        seen = b["input_ids"][rows, b["masked_lm_positions"][real]]
+        label = b["masked_lm_ids"][real]
+        kinds["mask"] += int((seen == 103).sum())
+        kinds["kept"] += int(((seen != 103) & (seen == label)).sum())
+        kinds["random"] += int(((seen != 103) & (seen != label)).sum())
+    predicted = sum(kinds.values())
+    for kind, p in (("mask", 0.8), ("kept", 0.1), ("random", 0.1)):
+        assert abs(kinds[kind] - predicted * p) < 4 * (predicted * p * (1 - p)) ** 0.5, (kind, kinds)
     # the same samples in epoch 1 get other masks: compare sets of (masked positions) per sample
     def masks(bs):
         return {tuple(ids.tolist()): tuple(p[wt == 1].tolist()) for b in bs

@@ -1,5 +1,6 @@
-"""bert_core/instances/batch.py: the job's batched instance creation follows the same rules as the
-per-instance functions of bert_core.instances.pairs (pinned in tests/test_pretraining_data.py).
+"""bert_core/instances/batch.py and masking.py: instances assembled, masked and sharded by the batch.
+
+The rules are compared with google-research/bert's own loops in tests/test_pretraining_data.py.
 
 Vocab ids come from the real bert-base-uncased vocab.txt of the sample MiniLM model.
 """
@@ -18,18 +19,17 @@ from bert_core.instances.batch import (
     assemble,
     create_instance_batch,
     mask_batch,
-    splitmix64,
     write_instance_shards,
 )
+from bert_core.instances.masking import MaskingSpec, splitmix64
 from bert_core.instances.pairs import (
     NO_NSP,
     DocumentPool,
+    Span,
     VocabIds,
-    create_instances_from_document,
-    create_packed_instances_from_document,
+    packed_spans,
     pair_spans,
     rng_for,
-    span_instance,
 )
 from bert_core.instances.stats import InstanceStats
 
@@ -46,27 +46,34 @@ def rows_of(ids_list: list[list[int]], vocab: VocabIds, seed: int = 0) -> Instan
     return assemble(pool, np.array(spans), keys, vocab)
 
 
-def test_same_pairs_as_the_per_instance_functions(vocab) -> None:
+def span_instance(pool: DocumentPool, span: Span, vocab: VocabIds) -> tuple[list[int], int]:
+    """``[CLS] A [SEP] (B [SEP])`` of one span, written out: ``(input_ids, len_a)``."""
+    a0, a1, b0, b1, label = span
+    tokens = list(pool.tokens)
+    input_ids = [vocab.cls_id, *tokens[a0:a1], vocab.sep_id]
+    if label == NO_NSP:
+        return input_ids, len(input_ids)
+    return input_ids + [*tokens[b0:b1], vocab.sep_id], len(input_ids)
+
+
+def spec(vocab: VocabIds, prob: float = 0.15, cap: int = 20, whole_word_mask: bool = False) -> MaskingSpec:
+    return MaskingSpec(prob, cap, vocab, whole_word_mask)
+
+
+def test_batch_holds_the_pairs_of_every_document_and_pass(vocab) -> None:
     docs = [sentences(d, 30 + 7 * d, 5 + d) for d in range(6)]
     pool = DocumentPool.from_documents(docs)
     ids = [f"doc{d}" for d in range(len(docs))]
-    batch = create_instance_batch(pool, ids, seed=3, dupe_factor=2, max_seq_length=48,
-                                  max_predictions_per_seq=7, masked_lm_prob=0.15, short_seq_prob=0.2,
-                                  vocab=vocab, mask=False)
-    want = [inst for d, doc_id in enumerate(ids) for dupe in range(2)
-            for inst in create_instances_from_document(docs, d, 48, 0.2, 0.15, 7, vocab,
-                                                       rng_for(3, doc_id, dupe, 48), mask=False)]
-    assert [(r[0], r[1], r[4]) for r in batch.rows()] == [(i.input_ids, i.len_a, i.next_sentence_label)
-                                                         for i in want]
-    assert all(r[2] == [] == r[3] for r in batch.rows())
-    assert len(set(batch.keys.tolist())) == len(batch)
-
-    packed = create_instance_batch(pool, ids, seed=3, dupe_factor=1, max_seq_length=48,
-                                   max_predictions_per_seq=7, masked_lm_prob=0.15, short_seq_prob=0.2,
-                                   vocab=vocab, next_sentence_prediction=False, mask=False)
-    want = [inst for d, doc_id in enumerate(ids) for inst in create_packed_instances_from_document(
-        docs[d], 48, 0.2, 0.15, 7, vocab, rng_for(3, doc_id, 0, 48), mask=False)]
-    assert [(r[0], r[1], r[4]) for r in packed.rows()] == [(i.input_ids, i.len_a, NO_NSP) for i in want]
+    for nsp, make, dupes in ((True, pair_spans, 2), (False, packed_spans, 1)):
+        batch = create_instance_batch(pool, ids, seed=3, dupe_factor=dupes, max_seq_length=48,
+                                      max_predictions_per_seq=7, masked_lm_prob=0.15, short_seq_prob=0.2,
+                                      vocab=vocab, next_sentence_prediction=nsp, mask=False)
+        spans = [s for d, doc_id in enumerate(ids) for dupe in range(dupes)
+                 for s in make(pool, d, 48, 0.2, rng_for(3, doc_id, dupe, 48))]
+        assert [(r[0], r[1], r[4]) for r in batch.rows()] == [(*span_instance(pool, s, vocab), s[4])
+                                                             for s in spans]
+        assert all(r[2] == [] == r[3] for r in batch.rows())
+        assert len(set(batch.keys.tolist())) == len(batch)
 
 
 def test_assemble_is_cls_a_sep_b_sep(vocab) -> None:
@@ -84,7 +91,7 @@ def test_assemble_is_cls_a_sep_b_sep(vocab) -> None:
 )
 def test_budget_is_min_cap_max_1_round_len_times_prob(vocab, length, prob, cap, expected) -> None:
     ids = [vocab.cls_id, *range(2000, 2000 + length - 2), vocab.sep_id]
-    batch = mask_batch(rows_of([ids] * 5, vocab), prob, cap, vocab)
+    batch = mask_batch(rows_of([ids] * 5, vocab), spec(vocab, prob, cap))
     assert np.diff(batch.mask_offsets).tolist() == [expected] * 5
     assert expected == min(cap, max(1, int(round(length * prob))))
 
@@ -92,7 +99,7 @@ def test_budget_is_min_cap_max_1_round_len_times_prob(vocab, length, prob, cap, 
 def test_masking_never_touches_specials_sorts_positions_and_keeps_labels(vocab) -> None:
     a, b = list(range(2000, 2030)), list(range(3000, 3020))
     ids = [vocab.cls_id, *a, vocab.sep_id, *b, vocab.sep_id]
-    batch = mask_batch(rows_of([ids] * 300, vocab), 0.15, 20, vocab)
+    batch = mask_batch(rows_of([ids] * 300, vocab), spec(vocab))
     for out, _, positions, labels, _ in batch.rows():
         assert positions == sorted(set(positions)) and len(positions) == 8
         assert 0 not in positions and 31 not in positions and len(ids) - 1 not in positions
@@ -102,7 +109,7 @@ def test_masking_never_touches_specials_sorts_positions_and_keeps_labels(vocab) 
 
 def test_80_10_10_split_over_many_draws(vocab) -> None:
     ids = [vocab.cls_id, *range(5000, 5125), vocab.sep_id]
-    batch = mask_batch(rows_of([ids] * 1500, vocab, seed=7), 0.15, 20, vocab)
+    batch = mask_batch(rows_of([ids] * 1500, vocab, seed=7), spec(vocab))
     stats = InstanceStats(max_seq_length=128)
     random_ids: list[int] = []
     for out, _, positions, labels, _ in batch.rows():
@@ -119,7 +126,7 @@ def test_80_10_10_split_over_many_draws(vocab) -> None:
 def test_every_candidate_is_equally_likely_to_be_masked(vocab) -> None:
     ids = [vocab.cls_id, *range(5000, 5060), vocab.sep_id, *range(6000, 6030), vocab.sep_id]
     draws = 6000
-    batch = mask_batch(rows_of([ids] * draws, vocab, seed=11), 0.15, 20, vocab)
+    batch = mask_batch(rows_of([ids] * draws, vocab, seed=11), spec(vocab))
     hits = Counter(batch.masked_lm_positions.tolist())
     p = 14 / 90  # round(92 * 0.15) of 90 candidates
     sigma = math.sqrt(draws * p * (1 - p))
@@ -127,13 +134,16 @@ def test_every_candidate_is_equally_likely_to_be_masked(vocab) -> None:
     assert all(abs(c - draws * p) < 4.5 * sigma for c in hits.values()), sorted(hits.values())[:3]
 
 
-def test_masks_depend_on_the_row_not_on_the_batching(vocab) -> None:
+@pytest.mark.parametrize("whole_word_mask", [False, True])
+def test_masks_depend_on_the_row_not_on_the_batching(vocab, whole_word_mask) -> None:
+    # ids 2000.. of the vocab mix words and ## pieces, so whole words have several pieces
     ids = [[vocab.cls_id, *range(2000, 2000 + n), vocab.sep_id] for n in range(5, 120)]
-    whole = mask_batch(rows_of(ids, vocab), 0.15, 20, vocab)
-    halves = InstanceBatch.concat([mask_batch(rows_of(ids, vocab).take(np.arange(0, 50)), 0.15, 20, vocab),
-                                   mask_batch(rows_of(ids, vocab).take(np.arange(50, len(ids))), 0.15, 20, vocab)])
+    masking = spec(vocab, whole_word_mask=whole_word_mask)
+    whole = mask_batch(rows_of(ids, vocab), masking)
+    halves = InstanceBatch.concat([mask_batch(rows_of(ids, vocab).take(np.arange(0, 50)), masking),
+                                   mask_batch(rows_of(ids, vocab).take(np.arange(50, len(ids))), masking)])
     assert whole.rows() == halves.rows()
-    reordered = mask_batch(rows_of(ids, vocab).take(np.arange(len(ids))[::-1]), 0.15, 20, vocab)
+    reordered = mask_batch(rows_of(ids, vocab).take(np.arange(len(ids))[::-1]), masking)
     assert reordered.rows()[::-1] == whole.rows()
 
 
@@ -185,7 +195,7 @@ def test_special_ids_inside_a_segment_are_never_candidates(vocab) -> None:
     plain = [vocab.cls_id, *range(2000, 2040), vocab.sep_id]
     odd = [vocab.cls_id, *range(2000, 2010), vocab.sep_id, vocab.cls_id, *range(2010, 2030), vocab.sep_id]
     ids = [plain, odd] * 200
-    batch = mask_batch(rows_of(ids, vocab), 0.15, 20, vocab)
+    batch = mask_batch(rows_of(ids, vocab), spec(vocab))
     hits = Counter()
     for (_, _, positions, labels, _), row in zip(batch.rows(), ids, strict=True):
         assert positions == sorted(set(positions)) and labels == [row[p] for p in positions]
@@ -194,5 +204,5 @@ def test_special_ids_inside_a_segment_are_never_candidates(vocab) -> None:
         if row is odd:
             hits.update(positions)
     assert 11 not in hits and 12 not in hits and len(hits) == 30  # every other token gets picked
-    alone = mask_batch(rows_of([odd], vocab, seed=0).take(np.array([0])), 0.15, 20, vocab)
-    assert alone.rows()[0] == mask_batch(rows_of([odd, plain], vocab), 0.15, 20, vocab).rows()[0]
+    alone = mask_batch(rows_of([odd], vocab, seed=0).take(np.array([0])), spec(vocab))
+    assert alone.rows()[0] == mask_batch(rows_of([odd, plain], vocab), spec(vocab)).rows()[0]

@@ -11,68 +11,35 @@ a shuffle of the candidates, a loop over the predictions), several times what it
 tokenize its text. Here the pairs of a whole pool are decided first, as token ranges
 (:func:`bert_core.instances.pairs.pair_spans`: a few draws per pair, no token touched), then
 numpy copies the tokens of every pair at once (:func:`assemble`) and masks all of them at once
-(:func:`mask_batch`). The rules are the same; the draws are not the reference's.
+(:func:`mask_batch`, on :mod:`bert_core.instances.masking`).
 
 Randomness stays per document and pass: the pairs of ``(seed, doc_id, dupe, max_seq_length)``
 come from :func:`~bert_core.instances.pairs.rng_for` of those parts, which also draws a 64-bit
 base; instance ``k`` of that pass gets the key ``splitmix64(base + (k + 1) * GAMMA)``. The key
-orders the shards, and seeds a counter-based stream for the instance's masking (SplitMix64:
-``splitmix64(key + j * GAMMA)`` is output ``j`` of a SplitMix64 generator seeded with ``key``),
-so every random number is a pure function of the instance and numpy draws them for all
-instances in a few vector operations. No draw depends on how instances are batched.
-
-Masking (:func:`mask_batch`), per instance, as in the reference: candidates are all tokens but
-``[CLS]``/``[SEP]``, ``num_to_predict = min(max_predictions_per_seq, max(1, round(len *
-masked_lm_prob)))`` (numpy's ``rint`` rounds half to even like Python 3's ``round``), a uniformly
-random subset of that many candidates, each ``[MASK]`` with probability 0.8, kept 0.1, a random
-id of the whole vocab 0.1, positions sorted. The subset is the first ``num_to_predict`` distinct
-values of the instance's stream of uniform draws over its candidates (by symmetry a uniformly
-random subset, and ~30 draws per instance instead of a key per token); rows whose segments hold a
-``[CLS]``/``[SEP]`` id, or whose draws repeat too much (astronomically rare), use a random key
-per token instead (:func:`_choose_by_keys`). Whole-word masking keeps the per-instance
-:func:`~bert_core.instances.pairs.create_masked_lm_predictions` (seeded from the same key).
+orders the shards and seeds the instance's masking, so no draw depends on how instances are
+batched.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bert_core.instances.masking import GAMMA, MaskingSpec, mask_instances, splitmix64
 from bert_core.instances.pairs import (
     NO_NSP,
     DocumentPool,
     VocabIds,
-    create_masked_lm_predictions,
     packed_spans,
     pair_spans,
     rng_for,
 )
 
-GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment (2^64 / golden ratio)
-# counters of an instance's stream: 1.. the draws that choose its predictions, then their
-# corruption (keyed by position), then per-token keys (only for _choose_by_keys)
-_CHOICE_STREAM = np.uint64(1 << 20)
-_KEY_STREAM = np.uint64(2 << 20)
-MASK_CHUNK = 2048  # instances masked at once: bounds the (instances x length) key matrix
-
-
-def splitmix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's output function on each uint64 (wrapping arithmetic), in place: pass a
-    temporary (or a copy)."""
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
-
-
-def _uniform(z: np.ndarray) -> np.ndarray:
-    """uint64 -> float64 uniform in [0, 1) (the top 53 bits)."""
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -176,7 +143,7 @@ class InstanceBatch:
         return [(ids[o[i]:o[i + 1]], int(self.len_a[i]), pos[m[i]:m[i + 1]], lab[m[i]:m[i + 1]],
                  int(self.next_sentence_label[i])) for i in range(len(self))]
 
-    def to_table(self):  # noqa: ANN201 - pyarrow.Table
+    def to_table(self) -> pa.Table:
         """The contract's Parquet schema (:data:`SCHEMA`), built from the arrays (no Python loop)."""
         import pyarrow as pa
 
@@ -190,7 +157,7 @@ class InstanceBatch:
         ], schema=schema())
 
 
-def schema():  # noqa: ANN201 - pyarrow.Schema
+def schema() -> pa.Schema:
     """The "instances" contract: unpadded rows, segment ids 0 before ``len_a`` and 1 after."""
     import pyarrow as pa
 
@@ -201,7 +168,7 @@ def schema():  # noqa: ANN201 - pyarrow.Schema
     ])
 
 
-def write_table(uri: str, table) -> None:  # noqa: ANN001 - pyarrow.Table
+def write_table(uri: str, table: pa.Table) -> None:
     """One Parquet shard (same rows -> same bytes)."""
     import pyarrow.parquet as pq
 
@@ -257,138 +224,11 @@ def assemble(pool: DocumentPool, spans: np.ndarray, keys: np.ndarray, vocab: Voc
                          z32, z32, zo, label.astype(np.int8))
 
 
-def mask_batch(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per_seq: int,
-               vocab: VocabIds) -> InstanceBatch:
-    """Static masking of every row (see the module docstring), in chunks of MASK_CHUNK rows."""
-    if len(batch) <= MASK_CHUNK:
-        return _mask_chunk(batch, masked_lm_prob, max_predictions_per_seq, vocab)
-    return InstanceBatch.concat([
-        _mask_chunk(batch.slice(i, min(i + MASK_CHUNK, len(batch))), masked_lm_prob,
-                    max_predictions_per_seq, vocab)
-        for i in range(0, len(batch), MASK_CHUNK)
-    ])
-
-
-def _mask_chunk(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per_seq: int,
-                vocab: VocabIds) -> InstanceBatch:
-    n = len(batch)
-    if n == 0:
-        return batch
-    ids, lengths = batch.input_ids, batch.lengths
-    has_b = batch.len_a != lengths
-    # [CLS] at 0, [SEP] at len_a - 1 and (with B) at the end: the candidates are the rest,
-    # unless a segment holds a [CLS]/[SEP] id itself (never from text; possible in hand-made
-    # documents), which _choose_by_keys handles by id, as the reference does.
-    is_special = (ids == vocab.cls_id) | (ids == vocab.sep_id)
-    structural = np.add.reduceat(is_special.astype(np.int64), batch.offsets[:-1]) == np.where(has_b, 3, 2)
-    n_candidates = lengths - np.where(has_b, 3, 2)
-    budget = np.minimum(np.minimum(max_predictions_per_seq,
-                                   np.maximum(1, np.rint(lengths * masked_lm_prob).astype(np.int64))),
-                        n_candidates)
-    rows, positions, ok = _choose_by_draws(batch.keys, batch.len_a.astype(np.int64) - 2, n_candidates, budget)
-    ok &= structural
-    if not ok.all():
-        redo = np.flatnonzero(~ok)
-        keep = ok[rows]
-        redo_rows, redo_positions = _choose_by_keys(batch.take(redo), masked_lm_prob, max_predictions_per_seq, vocab)
-        rows = np.concatenate([rows[keep], redo[redo_rows]])
-        positions = np.concatenate([positions[keep], redo_positions])
-        order = np.lexsort((positions, rows))
-        rows, positions = rows[order], positions[order]
-
-    where = batch.offsets[rows] + positions
-    labels = ids[where]
-    # One 64-bit draw per prediction: the high 32 bits choose [MASK]/keep/random, the low 32
-    # bits pick the random id (multiply-shift: uniform over the vocab to within 2**-32).
-    draw = splitmix64(batch.keys[rows] + (_CHOICE_STREAM + positions.astype(np.uint64) + np.uint64(1)) * GAMMA)
-    choice = (draw >> np.uint64(32)).astype(np.float64) * (1.0 / (1 << 32))
-    random_id = (((draw & np.uint64(0xFFFFFFFF)) * np.uint64(vocab.vocab_size)) >> np.uint64(32)).astype(np.int32)
-    out = ids.copy()
-    out[where[choice < 0.8]] = vocab.mask_id  # 80% [MASK]; 0.8-0.9: keep the token (10%)
-    randomized = choice >= 0.9
-    out[where[randomized]] = random_id[randomized]  # 10% a random id of the whole vocab
-    return InstanceBatch(batch.keys, out, batch.offsets, batch.len_a, positions.astype(np.int32),
-                         labels.astype(np.int32), _offsets(np.bincount(rows, minlength=n)),
-                         batch.next_sentence_label)
-
-
-def _choose_by_draws(keys: np.ndarray, a_tokens: np.ndarray, n_candidates: np.ndarray,
-                     budget: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row, ``budget`` distinct candidates, uniformly: the first ``budget`` distinct values
-    of a stream of uniform draws from ``[0, n_candidates)`` (by symmetry a uniformly random
-    subset), candidate ``c`` being position ``c + 1`` in A and ``c + 2`` in B. A few more draws
-    than the largest budget are made for every row at once (a small matrix, not one key per
-    token); a row whose draws repeat too often to fill its budget (astronomically rare) comes
-    back with ``ok`` False. Returns (row, position) sorted by row then position, and ``ok``."""
-    n = len(keys)
-    width = int(budget.max()) + 12
-    counters = (np.arange(1, width + 1, dtype=np.uint64) * GAMMA)[None, :]
-    draws = splitmix64(keys[:, None] + counters)
-    picks = (((draws & np.uint64(0xFFFFFFFF)) * n_candidates.astype(np.uint64)[:, None])
-             >> np.uint64(32)).astype(np.int64)  # uniform in [0, n_candidates) to within 2**-32
-    order = np.argsort(picks, axis=1, kind="stable")
-    ranked = np.take_along_axis(picks, order, axis=1)
-    first = np.ones_like(ranked, dtype=bool)
-    first[:, 1:] = ranked[:, 1:] != ranked[:, :-1]  # first draw of each value (stable sort)
-    distinct = np.empty_like(first)
-    np.put_along_axis(distinct, order, first, axis=1)
-    seen = np.cumsum(distinct, axis=1)
-    chosen = distinct & (seen <= budget[:, None])
-    ok = seen[:, -1] >= budget
-    positions = picks + 1 + (picks >= a_tokens[:, None])
-    big = np.iinfo(np.int64).max
-    positions = np.where(chosen, positions, big)
-    positions.sort(axis=1)
-    valid = positions != big
-    return np.repeat(np.arange(n), valid.sum(axis=1)), positions[valid], ok
-
-
-def _choose_by_keys(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per_seq: int,
-                    vocab: VocabIds) -> tuple[np.ndarray, np.ndarray]:
-    """The general form of :func:`_choose_by_draws`: a random key per token, candidates found
-    by id, the ``budget`` smallest keys of each row. Returns (row, position), sorted."""
-    n = len(batch)
-    ids, lengths = batch.input_ids, batch.lengths
-    row = np.repeat(np.arange(n), lengths)
-    col = np.arange(len(ids)) - np.repeat(batch.offsets[:-1], lengths)
-    candidate = (ids != vocab.cls_id) & (ids != vocab.sep_id)
-    # the low 16 bits hold the column, so keys within a row never tie (48 random bits above)
-    col64 = col.astype(np.uint64)
-    u = splitmix64(batch.keys[row] + (_KEY_STREAM + col64 + np.uint64(1)) * GAMMA)
-    u >>= np.uint64(16)
-    u <<= np.uint64(16)
-    u |= col64
-    u[~candidate] = np.uint64(np.iinfo(np.uint64).max)
-    budget = np.minimum(max_predictions_per_seq, np.maximum(1, np.rint(lengths * masked_lm_prob).astype(np.int64)))
-    budget = np.minimum(budget, np.add.reduceat(candidate.astype(np.int64), batch.offsets[:-1]))
-    kmax = int(budget.max())
-    if kmax == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    grid = np.full((n, int(lengths.max())), np.iinfo(np.uint64).max, dtype=np.uint64)
-    grid[row, col] = u
-    smallest = np.partition(grid, kmax - 1, axis=1)[:, :kmax] if kmax < grid.shape[1] else grid
-    smallest.sort(axis=1)
-    threshold = smallest[np.arange(n), np.maximum(budget, 1) - 1]
-    where = np.flatnonzero(candidate & (u <= threshold[row]) & (budget[row] > 0))
-    return row[where], col[where]
-
-
-def _mask_whole_words(batch: InstanceBatch, masked_lm_prob: float, max_predictions_per_seq: int,
-                      vocab: VocabIds) -> InstanceBatch:
-    """Whole-word masking, row by row with the per-instance rules, seeded from each row's key."""
-    outs, positions, labels = [], [], []
-    for i, (input_ids, *_rest) in enumerate(batch.rows()):
-        out, pos, lab = create_masked_lm_predictions(input_ids, masked_lm_prob, max_predictions_per_seq,
-                                                     vocab, random.Random(int(batch.keys[i])), True)
-        outs.append(out)
-        positions.append(pos)
-        labels.append(lab)
-
-    def flat(lists: list[list[int]]) -> np.ndarray:
-        return np.fromiter((x for xs in lists for x in xs), dtype=np.int32)
-
-    return InstanceBatch(batch.keys, flat(outs), batch.offsets, batch.len_a, flat(positions),
-                         flat(labels), _offsets(np.array([len(p) for p in positions], dtype=np.int64)),
+def mask_batch(batch: InstanceBatch, spec: MaskingSpec) -> InstanceBatch:
+    """Every row masked by :func:`bert_core.instances.masking.mask_instances`, keyed by its key."""
+    masked = mask_instances(batch.keys, batch.input_ids, batch.offsets, batch.len_a, spec)
+    return InstanceBatch(batch.keys, masked.input_ids, batch.offsets, batch.len_a,
+                         masked.masked_lm_positions, masked.masked_lm_ids, masked.mask_offsets,
                          batch.next_sentence_label)
 
 
@@ -429,6 +269,4 @@ def create_instance_batch(
     batch = assemble(pool, np.array(spans, dtype=np.int64), keys, vocab)
     if not mask:
         return batch
-    if whole_word_mask:
-        return _mask_whole_words(batch, masked_lm_prob, max_predictions_per_seq, vocab)
-    return mask_batch(batch, masked_lm_prob, max_predictions_per_seq, vocab)
+    return mask_batch(batch, MaskingSpec(masked_lm_prob, max_predictions_per_seq, vocab, whole_word_mask))

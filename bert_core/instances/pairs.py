@@ -1,12 +1,13 @@
-"""Masked-LM + next-sentence instances from documents of tokenized sentences.
+"""Next-sentence pairs of documents of tokenized sentences, as token ranges.
 
     bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI
     (beam_jobs/create_instances.py runs bert_core.instances.batch.create_instance_batch, which
     calls pair_spans / packed_spans here once per document, pass and length)
 
-The algorithm of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token
-ids instead of token strings. Same rules, same distributions, fewer draws (so one seed gives
-instances distributed like the reference's, not the very same ones):
+The pairs of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token ids
+instead of token strings. Same rules, same distributions, fewer draws (so one seed gives pairs
+distributed like the reference's, not the very same ones; ``tests/oracles.py`` holds the
+reference's loops and the tests compare the two):
 
 - per document and pass: ``target_seq_length = max_seq_length - 3``, or with probability
   ``short_seq_prob`` a random length in ``[2, max_seq_length - 3]``;
@@ -14,24 +15,19 @@ instances distributed like the reference's, not the very same ones):
   ``a_end`` is random in ``[1, len(chunk) - 1]`` (1 for a one-sentence chunk);
 - with probability 0.5 (always for a one-sentence chunk) B is read from a random *other*
   document starting at a random sentence, and the chunk's unused sentences are put back;
-- :func:`truncate_seq_pair` trims the longer side, front or back with probability 0.5: which
+- :func:`truncate_spans` trims the longer side, front or back with probability 0.5: which
   side loses how many tokens depends only on the lengths (:func:`trim_counts`), and how many of
   them come off the front is one Binomial(n, 1/2) draw instead of n coin flips;
-- ``[CLS] A [SEP] B [SEP]``, then :func:`create_masked_lm_predictions`: candidates are all
-  tokens but ``[CLS]``/``[SEP]`` (whole-word groups of ``##`` pieces with ``whole_word_mask``),
-  ``num_to_predict = min(max_predictions_per_seq, max(1, round(len * masked_lm_prob)))``,
-  80% ``[MASK]`` / 10% unchanged / 10% a random id from the whole vocab, positions sorted.
+- the instance is ``[CLS] A [SEP] B [SEP]``, masked by ``bert_core.instances.masking``.
 
 Why spans: a segment of consecutive whole sentences is a token range of the document, so
 :func:`pair_spans` decides a pair with a few integers and draws (chunk ends found by bisecting
 the sentence offsets of a :class:`DocumentPool`) and copies no token; the job then builds and
-masks whole batches of pairs with numpy (``bert_core.instances.batch``), which made instance
-creation several times cheaper than a Python loop per instance. :func:`create_instances_from_document`
-keeps the one-instance-at-a-time form (tests, small tools) on the same spans.
+masks whole batches of pairs with numpy (``bert_core.instances.batch``).
 
-``next_sentence_prediction: false`` (RoBERTa's ablation) uses :func:`packed_spans` /
-:func:`create_packed_instances_from_document` instead: whole sentences packed up to the target
-length as one segment, no B, ``next_sentence_label = -1``.
+``next_sentence_prediction: false`` (RoBERTa's ablation) uses :func:`packed_spans` instead:
+whole sentences packed up to the target length as one segment, no B,
+``next_sentence_label = -1``.
 
 Every function takes its RNG; :func:`rng_for` derives one from ``(seed, doc_id, dupe_index, ...)``
 so the output never depends on which worker ran a document, or in what order.
@@ -44,6 +40,10 @@ import random
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bert_core.vocab.tokenization import Tokenizer
 
 Document = Sequence[Sequence[int]]  # sentences of token ids
 
@@ -64,20 +64,9 @@ class VocabIds:
     subword_ids: frozenset[int] = field(default_factory=frozenset)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> VocabIds:  # noqa: ANN001 - bert_core.vocab.tokenization.Tokenizer
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> VocabIds:
         subwords = frozenset(i for t, i in tokenizer.vocab.items() if t.startswith("##"))
         return cls(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.vocab_size, subwords)
-
-
-@dataclass
-class Instance:
-    """One row of the instances contract (unpadded; segment ids are 0 before ``len_a``, 1 after)."""
-
-    input_ids: list[int]
-    len_a: int  # tokens of [CLS] A [SEP]; == len(input_ids) when there is no B
-    masked_lm_positions: list[int]
-    masked_lm_ids: list[int]
-    next_sentence_label: int  # 1 = random next, 0 = actual next, -1 = no NSP
 
 
 def rng_for(seed: int, *parts: object) -> random.Random:
@@ -118,94 +107,18 @@ def _front_removals(removed: int, rng: random.Random) -> int:
     return bin(rng.getrandbits(removed)).count("1") if removed else 0
 
 
-def truncate_seq_pair(
-    tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
-) -> None:
-    """Trim the pair in place to ``max_num_tokens``: always the longer side (B on a tie), from the
-    front or the back with probability 0.5 each, so neither end of a segment is favoured.
-
-    Same distribution as the reference's token-by-token loop, in two draws (:func:`trim_counts`,
-    :func:`_front_removals`); the job trims spans the same way (:func:`_trimmed`).
-    """
-    removed_a, removed_b = trim_counts(len(tokens_a), len(tokens_b), max_num_tokens)
-    for tokens, removed in ((tokens_a, removed_a), (tokens_b, removed_b)):
-        front = _front_removals(removed, rng)
-        del tokens[:front]
-        del tokens[len(tokens) - (removed - front):]
-
-
-def _trimmed(a0: int, a1: int, b0: int, b1: int, max_num_tokens: int,
-             rng: random.Random) -> tuple[int, int, int, int]:
-    """:func:`truncate_seq_pair` on token ranges ``[a0, a1)`` and ``[b0, b1)``."""
+def truncate_spans(a0: int, a1: int, b0: int, b1: int, max_num_tokens: int,
+                   rng: random.Random) -> tuple[int, int, int, int]:
+    """Trim the pair of token ranges ``[a0, a1)`` and ``[b0, b1)`` to ``max_num_tokens``:
+    always the longer side (B on a tie), each token from the front or the back with
+    probability 0.5, so neither end of a segment is favoured. The reference's token-by-token
+    loop in two draws (:func:`trim_counts`, :func:`_front_removals`)."""
     if a1 - a0 + b1 - b0 <= max_num_tokens:
         return a0, a1, b0, b1
     removed_a, removed_b = trim_counts(a1 - a0, b1 - b0, max_num_tokens)
     front_a = _front_removals(removed_a, rng)
     front_b = _front_removals(removed_b, rng)
     return a0 + front_a, a1 - (removed_a - front_a), b0 + front_b, b1 - (removed_b - front_b)
-
-
-def create_masked_lm_predictions(
-    input_ids: Sequence[int],
-    masked_lm_prob: float,
-    max_predictions_per_seq: int,
-    vocab: VocabIds,
-    rng: random.Random,
-    whole_word_mask: bool = False,
-) -> tuple[list[int], list[int], list[int]]:
-    """Choose the positions to predict and corrupt them: ``(output_ids, positions, labels)``.
-
-    Also the loader's dynamic masking (``masking: dynamic``), applied each epoch.
-
-    The reference shuffles every candidate and then walks the list until the budget is spent.
-    We draw the same uniformly random order lazily (a forward Fisher-Yates, one draw per
-    candidate looked at), which stops after about ``num_to_predict`` draws instead of shuffling
-    all of them: the same distribution of instances, not the same draws.
-    """
-    cls_id, sep_id = vocab.cls_id, vocab.sep_id
-    if whole_word_mask:
-        # a "##" piece joins the group of the word it continues
-        groups: list[list[int]] = []
-        subword_ids = vocab.subword_ids
-        for i, token in enumerate(input_ids):
-            if token == cls_id or token == sep_id:
-                continue
-            if groups and token in subword_ids:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
-        candidates: list = groups
-    else:
-        candidates = [i for i, token in enumerate(input_ids) if token != cls_id and token != sep_id]
-
-    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(input_ids) * masked_lm_prob))))
-    output_ids = list(input_ids)
-    positions: list[int] = []
-    n = len(candidates)
-    k = 0
-    # Groups never overlap, so the reference's "already covered" check can never fire here.
-    while k < n and len(positions) < num_to_predict:
-        pick = k + int(rng.random() * (n - k))
-        candidates[k], candidates[pick] = candidates[pick], candidates[k]
-        chosen = candidates[k]
-        k += 1
-        if whole_word_mask:
-            # a whole word that would overshoot the budget is skipped, not split
-            if len(positions) + len(chosen) > num_to_predict:
-                continue
-        else:
-            chosen = (chosen,)
-        for index in chosen:
-            if rng.random() < 0.8:
-                output_ids[index] = vocab.mask_id
-            elif rng.random() < 0.5:
-                pass  # 10%: keep the original token (it is still predicted)
-            else:
-                output_ids[index] = rng.randint(0, vocab.vocab_size - 1)
-            positions.append(index)
-
-    positions.sort()
-    return output_ids, positions, [input_ids[p] for p in positions]
 
 
 def _target_seq_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> int:
@@ -247,22 +160,6 @@ class DocumentPool:
                 offsets.append(len(tokens))
             first.append(len(offsets) - 1)
         return cls(tokens, offsets, first)
-
-    @classmethod
-    def from_arrays(cls, documents: Sequence[tuple[Sequence[int], Sequence[int]]]) -> DocumentPool:
-        """From ``(tokens, sentence_lengths)`` per document (numpy arrays, as the job carries them)."""
-        import numpy as np
-
-        lengths = [np.asarray(n, dtype=np.int64) for _, n in documents]
-        offsets = np.zeros(sum(len(n) for n in lengths) + 1, dtype=np.int64)
-        if len(offsets) > 1:
-            np.cumsum(np.concatenate(lengths), out=offsets[1:])
-        first = np.zeros(len(documents) + 1, dtype=np.int64)
-        np.cumsum([len(n) for n in lengths], out=first[1:])
-        tokens = (np.concatenate([np.asarray(t, dtype=np.int32) for t, _ in documents])
-                  if documents else np.zeros(0, np.int32))
-        return cls(tokens, offsets.tolist(), first.tolist())
-
 
     @classmethod
     def from_marked(cls, documents: Sequence[bytes], end_mark: int = -1) -> DocumentPool:
@@ -332,7 +229,7 @@ def pair_spans(
         else:
             label = ACTUAL_NEXT
             b0, b1 = a1, off[i + 1]
-        a0, a1, b0, b1 = _trimmed(a0, a1, b0, b1, max_num_tokens, rng)
+        a0, a1, b0, b1 = truncate_spans(a0, a1, b0, b1, max_num_tokens, rng)
         if a1 <= a0 or b1 <= b0:  # the reference asserts; only an empty sentence gets here
             raise ValueError(
                 f"document {document_index}: empty segment (a={a1 - a0}, b={b1 - b0}); "
@@ -349,7 +246,7 @@ def packed_spans(
 ) -> list[Span]:
     """No NSP (RoBERTa's DOC-SENTENCES): whole consecutive sentences packed up to the target
     length as one segment (B empty, label ``NO_NSP``). A sentence longer than the limit alone is
-    trimmed front or back like :func:`truncate_seq_pair`; nothing crosses a document boundary."""
+    trimmed front or back like :func:`truncate_spans`; nothing crosses a document boundary."""
     off, first = pool.sentence_offsets, pool.doc_first
     max_num_tokens = max_seq_length - 2  # [CLS], [SEP]
     target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
@@ -361,75 +258,7 @@ def packed_spans(
     for s in range(start + 1, end + 1):
         # emit the chunk when the next sentence would overflow it (or the document ends)
         if s == end or off[s + 1] - off[chunk_start] > target_seq_length:
-            a0, a1, _, _ = _trimmed(off[chunk_start], off[s], 0, 0, max_num_tokens, rng)
+            a0, a1, _, _ = truncate_spans(off[chunk_start], off[s], 0, 0, max_num_tokens, rng)
             spans.append((a0, a1, 0, 0, NO_NSP))
             chunk_start = s
     return spans
-
-
-def span_instance(pool: DocumentPool, span: Span, vocab: VocabIds) -> tuple[list[int], int]:
-    """``[CLS] A [SEP] (B [SEP])`` of one span: ``(input_ids, len_a)``."""
-    a0, a1, b0, b1, label = span
-    tokens = pool.tokens
-    input_ids = [vocab.cls_id, *(int(t) for t in tokens[a0:a1]), vocab.sep_id]
-    len_a = len(input_ids)
-    if label != NO_NSP:
-        input_ids += [*(int(t) for t in tokens[b0:b1]), vocab.sep_id]
-    return input_ids, len_a
-
-
-def _instances_of_spans(pool: DocumentPool, spans: list[Span], masked_lm_prob: float,
-                        max_predictions_per_seq: int, vocab: VocabIds, rng: random.Random,
-                        whole_word_mask: bool, mask: bool) -> list[Instance]:
-    instances = []
-    for span in spans:
-        input_ids, len_a = span_instance(pool, span, vocab)
-        positions: list[int] = []
-        labels: list[int] = []
-        if mask:
-            input_ids, positions, labels = create_masked_lm_predictions(
-                input_ids, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask)
-        instances.append(Instance(input_ids, len_a, positions, labels, span[4]))
-    return instances
-
-
-def create_instances_from_document(
-    all_documents: Sequence[Document] | DocumentPool,
-    document_index: int,
-    max_seq_length: int,
-    short_seq_prob: float,
-    masked_lm_prob: float,
-    max_predictions_per_seq: int,
-    vocab: VocabIds,
-    rng: random.Random,
-    whole_word_mask: bool = False,
-    mask: bool = True,
-) -> list[Instance]:
-    """MLM + NSP instances of one document (one pass), one at a time: :func:`pair_spans`, then
-    :func:`create_masked_lm_predictions` with the same ``rng``. ``all_documents`` (documents or
-    a :class:`DocumentPool`, which saves rebuilding it per call) is where random-next B
-    segments come from. The job makes the same pairs and masks whole batches with numpy
-    (``bert_core.instances.batch``)."""
-    pool = all_documents if isinstance(all_documents, DocumentPool) else DocumentPool.from_documents(all_documents)
-    spans = pair_spans(pool, document_index, max_seq_length, short_seq_prob, rng)
-    return _instances_of_spans(pool, spans, masked_lm_prob, max_predictions_per_seq, vocab, rng,
-                               whole_word_mask, mask)
-
-
-def create_packed_instances_from_document(
-    document: Document,
-    max_seq_length: int,
-    short_seq_prob: float,
-    masked_lm_prob: float,
-    max_predictions_per_seq: int,
-    vocab: VocabIds,
-    rng: random.Random,
-    whole_word_mask: bool = False,
-    mask: bool = True,
-) -> list[Instance]:
-    """No NSP: :func:`packed_spans` of one document, masked like
-    :func:`create_instances_from_document`."""
-    pool = DocumentPool.from_documents([document])
-    spans = packed_spans(pool, 0, max_seq_length, short_seq_prob, rng)
-    return _instances_of_spans(pool, spans, masked_lm_prob, max_predictions_per_seq, vocab, rng,
-                               whole_word_mask, mask)

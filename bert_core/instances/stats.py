@@ -4,7 +4,7 @@
 
 An :class:`InstanceStats` accumulates rows (in any order, mergeable, so each Beam shard writer
 keeps one and the manifest step adds them up) and :meth:`InstanceStats.summary` gives the
-numbers the issue asks for: instances, tokens, mean length, masked fraction and its 80/10/10
+numbers a manifest records: instances, tokens, mean length, masked fraction and its 80/10/10
 split, random-next fraction, and a length histogram. The benchmark computes the same summary
 from google-research/bert's TFRecords, so both sides are measured by one piece of code.
 

@@ -26,26 +26,27 @@ shard's permutation. Nothing is replayed, so resuming is instant.
 A batch is padded to its longest sequence rounded up to 8 (tensor-core friendly, few shapes);
 ``masked_lm_weights`` is 1 for a real prediction and 0 for padding. With ``masking: dynamic``
 in the instances manifest, the stored sequences are unmasked and each sample is masked here by
-``bert_core.instances.pairs.create_masked_lm_predictions`` with an RNG drawn from
-``(seed, epoch, shard, row)``: a new mask every epoch, the same mask after a resume.
+``bert_core.instances.masking`` (the instance stage's own masking) with the key
+``stable_hash(seed, "mask", epoch, shard, row)``: a new mask every epoch, the same mask after a
+resume.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import groupby, islice
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bert_core import storage
+from bert_core.instances.masking import MaskingSpec, mask_instances
+from bert_core.instances.pairs import VocabIds, stable_hash
 
-if TYPE_CHECKING:  # pragma: no cover - pyarrow and torch are imported where used
+if TYPE_CHECKING:  # pyarrow and torch are imported where used
     import pyarrow as pa
     import torch
-
-    from bert_core.instances.pairs import VocabIds
 
 PAD_MULTIPLE = 8
 COLUMNS = ["input_ids", "len_a", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
@@ -59,16 +60,6 @@ class InstanceDataError(ValueError):
 class Shard:
     uri: str
     rows: int
-
-
-@dataclass(frozen=True)
-class MaskingSpec:
-    """What dynamic masking needs (from the instances manifest and its vocab)."""
-
-    masked_lm_prob: float
-    max_predictions_per_seq: int
-    whole_word_mask: bool
-    vocab: VocabIds
 
 
 # --------------------------------------------------------------------------- instances folder
@@ -102,8 +93,6 @@ def read_vocab(vocab_file: str) -> list[str]:
 
 def vocab_ids(tokens: list[str], source: str = "vocab.txt") -> VocabIds:
     """Special ids, size and ``##`` pieces of a vocab, for dynamic masking."""
-    from bert_core.instances.pairs import VocabIds
-
     index = {t: i for i, t in enumerate(tokens)}
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
     if missing:
@@ -127,8 +116,8 @@ def masking_spec(instances: str, max_seq_length: int, vocab_fallback: str | None
     return MaskingSpec(
         masked_lm_prob=float(cfg.get("masked_lm_prob", 0.15)),
         max_predictions_per_seq=int(specs[0]["max_predictions_per_seq"]),
-        whole_word_mask=bool(cfg.get("whole_word_mask", False)),
         vocab=vocab_ids(read_vocab(vocab_file), vocab_file),
+        whole_word_mask=bool(cfg.get("whole_word_mask", False)),
     )
 
 
@@ -142,7 +131,7 @@ def list_shards(instances: str, max_seq_length: int) -> list[Shard]:
     for entry in manifest["shards"]:
         uri = storage.join(folder, entry["path"])
         rows = entry.get("count")
-        if rows is None:  # older manifests: the Parquet footer has it
+        if rows is None:  # a shard entry without a count: the Parquet footer has it
             with storage.open_file(uri) as f:
                 rows = pq.ParquetFile(f).metadata.num_rows
         shards.append(Shard(uri, int(rows)))
@@ -247,25 +236,24 @@ def collate(table: pa.Table, max_seq_length: int) -> dict[str, np.ndarray]:
     }
 
 
-def mask_rows(table: pa.Table, spec: MaskingSpec, rngs: list[random.Random]) -> pa.Table:
-    """Dynamic masking: replace the (empty) masked_lm columns with fresh predictions per row."""
+def mask_rows(table: pa.Table, spec: MaskingSpec, keys: np.ndarray) -> pa.Table:
+    """Dynamic masking: the (empty) masked_lm columns filled with fresh predictions, row ``i``
+    masked with ``keys[i]``."""
     import pyarrow as pa
 
-    from bert_core.instances.pairs import create_masked_lm_predictions
+    ids = table.column("input_ids").combine_chunks()
+    offsets = ids.offsets.to_numpy()
+    values = ids.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    masked = mask_instances(keys, values, offsets - offsets[0], table.column("len_a").to_numpy(), spec)
 
-    ids, positions, labels = [], [], []
-    for row, rng in zip(table.column("input_ids").to_pylist(), rngs, strict=True):
-        out, pos, lab = create_masked_lm_predictions(
-            row, spec.masked_lm_prob, spec.max_predictions_per_seq, spec.vocab, rng,
-            whole_word_mask=spec.whole_word_mask,
-        )
-        ids.append(out)
-        positions.append(pos)
-        labels.append(lab)
-    lists = pa.list_(pa.int32())
-    table = table.set_column(table.schema.get_field_index("input_ids"), "input_ids", pa.array(ids, lists))
-    for name, values in (("masked_lm_positions", positions), ("masked_lm_ids", labels)):
-        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, lists))
+    def lists(row_offsets: np.ndarray, flat: np.ndarray) -> pa.ListArray:
+        return pa.ListArray.from_arrays(pa.array(row_offsets.astype(np.int32)), pa.array(flat, pa.int32()))
+
+    columns = {"input_ids": lists(offsets - offsets[0], masked.input_ids),
+               "masked_lm_positions": lists(masked.mask_offsets, masked.masked_lm_positions),
+               "masked_lm_ids": lists(masked.mask_offsets, masked.masked_lm_ids)}
+    for name, column in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), name, column)
     return table
 
 
@@ -368,17 +356,16 @@ class PretrainingLoader:
         W, mbs = self.workers_per_rank, self.micro_batch_size
         reader = self.readers[j % W]
         start = (j // W) * mbs
-        picks = list(_take(reader.samples(epoch, start), mbs))
-        tables = []
-        for shard_index, rows in _group_by_shard(picks):
-            tables.append(self._read(reader.shards[shard_index].uri).take(rows))
-        table = pa.concat_tables(tables)
+        picks = list(islice(reader.samples(epoch, start), mbs))
+        # consecutive picks from one shard are read together, in batch order
+        table = pa.concat_tables([
+            self._read(reader.shards[shard_index].uri).take([row for _, row in group])
+            for shard_index, group in groupby(picks, key=lambda pick: pick[0])
+        ])
         if self.masking is not None:
-            from bert_core.instances.pairs import rng_for
-
-            rngs = [rng_for(self.seed, "mask", epoch, reader.shards[s].uri.rsplit("/", 1)[-1], r)
-                    for s, r in picks]
-            table = mask_rows(table, self.masking, rngs)
+            keys = np.array([stable_hash(self.seed, "mask", epoch, reader.shards[s].uri.rsplit("/", 1)[-1], r)
+                             for s, r in picks], dtype=np.uint64)
+            table = mask_rows(table, self.masking, keys)
         try:
             return collate(table, self.max_seq_length)
         except InstanceDataError as err:
@@ -453,22 +440,3 @@ def __getattr__(name: str) -> Any:
     if name == "TorchStream":
         return _torch_stream_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _take(it: Iterator[Any], n: int) -> Iterator[Any]:
-    for _, item in zip(range(n), it, strict=False):
-        yield item
-
-
-def _group_by_shard(picks: list[tuple[int, int]]) -> Iterator[tuple[int, list[int]]]:
-    """Consecutive picks from the same shard, keeping the batch order."""
-    group: list[int] = []
-    current = None
-    for shard_index, row in picks:
-        if shard_index != current and group:
-            yield current, group
-            group = []
-        current = shard_index
-        group.append(row)
-    if group:
-        yield current, group
