@@ -42,10 +42,25 @@ def test_glue_metrics_equal_sklearn_and_scipy(seed):
     assert metrics.spearman(a, b) == pytest.approx(scipy.stats.spearmanr(a, b)[0], abs=1e-12)
 
 
-def test_degenerate_metrics_follow_sklearn():
+def test_degenerate_metrics_are_zero_not_nan():
     y = [1, 1, 1, 1]
     assert metrics.matthews_corrcoef(y, y) == sklearn.metrics.matthews_corrcoef(y, y) == 0.0
-    assert metrics.f1_binary([0, 0], [0, 0]) == sklearn.metrics.f1_score([0, 0], [0, 0], zero_division=0)
+    assert metrics.f1_binary([0, 0], [0, 0]) == sklearn.metrics.f1_score([0, 0], [0, 0], zero_division=0) == 0.0
+    assert metrics.f1_binary([1, 0], [0, 1]) == 0.0
+    # constant scores (scipy returns NaN with a warning) and too few values
+    for x, y in (([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]), ([1.0, 2.0, 3.0], [0.5, 0.5, 0.5]), ([1.0], [2.0]), ([], [])):
+        assert metrics.pearson(x, y) == 0.0 and metrics.spearman(x, y) == 0.0
+    assert metrics.accuracy([], []) == 0.0
+
+
+def test_metrics_are_plain_floats_with_the_positive_class_chosen():
+    labels, preds = [1, 1, 0, 0, 0], [1, 0, 0, 0, 1]
+    values = [metrics.accuracy(labels, preds), metrics.f1_binary(labels, preds),
+              metrics.matthews_corrcoef(labels, preds), metrics.pearson(labels, preds),
+              metrics.spearman(labels, preds)]
+    assert all(type(v) is float for v in values)
+    assert metrics.f1_binary(labels, preds) == pytest.approx(0.5)  # tp=1, fp=1, fn=1
+    assert metrics.f1_binary(labels, preds, positive=0) == pytest.approx(2 / 3)  # tp=2, fp=1, fn=1
 
 
 # --------------------------------------------------------------------------- conlleval

@@ -23,8 +23,7 @@ Work items let several workers share one big file:
     in and reported there; an item that meets it while reading on stops silently. Page origins
     of these items read ``file@bit<B>+<N>``: byte N of the block whose magic is at bit B.
     Planning needs only the file size (each item finds its own blocks), but telling a single
-    stream from a multistream dump without an index still scans the file for stream headers
-    (about 0.6 GB/s);
+    stream from a multistream dump without an index still scans the file for stream headers;
   * anything else (``.gz``, UTF-16, a small single-stream ``.bz2``): one item for the whole file.
 
 Bad input becomes rejects (source ``wikipedia``): ``truncated_input`` (a bz2 or XML file that ends
@@ -37,9 +36,10 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import itertools
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bert_core import storage
@@ -299,14 +299,8 @@ def _blocks(item: WorkItem, raw, feed: _BlockFeed | None) -> Iterator[bytes]:
 
 def _peek_utf16(blocks: Iterator[bytes]) -> Iterator[bytes]:
     first = next(blocks, b"")
-    rest = (b for b in ([first] if first else []))
-    chained = _chain(rest, blocks)
+    chained = itertools.chain([first] if first else [], blocks)
     return _transcode_utf16(chained) if _is_utf16(first[:4]) else chained
-
-
-def _chain(*iterators: Iterator[bytes]) -> Iterator[bytes]:
-    for it in iterators:
-        yield from it
 
 
 def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
@@ -406,7 +400,7 @@ def _unclosed(chunk: bytes, at: str) -> dict:
     return D.make_reject(D.WIKIPEDIA, at, D.MALFORMED_XML, f"page {title!r} at {at} has no </page>")
 
 
-def _truncated(buf: bytes, item: WorkItem, where, offset: int, pages: int, why: str) -> dict:  # noqa: ANN001
+def _truncated(buf: bytes, item: WorkItem, where: Callable[[int], str], offset: int, pages: int, why: str) -> dict:
     start = buf.find(_PAGE_OPEN)
     title_m = _TITLE.search(buf, max(start, 0))
     inside = f" inside page {title_m.group(1).decode('utf-8', 'replace')!r}" if start >= 0 and title_m else ""

@@ -11,6 +11,11 @@ boundary when the word before the period is a title or a common abbreviation (``
 abbreviations that often end a sentence (``etc.``, ``a.m.``, ``Inc.``) split only before a
 capitalised word. Decimals (``3.14``) never split because no space follows the period.
 
+Why not a library: ``benchmarks/bench_sentences.py`` scores this splitter, ``pysbd`` and
+``blingfire`` against hand-checked sentence boundaries of the sample Wikipedia excerpt; this one
+makes no more boundary errors than either and is many times faster than both, and it needs no
+extra dependency.
+
 Used by ``beam_jobs/clean_corpus.py`` on every paragraph of every document.
 """
 

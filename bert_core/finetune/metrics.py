@@ -1,10 +1,12 @@
 """GLUE metrics: accuracy, F1, Matthews correlation, Pearson and Spearman correlation.
 
-Plain numpy, written to equal scikit-learn's ``accuracy_score``, ``f1_score`` (binary),
-``matthews_corrcoef`` and scipy's ``pearsonr`` / ``spearmanr`` (tests/test_finetune_metrics.py
-checks that), so the finetune package needs neither at run time.
-
     from bert_core.finetune.metrics import matthews_corrcoef
+
+F1 and Matthews correlation are scikit-learn's (``f1_score`` of the positive class,
+``matthews_corrcoef``), Pearson and Spearman are scipy's (``pearsonr``, ``spearmanr``), as the
+GLUE reference scripts compute them. Every metric is a plain ``float``, and a metric that is
+undefined on its input (no true positive, a constant column, fewer than two values) is 0.0,
+never NaN, so a degenerate dev set cannot win a hyper-parameter search.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.stats
+import sklearn.metrics
 
 
 def accuracy(labels: Sequence, preds: Sequence) -> float:
@@ -20,56 +24,28 @@ def accuracy(labels: Sequence, preds: Sequence) -> float:
 
 
 def f1_binary(labels: Sequence[int], preds: Sequence[int], positive: int = 1) -> float:
-    """F1 of the positive class; 0.0 when there is no true positive (sklearn's zero_division=0)."""
-    labels, preds = np.asarray(labels), np.asarray(preds)
-    tp = int(((preds == positive) & (labels == positive)).sum())
-    fp = int(((preds == positive) & (labels != positive)).sum())
-    fn = int(((preds != positive) & (labels == positive)).sum())
-    if tp == 0:
-        return 0.0
-    return 2 * tp / (2 * tp + fp + fn)
+    """F1 of the positive class; 0.0 when there is no true positive."""
+    return float(sklearn.metrics.f1_score(labels, preds, pos_label=positive, zero_division=0))
 
 
 def matthews_corrcoef(labels: Sequence, preds: Sequence) -> float:
-    """Multi-class Matthews correlation (Gorodkin's R_K, as sklearn computes it); 0 if undefined."""
-    labels, preds = np.asarray(labels), np.asarray(preds)
-    classes = np.unique(np.concatenate([labels, preds]))
-    index = {c: i for i, c in enumerate(classes)}
-    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
-    for t, p in zip(labels, preds, strict=True):
-        confusion[index[t], index[p]] += 1
-    t_sum, p_sum = confusion.sum(axis=1), confusion.sum(axis=0)
-    n_correct, n = np.trace(confusion), confusion.sum()
-    cov_ytyp = n_correct * n - np.dot(t_sum, p_sum)
-    cov_ypyp = n**2 - np.dot(p_sum, p_sum)
-    cov_ytyt = n**2 - np.dot(t_sum, t_sum)
-    if cov_ypyp * cov_ytyt == 0:
-        return 0.0
-    return float(cov_ytyp / np.sqrt(cov_ytyt * cov_ypyp))
+    """Multi-class Matthews correlation (Gorodkin's R_K); 0.0 if undefined."""
+    if len(np.unique(np.concatenate([np.asarray(labels), np.asarray(preds)]))) < 2:
+        return 0.0  # one class only (sklearn warns, then returns 0.0 too)
+    return float(sklearn.metrics.matthews_corrcoef(labels, preds))
+
+
+def _defined(x: np.ndarray, y: np.ndarray) -> bool:
+    """A correlation needs two values and no constant column."""
+    return len(x) >= 2 and np.ptp(x) > 0 and np.ptp(y) > 0
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    xm, ym = x - x.mean(), y - y.mean()
-    denom = np.sqrt((xm * xm).sum() * (ym * ym).sum())
-    return float((xm * ym).sum() / denom) if denom else 0.0
-
-
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n with ties given their mean rank (scipy.stats.rankdata(method='average'))."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    return float(scipy.stats.pearsonr(x, y).statistic) if _defined(x, y) else 0.0
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Pearson correlation of the average ranks (scipy.stats.spearmanr)."""
-    return pearson(_average_ranks(np.asarray(x)), _average_ranks(np.asarray(y)))
+    """Pearson correlation of the ranks, ties given their mean rank."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    return float(scipy.stats.spearmanr(x, y).statistic) if _defined(x, y) else 0.0

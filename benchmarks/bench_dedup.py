@@ -1,0 +1,229 @@
+"""Near-duplicate search: ours (MinHash + LSH bands, bert_core/corpus/dedup.py) vs ``datasketch``
+(``MinHash`` + ``MinHashLSH``), on real text.
+
+    python -m benchmarks.bench_dedup                   # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python -m benchmarks.bench_dedup
+
+Documents: 300-word windows of the sample plays, book, news articles and Wikipedia excerpt,
+starting at random word positions, so windows of one text overlap by any amount and their true
+5-word-shingle Jaccard similarity spreads over the whole range around the threshold (0.8), as
+copies and editions of one text do. Both sides get the same normalized words and the same
+shingles, 128 permutations and the 0.8 threshold; a pair is reported when it shares an LSH band
+and its estimated similarity is at least the threshold. Each side runs with the bands it chooses
+for the threshold, and then with the other side's bands, which tells the band choice apart from
+the MinHash estimate. The truth is the exact Jaccard similarity of the shingle sets, computed
+for every pair of overlapping windows and every reported pair.
+
+Measured: documents per CPU-second (signatures, then LSH indexing and querying; one thread),
+near-duplicate pairs found (precision and recall against the truth) and how many pairs the two
+sides agree on with the same bands. Rows go to ``bench-results/dedup.json``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import html
+import itertools
+import json
+import os
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+WINDOW = 300  # words per document
+MEAN_GAP = 240  # words between window starts, on average
+THRESHOLD = 0.8
+NUM_PERM = 128
+K = 5  # words per shingle, as bert_core.corpus.dedup
+
+
+def samples() -> Path:
+    if os.environ.get("BERTPIPE_SAMPLES"):
+        return Path(os.environ["BERTPIPE_SAMPLES"])
+    from flows.samples import fetch
+
+    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
+    return fetch(base / "samples", log=lambda m: None)
+
+
+def texts(root: Path) -> list[str]:
+    out = [(root / "books" / "botchan.txt").read_text(encoding="utf-8"),
+           (root / "news" / "lee_background.cor").read_text(encoding="utf-8")]
+    out += [p.read_text(encoding="utf-8") for p in sorted((root / "plays").glob("*.md"))]
+    for dump in sorted((root / "wikipedia").glob("*.xml.bz2")):
+        with bz2.open(dump, "rt", encoding="utf-8") as f:
+            out.append(html.unescape(f.read()))
+    return out
+
+
+def documents(root: Path, rng: random.Random) -> list[tuple[int, int, str]]:
+    """(text number, start word, normalized words joined) of every window."""
+    from bert_core.corpus.dedup import normalize
+
+    docs = []
+    for t, text in enumerate(texts(root)):
+        words = normalize(text).split()
+        n = max(len(words) - WINDOW, 0) // MEAN_GAP
+        for start in sorted(rng.sample(range(len(words) - WINDOW), n)):
+            docs.append((t, start, " ".join(words[start : start + WINDOW])))
+    return docs
+
+
+def shingles(normalized: str) -> set[str]:
+    words = normalized.split()
+    return {" ".join(words[i : i + K]) for i in range(len(words) - K + 1)}
+
+
+def jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b)
+
+
+def cpu_timed(fn):
+    start = time.process_time()
+    result = fn()
+    return result, time.process_time() - start
+
+
+def our_signatures(docs: list[str]) -> tuple[list, float]:
+    from bert_core.corpus.dedup import MinHasher
+
+    hasher = MinHasher(NUM_PERM, THRESHOLD)
+    return cpu_timed(lambda: [hasher.signature(d, normalized=True) for d in docs])
+
+
+def our_pairs(sigs: list, bands: tuple[int, int]) -> tuple[set[tuple[int, int]], float]:
+    """Pairs that share a band key (``bands`` = (bands, rows)) and pass the similarity check."""
+    from bert_core.corpus.dedup import MinHasher
+
+    hasher = MinHasher(NUM_PERM, THRESHOLD)
+    hasher.bands, hasher.rows = bands
+
+    def search() -> set[tuple[int, int]]:
+        buckets = defaultdict(list)
+        for i, sig in enumerate(sigs):
+            for key in hasher.band_keys(sig):
+                buckets[key].append(i)
+        pairs = set()
+        for members in buckets.values():
+            for i, j in itertools.combinations(members, 2):
+                if (i, j) not in pairs and hasher.similarity(sigs[i], sigs[j]) >= THRESHOLD:
+                    pairs.add((i, j))
+        return pairs
+
+    return cpu_timed(search)
+
+
+def reference_signatures(docs: list[str]) -> tuple[list, float]:
+    from datasketch import MinHash
+
+    def signature(d: str) -> MinHash:
+        m = MinHash(num_perm=NUM_PERM)
+        m.update_batch([s.encode("utf-8") for s in shingles(d)])
+        return m
+
+    return cpu_timed(lambda: [signature(d) for d in docs])
+
+
+def reference_pairs(sigs: list, bands: tuple[int, int] | None) -> tuple[set[tuple[int, int]], float]:
+    """datasketch's LSH with ``bands`` (None: the bands it chooses for the threshold)."""
+    from datasketch import MinHashLSH
+
+    def search() -> set[tuple[int, int]]:
+        lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM, params=bands)
+        for i, m in enumerate(sigs):
+            lsh.insert(i, m)
+        pairs = set()
+        for i, m in enumerate(sigs):
+            for j in lsh.query(m):
+                if j > i and m.jaccard(sigs[j]) >= THRESHOLD:
+                    pairs.add((i, j))
+        return pairs
+
+    return cpu_timed(search)
+
+
+def main() -> None:
+    from datasketch import MinHashLSH
+
+    from benchmarks.run_all import machine
+    from bert_core.corpus.dedup import choose_bands
+
+    windows = documents(samples(), random.Random(0))
+    docs = [d for _, _, d in windows]
+    n = len(docs)
+    our_sigs, our_sig_s = our_signatures(docs)
+    ref_sigs, ref_sig_s = reference_signatures(docs)
+    our_bands = choose_bands(NUM_PERM, THRESHOLD)
+    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
+    ref_bands = (lsh.b, lsh.r)
+    found = {  # (side, bands) -> (pairs, LSH CPU-seconds)
+        ("ours", our_bands): our_pairs(our_sigs, our_bands),
+        ("datasketch", ref_bands): reference_pairs(ref_sigs, None),
+        ("ours", ref_bands): our_pairs(our_sigs, ref_bands),
+        ("datasketch", our_bands): reference_pairs(ref_sigs, our_bands),
+    }
+
+    # the truth: exact Jaccard of every overlapping pair of windows and of every reported pair
+    sets = [shingles(d) for d in docs]
+    reported = set().union(*(pairs for pairs, _ in found.values()))
+    truth = {p for p in _overlapping(windows) | reported if jaccard(sets[p[0]], sets[p[1]]) >= THRESHOLD}
+
+    def quality(pairs: set[tuple[int, int]]) -> tuple[float, float]:
+        hits = len(pairs & truth)
+        return hits / max(len(pairs), 1), hits / max(len(truth), 1)
+
+    print(f"machine: {machine()['cpu']}")
+    print(f"{n} documents of {WINDOW} words; {len(truth)} pairs with true Jaccard >= {THRESHOLD}")
+    print(f"signatures: ours {n / our_sig_s:,.0f} docs/CPU-s, datasketch {n / ref_sig_s:,.0f} "
+          f"docs/CPU-s ({ref_sig_s / our_sig_s:.1f}x)")
+    for (side, (b, r)), (pairs, seconds) in found.items():
+        p, rec = quality(pairs)
+        print(f"{side:>10} LSH {b}x{r}: {n / seconds:,.0f} docs/CPU-s, {len(pairs)} pairs, "
+              f"precision {p:.3f}, recall {rec:.3f}")
+    same = [found["ours", our_bands][0], found["datasketch", our_bands][0]]
+    agree = len(same[0] & same[1]) / max(len(same[0] | same[1]), 1)
+    print(f"with the same bands {our_bands[0]}x{our_bands[1]}: pairs found by both / by either {agree:.3f}")
+
+    (our_p, our_r), (ref_p, ref_r) = quality(found["ours", our_bands][0]), quality(found["datasketch", ref_bands][0])
+    (_, our_r_same), (_, ref_r_same) = (quality(s) for s in same)
+    our_lsh_s, ref_lsh_s = found["ours", our_bands][1], found["datasketch", ref_bands][1]
+    bands_name = f"ours {our_bands[0]}x{our_bands[1]}, datasketch {ref_bands[0]}x{ref_bands[1]}"
+    rows = [
+        {"measure": f"MinHash signatures ({NUM_PERM} permutations, {WINDOW}-word documents, 1 thread)",
+         "ours": round(n / our_sig_s), "reference": round(n / ref_sig_s),
+         "ratio": round(ref_sig_s / our_sig_s, 2), "unit": "docs/CPU-s"},
+        {"measure": f"LSH index + query + confirm, each side's bands ({bands_name})",
+         "ours": round(n / our_lsh_s), "reference": round(n / ref_lsh_s),
+         "ratio": round(ref_lsh_s / our_lsh_s, 2), "unit": "docs/CPU-s"},
+        {"measure": f"near-duplicate recall, each side's bands ({len(truth)} true pairs of {n} docs)",
+         "ours": round(our_r, 3), "reference": round(ref_r, 3), "ratio": round(our_r / ref_r, 3), "unit": "recall"},
+        {"measure": "near-duplicate precision, each side's bands", "ours": round(our_p, 3),
+         "reference": round(ref_p, 3), "ratio": round(our_p / ref_p, 3), "unit": "precision"},
+        {"measure": f"near-duplicate recall, same bands ({our_bands[0]}x{our_bands[1]})",
+         "ours": round(our_r_same, 3), "reference": round(ref_r_same, 3),
+         "ratio": round(our_r_same / ref_r_same, 3), "unit": "recall"},
+        {"measure": "pairs found by both sides, of the pairs found by either (same bands)",
+         "ours": round(agree, 3), "reference": None, "ratio": None, "unit": "fraction"},
+    ]
+    out = Path("bench-results")
+    out.mkdir(exist_ok=True)
+    (out / "dedup.json").write_text(json.dumps({"rows": rows}, indent=2))
+
+
+def _overlapping(windows: list[tuple[int, int, str]]) -> set[tuple[int, int]]:
+    """Pairs of windows of one text that share words (windows are sorted by text, then start)."""
+    pairs = set()
+    for i, (t, start, _) in enumerate(windows):
+        j = i + 1
+        while j < len(windows) and windows[j][0] == t and windows[j][1] - start < WINDOW:
+            pairs.add((i, j))
+            j += 1
+    return pairs
+
+
+if __name__ == "__main__":
+    main()
