@@ -6,7 +6,7 @@
 The source is a DeepSpeed checkpoint folder (``latest`` + ``global_step*/``; ZeRO shards are
 consolidated with DeepSpeed's ``zero_to_fp32``) or a transformers/bert_core folder. The output
 (``config.json``, ``model.safetensors``, ``vocab.txt``, ``tokenizer.json``) loads with
-``transformers.BertForPreTraining.from_pretrained``. The work is ``bert_core.model.checkpoint.export_checkpoint``.
+``transformers.BertForPreTraining.from_pretrained``. The work is ``bert_core.model.export.export_checkpoint``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def export(
     set_: SetOpt = None,
 ) -> None:
     """Export a checkpoint to the transformers layout (config.json + model.safetensors + vocab)."""
-    from bert_core.model.checkpoint import CheckpointError, export_checkpoint
+    from bert_core.model.checkpoint import CheckpointError
+    from bert_core.model.export import export_checkpoint
 
     cfg = resolve(preset, config, set_)
     try:

@@ -65,7 +65,8 @@ def pretrain(
         LaunchInfraError,
         launch_pretraining,
     )
-    from bert_core.pretrain.loop import MetricsTail, steps_done, total_steps
+    from bert_core.pretrain.loop import steps_done, total_steps
+    from bert_core.pretrain.metrics import MetricsTail
 
     columns = (TextColumn("[bold]pre-training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())

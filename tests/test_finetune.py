@@ -165,17 +165,22 @@ def test_cli_finetune_and_features(tiny_checkpoint, tmp_path):
     assert table.num_rows == 16 and len(table["features"][0].as_py()[0]) == 128
 
 
-def test_demo_data_dir_layout(tmp_path):
-    """samples/tasks gets ner + swag fixtures beside the real sentiment/squad; a user folder never does."""
-    from flows.demo_data import ensure_demo_tasks
+def test_demo_data_dir_layout(samples_dir):
+    """Every task of the demo preset reads real data that `samples fetch` laid out, no fixtures."""
+    from bert_core.config import load_config
+    from bert_core.finetune import get_task, task_dir
+    from bert_core.finetune.ner import read_conll
 
-    (tmp_path / "samples" / "tasks" / "sentiment").mkdir(parents=True)
-    (tmp_path / "samples" / "SOURCES.md").write_text("fetched by bertpipe samples fetch\n")
-    copied = ensure_demo_tasks(str(tmp_path / "samples" / "tasks"), ["sentiment", "squad", "ner", "swag"])
-    assert copied == ["squad", "ner", "swag"]
-    assert (tmp_path / "samples/tasks/ner/train.txt").read_text() == (FIXTURES / "ner/train.txt").read_text()
-    (tmp_path / "mine").mkdir()
-    assert ensure_demo_tasks(str(tmp_path / "mine"), ["ner"]) == []
+    cfg = load_config("demo")
+    assert cfg.finetune.data_dir == "samples/tasks" and "swag" not in cfg.finetune.tasks
+    data_dir = str(samples_dir / "tasks")
+    for name in cfg.finetune.tasks:
+        folder = task_dir(data_dir, get_task(name))
+        assert folder == str(samples_dir / "tasks" / get_task(name).folder)
+    train, rejects = read_conll(str(samples_dir / "tasks" / "ner" / "train.txt"))
+    valid, _ = read_conll(str(samples_dir / "tasks" / "ner" / "valid.txt"))
+    assert not rejects and len(train) == 4 * len(valid) > 0
+    assert {t[2:] for _, tags in train for t in tags if t != "O"} >= {"NP", "VP", "PP"}
 
 
 @pytest.fixture(scope="module")

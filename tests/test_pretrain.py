@@ -24,7 +24,8 @@ import torch
 
 from bert_core import storage
 from bert_core.config import ConfigError, load_config
-from bert_core.pretrain.ds_config import ds_config, param_groups
+from bert_core.model.weight_decay import param_groups
+from bert_core.pretrain.ds_config import ds_config
 from bert_core.pretrain.launch import (
     LaunchConfigError,
     LaunchError,
@@ -36,15 +37,8 @@ from bert_core.pretrain.launch import (
     prepare_run,
     run_launch,
 )
-from bert_core.pretrain.loop import (
-    MetricsLog,
-    MetricsTail,
-    load_run_config,
-    model_config,
-    read_metrics,
-    steps_done,
-    total_steps,
-)
+from bert_core.pretrain.loop import load_run_config, model_config, steps_done, total_steps
+from bert_core.pretrain.metrics import MetricsLog, MetricsTail, read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import make_instances  # noqa: E402
@@ -117,19 +111,6 @@ def test_ds_config_from_pretrain_config():
         gpu.phases[0].micro_batch_size * gpu.world_size)
     # LAMB on CPU: no DeepSpeed optimizer section, the client optimizer is torch-optimizer's Lamb
     assert "optimizer" not in ds_config(load_config("demo", None, ["pretrain.optimizer=lamb"]).pretrain, 0)
-
-
-def test_no_weight_decay_on_bias_and_layernorm():
-    from bert_core.model.bert import BertForPreTraining
-
-    model = BertForPreTraining(tiny_config().model.model_copy(update={"vocab_size": 100}))
-    decay, plain = param_groups(model, 0.01)
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert decay["weight_decay"] == 0.01 and plain["weight_decay"] == 0.0
-    assert all(n.endswith("weight") and "LayerNorm" not in n for n in map(names.get, map(id, decay["params"])))
-    plain_names = [names[id(p)] for p in plain["params"]]
-    assert "bert.embeddings.LayerNorm.weight" in plain_names and "cls.predictions.bias" in plain_names
-    assert len(decay["params"]) + len(plain["params"]) == len(list(model.parameters()))
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
@@ -420,7 +401,7 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     assert list(Path(run, "monitor").rglob("*.csv"))  # DeepSpeed's CSV monitor ran
 
     # `bertpipe export RUN/checkpoints` takes the last phase and gives the same weights as hf/
-    from bert_core.model.checkpoint import export_checkpoint
+    from bert_core.model.export import export_checkpoint
 
     again = export_checkpoint(str(Path(run, "checkpoints")), str(tmp_path / "again"))
     reexported = BertForPreTraining.from_pretrained(str(tmp_path / "again")).state_dict()

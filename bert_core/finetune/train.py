@@ -48,13 +48,6 @@ def prepare_task(task_name: str, data_dir: str, tokenizer: Any, cfg: FinetuneCon
     raise ValueError(f"task {task.name}: kind {task.kind} is not trained by this loop")
 
 
-def _param_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
-    # BERT: no weight decay on biases and LayerNorm parameters (all the 1-D ones).
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def linear_warmup_decay(warmup_steps: int, total_steps: int):
     """LR multiplier: 0 -> 1 over the warmup steps, then linearly down to 0 at the last step."""
 
@@ -101,13 +94,14 @@ def train_and_predict(
     from bert_core.finetune.data import collate
     from bert_core.finetune.heads import BertForTask, mask_padding, task_loss
     from bert_core.model.bert import BertModel
+    from bert_core.model.weight_decay import param_groups
 
     torch.manual_seed(seed)
     model = BertForTask(BertModel.from_pretrained(checkpoint), data.kind, data.num_labels)
     steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
     total_steps = max(1, math.ceil(steps_per_epoch * cfg.num_train_epochs))
     warmup = int(cfg.warmup_proportion * total_steps)
-    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                                   betas=(0.9, 0.999), eps=1e-6)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, total_steps))
     engine = _deepspeed_engine(model, optimizer, scheduler, cfg) if cfg.deepspeed else None

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bert_core.config import ModelConfig
+from bert_core.model.checkpoint import load_into, load_pretrained
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Self
@@ -295,7 +296,21 @@ def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | 
     )
 
 
-class BertModel(nn.Module):
+class FromPretrained:
+    """``from_pretrained(path)`` for the models: build from the folder's ``config.json``, then load
+    its weights (``bert.`` prefix or not). Weights the folder lacks (e.g. the pre-training heads
+    when it holds a bare ``BertModel``) keep their fresh init."""
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> Self:
+        """Load a transformers-layout folder (``config.json`` + weights)."""
+        cfg, state = load_pretrained(path)
+        model = cls(cfg)
+        load_into(model, state, source=path)
+        return model
+
+
+class BertModel(FromPretrained, nn.Module):
     """The encoder: ``forward(input_ids, token_type_ids, attention_mask) -> BertOutput``."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -343,16 +358,6 @@ class BertModel(nn.Module):
         x = tokens.pad(x)  # [B, T, H], zeros at the padding
         return BertOutput(x, self.pooler(x), tuple(hidden) if hidden is not None else None)
 
-    @classmethod
-    def from_pretrained(cls, path: str) -> Self:
-        """Load a transformers-layout folder (``config.json`` + weights), ``bert.`` prefix or not."""
-        from bert_core.model.checkpoint import load_into, load_pretrained
-
-        cfg, state = load_pretrained(path)
-        model = cls(cfg)
-        load_into(model, state, source=path)
-        return model
-
 
 # --------------------------------------------------------------------------- pre-training heads
 
@@ -384,7 +389,7 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
 
 
-class BertForPreTraining(nn.Module):
+class BertForPreTraining(FromPretrained, nn.Module):
     """Masked LM + next sentence prediction: ``forward(...) -> {loss, mlm_loss, nsp_loss, mlm_acc, nsp_acc}``."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -444,16 +449,6 @@ class BertForPreTraining(nn.Module):
             "mlm_acc": mlm_acc.detach(),
             "nsp_acc": nsp_acc.detach(),
         }
-
-    @classmethod
-    def from_pretrained(cls, path: str) -> Self:
-        """Load a transformers-layout folder; heads missing there (e.g. from a BertModel) stay initialised."""
-        from bert_core.model.checkpoint import load_into, load_pretrained
-
-        cfg, state = load_pretrained(path)
-        model = cls(cfg)
-        load_into(model, state, source=path)
-        return model
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -1,13 +1,16 @@
 """Load and save BERT weights in the transformers layout (config.json + model.safetensors + vocab.txt).
 
-    bertpipe export runs/demo/checkpoints --output runs/demo/hf
+    python -c "from bert_core.model.checkpoint import load_pretrained; \
+print(load_pretrained('samples/models/minilm')[0])"
 
 Our parameter names equal transformers' (see ``bert_core/model/bert.py``), so a state dict maps
 1:1; the only translations are the ``bert.`` prefix (a bare ``BertModel`` checkpoint has none),
-the old TF-converted ``LayerNorm.gamma/beta`` names, and the MLM decoder, which both sides tie
+the TF-converted ``LayerNorm.gamma/beta`` names, and the MLM decoder, which both sides tie
 to the word embeddings. Weights are read without unpickling code: safetensors, or
 ``torch.load(weights_only=True)`` for ``pytorch_model.bin``. Every read and write goes through
-``bert_core.storage``, so ``gs://`` folders work like local ones.
+``bert_core.storage``, so ``gs://`` folders work like local ones. This module knows weights
+and configs only, never the model classes: ``BertModel.from_pretrained`` builds on it, and
+``bert_core.model.export`` turns a DeepSpeed checkpoint into this layout.
 """
 
 from __future__ import annotations
@@ -151,6 +154,11 @@ def load_pretrained(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     return model_config_from_hf(hf, source=cfg_uri), normalize_state_dict(_load_weights(path))
 
 
+def _is_encoder(model: nn.Module) -> bool:
+    """A bare ``BertModel`` (keys ``embeddings.*``), not a model around one (keys ``bert.*``)."""
+    return not isinstance(getattr(model, "bert", None), nn.Module)
+
+
 def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Copy a normalised state dict into ``model`` (a ``BertModel`` or anything with ``.bert``).
 
@@ -158,9 +166,7 @@ def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str = "c
     model has no place for (e.g. ``cls.*`` when loading a bare encoder) are ignored (logged).
     """
     state = normalize_state_dict(state)
-    from bert_core.model.bert import BertModel
-
-    if isinstance(model, BertModel):
+    if _is_encoder(model):
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
         encoder_prefix = ("embeddings.", "encoder.")
     else:
@@ -205,8 +211,6 @@ def save_pretrained(
     """
     from safetensors.torch import save as save_safetensors
 
-    from bert_core.model.bert import BertModel
-
     cfg: ModelConfig = model.config
     if any(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters()):
         raise CheckpointError(
@@ -214,7 +218,7 @@ def save_pretrained(
             "tensors; export the DeepSpeed checkpoint instead (`bertpipe export CHECKPOINT_DIR`), or call "
             "this on every rank inside deepspeed.zero.GatheredParameters(model.parameters())"
         )
-    is_encoder = isinstance(model, BertModel)
+    is_encoder = _is_encoder(model)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if not is_encoder and "cls.predictions.bias" in state:
         # transformers keeps a decoder bias tied to predictions.bias; write both (cloned:
@@ -241,145 +245,3 @@ def save_pretrained(
     hf = hf_config_from_model(cfg, architecture)
     storage.write_text(storage.join(path, "config.json"), json.dumps(hf, indent=2, sort_keys=True))
     return storage.to_uri(path)
-
-
-# --------------------------------------------------------------------------- DeepSpeed checkpoints
-
-
-def is_deepspeed_checkpoint(path: str) -> bool:
-    """A DeepSpeed ``save_checkpoint`` folder: a ``latest`` tag file or ``<tag>/*model_states.pt``."""
-    return storage.exists(storage.join(path, "latest")) or bool(
-        storage.glob(storage.join(path, "*", "*model_states.pt"))
-    )
-
-
-def _deepspeed_tag(path: str, tag: str | None) -> str:
-    if tag:
-        return tag
-    latest = storage.join(path, "latest")
-    if storage.exists(latest):
-        return storage.read_text(latest).strip()
-    tags = sorted({u.rsplit("/", 2)[-2] for u in storage.glob(storage.join(path, "*", "*model_states.pt"))})
-    if not tags:
-        raise CheckpointError(f"{storage.to_uri(path)}: no DeepSpeed checkpoint (no latest, no */*model_states.pt)")
-    return max(tags, key=lambda t: int("".join(c for c in t if c.isdigit()) or 0))
-
-
-def load_deepspeed_state_dict(path: str, tag: str | None = None) -> dict[str, torch.Tensor]:
-    """The fp32 model weights of a DeepSpeed checkpoint (the ``latest`` tag unless given).
-
-    ZeRO (stage >= 1) and bf16 runs keep the fp32 master weights partitioned in the optimizer
-    files, so DeepSpeed's own ``zero_to_fp32`` consolidates them (it needs a local folder). Stage 0
-    in fp32 has the full weights in ``mp_rank_00_model_states.pt``, read with ``weights_only=True``.
-    """
-    tag = _deepspeed_tag(path, tag)
-    step_dir = storage.join(path, tag)
-    # stage 0-2: mp_rank_00_model_states.pt; stage 3: zero_pp_rank_<r>_mp_rank_00_model_states.pt
-    if not storage.glob(storage.join(step_dir, "*model_states.pt")):
-        raise CheckpointError(f"{step_dir} has no *model_states.pt; is {tag!r} a finished checkpoint of this run?")
-    model_file = storage.join(step_dir, "mp_rank_00_model_states.pt")
-    partitioned = storage.glob(storage.join(step_dir, "*zero_pp_rank_*_optim_states.pt"))
-    if partitioned:
-        if not storage.is_local(path):
-            raise CheckpointError(
-                f"{storage.to_uri(path)}: ZeRO checkpoints are consolidated from a local folder; "
-                "copy it locally first (gsutil -m cp -r ...)"
-            )
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(storage.to_uri(path), tag=tag)
-    else:
-        blob = torch.load(io.BytesIO(_read_bytes(model_file)), map_location="cpu", weights_only=True)
-        state = blob["module"]
-    return {k: v.float() if v.is_floating_point() else v for k, v in normalize_state_dict(state).items()}
-
-
-def model_config_from_state_dict(state: dict[str, torch.Tensor], like: ModelConfig) -> ModelConfig:
-    """Sizes read off the weight shapes; what shapes cannot tell (heads, activation, eps) from ``like``."""
-    state = normalize_state_dict(state)
-    try:
-        vocab, hidden = state["bert.embeddings.word_embeddings.weight"].shape
-        positions = state["bert.embeddings.position_embeddings.weight"].shape[0]
-        types = state["bert.embeddings.token_type_embeddings.weight"].shape[0]
-        inter = state["bert.encoder.layer.0.intermediate.dense.weight"].shape[0]
-    except KeyError as err:
-        raise CheckpointError(f"not a BERT state dict: {err} missing") from None
-    layers = 1 + max(int(k.split(".")[3]) for k in state if k.startswith("bert.encoder.layer."))
-    if like.hidden_size != hidden:
-        raise CheckpointError(
-            f"the checkpoint has hidden_size={hidden} but the config says {like.hidden_size}; "
-            "pass the run's config (--preset/--config/--set model.*) so the head count is right"
-        )
-    return like.model_copy(update=dict(
-        size="custom", vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=inter, max_position_embeddings=positions, type_vocab_size=types,
-        pre_layer_norm="bert.encoder.ln.weight" in state,
-    ))
-
-
-def _first_existing(*uris: str) -> str | None:
-    return next((u for u in uris if storage.exists(u)), None)
-
-
-def export_checkpoint(
-    source: str,
-    output: str,
-    like: ModelConfig | None = None,
-    vocab_file: str | None = None,
-    tag: str | None = None,
-    lowercase: bool = True,
-) -> str:
-    """Any checkpoint we produce or read -> a transformers folder at ``output``; returns its URI.
-
-    ``source`` is a transformers/bert_core folder (``config.json`` + weights) or a DeepSpeed
-    checkpoint folder. For DeepSpeed the model config comes from a ``config.json`` beside the
-    checkpoint (or in its run folder, or the run's ``hf/`` export), else from the weight shapes
-    plus ``like`` (the run's ``ModelConfig``). The vocab defaults to a ``vocab.txt`` in the same places.
-    """
-    from bert_core.model.bert import BertForPreTraining
-
-    # A pre-training run keeps one DeepSpeed folder per phase (checkpoints/phase<N>): take the last.
-    if not is_deepspeed_checkpoint(source) and not storage.exists(storage.join(source, "config.json")):
-        phases = [storage.join(source, f"phase{n}") for n in range(1, 10)]
-        phases = [p for p in phases if is_deepspeed_checkpoint(p)]
-        if phases:
-            log.info("%s: exporting the last phase, %s", source, phases[-1])
-            source = phases[-1]
-    parent = source.rstrip("/").rsplit("/", 1)[0] if "/" in source.rstrip("/") else "."
-    run = parent.rsplit("/", 1)[0] if "/" in parent else "."
-    if storage.exists(storage.join(source, "config.json")) and not is_deepspeed_checkpoint(source):
-        cfg, state = load_pretrained(source)
-    elif is_deepspeed_checkpoint(source):
-        state = load_deepspeed_state_dict(source, tag)
-        # beside the checkpoint, in the run folder, or in the run's final export (runs/<run>/hf)
-        cfg_uri = _first_existing(storage.join(source, "config.json"), storage.join(parent, "config.json"),
-                                  storage.join(parent, "hf", "config.json"), storage.join(run, "hf", "config.json"))
-        if cfg_uri:
-            cfg = model_config_from_hf(json.loads(storage.read_text(cfg_uri)), source=cfg_uri)
-        elif like is not None:
-            cfg = model_config_from_state_dict(state, like)
-        else:
-            raise CheckpointError(
-                f"{storage.to_uri(source)}: a DeepSpeed checkpoint without config.json; "
-                "pass the run's config (--preset/--config) so the model shape is known"
-            )
-    else:
-        raise CheckpointError(
-            f"{storage.to_uri(source)}: neither a transformers folder (config.json) nor a DeepSpeed "
-            "checkpoint (latest, global_step*/); point at runs/<run>/checkpoints or runs/<run>/hf"
-        )
-    model = BertForPreTraining(cfg)
-    load_into(model, state, source=storage.to_uri(source))
-    vocab_file = vocab_file or _first_existing(
-        storage.join(source, "vocab.txt"), storage.join(parent, "vocab.txt"), storage.join(parent, "hf", "vocab.txt"),
-        storage.join(run, "hf", "vocab.txt"),
-    )
-    if vocab_file is None:
-        log.warning("%s: no vocab.txt found; the export has weights only (pass --vocab)", source)
-    out = save_pretrained(model, output, vocab_file=vocab_file, lowercase=lowercase)
-    # Read it back: an export that does not load is worse than none.
-    _, back = load_pretrained(out)
-    for key, value in model.state_dict().items():
-        if not torch.equal(back[key], value):
-            raise CheckpointError(f"{out}: {key} differs after writing; the export is corrupt")
-    return out

@@ -15,17 +15,15 @@ import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, 
   warmup to the peak, then linear decay to 0 at ``max_steps``;
 - a CSV or TensorBoard monitor under ``<run>/monitor``.
 
-Weight decay is not applied to biases and LayerNorm weights: :func:`param_groups` splits them.
+Weight decay skips biases and LayerNorm parameters: the optimizer gets the two groups of
+:func:`bert_core.model.weight_decay.param_groups`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bert_core.config import PretrainConfig, PretrainPhase
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 
 def gradient_accumulation_steps(cfg: PretrainConfig, phase: PretrainPhase) -> int:
@@ -87,19 +85,6 @@ def _optimizer_section(cfg: PretrainConfig, phase: PretrainPhase) -> dict[str, A
     params["torch_adam"] = cfg.accelerator == "cpu"
     params["adam_w_mode"] = True
     return {"type": "AdamW", "params": params}
-
-
-def no_decay(name: str) -> bool:
-    """Biases and LayerNorm parameters get no weight decay (google-research/bert's exclusion list)."""
-    return name.endswith(".bias") or "LayerNorm" in name or name == "bias"
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay, plain = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (plain if no_decay(name) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
 def client_optimizer(cfg: PretrainConfig, phase: PretrainPhase, groups: list[dict[str, Any]]) -> Any:
