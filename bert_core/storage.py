@@ -28,7 +28,7 @@ _FILESYSTEMS: dict[tuple[int, str], fsspec.AbstractFileSystem] = {}
 
 
 class UnfinishedWriteError(FileNotFoundError):
-    """A folder has no manifest: whatever is in it was not finished and must not be read."""
+    """A folder has no manifest: whatever is in it is an unfinished write and must not be read."""
 
 
 def split_protocol(uri: str) -> tuple[str, str]:

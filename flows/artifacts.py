@@ -110,6 +110,14 @@ def markdown_image(fig: Figure, alt: str) -> str:
     return f"![{alt}]({png_data_url(fig)})"
 
 
+def _figure() -> tuple[Figure, Any]:
+    """A figure and its axes; every picture has the same size, so artifact pages line up."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.2))
+    return fig, fig.add_subplot()
+
+
 def line_plot(
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     title: str,
@@ -117,10 +125,7 @@ def line_plot(
     ylabel: str = "",
 ) -> Figure:
     """One line per named (x, y) series, e.g. loss curves of both pre-training phases."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.2))
-    ax = fig.add_subplot()
+    fig, ax = _figure()
     for name, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), label=name, marker="." if len(xs) < 30 else None)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -138,10 +143,7 @@ def histogram(
     bins: int = 30,
 ) -> Figure:
     """A histogram of raw values, or bars of precomputed ``{bin: count}`` (e.g. manifest stats)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.2))
-    ax = fig.add_subplot()
+    fig, ax = _figure()
     if isinstance(values, Mapping):
         items = sorted(values.items(), key=lambda kv: float(kv[0]))
         xs = [float(k) for k, _ in items]

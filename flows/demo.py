@@ -5,8 +5,8 @@
 
 Fetches the samples (cached after the first time), runs `bert_pipeline` with the `demo` preset
 (clean -> vocab -> instances 128/512 -> pre-train phase 1 and 2 on 2 CPU ranks -> fine-tune the
-fresh model and the sample MiniLM on sentiment, SQuAD, NER and SWAG), and prints the stages,
-the pre-training loss curve's ends, and the fine-tuning scores. Running it again skips every
+fresh model and the sample MiniLM on the real sample tasks: sentiment, SQuAD and NER), and prints
+the stages, the pre-training loss curve's ends, and the fine-tuning scores. Running it again skips every
 finished stage. Without a Prefect server it runs on an ephemeral one whose database is the one
 `bertpipe server` opens afterwards, so the run can still be browsed in the UI.
 """
@@ -20,6 +20,7 @@ import time
 from bert_core import storage
 from bert_core.config import PipelineConfig, load_config
 from flows.samples import fetch
+from flows.versions import is_done
 
 PRESET_SAMPLES = "samples/"
 
@@ -43,7 +44,7 @@ def demo_config(samples: str, sets: list[str]) -> PipelineConfig:
 
 def pretrain_lines(cfg: PipelineConfig, run: str) -> list[str]:
     """First and last logged loss of each phase, from the run's manifest."""
-    if not storage.has_manifest(run):
+    if not is_done(run):
         return ["  (no pre-training manifest)"]
     lines = []
     for i, phase in enumerate(storage.read_manifest(run)["stats"].get("phases", []), start=1):

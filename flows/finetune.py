@@ -46,9 +46,6 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str) -> str:
     if not cfg.data_dir:
         raise ValueError("finetune.data_dir is not set; point it at a folder with one sub-folder per task")
     tasks = [get_task(t).name for t in cfg.tasks]  # unknown names fail before any work
-    from flows.demo_data import ensure_demo_tasks
-
-    ensure_demo_tasks(cfg.data_dir, tasks, logger.warning)
     pairs = [(t, s) for t in tasks for s in cfg.seeds]
     futures = finetune_one.map(
         [t for t, _ in pairs], [s for _, s in pairs], unmapped(cfg.data_dir), unmapped(checkpoint),
@@ -64,9 +61,6 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str) -> str:
             message = state.message or state.name
             logger.warning("finetune %s seed=%s failed: %s", task_name, seed, message)
             results.append({"task": task_name, "seed": seed, "ok": False, "error": message})
-    if not any(r["ok"] for r in results):
-        raise RuntimeError("every fine-tuning job failed: " + "; ".join(
-            f"{r['task']} seed={r['seed']}: {r['error']}" for r in results))
     manifest = write_run_manifest(output, cfg, checkpoint, cfg.data_dir, results)
     publish_table("finetune-results", table_rows(manifest["stats"]["summary"]),
                   f"Fine-tuning {storage.to_uri(checkpoint)}: mean ± sd over seeds {cfg.seeds}")

@@ -5,8 +5,8 @@
 
 The work is ``beam_jobs.create_instances.create_instances``; this flow runs it, publishes the
 statistics as the table artifact ``instance-stats`` (one row per sequence length) and a length
-histogram as ``instance-lengths``, and returns ``output``. A folder whose manifest already holds
-the same InstanceConfig and the same input manifests is not redone.
+histogram as ``instance-lengths``, and returns ``output``. A finished ``output`` (it has its
+manifest) is not redone (flows/versions.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from bert_core import storage
 from bert_core.config import PipelineConfig
+from flows.versions import finished_manifest
 
 
 def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -33,17 +33,6 @@ def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _already_done(output: str, config: PipelineConfig, corpus: str, vocab: str) -> bool:
-    if not storage.has_manifest(output):
-        return False
-    done = storage.read_manifest(output)
-    wanted = [storage.read_manifest(corpus).get("created")]
-    if not vocab.endswith(".txt"):
-        wanted.append(storage.read_manifest(vocab).get("created"))
-    return (done["config"] == config.instances.model_dump(mode="json")
-            and [i.get("created") for i in done["inputs"]] == wanted)
-
-
 @flow(name="create-instances", log_prints=True, timeout_seconds=24 * 3600)
 def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
     """MLM + NSP instances from the corpus stage's documents and the vocab stage's vocab."""
@@ -51,13 +40,9 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
     from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
 
     logger = get_run_logger()
-    if _already_done(output, config, corpus, vocab):
-        logger.info("instances already at %s (same config and inputs); not redone", output)
-        manifest = storage.read_manifest(output)
-    else:
-        manifest = run_job(corpus, vocab, output, config.instances, lowercase=config.vocab.lowercase,
-                           workers=config.workers, runner=config.beam_runner,
-                           beam_args=config.beam_args)
+    manifest = finished_manifest("instances", output, lambda: run_job(
+        corpus, vocab, output, config.instances, lowercase=config.vocab.lowercase,
+        workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args))
     logger.info("instances: %s", manifest["counts"])
     publish_table("instance-stats", stats_rows(manifest),
                   f"MLM/NSP instance statistics of {manifest['uri']}")

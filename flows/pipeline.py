@@ -4,11 +4,10 @@
     python -c "from flows.pipeline import bert_pipeline; from bert_core.config import load_config; bert_pipeline(load_config('demo'))"
 
 Each stage is a task that calls the stage's own flow (a child flow run in the UI) with an explicit
-output folder ``<storage_root>/<stage>/<version>``, where ``version = config_hash(stage config,
-input manifests)``. A folder with a ``_MANIFEST.json`` is finished work: the stage is skipped and
-shows as ``Cached`` with "skipped (cached)", so re-running a failed pipeline resumes where it
-stopped (the cache key comes from the manifests, not from Prefect's run ids or result storage).
-Pre-training resumes from its latest checkpoint inside the pretrain stage itself.
+output folder ``<storage_root>/<stage>/<version>`` (flows/versions.py: the version hashes the stage
+config and its input manifests). A folder with a ``_MANIFEST.json`` is finished work: the stage is
+skipped and shows as ``Cached`` with "skipped (cached)", so re-running a failed pipeline resumes
+where it stopped. Pre-training resumes from its latest checkpoint inside the pretrain stage itself.
 
 Pre-training writes its run folder under ``runs_root`` (default: ``storage_root``): DeepSpeed saves
 checkpoints with ``torch.save`` to a path, so with ``storage_root: gs://...`` the run folder is a
@@ -29,59 +28,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, State
 
 from bert_core import storage
-from bert_core.config import ConfigError, PipelineConfig, config_hash
+from bert_core.config import ConfigError, PipelineConfig
 from flows.retry import retry_on_infrastructure
-
-SKIPPED = "skipped (cached)"
-
-
-# --------------------------------------------------------------------------- versions
-
-
-def manifest_identity(folder: str) -> dict[str, Any]:
-    """What a downstream version depends on: the stage, its place and the bytes it wrote."""
-    m = storage.read_manifest(folder)
-    return {"stage": m.get("stage"), "uri": storage.to_uri(folder),
-            "shards": [s.get("sha256") for s in m.get("shards", [])]}
-
-
-def files_identity(patterns: list[str]) -> list[list[Any]]:
-    """Raw inputs (dumps, books) have no manifest: name and size stand for their content."""
-    return [[p, [[u, storage.size(u)] for u in storage.glob(p)]] for p in patterns]
-
-
-def checkpoint_identity(checkpoint: str) -> dict[str, Any]:
-    """A pipeline checkpoint has a manifest (the run's); a given one is known by its files."""
-    run = checkpoint.rstrip("/").rsplit("/", 1)[0]
-    for folder in (checkpoint, run):
-        if storage.has_manifest(folder):
-            return manifest_identity(folder)
-    files = storage.list_files(checkpoint)
-    if not files:
-        raise FileNotFoundError(f"checkpoint {checkpoint}: no files there; give a folder with "
-                                "config.json and model.safetensors (transformers layout)")
-    config_json = storage.join(checkpoint, "config.json")
-    return {"uri": storage.to_uri(checkpoint), "files": [[u, storage.size(u)] for u in files],
-            "config": storage.sha256(config_json) if storage.exists(config_json) else None}
-
-
-def stage_output(config: PipelineConfig, stage: str, *parts: Any) -> str:
-    return storage.join(config.storage_root, stage, config_hash(*parts))
-
-
-def _cached(output: str) -> State:
-    """What a skipped stage or job returns: shows as "Cached" in the UI, with its output."""
-    return Completed(name="Cached", message=f"{SKIPPED}: {output}", data={"status": SKIPPED, "output": output})
-
-
-def _unwrap(out: Any) -> dict[str, Any]:
-    # A task that returns a State (our "Cached") hands that State to its caller.
-    return out.result() if isinstance(out, State) else out
+from flows.versions import (
+    SKIPPED,
+    checkpoint_identity,
+    corpus_folder,
+    finetune_folder,
+    instances_folder,
+    pretrain_version,
+    run_once,
+    unwrap,
+    vocab_folder,
+)
 
 
 def runs_base(config: PipelineConfig) -> str:
@@ -130,28 +93,20 @@ def _stage_flow(stage: str):
       cache_policy=NO_CACHE, task_run_name="{stage}")
 def run_stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]):
     """Run one stage flow into ``output`` unless its manifest says it already finished."""
-    logger = get_run_logger()
-    if storage.has_manifest(output):
-        logger.info("%s: %s, %s has a manifest", stage, SKIPPED, output)
-        return _cached(output)
-    logger.info("%s: running into %s", stage, output)
-    _stage_flow(stage)(config, **inputs, output=output)
-    if not storage.has_manifest(output):
-        raise RuntimeError(f"{stage}: the stage returned but {output} has no _MANIFEST.json; "
-                           "it did not finish its write, see the child flow run's logs")
-    return {"status": "completed", "output": output}
+    return run_once(stage, output, lambda: _stage_flow(stage)(config, **inputs, output=output))
 
 
 @task(retries=2, retry_delay_seconds=20, retry_condition_fn=retry_on_infrastructure,
       cache_policy=NO_CACHE, task_run_name="finetune-{task_name}-{label}")
 def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name: str, label: str):
     """One fine-tune job (all seeds of one task on one checkpoint), here or on a work pool."""
-    logger = get_run_logger()
-    if storage.has_manifest(output):
-        logger.info("finetune %s on %s: %s", task_name, label, SKIPPED)
-        return _cached(output)
     job_config = finetune_job_config(config, task_name)
-    if config.finetune.deployment:
+    what = f"finetune {task_name} on {label}"
+
+    def work() -> None:
+        if not config.finetune.deployment:
+            _stage_flow("finetune")(job_config, checkpoint=checkpoint, output=output)
+            return
         from prefect.context import TaskRunContext
         from prefect.deployments import run_deployment
 
@@ -165,13 +120,10 @@ def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name
             flow_run_name=f"finetune-{task_name}-{label}", idempotency_key=key, poll_interval=2,
         )
         if not child.state or not child.state.is_completed():
-            raise RuntimeError(f"finetune {task_name} on {label}: deployment run {child.name} ended "
+            raise RuntimeError(f"{what}: deployment run {child.name} ended "
                                f"{child.state.name if child.state else 'without a state'}")
-    else:
-        _stage_flow("finetune")(job_config, checkpoint=checkpoint, output=output)
-    if not storage.has_manifest(output):
-        raise RuntimeError(f"finetune {task_name} on {label}: {output} has no _MANIFEST.json")
-    return {"status": "completed", "output": output}
+
+    return run_once(what, output, work)
 
 
 # --------------------------------------------------------------------------- the DAG
@@ -183,8 +135,7 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
     for label, checkpoint in checkpoints.items():
         ident = checkpoint_identity(checkpoint)
         for task_name in config.finetune.tasks:
-            ft = finetune_job_config(config, task_name).finetune
-            output = stage_output(config, "finetune", ft, ident)
+            output = finetune_folder(finetune_job_config(config, task_name), ident)
             jobs.append((label, task_name, output, checkpoint))
     submit = config.finetune.deployment is not None
     states = []
@@ -199,7 +150,7 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
             st.wait()
         state = st.state if submit else st
         if state.is_completed():
-            value = _unwrap(state.result())
+            value = unwrap(state.result())
             results.append({"checkpoint": label, "task": task_name, **value})
         else:
             results.append({"checkpoint": label, "task": task_name, "status": "failed",
@@ -211,23 +162,20 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
       cache_policy=NO_CACHE, task_run_name="publish-model")
 def publish_model(run: str, output: str):
     """Copy a finished run's ``hf/`` export to ``output`` (the bucket) with a manifest."""
-    logger = get_run_logger()
-    if storage.has_manifest(output):
-        logger.info("model: %s, %s has a manifest", SKIPPED, output)
-        return _cached(output)
-    run_manifest = storage.read_manifest(run)
-    files = storage.copy_files(storage.join(run, "hf"), output)
-    if not any(f.endswith(("model.safetensors", "pytorch_model.bin")) for f in files):
-        raise RuntimeError(f"{storage.join(run, 'hf')} holds no model weights; was the export written?")
-    storage.write_manifest(output, stage="model", config={"run": storage.to_uri(run)},
-                           inputs=[run_manifest], shards=[storage.shard_entry(f) for f in files],
-                           counts={"files": len(files)})
-    logger.info("model: copied %d files of %s/hf to %s", len(files), run, output)
-    return {"status": "completed", "output": output}
+    def work() -> None:
+        run_manifest = storage.read_manifest(run)
+        files = storage.copy_files(storage.join(run, "hf"), output)
+        if not any(f.endswith(("model.safetensors", "pytorch_model.bin")) for f in files):
+            raise RuntimeError(f"{storage.join(run, 'hf')} holds no model weights; was the export written?")
+        storage.write_manifest(output, stage="model", config={"run": storage.to_uri(run)},
+                               inputs=[run_manifest], shards=[storage.shard_entry(f) for f in files],
+                               counts={"files": len(files)})
+
+    return run_once("model", output, work)
 
 
 def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    return _unwrap(run_stage(stage, config, output, inputs))
+    return unwrap(run_stage(stage, config, output, inputs))
 
 
 @flow(name="bert-pipeline", log_prints=True)
@@ -238,27 +186,24 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     stages: dict[str, dict[str, Any]] = {}
     runs = runs_base(config)
 
-    corpus = stage_output(config, "corpus", config.corpus,
-                          files_identity(config.corpus.wikipedia + config.corpus.books))
+    corpus = corpus_folder(config)
     stages["corpus"] = _stage("corpus", config, corpus, {})
 
-    vocab = stage_output(config, "vocab", config.vocab, manifest_identity(corpus))
+    vocab = vocab_folder(config, corpus)
     stages["vocab"] = _stage("vocab", config, vocab, {"corpus": corpus})
 
-    instances = stage_output(config, "instances", config.instances,
-                             manifest_identity(corpus), manifest_identity(vocab))
+    instances = instances_folder(config, corpus, vocab)
     stages["instances"] = _stage("instances", config, instances,
                                 {"corpus": corpus, "vocab": vocab})
 
-    version = config_hash(config.model, config.pretrain, manifest_identity(instances),
-                          manifest_identity(vocab))
+    version = pretrain_version(config, instances, vocab)
     run = storage.join(runs, "pretrain", version)
     stages["pretrain"] = _stage("pretrain", config, run, {"instances": instances})
 
     pretrained = storage.join(run, "hf")
     if config.runs_root:
         pretrained = storage.join(config.storage_root, "models", version)
-        stages["model"] = _unwrap(publish_model(run, pretrained))
+        stages["model"] = unwrap(publish_model(run, pretrained))
 
     checkpoints = {"pretrained": pretrained}
     for extra in config.finetune.extra_checkpoints:

@@ -10,7 +10,7 @@ logger, turns new ``metrics.jsonl`` rows into the live progress artifact ``pretr
 ``TABLE_EVERY_S`` seconds; at the end it publishes the loss and accuracy curves as
 ``pretrain-report``. The launch is a task retried only for infrastructure failures (a killed
 rank, a rendezvous timeout): the retry resumes from the last checkpoint. A run folder with a
-``_MANIFEST.json`` is finished and not redone.
+``_MANIFEST.json`` is finished and not redone (flows/versions.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from prefect import flow, get_run_logger, task
 from bert_core import storage
 from bert_core.config import PipelineConfig
 from bert_core.pretrain.loop import steps_done, total_steps
+from flows.retry import retry_on_infrastructure
+from flows.versions import SKIPPED, is_done
 
 TABLE_EVERY_S = 30.0
 METRIC_COLUMNS = ("phase", "step", "loss", "mlm_acc", "nsp_acc", "lr", "seq_per_s", "tokens_per_s", "mfu")
@@ -32,7 +34,7 @@ class MetricsWatcher:
     """Follows ``RUN/metrics.jsonl`` and mirrors it into Prefect artifacts."""
 
     def __init__(self, config: PipelineConfig, run: str) -> None:
-        from bert_core.pretrain.loop import MetricsTail
+        from bert_core.pretrain.metrics import MetricsTail
 
         self.config, self.run = config, run
         self.tail = MetricsTail(run)
@@ -55,23 +57,7 @@ class MetricsWatcher:
         return rows
 
 
-def _retry_launch(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a killed rank or a rendezvous timeout (the run resumes); never a config error."""
-    from bert_core.pretrain.launch import LaunchConfigError, LaunchInfraError
-    from flows.retry import retry_on_infrastructure
-
-    try:
-        exc = state.result(raise_on_failure=False)
-    except Exception as err:  # the result itself could not be read: judge that error
-        exc = err
-    if isinstance(exc, LaunchConfigError):
-        return False
-    if isinstance(exc, LaunchInfraError):
-        return True
-    return retry_on_infrastructure(task, task_run, state)
-
-
-@task(name="launch-deepspeed", retries=2, retry_delay_seconds=15, retry_condition_fn=_retry_launch)
+@task(name="launch-deepspeed", retries=2, retry_delay_seconds=15, retry_condition_fn=retry_on_infrastructure)
 def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None,
            node_rank: int | None) -> str:
     from bert_core.pretrain.launch import launch_pretraining
@@ -96,15 +82,15 @@ def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoin
     from flows.artifacts import markdown_image, metrics_curves, publish_markdown
 
     logger = get_run_logger()
-    if storage.has_manifest(output):
-        logger.info("pre-training already finished at %s; not redone", output)
+    if is_done(output):
+        logger.info("pretrain: %s, %s has a manifest; not redone", SKIPPED, output)
         MetricsWatcher(config, output).poll(final=True)
     else:
         launch(config, instances, output, init_checkpoint, node_rank)
     if node_rank:  # another node's launcher: rank 0's node writes the manifest and the report
         return output
     manifest = storage.read_manifest(output)
-    from bert_core.pretrain.loop import read_metrics
+    from bert_core.pretrain.metrics import read_metrics
 
     figs = metrics_curves(read_metrics(output))
     stats = manifest["stats"]

@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from bert_core import storage
 from bert_core.config import PipelineConfig
 from flows.retry import retry_on_infrastructure
+from flows.versions import SKIPPED, corpus_folder, is_done
 
 
 def candidate_dates(today: dt.date) -> list[str]:
@@ -55,8 +56,8 @@ def download(lang: str, date: str, to: str, base_url: str | None) -> str:
     from bert_core.corpus.download import download_wikipedia
 
     logger = get_run_logger()
-    if storage.has_manifest(to):
-        logger.info("%s: skipped (cached), already downloaded and verified", to)
+    if is_done(to):
+        logger.info("%s: %s, already downloaded and verified", to, SKIPPED)
         return to
     download_wikipedia(lang, date, to, base=base_url, log=logger.info)
     return to
@@ -68,7 +69,6 @@ def refresh_corpus(
 ) -> str:
     """Download a dump (newest finished one unless ``date``) and clean it; returns the corpus URI."""
     from flows.corpus import clean_corpus
-    from flows.pipeline import files_identity, stage_output
 
     dates = [date] if date else candidate_dates(dt.datetime.now(dt.timezone.utc).date())
     date = find_dump(lang, dates, base_url)
@@ -76,9 +76,8 @@ def refresh_corpus(
                    base_url)
     corpus_cfg = config.corpus.model_copy(update={"wikipedia": [storage.join(raw, "*.bz2")]})
     config = config.model_copy(update={"corpus": corpus_cfg})
-    output = stage_output(config, "corpus", config.corpus,
-                          files_identity(config.corpus.wikipedia + config.corpus.books))
-    if storage.has_manifest(output):
-        get_run_logger().info("corpus: skipped (cached) at %s", output)
+    output = corpus_folder(config)
+    if is_done(output):
+        get_run_logger().info("corpus: %s, %s has a manifest", SKIPPED, output)
         return output
     return clean_corpus(config, output)

