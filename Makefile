@@ -36,6 +36,7 @@ bench: $(STAMP) samples
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf bertpipe-data .pytest_cache

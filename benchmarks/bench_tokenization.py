@@ -10,7 +10,7 @@ excerpt crudely stripped: XML entities decoded, one line each) and the bert-base
 ``vocab.txt`` of the sample MiniLM model, with Google's 200-character word limit on both sides.
 Measured: tokens per CPU-second on one thread (CPU time of this process, robust to other load on
 the machine; ours runs with ``TOKENIZERS_PARALLELISM=false``), and the number of lines whose ids
-differ (the issue's parity requirement). Rows go to ``bench-results/tokenization.json``.
+differ (they must not). Rows go to ``bench-results/tokenization.json``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ headings (act/scene), speaker labels (``**HAMLET**``) and italic stage direction
 
 A file that is not a book raises :class:`BookError` with a reject reason: ``empty_file``,
 ``binary_file``, ``invalid_utf8``, ``line_too_long`` (e.g. a 50 MB single line).
-Used by ``beam_jobs/clean_corpus.py`` (``bertpipe clean --books GLOB``).
+Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus --books GLOB``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 Every record read is either a kept document or exactly one reject, so per source
 ``kept + rejected = read``. Rows of a shard are sorted by ``doc_id`` and a document's shard is
 ``stable_hash(doc_id) % num_shards``: the bytes depend only on the input, never on the number
-of workers or the order they finish in. Produced by ``bertpipe clean`` (beam_jobs/clean_corpus.py).
+of workers or the order they finish in. Produced by ``bertpipe corpus`` (beam_jobs/clean_corpus.py).
 """
 
 from __future__ import annotations

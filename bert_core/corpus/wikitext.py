@@ -13,7 +13,7 @@ headings, lists) into text. A paragraph that still shows markup after that goes 
 ``mwparserfromhell`` (the slow, exact path), and a sentence that *still* shows markup is dropped
 and counted, so no markup ever reaches the corpus.
 
-Used by ``beam_jobs/clean_corpus.py`` (``bertpipe clean``).
+Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ _BOLD_ITALIC = re.compile(r"'{2,5}")
 _TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>")
 _EMPTY_BRACKETS = re.compile(r"\(\s*[,;]?\s*\)|\[\s*\]")
 
-# What "markup" means for the residue check (the issue's list).
+# What "markup" means for the residue check.
 MARKUP = ("{{", "}}", "[[", "]]", "<ref", "{|", "|-", "==", "''")
 
 

@@ -1,0 +1,291 @@
+"""Learning parity: our BertForPreTraining and transformers' learn alike on the same instances.
+
+    python -m benchmarks.bench_parity                      # builds sample instances first
+    python -m benchmarks.bench_parity --instances DIR --steps 300 --seeds 3
+
+Both models start from the same weights (ours, saved in the transformers layout and opened by
+``transformers.BertForPreTraining``), read the same batches in the same order from the same
+instance shards, and train with the same plain torch loop: AdamW with the weight-decay groups of
+pre-training, linear warmup then linear decay (DeepSpeed's WarmupDecayLR), gradient clipping,
+one process. Rows of the last ``seq128`` shard are held out and evaluated every
+``--eval-every`` steps: masked-LM loss and accuracy, next-sentence loss and accuracy.
+
+Two checks, side by side:
+
+- **dropout 0, one seed**: the two runs are the same computation up to float rounding, so their
+  train losses agree step by step (the printed figure is the largest difference);
+- **dropout 0.1, several seeds**: dropout draws differ, so the eval curves may differ by seed
+  noise only; the final eval MLM loss gap is compared with its standard error (Welch t, scipy).
+
+Rows go to ``bench-results/parity.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+
+from bert_core.config import ModelConfig, preset_dict
+from bert_core.model.bert import BertForPreTraining
+from bert_core.model.checkpoint import save_pretrained
+from bert_core.pretrain.data import collate, to_tensors
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench-results"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def build_instances(samples: Path, work: Path) -> Path:
+    """Corpus -> vocab -> instances on the sample data with the demo preset (the CLI, as a user)."""
+    cli = [sys.executable, "-m", "flows.cli"]
+    out = work / "instances"
+    if (out / "_MANIFEST.json").exists():
+        return out
+    steps = [
+        ["corpus", "--wikipedia", str(samples / "wikipedia" / "*.xml.bz2"), "--books",
+         str(samples / "books" / "*.txt"), "--books", str(samples / "plays" / "*.md"),
+         "--output", str(work / "corpus")],
+        ["vocab", "--corpus", str(work / "corpus"), "--output", str(work / "vocab")],
+        ["instances", "--corpus", str(work / "corpus"), "--vocab", str(work / "vocab"),
+         "--output", str(out)],
+    ]
+    for args in steps:
+        print("  $ bertpipe", " ".join(args), flush=True)
+        subprocess.run(cli + args, check=True, capture_output=True)
+    return out
+
+
+def load_rows(instances: Path, seq: int) -> tuple[pa.Table, pa.Table, int]:
+    """(train rows, held-out rows: the last shard, vocab size from the instances manifest)."""
+    folder = instances / f"seq{seq}"
+    shards = sorted(folder.glob("part-*.parquet"))
+    train = pa.concat_tables([pq.read_table(s) for s in shards[:-1]])
+    held_out = pq.read_table(shards[-1])
+    manifest = json.loads((instances / "_MANIFEST.json").read_text())
+    vocab_size = manifest.get("stats", {}).get("vocab_size") or _vocab_size(instances, manifest)
+    return train, held_out, int(vocab_size)
+
+
+def _vocab_size(instances: Path, manifest: dict) -> int:
+    for entry in manifest.get("inputs", []):
+        uri = entry.get("uri", "") if isinstance(entry, dict) else ""
+        vocab = Path(uri.replace("file://", "")) / "vocab.txt"
+        if vocab.exists():
+            return len(vocab.read_text(encoding="utf-8").splitlines())
+    vocab = instances.parent / "vocab" / "vocab.txt"
+    return len(vocab.read_text(encoding="utf-8").splitlines())
+
+
+def hf_labels(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Masked positions/ids -> transformers' [B, T] labels (-100 where nothing is predicted)."""
+    B, T = batch["input_ids"].shape
+    labels = torch.full((B, T), -100, dtype=torch.long)
+    real = batch["masked_lm_weights"] > 0
+    rows = torch.arange(B)[:, None].expand_as(real)
+    labels[rows[real], batch["masked_lm_positions"][real]] = batch["masked_lm_ids"][real]
+    return labels
+
+
+def forward(kind: str, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Loss and summed metrics of one batch: mlm_loss_sum, mlm_correct, masked, nsp_* likewise."""
+    if kind == "ours":
+        out = model(**batch)
+        m = int(batch["masked_lm_weights"].sum())
+        B = batch["input_ids"].shape[0]
+        return {"loss": out["loss"], "mlm_loss_sum": out["mlm_loss"] * m, "mlm_correct": out["mlm_acc"] * m,
+                "masked": m, "nsp_loss_sum": out["nsp_loss"] * B, "nsp_correct": out["nsp_acc"] * B, "rows": B}
+    labels = hf_labels(batch)
+    out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"], labels=labels,
+                next_sentence_label=batch["next_sentence_label"])
+    picked = labels != -100
+    logits = out.prediction_logits[picked].float()
+    target = labels[picked]
+    nsp = out.seq_relationship_logits.float()
+    nsp_label = batch["next_sentence_label"]
+    return {"loss": out.loss,
+            "mlm_loss_sum": F.cross_entropy(logits, target, reduction="sum").detach(),
+            "mlm_correct": (logits.argmax(-1) == target).sum().float(), "masked": int(target.numel()),
+            "nsp_loss_sum": F.cross_entropy(nsp, nsp_label, reduction="sum").detach(),
+            "nsp_correct": (nsp.argmax(-1) == nsp_label).sum().float(), "rows": int(nsp_label.numel())}
+
+
+def evaluate(kind: str, model: torch.nn.Module, rows: pa.Table, seq: int, batch_size: int = 64) -> dict[str, float]:
+    model.eval()
+    sums = {"mlm_loss_sum": 0.0, "mlm_correct": 0.0, "masked": 0, "nsp_loss_sum": 0.0, "nsp_correct": 0.0, "rows": 0}
+    with torch.no_grad():
+        for start in range(0, rows.num_rows, batch_size):
+            batch = to_tensors(collate(rows.slice(start, batch_size), seq))
+            out = forward(kind, model, batch)
+            for k in sums:
+                sums[k] += float(out[k])
+    model.train()
+    return {"mlm_loss": sums["mlm_loss_sum"] / sums["masked"], "mlm_acc": sums["mlm_correct"] / sums["masked"],
+            "nsp_loss": sums["nsp_loss_sum"] / sums["rows"], "nsp_acc": sums["nsp_correct"] / sums["rows"]}
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    plain = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
+    """DeepSpeed's WarmupDecayLR (linear): up to ``peak`` over ``warmup`` steps, then down to 0."""
+    if step < warmup:
+        return peak * step / max(1, warmup)
+    return peak * max(0.0, (total - step) / max(1, total - warmup))
+
+
+def train(kind: str, model: torch.nn.Module, train_rows: pa.Table, held_out: pa.Table, args: argparse.Namespace,
+          seed: int) -> dict:
+    optimizer = torch.optim.AdamW(decay_groups(model, 0.01), lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+    order = np.random.default_rng(seed).permutation(train_rows.num_rows)
+    curve, losses = [], []
+    started = time.process_time()
+    for step in range(args.steps):
+        if step % args.eval_every == 0:
+            curve.append({"step": step, **evaluate(kind, model, held_out, args.seq)})
+        picks = order[(step * args.batch) % len(order):][: args.batch]
+        if len(picks) < args.batch:
+            picks = np.concatenate([picks, order[: args.batch - len(picks)]])
+        batch = to_tensors(collate(train_rows.take(pa.array(picks)), args.seq))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
+        torch.manual_seed(seed * 1_000_003 + step)  # the same dropout stream position for both
+        loss = forward(kind, model, batch)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    curve.append({"step": args.steps, **evaluate(kind, model, held_out, args.seq)})
+    return {"curve": curve, "train_loss": losses, "cpu_s": time.process_time() - started}
+
+
+def twin_models(vocab_size: int, dropout: float, seed: int, work: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Ours with seeded init, and transformers' BertForPreTraining opened from a copy of it."""
+    from transformers import BertForPreTraining as HFBertForPreTraining
+
+    size = preset_dict("demo")["model"]
+    cfg = ModelConfig(**{**size, "vocab_size": vocab_size, "hidden_dropout_prob": dropout,
+                         "attention_probs_dropout_prob": dropout})
+    torch.manual_seed(seed)
+    ours = BertForPreTraining(cfg)
+    folder = work / f"init-{seed}-{dropout}"
+    save_pretrained(ours, str(folder))
+    theirs = HFBertForPreTraining.from_pretrained(str(folder), attn_implementation="eager")
+    ours.train()
+    theirs.train()
+    return ours, theirs
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float]:
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan")
+    t = stats.ttest_ind(a, b, equal_var=False)
+    return float(t.statistic), float(t.pvalue)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--samples", default=str(ROOT / "samples"))
+    parser.add_argument("--instances", help="an instances stage folder (default: built from the samples)")
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--eval-rows", type=int, default=1024, help="held-out rows evaluated")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    RESULTS.mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bertpipe-parity-"))
+    instances = Path(args.instances) if args.instances else build_instances(Path(args.samples), RESULTS / "parity-data")
+    train_rows, held_out, vocab_size = load_rows(instances, args.seq)
+    held_out = held_out.slice(0, args.eval_rows)
+    print(f"machine: {machine()}")
+    print(f"instances: {train_rows.num_rows} train rows, {held_out.num_rows} held out, vocab {vocab_size}; "
+          f"{args.steps} steps of {args.batch} x {args.seq}, lr {args.lr}, warmup {args.warmup}", flush=True)
+
+    # 1. Dropout 0: the same computation up to rounding.
+    ours, theirs = twin_models(vocab_size, 0.0, 1, work)
+    exact = {kind: train(kind, model, train_rows, held_out, args, seed=1)
+             for kind, model in (("ours", ours), ("transformers", theirs))}
+    gaps = [abs(a - b) for a, b in zip(exact["ours"]["train_loss"], exact["transformers"]["train_loss"], strict=True)]
+    print(f"dropout 0: largest train-loss gap over {args.steps} steps {max(gaps):.2e} "
+          f"(final loss ours {exact['ours']['train_loss'][-1]:.4f}, transformers "
+          f"{exact['transformers']['train_loss'][-1]:.4f})", flush=True)
+
+    # 2. Dropout 0.1, several seeds: eval curves within seed noise.
+    runs: dict[str, list[dict]] = {"ours": [], "transformers": []}
+    for seed in range(1, args.seeds + 1):
+        ours, theirs = twin_models(vocab_size, 0.1, seed, work)
+        for kind, model in (("ours", ours), ("transformers", theirs)):
+            runs[kind].append(train(kind, model, train_rows, held_out, args, seed=seed))
+            final = runs[kind][-1]["curve"][-1]
+            print(f"  seed {seed} {kind:>12}: eval mlm loss {final['mlm_loss']:.4f} acc {final['mlm_acc']:.4f}, "
+                  f"nsp acc {final['nsp_acc']:.3f} ({runs[kind][-1]['cpu_s']:.0f} CPU-s)", flush=True)
+
+    print(f"\n{'step':>6} | {'ours eval MLM loss':>20} | {'transformers':>20} | {'ours MLM acc':>14} | {'transformers':>14}")
+    rows = []
+    for i, point in enumerate(runs["ours"][0]["curve"]):
+        row = {"step": point["step"]}
+        for kind in runs:
+            for metric in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"):
+                values = [r["curve"][i][metric] for r in runs[kind]]
+                row[f"{kind}_{metric}"] = values
+        rows.append(row)
+
+        def cell(values: list[float], digits: int = 4) -> str:
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
+
+        print(f"{row['step']:>6} | {cell(row['ours_mlm_loss']):>20} | {cell(row['transformers_mlm_loss']):>20} | "
+              f"{cell(row['ours_mlm_acc'], 3):>14} | {cell(row['transformers_mlm_acc'], 3):>14}")
+    last = rows[-1]
+    t, p = welch(last["ours_mlm_loss"], last["transformers_mlm_loss"])
+    gap = statistics.fmean(last["ours_mlm_loss"]) - statistics.fmean(last["transformers_mlm_loss"])
+    agree = math.isnan(p) or p > 0.01
+    print(f"\nfinal eval MLM loss gap (ours - transformers) {gap:+.4f}, Welch t {t:.2f}, p {p:.3f}: "
+          f"{'agree within seed noise' if agree else 'DISAGREE'}")
+    result = {"machine": machine(), "instances": str(instances), "steps": args.steps, "batch": args.batch,
+              "seq": args.seq, "lr": args.lr, "warmup": args.warmup, "seeds": args.seeds,
+              "dropout0_max_train_loss_gap": max(gaps), "curve": rows, "final_gap": gap, "welch_t": t,
+              "welch_p": p, "agree": agree}
+    (RESULTS / "parity.json").write_text(json.dumps(result, indent=1))
+    return 0 if agree else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
