@@ -43,7 +43,8 @@ from beam_jobs.job import (
 )
 from bert_core import storage
 from bert_core.config import VocabConfig
-from bert_core.vocab.tokenization import Tokenizer, VocabError, parse_vocab, vocab_problems
+from bert_core.vocab.tokenization import Tokenizer, check_vocab_file
+from bert_core.vocab.wordcount import read_counts
 
 NAMESPACE = "build_vocab"
 COUNTERS = ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")
@@ -133,40 +134,7 @@ def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int
     return {name: found.get(name, 0) for name in COUNTERS}
 
 
-def read_counts(scratch: str) -> list[tuple[str, int]]:
-    """All ``(word, count)`` pairs, sorted by count descending then word (a stable training order)."""
-    pairs = []
-    for uri in storage.glob(storage.join(scratch, "counts*.tsv")):
-        with storage.open_file(uri, "rb") as f:
-            for line in f:
-                word, count = line.decode("utf-8").rstrip("\n").rsplit("\t", 1)
-                pairs.append((word, int(count)))
-    pairs.sort(key=lambda wc: (-wc[1], wc[0]))
-    return pairs
-
-
 # --------------------------------------------------------------------------- entry point
-
-
-def check_vocab_file(uri: str, cfg: VocabConfig) -> Tokenizer:
-    """The tokenizer of an existing vocab, or :class:`VocabError` saying what is wrong with it."""
-    if not storage.exists(uri):
-        raise VocabError(f"--vocab-file {uri} does not exist; give the vocab.txt of a BERT model")
-    vocab = parse_vocab(storage.read_text(uri), source=uri)
-    problems = vocab_problems(vocab)
-    # A wrong casing setting silently ruins a model: uncased text on a cased vocab never uses the
-    # capitalised tokens, cased text on an uncased vocab turns every capital into [UNK].
-    letters = [t for t in vocab if any(c.isalpha() for c in t) and not t.startswith("[")]
-    upper = sum(1 for t in letters if any(c.isupper() for c in t))
-    if not cfg.lowercase and letters and upper / len(letters) < 0.001:
-        problems.append(f"only {upper} of {len(letters)} tokens have uppercase letters (an uncased "
-                        "vocab) but vocab.lowercase is false; set vocab.lowercase=true")
-    if cfg.lowercase and letters and upper / len(letters) > 0.05:
-        problems.append(f"{upper} of {len(letters)} tokens have uppercase letters (a cased vocab) but "
-                        "vocab.lowercase is true; set vocab.lowercase=false")
-    if problems:
-        raise VocabError(f"--vocab-file {uri} is not a usable BERT vocab: " + "; ".join(problems))
-    return Tokenizer(vocab, cfg.lowercase, cfg.do_strip_accents, cfg.max_input_chars_per_word)
 
 
 def build_vocab(

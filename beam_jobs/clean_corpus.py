@@ -32,6 +32,7 @@ from beam_jobs.job import counters as job_counters
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
+from bert_core.corpus.dedup import duplicate_verdicts, exact_losers
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.sentences import split_paragraphs
 
@@ -199,14 +200,6 @@ class FingerprintFn(beam.DoFn):
                 yield TaggedOutput(BANDS, (key, (doc["doc_id"], sig)))
 
 
-def _exact_losers(element) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
-    """Same normalized text: the smallest (doc_id, origin) is kept, every other one loses."""
-    _, group = element
-    members = sorted(group)
-    for member in members[1:]:
-        yield tuple(member), tuple(members[0])
-
-
 def _bucket_pairs(element, threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
     from bert_core.corpus.dedup import near_duplicates_in_bucket
 
@@ -237,7 +230,7 @@ class CleanDocuments(beam.PTransform):
         duplicates = (
             prints[EXACT]
             | "GroupByContent" >> beam.GroupByKey()
-            | "FindExactDuplicates" >> beam.FlatMap(_exact_losers)
+            | "FindExactDuplicates" >> beam.FlatMap(exact_losers)
         )
         near = (
             prints[BANDS]
@@ -251,37 +244,6 @@ class CleanDocuments(beam.PTransform):
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def _verdicts(docs: Iterable[D.Document], duplicates: dict, near: dict) -> Iterator[Any]:
-    """Kept documents in doc_id order, and a reject for each duplicate (naming what it duplicates).
-
-    Exact duplicates are dropped as they stream in, so only the shard's survivors are sorted.
-    """
-    survivors = []
-    for doc in docs:
-        kept = duplicates.get((doc["doc_id"], doc["origin"]))
-        if kept is None:
-            survivors.append(doc)
-            continue
-        yield D.make_reject(doc["source"], doc["doc_id"], D.DUPLICATE,
-                            f"{doc['title']!r} ({doc['origin']}) has the same normalized text as "
-                            f"{kept[0]} ({kept[1]})", duplicate_of=kept[0])
-    seen: dict[str, str] = {}
-    for doc in sorted(survivors, key=lambda d: (d["doc_id"], d["origin"])):
-        doc_id, origin = doc["doc_id"], doc["origin"]
-        if doc_id in seen:
-            yield D.make_reject(doc["source"], doc_id, D.DUPLICATE_DOC_ID,
-                                f"{origin} repeats doc_id {doc_id} of {seen[doc_id]} with different "
-                                "text; the first is kept", duplicate_of=doc_id)
-        elif doc_id in near:
-            dup_of, sim = near[doc_id]
-            yield D.make_reject(doc["source"], doc_id, D.NEAR_DUPLICATE,
-                                f"{doc['title']!r}: estimated Jaccard similarity {sim:.2f} of 5-word "
-                                f"shingles with {dup_of}", duplicate_of=dup_of)
-        else:
-            seen[doc_id] = origin
-            yield doc
 
 
 class SpillDocumentsFn(beam.DoFn):
@@ -329,7 +291,7 @@ def _write_doc_shard(element, output: str, num_shards: int, text_format: str,
     """Write one shard (rows sorted by doc_id) from its spill files, applying the verdicts."""
     index, spills = element
     docs = []
-    for record in _verdicts(_load_spills(sorted(spills)), duplicates or {}, near or {}):
+    for record in duplicate_verdicts(_load_spills(sorted(spills)), duplicates or {}, near or {}):
         if D.is_reject(record):
             yield TaggedOutput(REJECTS, record)
         else:

@@ -34,18 +34,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from benchmarks.common import samples
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 CHUNK = 1 << 20
 
 
-def samples() -> Path:
-    if os.environ.get("BERTPIPE_SAMPLES"):
-        return Path(os.environ["BERTPIPE_SAMPLES"])
-    from flows.samples import fetch
-
-    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
-    return fetch(base / "samples", log=lambda m: None)
 
 
 def larger_file(root: Path, folder: Path) -> Path:
@@ -112,7 +107,7 @@ def measured(fn: Callable[[], Iterator[bytes]]) -> dict:
 
 
 def main() -> None:
-    from benchmarks.run_all import machine
+    from benchmarks.common import machine
 
     root = samples()
     rows = []

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import samples as samples_dir  # noqa: E402
 from bert_core.corpus.dedup import normalize  # noqa: E402
 from bert_core.corpus.sentences import split_sentences  # noqa: E402
 from bert_core.corpus.wikitext import MARKUP  # noqa: E402
@@ -43,13 +44,6 @@ PROCESSES = 2
 DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2"
 
 
-def samples_dir() -> Path:
-    if os.environ.get("BERTPIPE_SAMPLES"):
-        return Path(os.environ["BERTPIPE_SAMPLES"])
-    from flows.samples import fetch
-
-    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
-    return fetch(base / "samples", log=lambda m: None)
 
 
 def wikiextractor_python() -> str:

@@ -25,12 +25,13 @@ import bz2
 import html
 import itertools
 import json
-import os
 import random
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from benchmarks.common import samples
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,13 +42,6 @@ NUM_PERM = 128
 K = 5  # words per shingle, as bert_core.corpus.dedup
 
 
-def samples() -> Path:
-    if os.environ.get("BERTPIPE_SAMPLES"):
-        return Path(os.environ["BERTPIPE_SAMPLES"])
-    from flows.samples import fetch
-
-    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
-    return fetch(base / "samples", log=lambda m: None)
 
 
 def texts(root: Path) -> list[str]:
@@ -149,7 +143,7 @@ def reference_pairs(sigs: list, bands: tuple[int, int] | None) -> tuple[set[tupl
 def main() -> None:
     from datasketch import MinHashLSH
 
-    from benchmarks.run_all import machine
+    from benchmarks.common import machine
     from bert_core.corpus.dedup import choose_bands
 
     windows = documents(samples(), random.Random(0))

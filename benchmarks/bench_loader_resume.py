@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.common import samples as samples_dir
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -29,13 +30,6 @@ sys.path.insert(0, str(HERE.parent))
 MICRO_BATCH = 8
 
 
-def samples_dir() -> Path:
-    if os.environ.get("BERTPIPE_SAMPLES"):
-        return Path(os.environ["BERTPIPE_SAMPLES"])
-    from flows.samples import fetch
-
-    cache = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "samples"
-    return fetch(cache, log=lambda m: None)
 
 
 def best_of(fn, repeats: int = 3) -> tuple[float, dict]:

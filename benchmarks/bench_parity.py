@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import machine
 from bert_core.config import ModelConfig, preset_dict
 from bert_core.model.bert import BertForPreTraining
 from bert_core.model.checkpoint import save_pretrained
@@ -46,18 +46,6 @@ from bert_core.pretrain.data import collate, to_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
 def build_instances(samples: Path, work: Path) -> Path:
@@ -234,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     instances = Path(args.instances) if args.instances else build_instances(Path(args.samples), RESULTS / "parity-data")
     train_rows, held_out, vocab_size = load_rows(instances, args.seq)
     held_out = held_out.slice(0, args.eval_rows)
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()['cpu']}, {torch.get_num_threads()} torch thread(s)")
     print(f"instances: {train_rows.num_rows} train rows, {held_out.num_rows} held out, vocab {vocab_size}; "
           f"{args.steps} steps of {args.batch} x {args.seq}, lr {args.lr}, warmup {args.warmup}", flush=True)
 

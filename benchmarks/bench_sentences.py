@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks.common import samples
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,13 +35,6 @@ GOLD = Path(__file__).resolve().parent / "sentences_gold.json"
 SPEED_CHARS = 300_000
 
 
-def samples() -> Path:
-    if os.environ.get("BERTPIPE_SAMPLES"):
-        return Path(os.environ["BERTPIPE_SAMPLES"])
-    from flows.samples import fetch
-
-    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
-    return fetch(base / "samples", log=lambda m: None)
 
 
 def article_paragraphs(dump: Path) -> dict[str, list[str]]:
@@ -91,7 +85,7 @@ def scores(found: list[set[int]], gold: list[set[int]]) -> dict[str, float]:
 
 
 def main() -> None:
-    from benchmarks.run_all import machine
+    from benchmarks.common import machine
 
     print(f"machine: {machine()['cpu']}")
     gold_doc = json.loads(GOLD.read_text())

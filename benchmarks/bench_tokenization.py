@@ -24,19 +24,14 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import samples
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core comparison
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 
-def samples() -> Path:
-    if os.environ.get("BERTPIPE_SAMPLES"):
-        return Path(os.environ["BERTPIPE_SAMPLES"])
-    from flows.samples import fetch
-
-    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
-    return fetch(base / "samples", log=lambda m: None)
 
 
 def corpus_lines(root: Path) -> list[str]:

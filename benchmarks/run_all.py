@@ -18,35 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import machine
+
 HERE = Path(__file__).resolve().parent
 RESULTS = Path("bench-results")
-
-
-def machine() -> dict[str, str | int]:
-    """What the numbers were measured on (they mean little without it)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count() or 0,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "os": platform.platform(terse=True),
-    }
 
 
 def discover(only: set[str] | None) -> list[str]:

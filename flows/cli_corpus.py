@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
 def corpus(
@@ -45,24 +45,18 @@ def corpus(
         updates = {"wikipedia": wikipedia or [], "books": books or []}
     if text_format:
         updates["text_format"] = text_format
-    try:
+    with user_errors(ValueError, code=2):
         corpus_cfg = corpus_cfg.model_validate({**corpus_cfg.model_dump(), **updates})
-    except ValueError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
 
     from beam_jobs.clean_corpus import clean as run_job
     from bert_core.corpus.inputs import InputError
 
     console = Console(stderr=True)
-    try:
+    with user_errors(InputError, code=2):
         with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s) and {len(corpus_cfg.books)} "
                             f"book glob(s) with {workers or cfg.workers} worker(s) ..."):
             manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=cfg.beam_runner,
                                beam_args=[*cfg.beam_args, *ctx.args])
-    except InputError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
     typer.echo(format_counts(manifest))
 
 

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
 def export(
@@ -36,12 +36,9 @@ def export(
     from bert_core.model.export import export_checkpoint
 
     cfg = resolve(preset, config, set_)
-    try:
+    with user_errors(CheckpointError, FileNotFoundError):
         out = export_checkpoint(source, output, like=cfg.model, vocab_file=vocab, tag=tag,
                                 lowercase=cfg.vocab.lowercase)
-    except (CheckpointError, FileNotFoundError) as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
     typer.echo(f"exported {source} -> {out}")
 
 

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
 def finetune(
@@ -49,7 +49,7 @@ def finetune(
     except ValueError as err:
         typer.secho(f"--seeds {seeds!r}: {err}", fg="red", err=True)
         raise typer.Exit(2) from None
-    try:
+    with user_errors(FileNotFoundError, ValueError, KeyError, RuntimeError):
         if use_prefect:
             from flows.finetune import finetune as finetune_flow
 
@@ -58,9 +58,6 @@ def finetune(
         else:
             manifest = run_many(cfg.finetune.tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune,
                                 output, log=lambda m: typer.echo(m, err=True))
-    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
     from bert_core.finetune.report import format_table
 
     typer.echo(format_table(table_rows(manifest["stats"]["summary"])))
@@ -81,12 +78,9 @@ def features(
     """Extract frozen contextual token features (the paper's feature-based approach) to Parquet."""
     from bert_core.finetune.features import extract_file
 
-    try:
+    with user_errors(FileNotFoundError, ValueError):
         n = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
                          max_seq_length=max_seq_length, threads=threads)
-    except (FileNotFoundError, ValueError) as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
     typer.echo(f"wrote {n} sentences of {layers} features to {output}")
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
 def instances(
@@ -37,13 +37,10 @@ def instances(
     cfg = resolve(preset, config, set_)
     from beam_jobs.create_instances import create_instances as run_job
 
-    try:
+    with user_errors(UnfinishedWriteError, ValueError):
         manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
                            workers=workers or cfg.workers, runner=cfg.beam_runner,
                            beam_args=[*cfg.beam_args, *ctx.args])
-    except (UnfinishedWriteError, ValueError) as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
     typer.echo(format_stats(manifest))
 
 
@@ -54,11 +51,8 @@ def stats(
     """Print the counts and statistics stored in a folder's manifest."""
     from bert_core.storage import UnfinishedWriteError, read_manifest
 
-    try:
+    with user_errors(UnfinishedWriteError, ValueError):
         manifest = read_manifest(uri)
-    except (UnfinishedWriteError, ValueError) as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps({"counts": manifest["counts"], "stats": manifest["stats"]}, indent=2))
     else:

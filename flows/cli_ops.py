@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 download_app = typer.Typer(help="Download raw corpora.", no_args_is_help=True)
 infra_app = typer.Typer(help="Render infra/ templates from the typed config.", no_args_is_help=True)
@@ -47,12 +47,9 @@ def download_wikipedia(
     from bert_core.corpus.download import DownloadError
     from bert_core.corpus.download import download_wikipedia as run
 
-    try:
+    with user_errors(DownloadError):
         manifest = run(lang, date, to, job=job, base=base_url, staging=staging, retries=retries,
                        log=lambda m: typer.echo(m, err=True))
-    except DownloadError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
     typer.echo(f"{manifest['counts']['files']} file(s), {manifest['counts']['bytes']} bytes -> {manifest['uri']}")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -19,10 +21,17 @@ SetOpt = Annotated[
 ]
 
 
+@contextmanager
+def user_errors(*kinds: type[BaseException], code: int = 1) -> Iterator[None]:
+    """An expected error of these kinds ends the command with its one-line message, no traceback."""
+    try:
+        yield
+    except kinds as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(code) from None
+
+
 def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:
     """Load config or exit with the validation message (before any work starts)."""
-    try:
+    with user_errors(ConfigError, code=2):
         return load_config(preset, config, sets or [])
-    except ConfigError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None

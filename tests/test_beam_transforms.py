@@ -14,7 +14,7 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.build_vocab import CountWords, WriteCounts, read_counts
+from beam_jobs.build_vocab import CountWords, WriteCounts
 from beam_jobs.clean_corpus import CleanDocuments, ReadBooks, ReadWikipediaDump, WriteDocuments
 from beam_jobs.create_instances import CreateInstanceShards
 from beam_jobs.job import ReadSentences, pipeline_options
@@ -24,7 +24,7 @@ from bert_core.corpus import documents as D
 from bert_core.corpus.sentences import split_sentences
 from bert_core.instances.pairs import VocabIds
 from bert_core.vocab.tokenization import load_tokenizer
-from bert_core.vocab.wordcount import count_words
+from bert_core.vocab.wordcount import count_words, read_counts
 
 PROSE = ("The river runs through the old town. It was first mapped in 1820 by Dr. Hale, who "
          "walked its banks for three years. Today it feeds two lakes and a canal. ")

@@ -25,8 +25,12 @@ import hashlib
 import re
 import unicodedata
 import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
+
+from bert_core.corpus import documents as D
 
 _WORD = re.compile(r"[^\W_]+")
 _EMPTY = np.uint64(1 << 32)  # above every 32-bit hash value
@@ -134,3 +138,45 @@ def near_duplicates_in_bucket(
                 found.append((doc_id, other_id, sim))
                 break
     return found
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def exact_losers(element: tuple[Any, Iterable[tuple[str, str]]]) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """Same normalized text: the smallest (doc_id, origin) is kept, every other one loses."""
+    _, group = element
+    members = sorted(group)
+    for member in members[1:]:
+        yield tuple(member), tuple(members[0])
+
+
+def duplicate_verdicts(docs: Iterable[D.Document], duplicates: dict, near: dict) -> Iterator[Any]:
+    """Kept documents in doc_id order, and a reject for each duplicate (naming what it duplicates).
+
+    Exact duplicates are dropped as they stream in, so only the shard's survivors are sorted.
+    """
+    survivors = []
+    for doc in docs:
+        kept = duplicates.get((doc["doc_id"], doc["origin"]))
+        if kept is None:
+            survivors.append(doc)
+            continue
+        yield D.make_reject(doc["source"], doc["doc_id"], D.DUPLICATE,
+                            f"{doc['title']!r} ({doc['origin']}) has the same normalized text as "
+                            f"{kept[0]} ({kept[1]})", duplicate_of=kept[0])
+    seen: dict[str, str] = {}
+    for doc in sorted(survivors, key=lambda d: (d["doc_id"], d["origin"])):
+        doc_id, origin = doc["doc_id"], doc["origin"]
+        if doc_id in seen:
+            yield D.make_reject(doc["source"], doc_id, D.DUPLICATE_DOC_ID,
+                                f"{origin} repeats doc_id {doc_id} of {seen[doc_id]} with different "
+                                "text; the first is kept", duplicate_of=doc_id)
+        elif doc_id in near:
+            dup_of, sim = near[doc_id]
+            yield D.make_reject(doc["source"], doc_id, D.NEAR_DUPLICATE,
+                                f"{doc['title']!r}: estimated Jaccard similarity {sim:.2f} of 5-word "
+                                f"shingles with {dup_of}", duplicate_of=dup_of)
+        else:
+            seen[doc_id] = origin
+            yield doc

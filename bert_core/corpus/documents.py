@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from bert_core import storage
@@ -195,3 +196,34 @@ def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list
 
 def _bin_lower(label: str) -> int:
     return int(label.lstrip("<").split("-")[0].rstrip("+"))
+
+
+# --------------------------------------------------------------------------- reading shards
+
+
+DOCUMENT_COLUMNS = ["doc_id", "sentences"]
+
+
+def read_sentences(uri: str, batch_rows: int = 256) -> Iterator[tuple[str, list[str] | None]]:
+    """``(doc_id, sentences)`` of one documents shard, streamed in row batches (never the whole file)."""
+    import pyarrow.parquet as pq
+
+    with storage.open_file(uri, "rb") as f:
+        shard = pq.ParquetFile(f)
+        missing = set(DOCUMENT_COLUMNS) - set(shard.schema_arrow.names)
+        if missing:
+            raise ValueError(f"documents shard {uri} has no column(s) {sorted(missing)}; it is not "
+                             "a corpus stage output: re-run `bertpipe corpus` or fix --corpus")
+        for batch in shard.iter_batches(batch_size=batch_rows, columns=DOCUMENT_COLUMNS):
+            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+
+
+def count_documents(shards: Iterable[str]) -> int:
+    """Rows of the documents shards, from their Parquet footers (no data read)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for uri in shards:
+        with storage.open_file(uri, "rb") as f:
+            total += pq.ParquetFile(f).metadata.num_rows
+    return total

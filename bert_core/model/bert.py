@@ -134,12 +134,14 @@ class BertSelfAttention(nn.Module):
         return tokens.unpad(y.transpose(1, 2).reshape(B, T, H))  # heads side by side -> [N, H]
 
 
-class BertSelfOutput(nn.Module):
-    """Attention output projection; ``LayerNorm`` is post-LN's norm (pre-LN: the input norm)."""
+class BertProjection(nn.Module):
+    """A projection back to the hidden size with its dropout and LayerNorm: the attention output
+    (``attention.output``) and the FFN down projection (``output``). ``LayerNorm`` is post-LN's
+    norm after the residual; pre-LN uses it on the sublayer's input instead."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, in_features: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = nn.Linear(in_features, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
@@ -148,23 +150,13 @@ class BertAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(cfg)
-        self.output = BertSelfOutput(cfg)
+        self.output = BertProjection(cfg, cfg.hidden_size)
 
 
 class BertIntermediate(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-
-
-class BertFFNOutput(nn.Module):
-    """FFN down projection; ``LayerNorm`` is post-LN's norm (pre-LN: the FFN input norm)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
 
 class BertLayer(nn.Module):
@@ -178,7 +170,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(cfg)
         self.intermediate = BertIntermediate(cfg)
-        self.output = BertFFNOutput(cfg)
+        self.output = BertProjection(cfg, cfg.intermediate_size)
         self.act = _activation(cfg.hidden_act)
         self.pre_layer_norm = cfg.pre_layer_norm
 

@@ -60,6 +60,7 @@ from itertools import chain
 from typing import Any
 
 from bert_core import storage
+from bert_core.config import VocabConfig
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -450,3 +451,24 @@ def load_tokenizer(uri: str, lowercase: bool | None = None) -> Tokenizer:
     if not is_model:
         storage.read_manifest(uri)  # refuses an unfinished write
     return Tokenizer.from_pretrained_dir(uri)
+
+
+def check_vocab_file(uri: str, cfg: VocabConfig) -> Tokenizer:
+    """The tokenizer of an existing vocab, or :class:`VocabError` saying what is wrong with it."""
+    if not storage.exists(uri):
+        raise VocabError(f"--vocab-file {uri} does not exist; give the vocab.txt of a BERT model")
+    vocab = parse_vocab(storage.read_text(uri), source=uri)
+    problems = vocab_problems(vocab)
+    # A wrong casing setting silently ruins a model: uncased text on a cased vocab never uses the
+    # capitalised tokens, cased text on an uncased vocab turns every capital into [UNK].
+    letters = [t for t in vocab if any(c.isalpha() for c in t) and not t.startswith("[")]
+    upper = sum(1 for t in letters if any(c.isupper() for c in t))
+    if not cfg.lowercase and letters and upper / len(letters) < 0.001:
+        problems.append(f"only {upper} of {len(letters)} tokens have uppercase letters (an uncased "
+                        "vocab) but vocab.lowercase is false; set vocab.lowercase=true")
+    if cfg.lowercase and letters and upper / len(letters) > 0.05:
+        problems.append(f"{upper} of {len(letters)} tokens have uppercase letters (a cased vocab) but "
+                        "vocab.lowercase is true; set vocab.lowercase=false")
+    if problems:
+        raise VocabError(f"--vocab-file {uri} is not a usable BERT vocab: " + "; ".join(problems))
+    return Tokenizer(vocab, cfg.lowercase, cfg.do_strip_accents, cfg.max_input_chars_per_word)

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from typing import Any
 
+from bert_core import storage
+
 
 @lru_cache(maxsize=8)
 def _pipeline(lowercase: bool, strip_accents: bool | None) -> tuple[Any, Any]:
@@ -55,3 +57,15 @@ def repeated_words(word: str, count: int, max_chars: int = 1 << 20) -> Iterator[
         n = min(count, per_chunk)
         yield " ".join([word] * n)
         count -= n
+
+
+def read_counts(scratch: str) -> list[tuple[str, int]]:
+    """All ``(word, count)`` pairs, sorted by count descending then word (a stable training order)."""
+    pairs = []
+    for uri in storage.glob(storage.join(scratch, "counts*.tsv")):
+        with storage.open_file(uri, "rb") as f:
+            for line in f:
+                word, count = line.decode("utf-8").rstrip("\n").rsplit("\t", 1)
+                pairs.append((word, int(count)))
+    pairs.sort(key=lambda wc: (-wc[1], wc[0]))
+    return pairs
