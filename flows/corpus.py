@@ -33,7 +33,7 @@ def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-@flow(name="clean-corpus", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="corpus", log_prints=True, timeout_seconds=24 * 3600)
 def clean_corpus(config: PipelineConfig, output: str) -> str:
     """Clean ``config.corpus.wikipedia`` dumps and ``config.corpus.books`` into documents."""
     from beam_jobs.clean_corpus import clean

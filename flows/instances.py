@@ -4,8 +4,8 @@
     bertpipe instances --corpus C --vocab V --output O    (the same work without Prefect)
 
 The work is ``beam_jobs.create_instances.create_instances``; this flow runs it, publishes the
-statistics as the table artifact ``instance-stats`` (one row per sequence length) and a length
-histogram as ``instance-lengths``, and returns ``output``. A finished ``output`` (it has its
+statistics as the table artifact ``instances-stats`` (one row per sequence length) and a length
+histogram as ``instances-lengths``, and returns ``output``. A finished ``output`` (it has its
 manifest) is not redone (flows/versions.py).
 """
 
@@ -33,7 +33,7 @@ def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-@flow(name="create-instances", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="instances", log_prints=True, timeout_seconds=24 * 3600)
 def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
     """MLM + NSP instances from the corpus stage's documents and the vocab stage's vocab."""
     from beam_jobs.create_instances import create_instances as run_job
@@ -44,12 +44,12 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
         corpus, vocab, output, config.instances, lowercase=config.vocab.lowercase,
         workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args))
     logger.info("instances: %s", manifest["counts"])
-    publish_table("instance-stats", stats_rows(manifest),
+    publish_table("instances-stats", stats_rows(manifest),
                   f"MLM/NSP instance statistics of {manifest['uri']}")
     pictures = [
         markdown_image(histogram(s["counts"]["length_histogram"], f"{name}: instance lengths",
                                  "tokens (bin start)"), name)
         for name, s in manifest["stats"].items()
     ]
-    publish_markdown("instance-lengths", "\n\n".join(pictures), "Instance length histograms")
+    publish_markdown("instances-lengths", "\n\n".join(pictures), "Instance length histograms")
     return output

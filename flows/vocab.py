@@ -18,7 +18,7 @@ from bert_core.vocab.training import report_markdown
 from flows.versions import finished_manifest
 
 
-@flow(name="build-vocab", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="vocab", log_prints=True, timeout_seconds=24 * 3600)
 def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
     """A WordPiece vocab trained on the corpus stage's documents (or ``config.vocab.vocab_file``)."""
     from beam_jobs.build_vocab import build_vocab as run_job

@@ -180,10 +180,10 @@ def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(corpus, vocab_
                 return await client.read_latest_artifacts()
 
         artifacts = {a.key: a for a in asyncio.run(latest())}
-        table = artifacts["instance-stats"].data
+        table = artifacts["instances-stats"].data
         rows = json.loads(table) if isinstance(table, str) else table
         assert [r["set"] for r in rows] == ["seq64", "seq128"]
-        assert "instance-lengths" in artifacts
+        assert "instances-lengths" in artifacts
 
 
 def test_run_takes_the_shared_job_options_and_passes_the_rest_to_beam(corpus, vocab_file, runs, tmp_path) -> None:

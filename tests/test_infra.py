@@ -164,8 +164,8 @@ def test_prefect_yaml_is_the_rendered_demo_and_names_real_flows():
         assert "config" in flow.parameters.properties
         PipelineConfig.model_validate(d["parameters"]["config"])  # the UI form's defaults are valid
         assert d["work_pool"]["name"] in (PROCESS_POOL, GPU_POOL)
-    assert {"bert-pipeline/local", "refresh-corpus/monthly", "clean-corpus/local", "build-vocab/local",
-            "create-instances/local", "pretrain/local", "pretrain/gpu", "finetune/local",
+    assert {"bert-pipeline/local", "refresh-corpus/monthly", "corpus/local", "vocab/local",
+            "instances/local", "pretrain/local", "pretrain/gpu", "finetune/local",
             "finetune/gpu"} == names
     (monthly,) = [d for d in spec["deployments"] if d["name"] == "monthly"]
     assert monthly["schedules"][0]["cron"] == REFRESH_CRON

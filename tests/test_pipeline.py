@@ -15,7 +15,7 @@ import pytest
 from bert_core.config import ConfigError, load_config
 from flows.retry import is_infrastructure_error
 
-STAGE_FLOWS = {"clean-corpus": 1, "build-vocab": 1, "create-instances": 1, "pretrain": 1, "finetune": 2}
+STAGE_FLOWS = {"corpus": 1, "vocab": 1, "instances": 1, "pretrain": 1, "finetune": 2}
 
 
 def test_retry_only_infrastructure_errors():
@@ -195,7 +195,7 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
             (progress, *_) = client.read_artifacts(
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pretrain-progress"])))
             assert float(progress.data) == 100.0
-            for key in ("vocab-report", "instance-stats", "finetune-results", "pretrain-report"):
+            for key in ("vocab-report", "instances-stats", "finetune-results", "pretrain-report"):
                 assert _artifact(client, key)
         from prefect.logging.handlers import APILogHandler
 
