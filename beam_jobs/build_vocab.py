@@ -153,6 +153,8 @@ def build_vocab(
         raise ValueError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
     given = check_vocab_file(cfg.vocab_file, cfg) if cfg.vocab_file else None
     corpus_manifest = storage.read_manifest(corpus) if corpus else None  # refuses unfinished corpora
+    if corpus_manifest:
+        storage.check_shards(corpus, corpus_manifest)
     storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
 
     counters: dict[str, int] = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import pickle
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -112,7 +113,7 @@ class ReadBookFn(beam.DoFn):
         except BookError as err:
             yield TaggedOutput(REJECTS, D.make_reject(D.BOOKS, doc_id, err.reason, err.detail))
             return
-        except (OSError, EOFError) as err:
+        except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt .gz member
             yield TaggedOutput(REJECTS, D.make_reject(
                 D.BOOKS, doc_id, D.UNREADABLE_FILE, f"{uri}: {type(err).__name__}: {err}"))
             return

@@ -243,6 +243,10 @@ class PretrainConfig(_Model):
     # bookkeeping
     log_every: int = Field(10, ge=1, description="Steps between metrics.jsonl lines.")
     checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints.")
+    eval_every: int = Field(
+        0, ge=0, description="Steps between evaluations on the instances' eval split (seq{L}/eval); "
+        "0 = only at the end of each phase, which always evaluates."
+    )
     monitor: Literal["tensorboard", "csv", "none"] = "csv"
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     peak_flops_per_rank: float | None = Field(
@@ -406,6 +410,16 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _yaml(text: str, what: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(f"{what}: not valid YAML ({problem}{where})") from None
+
+
 def apply_set(data: dict[str, Any], assignment: str) -> dict[str, Any]:
     """Apply one ``a.b.c=value`` override; the value is parsed as YAML (so 3, true, [1,2] work).
 
@@ -414,26 +428,39 @@ def apply_set(data: dict[str, Any], assignment: str) -> dict[str, Any]:
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected key=value, e.g. instances.dupe_factor=2")
     key, raw = assignment.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
-    parts = key.strip().split(".")
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {key}: the value {raw!r} is not valid YAML; quote it, e.g. "
+                          f"--set '{key}=\"{raw}\"' (a list: --set '{key}=[\"{raw}\"]')") from None
+    parts = key.split(".")
     data = json.loads(json.dumps(data))  # deep copy
     node: Any = data
-    for depth, part in enumerate(parts[:-1]):
-        nxt = parts[depth + 1]
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[:depth]) or "the config"
+        last = depth == len(parts) - 1
         if isinstance(node, list):
-            node = node[int(part)]
-            continue
-        if part not in node or node[part] is None:
-            node[part] = [] if nxt.isdigit() else {}
-        node = node[part]
-    last = parts[-1]
-    if isinstance(node, list):
-        idx = int(last)
-        if idx >= len(node):
-            raise ConfigError(f"--set {key}: index {idx} is past the end of a list of {len(node)}")
-        node[idx] = value
-    else:
-        node[last] = value
+            if not part.isdigit():
+                raise ConfigError(f"--set {key}: {here} is a list; name an item by its number, "
+                                  f"e.g. {here}.0")
+            if int(part) >= len(node):
+                raise ConfigError(f"--set {key}: {here} has {len(node)} item(s) (0..{len(node) - 1}); "
+                                  f"add items by setting the whole list, e.g. --set '{here}=[...]'")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                if part not in node or node[part] is None:
+                    node[part] = [] if parts[depth + 1].isdigit() else {}
+                node = node[part]
+        else:
+            raise ConfigError(f"--set {key}: {here} is a single value ({node!r}), it has no field "
+                              f"{part!r}; set {here}=VALUE instead")
     return data
 
 
@@ -448,22 +475,27 @@ def load_config(
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        data = _deep_merge(data, yaml.safe_load(path.read_text()) or {})
+        loaded = _yaml(path.read_text(), f"config file {path}") or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: the top level is a {type(loaded).__name__}; it must "
+                              "be a mapping of sections (corpus:, vocab:, instances:, ...) like a preset")
+        data = _deep_merge(data, loaded)
     for assignment in sets:
         data = apply_set(data, assignment)
     return validate(data, source=preset or str(config_file) or "config")
 
 
-def validate(data: dict[str, Any], source: str = "config") -> PipelineConfig:
+def validate(data: dict[str, Any], source: str = "config", model: type[BaseModel] | None = None) -> Any:
+    """The typed config (``model``, default the whole PipelineConfig), or a ConfigError of one
+    line naming every invalid field and why."""
     try:
-        return PipelineConfig.model_validate(data)
+        return (model or PipelineConfig).model_validate(data)
     except ValidationError as err:
-        lines = [f"invalid {source}:"]
+        problems = []
         for e in err.errors():
             where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {where}: {msg}")
-        raise ConfigError("\n".join(lines)) from None
+            problems.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+        raise ConfigError(f"invalid {source}: " + "; ".join(problems)) from None
 
 
 def config_hash(*parts: Any) -> str:

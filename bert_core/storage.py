@@ -27,6 +27,10 @@ SCHEMA_VERSION = 1
 _FILESYSTEMS: dict[tuple[int, str], fsspec.AbstractFileSystem] = {}
 
 
+class ManifestError(ValueError):
+    """A manifest, or a shard it lists, does not hold what the manifest promises."""
+
+
 class UnfinishedWriteError(FileNotFoundError):
     """A folder has no manifest: whatever is in it is an unfinished write and must not be read."""
 
@@ -234,7 +238,13 @@ def read_manifest(folder: str) -> dict[str, Any]:
             f"unfinished write: {to_uri(folder)} has no {MANIFEST} ({hint}); "
             "re-run the stage that produces it"
         )
-    manifest = json.loads(read_text(path))
+    try:
+        manifest = json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise ManifestError(f"{to_uri(path)} is not valid JSON ({err.msg} at line {err.lineno}): the "
+                            "manifest is damaged; re-run the stage that produces it") from None
+    if not isinstance(manifest, dict) or "shards" not in manifest:
+        raise ManifestError(f"{to_uri(path)} is not a bertpipe manifest; re-run the stage that produces it")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(
             f"{path}: schema_version {manifest.get('schema_version')} is not {SCHEMA_VERSION}; "
@@ -247,3 +257,41 @@ def shard_uris(folder: str, manifest: dict[str, Any] | None = None) -> list[str]
     """The shards a manifest lists, as URIs (never a directory listing: stray files are ignored)."""
     manifest = manifest or read_manifest(folder)
     return [join(folder, s["path"]) for s in manifest["shards"]]
+
+
+CHECKSUM_BYTES = 256 << 20  # inputs up to this size get their sha256 checked at stage start
+
+
+def shard_problems(folder: str, manifest: dict[str, Any] | None = None,
+                   checksums: bool | None = None) -> list[str]:
+    """What is wrong with the shards a manifest lists: missing, another size, another sha256.
+
+    Sizes are always compared; sha256 when ``checksums`` (default: when the shards together
+    are at most :data:`CHECKSUM_BYTES`). An empty list means every shard is as written.
+    """
+    manifest = manifest or read_manifest(folder)
+    shards = manifest.get("shards", [])
+    if checksums is None:
+        checksums = sum(s.get("bytes", 0) for s in shards) <= CHECKSUM_BYTES
+    stage = manifest.get("stage", "?")
+    problems = []
+    for entry in shards:
+        uri = join(folder, entry["path"])
+        if not exists(uri):
+            problems.append(f"{to_uri(uri)} is missing")
+        elif "bytes" in entry and size(uri) != entry["bytes"]:
+            problems.append(f"{to_uri(uri)} has {size(uri)} bytes, the {stage} stage wrote {entry['bytes']}")
+        elif checksums and "sha256" in entry and sha256(uri) != entry["sha256"]:
+            problems.append(f"{to_uri(uri)} does not match the sha256 the {stage} stage recorded")
+    return problems
+
+
+def check_shards(folder: str, manifest: dict[str, Any] | None = None, checksums: bool | None = None) -> None:
+    """Raise :class:`ManifestError` (one line) when a shard is not as its manifest says."""
+    problems = shard_problems(folder, manifest, checksums)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ManifestError(f"{problems[0]}{more}: the shard is damaged or was changed after it was "
+                            f"written; re-run the stage that produces {to_uri(folder)}, or restore it "
+                            "(`bertpipe verify` lists every problem)")
+

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from bert_core.config import ConfigError, validate
 from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
@@ -45,8 +46,8 @@ def corpus(
         updates = {"wikipedia": wikipedia or [], "books": books or []}
     if text_format:
         updates["text_format"] = text_format
-    with user_errors(ValueError, code=2):
-        corpus_cfg = corpus_cfg.model_validate({**corpus_cfg.model_dump(), **updates})
+    with user_errors(ConfigError, code=2):
+        corpus_cfg = validate({**corpus_cfg.model_dump(), **updates}, "corpus options", type(corpus_cfg))
 
     from beam_jobs.clean_corpus import clean as run_job
     from bert_core.corpus.inputs import InputError
@@ -72,6 +73,6 @@ def format_counts(manifest: dict) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    extra = {"allow_extra_args": True, "ignore_unknown_options": True}
+    extra = {"allow_extra_args": True}  # Beam options go after `--`; unknown ones are refused
     app.command("corpus", context_settings=extra)(corpus)
     app.command("clean", context_settings=extra, hidden=True)(corpus)

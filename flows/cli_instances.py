@@ -4,6 +4,7 @@
         --output ./bertpipe-data/instances --preset demo --set instances.dupe_factor=5
     bertpipe stats ./bertpipe-data/instances          (any stage's _MANIFEST.json)
     bertpipe stats ./bertpipe-data/instances --json
+    bertpipe verify ./bertpipe-data/instances         (every shard against its manifest's sha256)
 
 ``instances`` runs the Beam job directly (no Prefect); ``--vocab`` is a vocab stage folder or a
 ``vocab.txt`` (then ``vocab.lowercase`` says the casing); extra arguments after the options go
@@ -59,6 +60,31 @@ def stats(
         typer.echo(format_stats(manifest))
 
 
+def verify(
+    uri: Annotated[str, typer.Argument(help="A stage's output folder; its sub-folders with a manifest too.")],
+) -> None:
+    """Check every shard of a folder (and of its sub-folders) against its manifest: size and sha256."""
+    from bert_core import storage
+
+    with user_errors(storage.UnfinishedWriteError, storage.ManifestError):
+        storage.read_manifest(uri)
+        found = storage.glob(storage.join(uri, "**", storage.MANIFEST))
+        folders = sorted({storage.to_uri(uri).rstrip("/"), *(m.rsplit("/", 1)[0] for m in found)})
+        bad = 0
+        for folder in folders:
+            manifest = storage.read_manifest(folder)
+            problems = storage.shard_problems(folder, manifest, checksums=True)
+            bad += len(problems)
+            for problem in problems:
+                typer.secho(f"  {problem}", fg="red", err=True)
+            status = "ok" if not problems else f"{len(problems)} problem(s)"
+            typer.echo(f"{status}: {folder} ({len(manifest['shards'])} shards, {manifest['stage']} stage)")
+    if bad:
+        typer.secho(f"{bad} shard(s) do not match their manifest; re-run the stage that wrote them",
+                    fg="red", err=True)
+        raise typer.Exit(1)
+
+
 def format_stats(manifest: dict[str, Any]) -> str:
     """Counts, then one block per stats entry (a per-length summary, or any flat dict)."""
     lines = [f"{manifest['stage']} at {manifest['uri']} ({manifest['created']})"]
@@ -94,5 +120,6 @@ def _bin_start(key: str) -> int | None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("instances", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(instances)
+    app.command("instances", context_settings={"allow_extra_args": True})(instances)
     app.command("stats")(stats)
+    app.command("verify")(verify)

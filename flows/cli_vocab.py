@@ -52,4 +52,4 @@ def vocab(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("vocab", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(vocab)
+    app.command("vocab", context_settings={"allow_extra_args": True})(vocab)

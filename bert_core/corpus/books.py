@@ -72,7 +72,8 @@ def decode_book(name: str, data: bytes) -> str:
 
 
 def _normalize_newlines(text: str) -> str:
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    """Unix newlines, and no NUL characters (stray NULs of a text file are never words)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
 
 
 def _check_lines(name: str, text: str) -> None:

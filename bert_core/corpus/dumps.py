@@ -47,6 +47,7 @@ from bert_core.corpus import documents as D
 
 BLOCK = 1 << 20
 RANGE_BYTES = 4 << 20  # target XML bytes of one work item (bz2 compresses about 4:1)
+PIECE_BYTES = 64 << 10  # compressed bytes fed to a decompressor at a time
 MAX_PAGE_BYTES = 256 << 20  # a "page" larger than this is a broken file, not an article
 _BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # stream header + first block magic
 _PAGE_OPEN = b"<page>"
@@ -103,6 +104,8 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bo
     with storage.open_file(uri, "rb") as f:
         head = f.read(10)
     if uri.endswith(".bz2") and head.startswith(b"BZh"):
+        if _is_utf16(_bz2_text_head(uri)):
+            return [WorkItem(uri, "whole")]  # splits would cut UTF-16 code units apart
         offsets = _bz2_stream_offsets(uri)
         if len(offsets) > 1:
             items, start = [], offsets[0]
@@ -125,6 +128,25 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bo
         return [WorkItem(uri, "range", s, min(s + range_bytes, total), last=s + range_bytes >= total)
                 for s in range(0, total, range_bytes)]
     return [WorkItem(uri, "whole")]
+
+
+def _bz2_text_head(uri: str, limit: int = 4 << 20) -> bytes:
+    """The first decompressed bytes of a ``.bz2`` file (its first block, at most ``limit``
+    compressed bytes read): enough to tell the text encoding before splitting the file."""
+    decompressor = bz2.BZ2Decompressor()
+    out = b""
+    with storage.open_file(uri, "rb") as f:
+        read = 0
+        while len(out) < 4 and read < limit and not decompressor.eof:
+            chunk = f.read(PIECE_BYTES)
+            if not chunk:
+                break
+            read += len(chunk)
+            try:
+                out += decompressor.decompress(chunk, max_length=4096)
+            except (OSError, EOFError):
+                break  # a corrupt head is the reader's to report
+    return out
 
 
 def _bz2_head_ok(head: bytes) -> bool:
