@@ -155,15 +155,18 @@ def build_vocab(
     corpus_manifest = storage.read_manifest(corpus) if corpus else None  # refuses unfinished corpora
     if corpus_manifest:
         storage.check_shards(corpus, corpus_manifest)
+    storage.check_writable(output)
     storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
 
     counters: dict[str, int] = {}
     pairs: list[tuple[str, int]] = []
     if corpus:
         scratch = storage.join(output, SCRATCH)
-        counters = count_corpus_words(corpus, scratch, cfg, workers, runner, beam_args)
-        pairs = read_counts(scratch)
-        storage.remove(scratch)
+        try:
+            counters = count_corpus_words(corpus, scratch, cfg, workers, runner, beam_args)
+            pairs = read_counts(scratch)
+        finally:
+            storage.remove(scratch)
     if given is not None:
         tokenizer = given
     else:

@@ -444,6 +444,7 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     if not wiki_files and not book_files:
         raise InputError("no inputs: give --wikipedia GLOB and/or --books GLOB (corpus.wikipedia / corpus.books)")
     output = storage.to_uri(output)
+    storage.check_writable(output)
     total_bytes = sum(storage.size(f) for f in wiki_files + book_files)
     # Shard count from the input size (never from workers), so output bytes do not depend on them.
     num_shards = cfg.num_shards or D.auto_num_shards(total_bytes // 2)
@@ -451,7 +452,10 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     storage.remove(storage.join(output, SPILL_DIR))
     inputs = {"wikipedia": wiki_files, "books": book_files}
 
-    result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards), workers, runner, beam_args)
+    try:
+        result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards), workers, runner, beam_args)
+    finally:
+        storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
     if counters is not None:
         for name, n in job_counters(result, NAMESPACE).items():
             counters[name] = counters.get(name, 0) + n

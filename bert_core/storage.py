@@ -31,6 +31,10 @@ class ManifestError(ValueError):
     """A manifest, or a shard it lists, does not hold what the manifest promises."""
 
 
+class OutputError(ValueError):
+    """An output folder that cannot be written (under a file, read-only, no space)."""
+
+
 class UnfinishedWriteError(FileNotFoundError):
     """A folder has no manifest: whatever is in it is an unfinished write and must not be read."""
 
@@ -294,4 +298,17 @@ def check_shards(folder: str, manifest: dict[str, Any] | None = None, checksums:
         raise ManifestError(f"{problems[0]}{more}: the shard is damaged or was changed after it was "
                             f"written; re-run the stage that produces {to_uri(folder)}, or restore it "
                             "(`bertpipe verify` lists every problem)")
+
+
+def check_writable(folder: str) -> None:
+    """Create ``folder`` and write a probe file in it, or raise :class:`OutputError` (one line)."""
+    probe = join(folder, ".bertpipe-write-test")
+    try:
+        makedirs(folder)
+        write_text(probe, "ok")
+        remove(probe, recursive=False)
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise OutputError(f"cannot write to {to_uri(folder)}: {why}; choose a writable --output "
+                          "(a folder, not a file, with free space)") from None
 

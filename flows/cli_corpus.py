@@ -50,10 +50,11 @@ def corpus(
         corpus_cfg = validate({**corpus_cfg.model_dump(), **updates}, "corpus options", type(corpus_cfg))
 
     from beam_jobs.clean_corpus import clean as run_job
+    from bert_core import storage
     from bert_core.corpus.inputs import InputError
 
     console = Console(stderr=True)
-    with user_errors(InputError, code=2):
+    with user_errors(InputError, code=2), user_errors(storage.OutputError):
         with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s) and {len(corpus_cfg.books)} "
                             f"book glob(s) with {workers or cfg.workers} worker(s) ..."):
             manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=cfg.beam_runner,

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
 def vocab(
@@ -42,12 +42,9 @@ def vocab(
     from beam_jobs.build_vocab import build_vocab as run_job
     from bert_core.vocab.training import report_markdown
 
-    try:
+    with user_errors(UnfinishedWriteError, ValueError):
         manifest = run_job(corpus, output, vocab_cfg, workers=workers or cfg.workers,
                            runner=cfg.beam_runner, beam_args=[*cfg.beam_args, *ctx.args])
-    except (UnfinishedWriteError, ValueError) as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(1) from None
     typer.echo(report_markdown(manifest))
 
 

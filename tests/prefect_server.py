@@ -56,6 +56,20 @@ def drain_prefect_workers() -> None:
 
 
 @contextlib.contextmanager
+def stop_process_group(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Stop a process started with ``start_new_session=True`` and its children the way Prefect's
+    servers and workers expect (SIGTERM, a bounded wait, then SIGKILL). Never raises: a teardown
+    must not fail a test whose assertions passed."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 30)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[str]:
     """Start the server, wait for /api/health, yield the API URL, stop it (and only it)."""
     home.mkdir(parents=True, exist_ok=True)
@@ -85,12 +99,5 @@ def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[str]:
     finally:
         drain_prefect_workers()
         # The CLI runs uvicorn as a child: stop the whole process group this fixture started.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()

@@ -3,9 +3,6 @@ fine-tune fan-out there with run_deployment: one child flow run per task, each o
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +29,7 @@ def test_finetune_fan_out_runs_on_a_process_pool_worker(samples_dir, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect_server import local_prefect_server, server_env
+    from prefect_server import local_prefect_server, server_env, stop_process_group
 
     from bert_core import storage
     from flows.pipeline import fan_out_finetune
@@ -60,9 +57,7 @@ def test_finetune_fan_out_runs_on_a_process_pool_worker(samples_dir, tmp_path):
 
             results = fan_out()
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=30)
+            stop_process_group(worker)
         log = (tmp_path / "worker.log").read_text()
         assert [(r["task"], r["status"]) for r in results] == [(t, "completed") for t in TASKS], log[-3000:]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import os
 import random
 import shutil
 import string
@@ -172,3 +173,26 @@ def test_manifest_cut_in_half_is_one_line(small_corpus, tmp_path) -> None:
     manifest = corpus / storage.MANIFEST
     manifest.write_text(manifest.read_text()[:200])
     assert_one_line(invoke("stats", str(corpus)), 1, "_MANIFEST.json", "not valid JSON", "re-run")
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def test_unwritable_output_is_one_line_and_leaves_no_temporary_files(small_corpus, tmp_path) -> None:
+    book = tmp_path / "book.txt"
+    book.write_text(book_text("A book"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    result = invoke("corpus", "--books", str(book), "--output", str(a_file / "corpus"))
+    assert_one_line(result, 1, "cannot write to", "a-file", "--output")
+    result = invoke("vocab", "--corpus", str(small_corpus), "--output", str(a_file / "vocab"))
+    assert_one_line(result, 1, "cannot write to", "a-file")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        if not os.access(read_only, os.W_OK):  # root may write anywhere: then only the cases above
+            result = invoke("corpus", "--books", str(book), "--output", str(read_only / "corpus"))
+            assert_one_line(result, 1, "cannot write to", "read-only")
+    finally:
+        read_only.chmod(0o755)
