@@ -196,3 +196,13 @@ def test_unwritable_output_is_one_line_and_leaves_no_temporary_files(small_corpu
             assert_one_line(result, 1, "cannot write to", "read-only")
     finally:
         read_only.chmod(0o755)
+
+
+def test_truncated_model_weights_name_the_file(samples_dir, tmp_path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(samples_dir / "models" / "minilm", model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    result = invoke("features", "--checkpoint", str(model), "--input",
+                    str(samples_dir / "tasks" / "conll" / "ground_truth.txt"), "--output", str(tmp_path / "f.parquet"))
+    assert_one_line(result, 1, "model.safetensors", "damaged", "again")

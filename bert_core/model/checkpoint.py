@@ -91,18 +91,27 @@ def _read_bytes(uri: str) -> bytes:
         return f.read()
 
 
-def _load_weights(folder: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load as load_safetensors
+def _load_safetensors(uri: str) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
+    try:
+        return load(_read_bytes(uri))
+    except (SafetensorError, ValueError) as err:
+        raise CheckpointError(f"{storage.to_uri(uri)} is damaged ({err}); copy or export the "
+                              "checkpoint again") from None
+
+
+def _load_weights(folder: str) -> dict[str, torch.Tensor]:
     single = storage.join(folder, WEIGHTS_SAFETENSORS)
     if storage.exists(single):
-        return load_safetensors(_read_bytes(single))
+        return _load_safetensors(single)
     index = storage.join(folder, WEIGHTS_INDEX)
     if storage.exists(index):
         files = sorted(set(json.loads(storage.read_text(index))["weight_map"].values()))
         state: dict[str, torch.Tensor] = {}
         for name in files:
-            state.update(load_safetensors(_read_bytes(storage.join(folder, name))))
+            state.update(_load_safetensors(storage.join(folder, name)))
         return state
     binary = storage.join(folder, WEIGHTS_BIN)
     if storage.exists(binary):
