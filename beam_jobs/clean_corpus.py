@@ -82,7 +82,15 @@ class ReadPagesFn(beam.DoFn):
             else:
                 stats = CleanStats()
                 try:
-                    sentences = split_paragraphs(wikitext_to_paragraphs(record["text"], stats))
+                    paragraphs = wikitext_to_paragraphs(record["text"], stats)
+                    longest = max(map(len, paragraphs), default=0)
+                    if longest > D.MAX_LINE_CHARS:
+                        yield TaggedOutput(REJECTS, D.make_reject(
+                            D.WIKIPEDIA, doc_id, D.LINE_TOO_LONG,
+                            f"{title!r} at {record['origin']}: a paragraph of {longest:,} characters "
+                            f"(limit {D.MAX_LINE_CHARS:,}) is not prose"))
+                        continue
+                    sentences = split_paragraphs(paragraphs)
                 except Exception as err:  # one odd page must not stop the job
                     yield TaggedOutput(REJECTS, D.make_reject(
                         D.WIKIPEDIA, doc_id, D.UNPARSEABLE_PAGE,

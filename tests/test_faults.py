@@ -97,6 +97,21 @@ def test_utf16_bz2_dump_larger_than_a_split_is_read_not_thrown_away(tmp_path) ->
     assert (c["read"], c["kept"]) == (399, 399)
 
 
+def test_single_line_page_is_rejected_not_split_into_many_sentences(tmp_path) -> None:
+    giant = "Word. " * 30_000  # one 180k-character paragraph of one-word "sentences"
+    pages = "".join(
+        f"  <page>\n    <title>{title}</title>\n    <ns>0</ns>\n    <id>{i}</id>\n"
+        f"    <revision><id>1</id><text xml:space=\"preserve\">{text}</text></revision>\n  </page>\n"
+        for i, (title, text) in enumerate([("Giant", giant), ("River", PROSE * 3)], 1))
+    dump = tmp_path / "dump.xml"
+    dump.write_text('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">\n'
+                    + pages + "</mediawiki>\n")
+    out = tmp_path / "corpus"
+    clean(CorpusConfig(wikipedia=[str(dump)]), str(out), workers=1)
+    c = counts_add_up(storage.read_manifest(str(out)), "wikipedia")
+    assert (c["read"], c["kept"], c["rejected_by_reason"]) == (2, 1, {D.LINE_TOO_LONG: 1})
+
+
 # --------------------------------------------------------------------------- config
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import re
 
+from bert_core.corpus import documents as D
+from bert_core.corpus.documents import MAX_LINE_CHARS
+
 # Longest line a wrapped book may have; a longer one is not a book (and would be one "paragraph").
-MAX_LINE_CHARS = 100_000
 
 _GUTENBERG_START = re.compile(
     r"^\s*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\s*\*END\*THE SMALL PRINT.*$",
@@ -80,7 +82,7 @@ def _check_lines(name: str, text: str) -> None:
     for number, line in enumerate(text.split("\n"), 1):
         if len(line) > MAX_LINE_CHARS:
             raise BookError(
-                "line_too_long", f"{name}: line {number} has {len(line):,} characters (limit "
+                D.LINE_TOO_LONG, f"{name}: line {number} has {len(line):,} characters (limit "
                 f"{MAX_LINE_CHARS:,}); a book is expected to be wrapped text, one paragraph a line at most"
             )
 

@@ -41,6 +41,9 @@ NOT_A_DUMP = "not_a_dump"
 EMPTY_FILE = "empty_file"
 UNREADABLE_FILE = "unreadable_file"
 UNPARSEABLE_PAGE = "unparseable_page"  # the wikitext cleaner raised (a bug to report, not data loss)
+LINE_TOO_LONG = "line_too_long"  # a paragraph longer than MAX_LINE_CHARS is not prose
+
+MAX_LINE_CHARS = 100_000  # longest paragraph (one line of a book) a document may have
 
 Document = dict[str, Any]  # doc_id, source, title, sentences, origin (file@offset, not written)
 Reject = dict[str, Any]
