@@ -66,7 +66,7 @@ def pretrain(
         launch_pretraining,
     )
     from bert_core.pretrain.loop import steps_done, total_steps
-    from bert_core.pretrain.metrics import MetricsTail
+    from bert_core.pretrain.metrics import MetricsTail, train_rows
 
     columns = (TextColumn("[bold]pre-training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
@@ -77,7 +77,7 @@ def pretrain(
         def on_line(line: str) -> None:
             if verbose or not line.startswith("[20"):
                 bar.console.print(line, markup=False, highlight=False)
-            rows = metrics.poll()
+            rows = train_rows(metrics.poll())
             if rows:
                 bar.update(job, completed=steps_done(cfg, rows), description=f"loss {rows[-1]['loss']:.4f}")
 

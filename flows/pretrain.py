@@ -6,8 +6,9 @@
 The work is ``bert_core.pretrain.launch.launch_pretraining`` (the ``deepspeed`` launcher running
 ``bert_core.pretrain.loop`` on every rank). While it runs, this flow logs rank 0's lines to the flow
 logger, turns new ``metrics.jsonl`` rows into the live progress artifact ``pretrain-progress``
-(steps done / steps of all phases) and refreshes the table ``pretrain-metrics`` at most every
-``TABLE_EVERY_S`` seconds; at the end it publishes the loss and accuracy curves as
+(steps done / steps of all phases) and refreshes the table ``pretrain-metrics`` (train and eval
+rows, told apart by ``kind``) at most every ``TABLE_EVERY_S`` seconds; at the end it publishes the
+loss and accuracy curves (train and eval on one plot) and each phase's final eval as
 ``pretrain-report``. The launch is a task retried only for infrastructure failures (a killed
 rank, a rendezvous timeout): the retry resumes from the last checkpoint. A run folder with a
 ``_MANIFEST.json`` is finished and not redone (flows/versions.py).
@@ -27,7 +28,8 @@ from flows.retry import retry_on_infrastructure
 from flows.versions import SKIPPED, is_done
 
 TABLE_EVERY_S = 30.0
-METRIC_COLUMNS = ("phase", "step", "loss", "mlm_acc", "nsp_acc", "lr", "seq_per_s", "tokens_per_s", "mfu")
+METRIC_COLUMNS = ("kind", "phase", "step", "loss", "mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "lr",
+                  "seq_per_s", "tokens_per_s", "mfu")
 
 
 class MetricsWatcher:
@@ -42,17 +44,20 @@ class MetricsWatcher:
         self.table_at = 0.0
 
     def poll(self, final: bool = False) -> list[dict[str, Any]]:
+        from bert_core.pretrain.metrics import kind, train_rows
         from flows.artifacts import progress, publish_table
 
         rows = self.tail.poll()
         if len(rows) != self.seen or final:
             self.seen = len(rows)
             done, total = steps_done(self.config, rows), total_steps(self.config)
-            loss = f", loss {rows[-1]['loss']:.4f}" if rows else ""
+            train = train_rows(rows)
+            loss = f", loss {train[-1]['loss']:.4f}" if train else ""
             progress("pretrain-progress", done / total, f"pre-training: step {done}/{total}{loss}")
             if rows and (final or time.monotonic() - self.table_at > TABLE_EVERY_S):
                 self.table_at = time.monotonic()
-                publish_table("pretrain-metrics", [{k: r.get(k) for k in METRIC_COLUMNS} for r in rows],
+                publish_table("pretrain-metrics", [{k: r.get(k) for k in METRIC_COLUMNS} | {"kind": kind(r)}
+                                                   for r in rows],
                               f"Pre-training metrics of {self.run}")
         return rows
 
@@ -79,7 +84,8 @@ def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint:
 def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None = None,
              node_rank: int | None = None) -> str:
     """Pre-train BERT on the instances (every phase of ``config.pretrain``) into the run folder."""
-    from flows.artifacts import markdown_image, metrics_curves, publish_markdown
+    from flows.artifacts import markdown_image, publish_markdown
+    from flows.report import pretrain_curves
 
     logger = get_run_logger()
     if is_done(output):
@@ -92,10 +98,13 @@ def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoin
     manifest = storage.read_manifest(output)
     from bert_core.pretrain.metrics import read_metrics
 
-    figs = metrics_curves(read_metrics(output))
+    figs = pretrain_curves(read_metrics(output))
     stats = manifest["stats"]
     md = [f"**Run** `{output}`: {manifest['counts'].get('steps')} steps, loss "
           f"{stats.get('first_loss'):.4f} -> {stats.get('last_loss'):.4f}; export `{manifest.get('hf')}`"]
+    md += [f"**Eval, phase {p['phase']}** (step {e['step']}, {e['instances']} instances): loss {e['loss']:.4f}, "
+           f"mlm_acc {e['mlm_acc']:.4f}, nsp_acc {e['nsp_acc']:.4f}"
+           for p in stats.get("phases", []) if (e := p.get("eval"))]
     md += [markdown_image(fig, name) for name, fig in figs.items()]
     publish_markdown("pretrain-report", "\n\n".join(md), "Pre-training loss and accuracy")
     return output

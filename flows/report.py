@@ -5,7 +5,8 @@
 Artifact keys (stable, so the UI keeps one history each): ``pipeline-stages`` (stage, status,
 output), ``pipeline-finetune-results`` (checkpoint x task x metric: mean, sd, n, failed seeds) and
 ``pipeline-report`` (markdown: the two tables, loss and MLM/NSP accuracy curves from the run's
-``metrics.jsonl``, and the instance length histogram read from the instance shards).
+``metrics.jsonl``, train and held-out eval on one plot, and the instance length histogram read
+from the instance shards). :func:`pretrain_curves` also draws ``pretrain-report`` (flows/pretrain.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
-from bert_core.pretrain.metrics import read_metrics
+from bert_core.pretrain.metrics import kind, read_metrics
 from flows import artifacts
 
 _MAX_LENGTH_ROWS = 200_000  # enough for a histogram; the shards of a real run are far larger
@@ -39,6 +40,30 @@ def instance_lengths(instances: str) -> dict[int, list[int]]:
                 break
         lengths[seq] = values
     return lengths
+
+
+def pretrain_curves(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Loss and MLM/NSP accuracy figures from ``metrics.jsonl`` rows: train and eval curves of
+    every phase on one plot each (series like ``eval mlm_acc phase 1``)."""
+    loss: dict[str, tuple[list[float], list[float]]] = {}
+    acc: dict[str, tuple[list[float], list[float]]] = {}
+    for row in rows:
+        if "step" not in row:
+            continue
+        phase = f" phase {row['phase']}" if "phase" in row else ""
+        for field, target in (("loss", loss), ("mlm_acc", acc), ("nsp_acc", acc)):
+            value = row.get(field)
+            if isinstance(value, (int, float)):
+                xs, ys = target.setdefault(f"{kind(row)} {field}{phase}", ([], []))
+                xs.append(float(row["step"]))
+                ys.append(float(value))
+    figs = {}
+    if loss:
+        figs["loss"] = artifacts.line_plot(loss, "Pre-training loss (MLM + NSP), train and eval", ylabel="loss")
+    if acc:
+        figs["accuracy"] = artifacts.line_plot(acc, "Masked LM and next-sentence accuracy, train and eval",
+                                               ylabel="accuracy")
+    return figs
 
 
 def finetune_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -86,7 +111,7 @@ def publish_pipeline_report(
     md = [f"# bertpipe run report: {config.name}\n",
           f"Storage root: `{summary['storage_root']}`\n", "## Stages\n",
           _md_table(stage_rows, ["stage", "status", "output"])]
-    figures = artifacts.metrics_curves(read_metrics(run))
+    figures = pretrain_curves(read_metrics(run))
     if figures:
         md.append("## Pre-training\n")
         md += [artifacts.markdown_image(fig, name) + "\n" for name, fig in figures.items()]

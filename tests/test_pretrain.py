@@ -38,7 +38,7 @@ from bert_core.pretrain.launch import (
     run_launch,
 )
 from bert_core.pretrain.loop import load_run_config, model_config, steps_done, total_steps
-from bert_core.pretrain.metrics import MetricsLog, MetricsTail, read_metrics
+from bert_core.pretrain.metrics import MetricsLog, MetricsTail, eval_rows, read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import make_instances  # noqa: E402
@@ -316,6 +316,9 @@ def test_two_launchers_no_ssh_node_rank_0_and_1_lower_the_loss(reference_run):
     assert manifest["stats"]["first_loss"] == rows[0]["loss"]
     assert manifest["stats"]["last_loss"] == phase2[-1]["loss"]
     assert any(line.startswith("phase 1 step") for line in outputs[0])
+    # instances without seq64/eval/: training runs, says so once per phase, writes no eval rows
+    assert sum("no eval split" in line for line in outputs[0]) == 2
+    assert not eval_rows(read_metrics(run)) and "eval" not in manifest["stats"]["phases"][0]
     assert not any(line.startswith("phase 1 step") for line in outputs[1])  # rank 1 stays quiet
 
 

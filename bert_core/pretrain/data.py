@@ -123,9 +123,13 @@ def masking_spec(instances: str, max_seq_length: int, vocab_fallback: str | None
 
 def list_shards(instances: str, max_seq_length: int) -> list[Shard]:
     """The shards of ``seq{L}/`` with their row counts, from its manifest (never a listing)."""
+    return folder_shards(length_folder(instances, max_seq_length))
+
+
+def folder_shards(folder: str) -> list[Shard]:
+    """The shards of an instances folder (``seq{L}/`` or ``seq{L}/eval/``) with their row counts."""
     import pyarrow.parquet as pq
 
-    folder = length_folder(instances, max_seq_length)
     manifest = storage.read_manifest(folder)
     shards = []
     for entry in manifest["shards"]:

@@ -18,7 +18,12 @@ Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
 - rank 0 appends ``RUN/metrics.jsonl`` every ``log_every`` steps: phase, step, loss, mlm_acc,
   nsp_acc (means over all ranks), lr, seq_per_s, tokens_per_s (non-padding), mfu (with
   ``peak_flops_per_rank``);
-- at the end rank 0 exports ``RUN/hf/`` (transformers layout) and writes ``RUN/_MANIFEST.json``.
+- every ``eval_every`` steps and at the end of each phase all ranks evaluate the whole eval split
+  of the phase's length (``seq{L}/eval/``, ``bert_core.pretrain.evaluate``): rank 0 appends a
+  ``"kind": "eval"`` row (masked LM / NSP loss and accuracy) and writes ``Eval/*`` events to
+  the DeepSpeed monitor; instances without an eval split train without evaluation;
+- at the end rank 0 exports ``RUN/hf/`` (transformers layout) and writes ``RUN/_MANIFEST.json``
+  (with each phase's final eval).
 
 A config or data problem exits with code 2 after a line starting with ``bertpipe-config-error:``
 so the launcher can tell it from an infrastructure failure (see ``bert_core/pretrain/launch.py``).
@@ -35,7 +40,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig, validate
-from bert_core.pretrain.metrics import MetricsLog, read_metrics
+from bert_core.pretrain.metrics import MetricsLog, eval_rows, read_metrics, train_rows
 
 CONFIG_ERROR_EXIT = 2
 CONFIG_ERROR_PREFIX = "bertpipe-config-error:"
@@ -129,6 +134,7 @@ def run_phase(
     from bert_core.model.weight_decay import param_groups
     from bert_core.pretrain.data import PretrainingLoader
     from bert_core.pretrain.ds_config import client_optimizer, ds_config, uses_client_optimizer
+    from bert_core.pretrain.evaluate import EvalSplit, eval_folder, evaluate
 
     pre = config.pretrain
     phase = pre.phases[phase_index]
@@ -151,6 +157,16 @@ def run_phase(
         seed=pre.seed + phase_index, workers=pre.loader_workers, vocab_file=config.vocab.vocab_file,
     )
     metrics = MetricsLog(run) if rank == 0 else None
+    eval_split = EvalSplit.open(
+        instances, phase.max_seq_length, phase.micro_batch_size, rank=rank, world_size=world_size,
+        seed=pre.seed, vocab_file=config.vocab.vocab_file, lockstep=pre.zero_stage == 3,
+    )
+    if eval_split is None:
+        _log(rank, f"phase {phase_index + 1}: no eval split ({eval_folder(instances, phase.max_seq_length)} "
+                   "has no manifest); training without evaluation")
+    else:
+        _log(rank, f"phase {phase_index + 1}: evaluating on {eval_split.num_rows} instances of "
+                   f"{eval_split.folder} every {pre.eval_every or phase.max_steps} steps and at the end")
 
     step = 0
     if latest_step(run, phase_index) is not None:
@@ -203,7 +219,7 @@ def run_phase(
             # The encoder runs on the real tokens only, so MFU counts useful FLOPs of real tokens.
             mean_len = sums[5].item() / sums[4].item()
             row = {
-                "phase": phase_index + 1, "step": step, "max_steps": phase.max_steps,
+                "kind": "train", "phase": phase_index + 1, "step": step, "max_steps": phase.max_steps,
                 "loss": loss, "mlm_acc": sums[1].item() / sums[3].item(),
                 "nsp_acc": sums[2].item() / sums[3].item(), "lr": lr,
                 "seq_per_s": sums[4].item() / seconds, "tokens_per_s": tokens_per_s,
@@ -216,6 +232,19 @@ def run_phase(
             _log(rank, f"phase {phase_index + 1} step {step}/{phase.max_steps} loss {loss:.4f} "
                        f"mlm_acc {row['mlm_acc']:.3f} nsp_acc {row['nsp_acc']:.3f} lr {row['lr']:.2e} "
                        f"{row['seq_per_s']:.1f} seq/s {tokens_per_s:.0f} tok/s")
+        if eval_split is not None and (step == phase.max_steps or (pre.eval_every and step % pre.eval_every == 0)):
+            # Before the checkpoint: a resume from it keeps this row and never evaluates again.
+            result = evaluate(engine, eval_split)
+            row = {"kind": "eval", "phase": phase_index + 1, "step": step, "max_steps": phase.max_steps,
+                   **result, "time": time.time()}
+            if metrics:
+                metrics.append(row)
+            if engine.monitor.enabled:  # writes on rank 0 only
+                engine.monitor.write_events([(f"Eval/{k}", row[k], engine.global_samples)
+                                             for k in ("loss", "mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc")])
+            _log(rank, f"phase {phase_index + 1} step {step}/{phase.max_steps} eval loss {row['loss']:.4f} "
+                       f"mlm_acc {row['mlm_acc']:.3f} nsp_acc {row['nsp_acc']:.3f} "
+                       f"({row['instances']} instances, {row['seconds']:.1f} s)")
         if step % pre.checkpoint_every == 0 or step == phase.max_steps:
             # All ranks save: with ZeRO each holds its own optimizer shard.
             engine.save_checkpoint(ckpt, tag=f"step{step}",
@@ -302,14 +331,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _phase_stats_from_metrics(run: str, phase_index: int, global_batch: int,
                               prefer: dict[str, Any] | None = None) -> dict[str, Any]:
-    """First/last logged loss of a phase (its first step may have run before a resume)."""
-    rows = [r for r in read_metrics(run) if r.get("phase") == phase_index + 1]
-    out = {"phase": phase_index + 1}
+    """First/last logged loss of a phase (its first step may have run before a resume) and its
+    final eval (the eval row at the phase's last step), if it has one."""
+    all_rows = [r for r in read_metrics(run) if r.get("phase") == phase_index + 1]
+    rows = train_rows(all_rows)
+    out: dict[str, Any] = {"phase": phase_index + 1}
     if rows:
         out |= {"first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"], "steps": rows[-1]["step"],
                 "sequences": rows[-1]["step"] * global_batch}
     elif prefer:
         out |= {k: prefer[k] for k in ("first_loss", "last_loss", "steps", "sequences")}
+    final = [r for r in eval_rows(all_rows) if r["step"] == r.get("max_steps")]
+    if final:
+        out["eval"] = {k: final[-1][k] for k in ("step", "loss", "mlm_loss", "mlm_acc", "nsp_loss",
+                                                 "nsp_acc", "instances")}
     return out
 
 
@@ -327,7 +362,7 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
         counts={"phases": len(stats), "steps": sum(s.get("steps", 0) for s in stats),
                 "sequences": sum(s.get("sequences", 0) for s in stats)},
         stats={"phases": stats, "first_loss": stats[0].get("first_loss"),
-               "last_loss": stats[-1].get("last_loss")},
+               "last_loss": stats[-1].get("last_loss"), "eval": stats[-1].get("eval")},
         hf=hf, init_checkpoint=args.init_checkpoint,
     )
     print(f"exported {hf} and wrote {storage.join(args.output, storage.MANIFEST)}", flush=True)

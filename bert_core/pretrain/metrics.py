@@ -2,9 +2,13 @@
 
     python -c "from bert_core.pretrain.metrics import read_metrics; print(read_metrics('runs/demo')[-1])"
 
-A row holds ``phase``, ``step``, ``max_steps``, ``loss``, ``mlm_acc``, ``nsp_acc`` (means over
-all ranks), ``lr``, ``seq_per_s``, ``tokens_per_s`` (non-padding tokens), ``mfu``, ``epoch`` and
-``time``. :class:`MetricsLog` writes it (``bert_core.pretrain.loop``), :class:`MetricsTail`
+A row has a ``kind``. A ``"train"`` row (rows without a kind are train rows) holds ``phase``,
+``step``, ``max_steps``, ``loss``, ``mlm_acc``, ``nsp_acc`` (means over all ranks), ``lr``,
+``seq_per_s``, ``tokens_per_s`` (non-padding tokens), ``mfu``, ``epoch`` and ``time``. An
+``"eval"`` row (``bert_core.pretrain.evaluate``, the whole eval split) holds ``phase``, ``step``,
+``max_steps``, ``loss`` (= ``mlm_loss`` + ``nsp_loss``), ``mlm_loss``, ``mlm_acc``, ``nsp_loss``,
+``nsp_acc``, ``instances``, ``predictions``, ``seconds`` and ``time``, and follows the train row
+of the same step. :class:`MetricsLog` writes it (``bert_core.pretrain.loop``), :class:`MetricsTail`
 follows it while a run is going (CLI progress bar, Prefect flow), :func:`read_metrics` reads it
 once (reports).
 """
@@ -18,6 +22,23 @@ from typing import Any
 from bert_core import storage
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def kind(row: dict[str, Any]) -> str:
+    return row.get("kind", "train")
+
+
+def train_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if kind(r) == "train"]
+
+
+def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if kind(r) == "eval"]
+
+
+def order(row: dict[str, Any]) -> tuple[int, int, int]:
+    """A row's place in the log: by phase and step, an eval row after the train row of its step."""
+    return row["phase"], row["step"], int(kind(row) == "eval")
 
 
 def read_metrics(run: str) -> list[dict[str, Any]]:
@@ -97,7 +118,7 @@ class MetricsTail:
             except json.JSONDecodeError:
                 continue
             # A row at or before the last one means the file was rewritten (resume): replace.
-            while self.rows and (self.rows[-1]["phase"], self.rows[-1]["step"]) >= (row["phase"], row["step"]):
+            while self.rows and order(self.rows[-1]) >= order(row):
                 self.rows.pop()
             self.rows.append(row)
         return self.rows
