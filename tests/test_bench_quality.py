@@ -1,0 +1,54 @@
+"""The quality benchmark's statistics and splitting helpers (the benchmark itself runs for hours)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats
+
+from benchmarks.bench_quality import best_setting, mean_sd, split_indices, steps_for, welch_interval
+
+
+def test_split_is_disjoint_complete_and_fixed_by_seed():
+    train, dev, test = split_indices(5000, 700, 1200, seed=7)
+    assert (len(train), len(dev), len(test)) == (3100, 700, 1200)
+    assert set(train) | set(dev) | set(test) == set(range(5000))
+    assert not (set(train) & set(dev) or set(train) & set(test) or set(dev) & set(test))
+    assert split_indices(5000, 700, 1200, seed=7) == (train, dev, test)
+    assert split_indices(5000, 700, 1200, seed=8)[2] != test
+
+
+def test_split_refuses_to_leave_no_training_examples():
+    with pytest.raises(ValueError, match="no training examples"):
+        split_indices(100, 50, 50, seed=1)
+
+
+def test_welch_interval_matches_scipy_and_satterthwaite_df():
+    a = [0.81, 0.83, 0.80, 0.84, 0.82]
+    b = [0.70, 0.75, 0.66, 0.73, 0.71, 0.69]
+    out = welch_interval(a, b)
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert out["gain"] == pytest.approx(sum(a) / 5 - sum(b) / 6)
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx((ci.low, ci.high))
+    va, vb = stats.tvar(a) / 5, stats.tvar(b) / 6
+    assert out["df"] == pytest.approx((va + vb) ** 2 / (va**2 / 4 + vb**2 / 5))
+    assert out["df"] < 9  # unequal variances: fewer degrees of freedom than the pooled test
+
+
+def test_welch_interval_edge_cases():
+    assert math.isnan(welch_interval([0.9], [0.5, 0.6])["ci_low"])
+    flat = welch_interval([0.8, 0.8], [0.7, 0.7])
+    assert flat["ci_low"] == flat["ci_high"] == pytest.approx(0.1)
+
+
+def test_mean_sd_and_best_setting():
+    assert mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert mean_sd([0.5]) == (0.5, 0.0)
+    dev = {(1e-4, 2.0): 0.80, (3e-4, 2.0): 0.85, (1e-3, 2.0): 0.85}
+    assert best_setting(dev) == (3e-4, 2.0)  # a tie goes to the first listed
+
+
+def test_steps_for_budget():
+    assert steps_for(7, 160.0, 32) == 2100
+    assert steps_for(0.001, 1.0, 256) == 1
