@@ -1,1 +1,6 @@
-"""bertpipe."""
+"""bertpipe's Apache Beam pipelines (see job.py for the skeleton they share)."""
+
+import logging
+
+# Beam's GCP IO warns about a missing optional client at import time; it says nothing to a user.
+logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())

@@ -1,12 +1,14 @@
-"""Beam job: Wikipedia dumps + book folders -> cleaned, deduplicated document-level sentences.
+"""Beam job: Wikipedia dumps + book folders + text records -> cleaned, deduplicated document-level sentences.
 
     bertpipe corpus --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \\
         --output ./bertpipe-data/corpus --workers 2
+    bertpipe corpus --text 'data/*.jsonl.zst' --text-field text --output ./bertpipe-data/corpus
     python -m beam_jobs.clean_corpus --wikipedia ... --output ... [--preset demo] [--set corpus.num_shards=8] \\
         [--workers N] [-- beam args]
 
 Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
-split sentences), ``ReadBooks`` (one book = one document), ``CleanDocuments`` (filters, exact
+split sentences), ``ReadBooks`` (one book = one document), ``ReadTextRecords`` (JSON lines and
+Parquet, one record = one document: ``bert_core/corpus/records.py``), ``CleanDocuments`` (filters, exact
 and near-duplicate removal), ``WriteDocuments`` (sorted, hash-assigned shards), then the
 manifest. Every record read ends as a kept document or one reject (with a reason, and the id it
 duplicates for duplicates); one Beam counter per reject reason. Output layout and schema:
@@ -43,10 +45,12 @@ READ = "read"
 EXACT = "exact"
 BANDS = "bands"
 # Near-duplicate search covers books: editions and copies of one book differ by a few lines.
+# Text records too: web and dataset dumps are full of pages that differ only in a date, a
+# header or boilerplate, which the exact hash misses, and nothing makes their ids unique.
 # Wikipedia pages are unique by page id and copied pages are caught by the exact hash; MinHash
 # over every article would cost a large share of the job's CPU (and 8 band records per article)
 # for almost no hits.
-NEAR_DEDUP_SOURCES = (D.BOOKS,)
+NEAR_DEDUP_SOURCES = (D.BOOKS, D.TEXT)
 SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
 SPILL_CHARS = 16 << 20  # characters of documents a worker holds before it spills them
 
@@ -128,6 +132,23 @@ class ReadBookFn(beam.DoFn):
         yield D.make_document(doc_id, D.BOOKS, title, split_paragraphs(paragraphs), uri)
 
 
+class ReadRecordsFn(beam.DoFn):
+    """One text work item (a JSON lines file or a Parquet row group) -> documents and rejects,
+    plus its READ count."""
+
+    def __init__(self, cfg: CorpusConfig):
+        self.cfg = cfg
+
+    def process(self, item) -> Iterator[Any]:
+        from bert_core.corpus.records import read_records
+
+        read = 0
+        for kind, record in read_records(item, self.cfg):
+            read += 1
+            yield TaggedOutput(REJECTS, record) if kind == "reject" else record
+        yield TaggedOutput(READ, (D.TEXT, read))
+
+
 class ReadWikipediaDump(beam.PTransform):
     """Dump files -> {"docs", "rejects", "read"} (work items reshuffled across workers)."""
 
@@ -165,6 +186,26 @@ class ReadBooks(beam.PTransform):
             | "ListBooks" >> beam.Create(sorted(ids.items()), reshuffle=False)
             | "SpreadBooks" >> beam.Reshuffle()
             | "ReadBooks" >> beam.ParDo(ReadBookFn()).with_outputs(REJECTS, READ, main="docs")
+        )
+        return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
+
+
+class ReadTextRecords(beam.PTransform):
+    """Text record files -> {"docs", "rejects", "read"}: one work item per Parquet row group
+    and per JSON lines file, reshuffled across workers."""
+
+    def __init__(self, files: list[str], cfg: CorpusConfig):
+        super().__init__()
+        self.files, self.cfg = files, cfg
+
+    def expand(self, pbegin):
+        from bert_core.corpus.records import plan_records
+
+        out = (
+            pbegin
+            | "ListRecordItems" >> beam.Create(plan_records(self.files, self.cfg), reshuffle=False)
+            | "SpreadRecordItems" >> beam.Reshuffle()
+            | "ReadRecords" >> beam.ParDo(ReadRecordsFn(self.cfg)).with_outputs(REJECTS, READ, main="docs")
         )
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
 
@@ -408,12 +449,14 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
 
 def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int) -> None:
     """The job's graph: read -> clean -> write shards -> manifest (after every shard)."""
-    wiki_files, book_files = inputs["wikipedia"], inputs["books"]
+    wiki_files, book_files, text_files = inputs["wikipedia"], inputs["books"], inputs["text"]
     parts = []
     if wiki_files:
         parts.append(p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files))
     if book_files:
         parts.append(p | "ReadBooksFiles" >> ReadBooks(book_files))
+    if text_files:
+        parts.append(p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg))
     docs = [x["docs"] for x in parts] | "AllDocuments" >> beam.Flatten()
     read = [x["read"] for x in parts] | "AllReadCounts" >> beam.Flatten()
     cleaned = docs | "CleanDocuments" >> CleanDocuments(cfg)
@@ -449,16 +492,18 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     """
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")
-    if not wiki_files and not book_files:
-        raise InputError("no inputs: give --wikipedia GLOB and/or --books GLOB (corpus.wikipedia / corpus.books)")
+    text_files = expand_inputs(cfg.text, "text")
+    if not wiki_files and not book_files and not text_files:
+        raise InputError("no inputs: give --wikipedia GLOB, --books GLOB and/or --text GLOB "
+                         "(corpus.wikipedia / corpus.books / corpus.text)")
     output = storage.to_uri(output)
     storage.check_writable(output)
-    total_bytes = sum(storage.size(f) for f in wiki_files + book_files)
+    total_bytes = sum(storage.size(f) for f in wiki_files + book_files + text_files)
     # Shard count from the input size (never from workers), so output bytes do not depend on them.
     num_shards = cfg.num_shards or D.auto_num_shards(total_bytes // 2)
     storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
     storage.remove(storage.join(output, SPILL_DIR))
-    inputs = {"wikipedia": wiki_files, "books": book_files}
+    inputs = {"wikipedia": wiki_files, "books": book_files, "text": text_files}
 
     try:
         result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards), workers, runner, beam_args)
@@ -472,16 +517,18 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Command-line entry: the shared job options plus the inputs; unknown ones go to Beam.
-    ``--wikipedia``/``--books`` given replace both of the config's globs."""
+    ``--wikipedia``/``--books``/``--text`` given replace all of the config's globs (the text
+    fields come from ``--set corpus.text_field=...``)."""
     parser = job_parser(__doc__.split("\n", 1)[0])
     parser.add_argument("--wikipedia", action="append", default=[], help="Dump glob (repeatable).")
     parser.add_argument("--books", action="append", default=[], help="Book glob (repeatable).")
+    parser.add_argument("--text", action="append", default=[], help="JSON lines / Parquet glob (repeatable).")
     parser.add_argument("--output", required=True, help="Output folder URI.")
     args, cfg, beam_args = parse_job_args(parser, argv)
     corpus = cfg.corpus
-    if args.wikipedia or args.books:
+    if args.wikipedia or args.books or args.text:
         corpus = CorpusConfig.model_validate({**corpus.model_dump(), "wikipedia": args.wikipedia,
-                                              "books": args.books})
+                                              "books": args.books, "text": args.text})
     return clean(corpus, args.output, cfg.workers, cfg.beam_runner, beam_args)
 
 

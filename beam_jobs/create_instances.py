@@ -9,21 +9,34 @@ Output (the "instances" contract)::
     OUT/seq{L}/part-SSSSS-of-NNNNN.parquet   input_ids list<int32>, len_a int32,
                                              masked_lm_positions list<int32>,
                                              masked_lm_ids list<int32>, next_sentence_label int8
-    OUT/seq{L}/_MANIFEST.json                shards (sha256, count), stats of that length
+    OUT/seq{L}/_MANIFEST.json                shards (sha256, count), stats of that length,
+                                             counts incl. eval_instances
+    OUT/seq{L}/eval/part-SSSSS-of-NNNNN.parquet   the eval split: same columns, own documents
+    OUT/seq{L}/eval/_MANIFEST.json           its shards and stats, split="eval"
     OUT/rejects.jsonl                        documents that gave no tokens, with the reason
-    OUT/_MANIFEST.json                       written last: InstanceConfig, inputs, per-length stats
+    OUT/_MANIFEST.json                       written last: InstanceConfig, inputs, per-length stats,
+                                             counts incl. eval_documents, eval_instances_seq{L}
 
 Rows are unpadded. Segment ids are 0 before ``len_a`` and 1 after. ``next_sentence_label`` is 1
 for a random next, 0 for the actual next, -1 without NSP. With ``masking: dynamic`` the
 masked_lm columns are empty and the loader masks each epoch with ``bert_core.instances.masking``,
 the same masking the job uses.
 
+The eval split is by document (``instances.eval_fraction``, at least
+``instances.min_eval_documents``; ``bert_core.instances.sharding.eval_threshold``): an eval
+document's instances go to ``seq{L}/eval/`` only, training shards never hold its text, and the
+split is part of the random-next pool key, so no B segment crosses it either. Eval instances
+are made by the same algorithm and masking in one pass (dupe_factor 1: more passes would only
+repeat the same text) into ``sharding.EVAL_SHARDS`` shards, a number that does not depend on the
+workers. With ``eval_fraction: 0`` no eval folder is written.
+
 How it stays streaming, bounded and deterministic:
 
-- Random-next B segments come from the document's *pool*, not from the whole corpus, so a
-  worker holds one pool, never the corpus; how many pools, and how big, is
-  ``bert_core.instances.sharding.num_random_doc_buckets`` of the documents read (Parquet
-  footers, before the pipeline), so no step waits for a count.
+- Random-next B segments come from the document's *pool* (keyed ``(split, bucket)``), not from
+  the whole corpus, so a worker holds one pool, never the corpus; the eval threshold and how
+  many pools each split has, and how big, follow from the documents read (Parquet footers,
+  before the pipeline: ``bert_core.instances.sharding.split_pools``), so no step waits for a
+  count.
 - Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
   64-bit key per instance that seeds its masking; see ``bert_core.instances.batch``) and the
   documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
@@ -73,14 +86,18 @@ from bert_core.config import InstanceConfig
 from bert_core.corpus.documents import count_documents
 from bert_core.instances.batch import InstanceBatch, create_instance_batch, shard_name, write_table
 from bert_core.instances.manifest import prepare_output, write_manifests
-from bert_core.instances.pairs import DocumentPool, VocabIds, stable_hash
+from bert_core.instances.pairs import DocumentPool, VocabIds
 from bert_core.instances.sharding import (
+    EVAL,
     MIN_DOCS_PER_BUCKET,
     assign_shards,
+    eval_threshold,
     every_shard,
     make_layout,
-    num_random_doc_buckets,
     pieces_by_group,
+    pool_of,
+    set_folder,
+    split_pools,
 )
 from bert_core.instances.stats import InstanceStats
 from bert_core.vocab.tokenization import load_tokenizer
@@ -92,17 +109,19 @@ NAMESPACE = "instances"
 
 
 class TokenizeDocuments(beam.DoFn):
-    """(doc_id, sentences) -> (pool, [(doc_id, ids), ...]): each document's ids as the bytes of
-    a C int array, each sentence's ids followed by an end mark
-    (``Tokenizer.encode_document_bytes``), gathered by random-next pool up to FLUSH_DOCS per
-    element (Beam's cost is per element: one per document cost more than the tokenizing).
+    """(doc_id, sentences) -> ((split, pool), [(doc_id, ids), ...]): each document's ids as the
+    bytes of a C int array, each sentence's ids followed by an end mark
+    (``Tokenizer.encode_document_bytes``), gathered by random-next pool (of the document's
+    split: ``bert_core.instances.sharding.pool_of``) up to FLUSH_DOCS per element (Beam's cost
+    is per element: one per document cost more than the tokenizing).
     Documents without a token go to the 'rejects' output; sentences without tokens are dropped
     later, with the marks (as the reference drops empty lines)."""
 
     FLUSH_DOCS = 512
 
-    def __init__(self, vocab: str, lowercase: bool, pools: int) -> None:
+    def __init__(self, vocab: str, lowercase: bool, seed: int, threshold: float, pools: dict[str, int]) -> None:
         self.vocab, self.lowercase, self.pools = vocab, lowercase, pools
+        self.seed, self.threshold = seed, threshold
         self.rejected = Metrics.counter(NAMESPACE, "rejected_no_tokens")
         self.documents = Metrics.counter(NAMESPACE, "documents")
 
@@ -110,7 +129,7 @@ class TokenizeDocuments(beam.DoFn):
         self.tokenizer = load_tokenizer(self.vocab, self.lowercase)
 
     def start_bundle(self) -> None:
-        self.buffers: dict[int, list[tuple[str, bytes]]] = {}
+        self.buffers: dict[tuple[str, int], list[tuple[str, bytes]]] = {}
 
     def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
         doc_id, sentences = doc
@@ -124,7 +143,7 @@ class TokenizeDocuments(beam.DoFn):
             })
             return
         self.documents.inc()
-        pool = stable_hash("bucket", doc_id) % self.pools
+        pool = pool_of(doc_id, self.seed, self.threshold, self.pools)
         buffer = self.buffers.setdefault(pool, [])
         buffer.append((doc_id, marked))
         if len(buffer) >= self.FLUSH_DOCS:
@@ -139,68 +158,71 @@ class TokenizeDocuments(beam.DoFn):
 
 
 class CreateInstances(beam.DoFn):
-    """One random-next pool (bucket ``b``) of documents -> for every length, its instances as
-    :class:`InstanceBatch` pieces keyed ``(length, (g, b))``: piece ``g`` holds the instances
-    whose key is ``g`` modulo the number of pools, sorted by key
+    """One random-next pool (bucket ``b`` of ``split``) of documents -> for every length, its
+    instances as :class:`InstanceBatch` pieces keyed ``((length, split), (g, b))``: piece ``g``
+    holds the instances whose key is ``g`` modulo the split's number of pools, sorted by key
     (:func:`bert_core.instances.sharding.pieces_by_group`); and each piece's size on the
-    'sizes' output."""
+    'sizes' output. Eval pools make one pass (dupe_factor 1)."""
 
-    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: int) -> None:
+    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: dict[str, int]) -> None:
         self.config, self.vocab_ids, self.pools = config, vocab_ids, pools
         self.instances = Metrics.counter(NAMESPACE, "instances")
+        self.eval_instances = Metrics.counter(NAMESPACE, "eval_instances")
 
-    def process(self, bucket: tuple[int, Iterable[list[tuple[str, bytes]]]]) -> Iterator[Any]:
+    def process(self, bucket: tuple[tuple[str, int], Iterable[list[tuple[str, bytes]]]]) -> Iterator[Any]:
         cfg = self.config
+        (split, b), groups = bucket[0], self.pools[bucket[0][0]]
+        dupe_factor, counter = (1, self.eval_instances) if split == EVAL else (cfg.dupe_factor, self.instances)
         # by doc_id: the pool must not depend on the shuffle or on how documents were gathered
         docs = sorted(chain.from_iterable(bucket[1]), key=lambda d: d[0])
         pool = DocumentPool.from_marked([marked for _, marked in docs])
         doc_ids = [doc_id for doc_id, _ in docs]
         for spec in cfg.lengths:
             batch = create_instance_batch(
-                pool, doc_ids, seed=cfg.seed, dupe_factor=cfg.dupe_factor,
+                pool, doc_ids, seed=cfg.seed, dupe_factor=dupe_factor,
                 max_seq_length=spec.max_seq_length, max_predictions_per_seq=spec.max_predictions_per_seq,
                 masked_lm_prob=cfg.masked_lm_prob, short_seq_prob=cfg.short_seq_prob, vocab=self.vocab_ids,
                 next_sentence_prediction=cfg.next_sentence_prediction,
                 whole_word_mask=cfg.whole_word_mask, mask=cfg.masking == "static",
             )
-            self.instances.inc(len(batch))
-            for g, piece in pieces_by_group(batch, self.pools):
-                key = (spec.max_seq_length, (g, bucket[0]))
+            counter.inc(len(batch))
+            for g, piece in pieces_by_group(batch, groups):
+                key = ((spec.max_seq_length, split), (g, b))
                 yield key, piece
                 yield beam.pvalue.TaggedOutput("sizes", (key, len(piece)))
 
 
 class WriteShards(beam.DoFn):
-    """((length, shard), pieces) -> the Parquet shard (rows in rank order), its manifest entry
-    and stats."""
+    """(((length, split), shard), pieces) -> the Parquet shard (rows in rank order) in
+    ``seq{L}/`` or ``seq{L}/eval/``, its manifest entry and stats."""
 
     def __init__(self, output: str, mask_id: int) -> None:
         self.output, self.mask_id = output, mask_id
 
     def process(self, group: tuple[tuple[int, int], Iterable[Any]], layout: dict) -> Iterator[dict]:
-        (length, index), pieces = group
+        (length_split, index), pieces = group
+        length, split = length_split
         ranked = sorted((p for p in pieces if p is not None), key=lambda p: p[0])  # None: the empty marker
         # Rank order: piece after piece, each a key-ordered (pseudo-random) slice of one pool.
         # Not re-sorted: the loader shuffles the rows of a shard anyway (bert_core/pretrain/data.py).
         batch = InstanceBatch.concat([b for _, b in ranked])
-        uri = storage.join(self.output, f"seq{length}", shard_name(index, layout[length]["shards"]))
+        uri = storage.join(set_folder(self.output, length_split),
+                           shard_name(index, layout[length_split]["shards"]))
         write_table(uri, batch.to_table())
         stats = InstanceStats(max_seq_length=length)
         stats.add_columns(batch.input_ids, batch.offsets, batch.len_a, batch.masked_lm_positions,
                           batch.masked_lm_ids, batch.mask_offsets, batch.next_sentence_label, self.mask_id)
-        yield {"length": length, "index": index,
+        yield {"length": length, "split": split, "index": index,
                "entry": storage.shard_entry(uri, count=len(batch)), "stats": stats.to_dict()}
-
-
-# --------------------------------------------------------------------------- manifests
 
 
 # --------------------------------------------------------------------------- pipeline
 
 
 class CreateInstanceShards(beam.PTransform):
-    """(doc_id, sentences) -> {"results": one dict per written shard, "rejects", "layout",
-    "documents": how many documents gave instances}."""
+    """(doc_id, sentences) -> {"results": one dict per written shard (training and eval),
+    "rejects", "layout", "documents": how many documents gave instances, "eval_documents": how
+    many of them are in the eval split}."""
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
                  documents_read: int, lowercase: bool = True,
@@ -208,17 +230,22 @@ class CreateInstanceShards(beam.PTransform):
         super().__init__()
         self.config, self.vocab, self.vocab_ids = config, vocab, vocab_ids
         self.output, self.lowercase = output, lowercase
-        # Known up front (Parquet footers), the pool count needs no side input: tokenized
-        # documents go straight into the pool shuffle.
-        self.pools = num_random_doc_buckets(documents_read, config, min_docs_per_bucket)
+        # Known up front (Parquet footers), the eval threshold and the pool counts need no side
+        # input: tokenized documents go straight into the pool shuffle.
+        self.threshold = eval_threshold(documents_read, config)
+        self.pools = split_pools(documents_read, self.threshold, config, min_docs_per_bucket)
 
     def expand(self, docs):
         cfg = self.config
         tokenized = docs | "TokenizeDocuments" >> beam.ParDo(
-            TokenizeDocuments(self.vocab, self.lowercase, self.pools)).with_outputs("rejects", main="docs")
+            TokenizeDocuments(self.vocab, self.lowercase, cfg.seed, self.threshold, self.pools)
+        ).with_outputs("rejects", main="docs")
         n_docs = (tokenized.docs
                   | "DocumentsPerElement" >> beam.Map(lambda kv: len(kv[1]))
                   | "CountDocuments" >> beam.CombineGlobally(sum))
+        n_eval = (tokenized.docs
+                  | "EvalDocumentsPerElement" >> beam.Map(lambda kv: len(kv[1]) if kv[0][0] == EVAL else 0)
+                  | "CountEvalDocuments" >> beam.CombineGlobally(sum))
         instances = (
             tokenized.docs
             | "GroupBuckets" >> beam.GroupByKey()
@@ -228,7 +255,7 @@ class CreateInstanceShards(beam.PTransform):
         layout = (
             instances.sizes  # (piece key, rows): the layout never decodes the pieces themselves
             | "GatherCounts" >> beam.combiners.ToList()
-            | "MakeLayout" >> beam.Map(make_layout, config=cfg)
+            | "MakeLayout" >> beam.Map(make_layout, config=cfg, splits=tuple(self.pools))
         )
         layout_si = beam.pvalue.AsSingleton(layout)
         placed = instances.pieces | "AssignShards" >> beam.FlatMap(assign_shards, layout=layout_si)
@@ -239,7 +266,8 @@ class CreateInstanceShards(beam.PTransform):
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShards" >> beam.ParDo(WriteShards(self.output, self.vocab_ids.mask_id), layout=layout_si)
         )
-        return {"results": results, "rejects": tokenized.rejects, "layout": layout, "documents": n_docs}
+        return {"results": results, "rejects": tokenized.rejects, "layout": layout, "documents": n_docs,
+                "eval_documents": n_eval}
 
 
 def create_instances(
@@ -280,10 +308,11 @@ def create_instances(
             out["results"]
             | "GatherResults" >> beam.combiners.ToList()
             | "WriteManifests" >> beam.Map(
-                lambda rs, rj, lay, n: write_manifests(
-                    rs, rj, lay, output=output, config=config, inputs=inputs, documents_used=n),
+                lambda rs, rj, lay, n, e: write_manifests(
+                    rs, rj, lay, output=output, config=config, inputs=inputs, documents_used=n,
+                    eval_documents=e),
                 rj=beam.pvalue.AsList(out["rejects"]), lay=beam.pvalue.AsSingleton(out["layout"]),
-                n=beam.pvalue.AsSingleton(out["documents"]),
+                n=beam.pvalue.AsSingleton(out["documents"]), e=beam.pvalue.AsSingleton(out["eval_documents"]),
             )
         )
 

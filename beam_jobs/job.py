@@ -14,12 +14,21 @@ pipelines on), with ``direct_num_workers`` worker processes when ``workers > 1``
 directly because the DirectRunner tries the Prism runner first, which fetches a binary and so
 needs the network. Dataflow, Flink or Spark are settings: ``beam_runner`` and ``beam_args`` in
 the config (see ``infra/beam/``).
+
+While a job runs, Beam's own INFO messages and the harness start-up and shut-down lines of the
+local worker processes stay out of the terminal (:func:`harness_chatter_dropped`); warnings and
+errors of our code, and tracebacks, still show.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import logging
+import os
+import re
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +41,15 @@ from bert_core.config import PipelineConfig, load_config
 from bert_core.corpus.documents import read_sentences
 
 LOCAL_RUNNER = "FnApiRunner"
+
+# What Beam's harness says at the start and end of every worker process (channels opened,
+# "harness starting", an optional GCP client missing, nothing staged): no news for a user.
+# Warnings and errors of our own code, and tracebacks, do not match and stay visible.
+HARNESS_CHATTER = re.compile(
+    r"^(INFO|DEBUG):(__main__|apache_beam[.\w]*):"
+    r"|apitools not found"
+    r"|No semi_persistent_directory"
+)
 
 
 # --------------------------------------------------------------------------- command line
@@ -97,10 +115,60 @@ def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
         gc.unfreeze()
 
 
+class _DropChatter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not HARNESS_CHATTER.search(f"{record.levelname}:{record.name}:{record.getMessage()}")
+
+
+def quiet_beam_logging() -> None:
+    """Beam's own loggers in this process at WARNING, and its harmless start-up warnings dropped
+    (the runner re-logs the workers' warnings here too)."""
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    for name in ("", "apache_beam.runners.portability.local_job_service"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropChatter) for f in logger.filters):
+            logger.addFilter(_DropChatter())
+
+
+@contextmanager
+def harness_chatter_dropped(enabled: bool = True) -> Iterator[None]:
+    """Drop :data:`HARNESS_CHATTER` lines from this process's stderr while a job runs.
+
+    The local runner's worker processes inherit file descriptor 2 and configure their own
+    logging at INFO, so no logger setting here reaches them: their lines pass through a pipe
+    that forwards every other line unchanged."""
+    quiet_beam_logging()
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not HARNESS_CHATTER.search(line.decode("utf-8", "replace")):
+                    os.write(terminal, line)
+
+    pump = threading.Thread(target=forward, name="beam-stderr", daemon=True)
+    pump.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(terminal, 2)  # the pipe ends once the workers, which hold it too, have exited
+        pump.join(timeout=30)
+        if not pump.is_alive():
+            os.close(terminal)
+
+
 def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: str = LOCAL_RUNNER,
                  beam_args: Iterable[str] = ()) -> PipelineResult:
     """Build the graph with ``build(pipeline)``, run it to the end, return the result."""
-    with fewer_gc_passes():
+    with fewer_gc_passes(), harness_chatter_dropped(is_local(runner) and workers > 1):
         p = beam.Pipeline(options=pipeline_options(workers, runner, beam_args))
         build(p)
         result = p.run()

@@ -229,6 +229,7 @@ def measure(repeat: int, args: argparse.Namespace, tf_python: Path, env: dict[st
 
         sets = [f"instances.lengths=[{{max_seq_length: {L}, max_predictions_per_seq: {P}}}]",
                 f"instances.dupe_factor={D}", "instances.num_shards=4",
+                "instances.eval_fraction=0",  # the reference holds out nothing: compare the same documents
                 f"pretrain.phases=[{{max_seq_length: {L}, micro_batch_size: 16, global_batch_size: 32}}]",
                 "model.max_position_embeddings=512"]
         ours: dict[int, dict[str, float]] = {}

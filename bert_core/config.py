@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 
 
 class CorpusConfig(_Model):
-    """Stage 1: raw Wikipedia dumps and book folders -> document-level sentences."""
+    """Stage 1: raw Wikipedia dumps, book folders and text records -> document-level sentences."""
 
     wikipedia: list[str] = Field(
         default_factory=list,
@@ -44,6 +44,18 @@ class CorpusConfig(_Model):
     )
     books: list[str] = Field(
         default_factory=list, description="Globs/URIs of book files (.txt, .txt.gz), one book each."
+    )
+    text: list[str] = Field(
+        default_factory=list, description="Globs/URIs of text record files: JSON lines (.jsonl, "
+        ".jsonl.gz, .jsonl.zst) or Parquet (.parquet); one record = one document."
+    )
+    text_field: str = Field("text", min_length=1, description="Field (column) of a record holding its text.")
+    id_field: str | None = Field(
+        None, description="Field holding a record's id (doc_id 'text:<id>'); None = "
+        "'text:<file stem>:<line or row>'."
+    )
+    title_field: str | None = Field(
+        None, description="Field holding a record's title; None = the file stem and the record's line or row."
     )
     min_sentences_per_doc: int = Field(
         2, ge=1, description="Documents with fewer sentences are rejected (too_few_sentences)."
@@ -121,7 +133,8 @@ class SequenceSpec(_Model):
 
 
 class InstanceConfig(_Model):
-    """Stage 3: masked-LM + next-sentence instances (create_pretraining_data.py's algorithm)."""
+    """Stage 3: masked-LM + next-sentence instances (create_pretraining_data.py's algorithm),
+    with an eval split held out by document."""
 
     lengths: list[SequenceSpec] = Field(
         default_factory=lambda: [SequenceSpec()],
@@ -147,6 +160,16 @@ class InstanceConfig(_Model):
     random_doc_buckets: int = Field(
         64, ge=1, description="Documents are hashed into this many buckets; a random-next B "
         "segment comes from another document of the same bucket (bounded memory)."
+    )
+    eval_fraction: float = Field(
+        0.01, ge=0, le=0.5, description="Share of documents held out as the eval split "
+        "(seq{L}/eval/): the split is by document, so no eval text reaches a training instance, "
+        "not even as a random-next B segment. Eval instances are made in one pass (dupe_factor 1). "
+        "0 = no eval split."
+    )
+    min_eval_documents: int = Field(
+        10, ge=0, description="Hold out at least this many documents (small corpora), but never "
+        "more than half of them."
     )
 
 
@@ -229,7 +252,10 @@ class PretrainConfig(_Model):
     )
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for launcher=hostfile.")
     master_addr: str = Field("127.0.0.1", description="Rendezvous address (rank 0's host).")
-    master_port: int = Field(29500, ge=1, le=65535)
+    master_port: int | None = Field(
+        None, ge=1, le=65535, description="Rendezvous port; unset: a free port for launcher=local "
+        "(runs side by side never collide), 29500 for the multi-node launchers."
+    )
     # numerics
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fp32 on CPU.")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
@@ -283,14 +309,21 @@ class PretrainConfig(_Model):
 
 
 class FinetuneConfig(_Model):
-    """Stage 5: fine-tuning, one job per task x seed."""
+    """Stage 5: fine-tuning, one job per task x setting x seed. A setting is one point of the
+    grid ``learning_rates`` x ``batch_sizes`` x ``epochs`` (the paper's by default); the best
+    setting on dev is selected per task. ``learning_rate: x`` (likewise ``batch_size``,
+    ``num_train_epochs``) is the one-point grid ``[x]``, and reads back when the grid has one point."""
 
     tasks: list[str] = Field(default_factory=lambda: ["sst2"], description="Registered task names.")
     data_dir: str | None = Field(None, description="Folder with one sub-folder of files per task.")
     seeds: list[int] = Field(default_factory=lambda: [1, 2, 3])
-    learning_rate: float = Field(2e-5, gt=0, description="Paper grid: 5e-5, 3e-5, 2e-5.")
-    batch_size: int = Field(32, ge=1)
-    num_train_epochs: float = Field(3.0, gt=0)
+    learning_rates: list[float] = Field(
+        default_factory=lambda: [5e-5, 3e-5, 2e-5], min_length=1,
+        description="Grid of peak learning rates (paper: 5e-5, 3e-5, 2e-5).")
+    batch_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1,
+                                   description="Grid of batch sizes (paper: 16, 32).")
+    epochs: list[float] = Field(default_factory=lambda: [2.0, 3.0, 4.0], min_length=1,
+                                description="Grid of training epochs (paper: 2, 3, 4).")
     warmup_proportion: float = Field(0.1, ge=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
     max_seq_length: int = Field(128, ge=8, description="For sentence(-pair) tasks, NER and SWAG.")
@@ -304,6 +337,9 @@ class FinetuneConfig(_Model):
     deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
     max_train_examples: int | None = Field(None, ge=1, description="Cap for quick runs.")
     threads: int = Field(2, ge=1)
+    max_parallel_jobs: int = Field(
+        1, ge=1, description="Fine-tune jobs running at once in the finetune flow (in its process, "
+        "or on the work pool with `deployment`).")
     # fan-out (flows/pipeline.py)
     extra_checkpoints: list[str] = Field(
         default_factory=list, description="Also fine-tune these checkpoints (transformers layout, "
@@ -324,7 +360,51 @@ class FinetuneConfig(_Model):
             )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"finetune.seeds has repeats: {self.seeds}")
+        for name in ("learning_rates", "batch_sizes", "epochs"):
+            grid = getattr(self, name)
+            if any(v <= 0 for v in grid) or len(set(grid)) != len(grid):
+                raise ValueError(f"finetune.{name}={grid}: give distinct values above 0")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_point_grid(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for one, grid in (("learning_rate", "learning_rates"), ("batch_size", "batch_sizes"),
+                              ("num_train_epochs", "epochs")):
+                if one in data:
+                    data[grid] = [data.pop(one)]
+        return data
+
+    def _single(self, grid: str) -> Any:
+        values = getattr(self, grid)
+        if len(values) != 1:
+            raise ValueError(f"finetune.{grid}={values} is a grid; one job runs one setting "
+                             "(FinetuneConfig.at)")
+        return values[0]
+
+    @property
+    def learning_rate(self) -> float:
+        return self._single("learning_rates")
+
+    @property
+    def batch_size(self) -> int:
+        return self._single("batch_sizes")
+
+    @property
+    def num_train_epochs(self) -> float:
+        return self._single("epochs")
+
+    def grid(self) -> list[tuple[float, int, float]]:
+        """Every setting ``(learning_rate, batch_size, num_train_epochs)``, in the lists' order."""
+        return [(lr, bs, ep) for bs in self.batch_sizes for lr in self.learning_rates
+                for ep in self.epochs]
+
+    def at(self, learning_rate: float, batch_size: int, num_train_epochs: float) -> FinetuneConfig:
+        """This config reduced to one setting: what one job runs with."""
+        return self.model_copy(update={"learning_rates": [learning_rate], "batch_sizes": [batch_size],
+                                       "epochs": [num_train_epochs]})
 
 
 # --------------------------------------------------------------------------- pipeline

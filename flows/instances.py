@@ -4,9 +4,10 @@
     bertpipe instances --corpus C --vocab V --output O    (the same work without Prefect)
 
 The work is ``beam_jobs.create_instances.create_instances``; this flow runs it, publishes the
-statistics as the table artifact ``instances-stats`` (one row per sequence length) and a length
-histogram as ``instances-lengths``, and returns ``output``. A finished ``output`` (it has its
-manifest) is not redone (flows/versions.py).
+statistics as the table artifact ``instances-stats`` (one row per sequence length, with the
+instance count of its eval split, held out by document) and a length histogram as
+``instances-lengths``, and returns ``output``. A finished ``output`` (it has its manifest) is
+not redone (flows/versions.py).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from flows.versions import finished_manifest
 
 
 def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """One table row per length from an instances manifest's stats."""
+    """One table row per length from an instances manifest's stats and counts."""
     rows = []
     # the manifest's keys are sorted as text (seq128 < seq64): order by length again
     for name, s in sorted(manifest["stats"].items(), key=lambda kv: kv[1]["max_seq_length"]):
         rows.append({
-            "set": name, "instances": s["instances"], "tokens": s["tokens"],
+            "set": name, "instances": s["instances"],
+            "eval_instances": manifest["counts"].get(f"eval_instances_{name}", 0), "tokens": s["tokens"],
             "mean_length": s["mean_length"], "masked_fraction": s["masked_fraction"],
             "mask_token": s["mask_token_fraction"], "kept": s["kept_fraction"],
             "random_token": s["random_token_fraction"], "random_next": s["random_next_fraction"],

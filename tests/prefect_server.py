@@ -55,7 +55,6 @@ def drain_prefect_workers() -> None:
     run_coro_as_sync(drain())
 
 
-@contextlib.contextmanager
 def stop_process_group(proc: subprocess.Popen, timeout: float = 60) -> None:
     """Stop a process started with ``start_new_session=True`` and its children the way Prefect's
     servers and workers expect (SIGTERM, a bounded wait, then SIGKILL). Never raises: a teardown
@@ -70,6 +69,7 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 60) -> None:
             continue
 
 
+@contextlib.contextmanager
 def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[str]:
     """Start the server, wait for /api/health, yield the API URL, stop it (and only it)."""
     home.mkdir(parents=True, exist_ok=True)

@@ -182,7 +182,7 @@ def test_create_instance_shards_writes_balanced_shards_and_rejects(samples_dir, 
     docs = [(f"news:{i}", split_sentences(line)) for i, line in enumerate(lines[:12])]
     docs.append(("news:empty", ["\u200b"]))
     config = InstanceConfig(lengths=[SequenceSpec(max_seq_length=64, max_predictions_per_seq=10)],
-                            dupe_factor=2, num_shards=3, seed=7)
+                            dupe_factor=2, num_shards=3, seed=7, eval_fraction=0)
     output = str(tmp_path / "instances")
     vocab_ids = VocabIds.from_tokenizer(load_tokenizer(vocab))
     with pipeline() as p:
@@ -193,7 +193,8 @@ def test_create_instance_shards_writes_balanced_shards_and_rejects(samples_dir, 
         reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
         assert_that(reasons, equal_to([("news:empty", "no_tokens")]), label="CheckRejects")
         assert_that(out["documents"], equal_to([12]), label="CheckDocuments")
-        shards = out["layout"] | "Layout" >> beam.Map(lambda lay: (lay[64]["shards"], len(lay[64]["offsets"])))
+        train = (64, "train")  # the layout is per (length, split)
+        shards = out["layout"] | "Layout" >> beam.Map(lambda lay: (lay[train]["shards"], len(lay[train]["offsets"])))
         assert_that(shards, equal_to([(3, 9)]), label="CheckLayout")  # 3 pools x 3 groups
     sizes = [pq.read_metadata(str(f)).num_rows for f in sorted(Path(output, "seq64").iterdir())]
     assert len(sizes) == 3 and max(sizes) - min(sizes) <= 1 and sum(sizes) > 12

@@ -63,11 +63,12 @@ def runs(corpus, vocab_file, tmp_path_factory) -> dict[int, str]:
 def test_same_bytes_whatever_the_workers(runs) -> None:
     one, two = (storage.read_manifest(runs[w]) for w in (1, 2))
     assert one["stats"] == two["stats"] and one["counts"] == two["counts"]
-    for length in (64, 128):
-        a, b = (storage.read_manifest(storage.join(runs[w], f"seq{length}")) for w in (1, 2))
+    for folder in ("seq64", "seq128", "seq64/eval", "seq128/eval"):  # training and eval shards
+        a, b = (storage.read_manifest(storage.join(runs[w], folder)) for w in (1, 2))
         assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+        assert a["counts"] == b["counts"] and a["stats"] == b["stats"]
         for s in a["shards"]:  # the manifest's hashes are the files'
-            assert storage.sha256(storage.join(runs[1], f"seq{length}", s["path"])) == s["sha256"]
+            assert storage.sha256(storage.join(runs[1], folder, s["path"])) == s["sha256"]
 
 
 def test_shards_are_balanced_and_follow_the_contract(runs) -> None:
@@ -103,6 +104,7 @@ def test_manifest_stats_and_rejects(runs) -> None:
     assert manifest["stage"] == "instances" and manifest["config"]["dupe_factor"] == 3
     counts = manifest["counts"]
     assert counts == {**counts, "documents_read": 41, "documents_used": 40, "documents_rejected": 1}
+    assert 3 <= counts["eval_documents"] <= 20  # min_eval_documents / documents_read = 10 / 41 held out
     rejects = [json.loads(x) for x in storage.read_text(storage.join(runs[2], "rejects.jsonl")).splitlines()]
     assert rejects == [{"source": "documents", "id": "news:empty", "reason": "no_tokens",
                         "detail": "2 sentences, none with a token in this vocab"}]
@@ -110,6 +112,10 @@ def test_manifest_stats_and_rejects(runs) -> None:
         s = manifest["stats"][f"seq{length}"]
         n = s["counts"]["masked"]
         assert s["instances"] == counts[f"instances_seq{length}"]
+        held_out = storage.read_manifest(storage.join(runs[2], f"seq{length}", "eval"))
+        assert held_out["split"] == "eval" and len(held_out["shards"]) == 1
+        assert held_out["counts"]["instances"] == counts[f"eval_instances_seq{length}"] > 0
+        assert 0.12 < held_out["stats"]["masked_fraction"] <= 0.16
         assert 0.12 < s["masked_fraction"] <= 0.16  # round(len * 0.15), capped
         assert abs(s["mask_token_fraction"] - 0.8) < 4 * math.sqrt(0.16 / n)
         assert abs(s["kept_fraction"] - 0.1) < 4 * math.sqrt(0.09 / n)
@@ -151,7 +157,7 @@ def test_cli_without_nsp_dynamic_masking_and_stats(corpus, vocab_file, tmp_path)
                                      "instances.shard_multiple_of=1"])
     assert again.exit_code == 0, again.output
     assert sorted(p.name for p in (tmp_path / "packed" / "seq64").iterdir()) == [
-        "_MANIFEST.json", "part-00000-of-00001.parquet"]
+        "_MANIFEST.json", "eval", "part-00000-of-00001.parquet"]
 
 
 @pytest.mark.slow
@@ -182,7 +188,13 @@ def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(corpus, vocab_
         artifacts = {a.key: a for a in asyncio.run(latest())}
         table = artifacts["instances-stats"].data
         rows = json.loads(table) if isinstance(table, str) else table
-        assert [r["set"] for r in rows] == ["seq64", "seq128"]
+        # a row per length, shown one column per length (wider than the UI: flows/artifacts.py)
+        by_measure = {r["set"]: r for r in rows}
+        counts = storage.read_manifest(runs[1])["counts"]
+        assert by_measure["instances"] == {"set": "instances", "seq64": counts["instances_seq64"],
+                                           "seq128": counts["instances_seq128"]}
+        assert by_measure["eval_instances"] == {"set": "eval_instances", "seq64": counts["eval_instances_seq64"],
+                                                "seq128": counts["eval_instances_seq128"]}
         assert "instances-lengths" in artifacts
 
 

@@ -7,14 +7,22 @@ import numpy as np
 from bert_core.config import InstanceConfig, SequenceSpec
 from bert_core.instances.batch import InstanceBatch
 from bert_core.instances.sharding import (
+    EVAL,
+    EVAL_SHARDS,
+    TRAIN,
     assign_shards,
+    eval_threshold,
     every_shard,
+    is_eval_document,
     make_layout,
     num_random_doc_buckets,
     num_shards,
     pieces_by_group,
+    pool_of,
+    set_folder,
     shard_of_rank,
     shard_start,
+    split_pools,
 )
 
 
@@ -79,14 +87,49 @@ def test_layout_and_assign_shards_place_every_row_once_in_balanced_shards() -> N
     config = InstanceConfig(lengths=[SequenceSpec(max_seq_length=64, max_predictions_per_seq=10)],
                             num_shards=3)
     sizes = {(0, 0): 4, (0, 1): 3, (1, 0): 5, (1, 1): 2}
-    layout = make_layout([((64, piece), n) for piece, n in sizes.items()], config)
-    assert layout[64]["total"] == 14 and layout[64]["shards"] == 3
-    assert layout[64]["offsets"] == {(0, 0): 0, (0, 1): 4, (1, 0): 7, (1, 1): 12}
-    assert every_shard(layout) == [(64, 0), (64, 1), (64, 2)]
+    train = (64, TRAIN)
+    layout = make_layout([((train, piece), n) for piece, n in sizes.items()], config)
+    assert layout[train]["total"] == 14 and layout[train]["shards"] == 3
+    assert layout[train]["offsets"] == {(0, 0): 0, (0, 1): 4, (1, 0): 7, (1, 1): 12}
+    assert every_shard(layout) == [(train, 0), (train, 1), (train, 2)]
     per_shard: dict[int, list[int]] = {}
     for piece, n in sizes.items():
-        for (length, shard), (first, rows) in assign_shards(((64, piece), batch_with_keys([0] * n)), layout):
-            assert length == 64
+        for (set_, shard), (first, rows) in assign_shards(((train, piece), batch_with_keys([0] * n)), layout):
+            assert set_ == train
             per_shard.setdefault(shard, []).extend(range(first, first + len(rows)))
     assert {s: len(r) for s, r in per_shard.items()} == {0: 5, 1: 5, 2: 4}
     assert sorted(r for rs in per_shard.values() for r in rs) == list(range(14))
+
+
+def test_eval_sets_get_a_fixed_shard_count_and_are_listed_even_when_empty() -> None:
+    config = InstanceConfig(lengths=[SequenceSpec(max_seq_length=64, max_predictions_per_seq=10)],
+                            num_shards=3)
+    layout = make_layout([(((64, EVAL), (0, 0)), 500), (((64, TRAIN), (0, 0)), 9)], config, (TRAIN, EVAL))
+    assert layout[(64, EVAL)] == {"total": 500, "shards": EVAL_SHARDS, "offsets": {(0, 0): 0}}
+    assert layout[(64, TRAIN)]["shards"] == 3
+    empty = make_layout([], config, (TRAIN, EVAL))
+    assert empty[(64, EVAL)]["total"] == 0 and ((64, EVAL), 0) in every_shard(empty)
+    assert set_folder("gs://b/out", (64, EVAL)) == "gs://b/out/seq64/eval"
+    assert set_folder("gs://b/out", (64, TRAIN)) == "gs://b/out/seq64"
+
+
+def test_eval_threshold_takes_the_larger_share_capped_at_half() -> None:
+    assert eval_threshold(100_000, InstanceConfig()) == 0.01  # eval_fraction
+    assert eval_threshold(500, InstanceConfig()) == 10 / 500  # at least min_eval_documents
+    assert eval_threshold(12, InstanceConfig()) == 0.5  # never more than half
+    assert eval_threshold(500, InstanceConfig(eval_fraction=0)) == 0.0  # off
+    assert eval_threshold(0, InstanceConfig()) == 0.0
+
+
+def test_eval_documents_are_a_stable_share_and_pools_follow_the_split() -> None:
+    ids = [f"wiki:{i}" for i in range(20_000)]
+    held = [d for d in ids if is_eval_document(d, 12345, 0.05)]
+    assert abs(len(held) - 1000) < 4 * (20_000 * 0.05 * 0.95) ** 0.5
+    assert set(held) <= {d for d in ids if is_eval_document(d, 12345, 0.1)}  # a larger share keeps them
+    assert held != [d for d in ids if is_eval_document(d, 1, 0.05)]  # the seed picks other documents
+    pools = split_pools(20_000, 0.05, InstanceConfig(), min_docs=100)
+    assert pools == {TRAIN: 64, EVAL: 10}
+    assert split_pools(20_000, 0.0, InstanceConfig()) == {TRAIN: 20}
+    for d in ids[:500]:
+        split, pool = pool_of(d, 12345, 0.05, pools)
+        assert split == (EVAL if d in held else TRAIN) and 0 <= pool < pools[split]

@@ -1,8 +1,10 @@
 """The instances stage's folder: cleared before a run, manifests written after it.
 
-    OUT/seq{L}/_MANIFEST.json   shards (sha256, count), counts and statistics of that length
-    OUT/rejects.jsonl           documents that gave no tokens, with the reason
-    OUT/_MANIFEST.json          written last: InstanceConfig, inputs, per-length statistics
+    OUT/seq{L}/eval/_MANIFEST.json   the eval split of that length: shards, counts, stats, split="eval"
+    OUT/seq{L}/_MANIFEST.json        training shards (sha256, count), counts (eval_instances too), stats
+    OUT/rejects.jsonl                documents that gave no tokens, with the reason
+    OUT/_MANIFEST.json               written last: InstanceConfig, inputs, per-length statistics,
+                                     counts (eval_documents, eval_instances_seq{L} too)
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import InstanceConfig
+from bert_core.instances.sharding import EVAL, TRAIN, set_folder
 from bert_core.instances.stats import InstanceStats
 
 
 def prepare_output(output: str, config: InstanceConfig) -> None:
-    """Refuse another stage's folder; clear an earlier instances run of the same lengths, so no
-    old manifest vouches for shards being rewritten and no stale shard count is left behind."""
+    """Refuse another stage's folder; clear an earlier instances run of the same lengths (eval
+    splits included), so no old manifest vouches for shards being rewritten and no stale shard
+    count is left behind."""
     if storage.has_manifest(output):
         stage = storage.read_manifest(output).get("stage")
         if stage != "instances":
@@ -28,29 +32,51 @@ def prepare_output(output: str, config: InstanceConfig) -> None:
         storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
 
 
+def _set_stats(results: list[dict], length: int, split: str) -> tuple[list[dict], InstanceStats]:
+    """The shard results of one set, by shard index, and their stats added up."""
+    mine = sorted((r for r in results if r["length"] == length and r["split"] == split),
+                  key=lambda r: r["index"])
+    stats = InstanceStats(max_seq_length=length)
+    for r in mine:
+        stats.merge(InstanceStats.from_dict(r["stats"]))
+    return mine, stats
+
+
 def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, output: str,
-                    config: InstanceConfig, inputs: list[dict], documents_used: int) -> dict:
-    """Per-length manifests, the rejects file, then the top-level manifest (last: it marks done)."""
+                    config: InstanceConfig, inputs: list[dict], documents_used: int,
+                    eval_documents: int = 0) -> dict:
+    """Per-length manifests (each eval split's first), the rejects file, then the top-level
+    manifest (last: it marks done). ``layout`` has an eval set per length when the split is on."""
     stats_by_length: dict[str, Any] = {}
     counts: dict[str, Any] = {"documents_read": documents_used + len(rejects),
                               "documents_used": documents_used,
-                              "documents_rejected": len(rejects)}
+                              "documents_rejected": len(rejects), "eval_documents": eval_documents}
+    has_eval = any(split == EVAL for _, split in layout)
     for spec in config.lengths:
         length = spec.max_seq_length
-        mine = sorted((r for r in results if r["length"] == length), key=lambda r: r["index"])
-        stats = InstanceStats(max_seq_length=length)
-        for r in mine:
-            stats.merge(InstanceStats.from_dict(r["stats"]))
+        length_config = {**config.model_dump(mode="json"), "max_seq_length": length,
+                         "max_predictions_per_seq": spec.max_predictions_per_seq}
+        eval_instances = 0
+        if has_eval:
+            mine, stats = _set_stats(results, length, EVAL)
+            eval_instances = stats.instances
+            storage.write_manifest(
+                set_folder(output, (length, EVAL)), stage="instances",
+                config={**length_config, "dupe_factor": 1}, inputs=inputs, shards=[r["entry"] for r in mine],
+                counts={"instances": stats.instances, "tokens": stats.tokens, "documents": eval_documents,
+                        "shards": layout[(length, EVAL)]["shards"]},
+                stats=stats.summary(), split=EVAL,
+            )
+        mine, stats = _set_stats(results, length, TRAIN)
         summary = stats.summary()
         stats_by_length[f"seq{length}"] = summary
         counts[f"instances_seq{length}"] = stats.instances
+        counts[f"eval_instances_seq{length}"] = eval_instances
         storage.write_manifest(
-            storage.join(output, f"seq{length}"), stage="instances",
-            config={**config.model_dump(mode="json"), "max_seq_length": length,
-                    "max_predictions_per_seq": spec.max_predictions_per_seq},
+            set_folder(output, (length, TRAIN)), stage="instances", config=length_config,
             inputs=inputs, shards=[r["entry"] for r in mine],
-            counts={"instances": stats.instances, "tokens": stats.tokens,
-                    "shards": layout[length]["shards"]},
+            counts={"instances": stats.instances, "eval_instances": eval_instances, "tokens": stats.tokens,
+                    "shards": layout[(length, TRAIN)]["shards"]},
             stats=summary,
         )
     rejects = sorted(rejects, key=lambda r: str(r["id"]))

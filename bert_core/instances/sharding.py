@@ -14,6 +14,13 @@ A pool's instances (per length) are sorted by their 64-bit key and cut into *pie
 piece's rows get consecutive global ranks in that order (:func:`make_layout`), and shard ``f``
 takes a contiguous rank range (:func:`shard_of_rank`, :func:`shard_start`), so shard sizes
 differ by at most one and every shard holds a random share of every pool.
+
+The eval split is by document: a document is held out when ``stable_hash("eval", seed, doc_id)``,
+mapped to [0, 1), is below :func:`eval_threshold`. The split is part of a pool's key
+(:func:`pool_of`), so an eval document's B segments come only from eval documents and a
+training document's only from training documents. Shards are laid out per *set*,
+``(max_seq_length, split)``: ``seq{L}/`` for training, ``seq{L}/eval/`` (EVAL_SHARDS shards,
+whatever the workers) for eval.
 """
 
 from __future__ import annotations
@@ -24,12 +31,55 @@ from typing import Any
 
 import numpy as np
 
+from bert_core import storage
 from bert_core.config import InstanceConfig
 from bert_core.instances.batch import InstanceBatch
+from bert_core.instances.pairs import stable_hash
 
 MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
 MAX_DOCS_PER_BUCKET = 20_000  # ~0.5 GB of tokenized Wikipedia articles held by one worker
 INSTANCES_PER_SHARD = 100_000  # when num_shards = 0 (automatic)
+MAX_EVAL_FRACTION = 0.5  # min_eval_documents never takes more than half of a small corpus
+EVAL_SHARDS = 1  # shards of an eval set: fixed, so the eval rows never depend on the workers
+TRAIN, EVAL = "train", "eval"
+
+Set = tuple[int, str]  # (max_seq_length, split): one folder of shards, seq{L}/ or seq{L}/eval/
+
+
+def eval_threshold(documents_read: int, config: InstanceConfig) -> float:
+    """The share of documents held out: ``eval_fraction``, raised so that about
+    ``min_eval_documents`` are held out, capped at MAX_EVAL_FRACTION; 0 when the split is off."""
+    if config.eval_fraction == 0 or documents_read == 0:
+        return 0.0
+    return min(MAX_EVAL_FRACTION, max(config.eval_fraction, config.min_eval_documents / documents_read))
+
+
+def is_eval_document(doc_id: str, seed: int, threshold: float) -> bool:
+    """Whether ``doc_id`` belongs to the eval split (the same answer in every process)."""
+    return stable_hash("eval", seed, doc_id) / 2**64 < threshold
+
+
+def split_pools(documents_read: int, threshold: float, config: InstanceConfig,
+                min_docs: int = MIN_DOCS_PER_BUCKET) -> dict[str, int]:
+    """How many random-next pools each split's (expected) documents are hashed into."""
+    n_eval = math.ceil(threshold * documents_read)
+    pools = {TRAIN: num_random_doc_buckets(documents_read - n_eval, config, min_docs)}
+    if threshold > 0:
+        pools[EVAL] = num_random_doc_buckets(n_eval, config, min_docs)
+    return pools
+
+
+def pool_of(doc_id: str, seed: int, threshold: float, pools: dict[str, int]) -> tuple[str, int]:
+    """``(split, pool)`` of a document: a B segment is drawn from the documents of its key."""
+    split = EVAL if is_eval_document(doc_id, seed, threshold) else TRAIN
+    return split, stable_hash("bucket", doc_id) % pools[split]
+
+
+def set_folder(output: str, length_split: Set) -> str:
+    """``output/seq{L}`` for a training set, ``output/seq{L}/eval`` for an eval set."""
+    length, split = length_split
+    folder = storage.join(output, f"seq{length}")
+    return storage.join(folder, EVAL) if split == EVAL else folder
 
 
 def num_random_doc_buckets(n_docs: int, config: InstanceConfig,
@@ -74,37 +124,41 @@ def pieces_by_group(batch: InstanceBatch, groups: int) -> Iterator[tuple[int, In
             yield g, batch.slice(int(bounds[g]), int(bounds[g + 1]))
 
 
-def make_layout(counts: Iterable[tuple[tuple[int, Any], int]], config: InstanceConfig) -> dict:
-    """Per length: total, shard count, and the first global rank of every piece (pieces in the
-    order of their keys, ``(group, pool)``)."""
-    per_length: dict[int, dict[Any, int]] = {s.max_seq_length: {} for s in config.lengths}
-    for (length, bucket), n in counts:
-        per_length[length][bucket] = n
+def make_layout(counts: Iterable[tuple[tuple[Set, Any], int]], config: InstanceConfig,
+                splits: Iterable[str] = (TRAIN,)) -> dict[Set, dict]:
+    """Per set ``(length, split)``: total, shard count (``num_shards`` for training, EVAL_SHARDS
+    for eval), and the first global rank of every piece (pieces in the order of their keys,
+    ``(group, pool)``)."""
+    per_set: dict[Set, dict[Any, int]] = {(s.max_seq_length, split): {}
+                                          for split in splits for s in config.lengths}
+    for (length_split, piece), n in counts:
+        per_set[length_split][piece] = n
     layout = {}
-    for length, buckets in per_length.items():
+    for length_split, pieces in per_set.items():
         offsets, running = {}, 0
-        for bucket in sorted(buckets):
-            offsets[bucket] = running
-            running += buckets[bucket]
-        layout[length] = {"total": running, "shards": num_shards(running, config), "offsets": offsets}
+        for piece in sorted(pieces):
+            offsets[piece] = running
+            running += pieces[piece]
+        shards = num_shards(running, config) if length_split[1] == TRAIN else EVAL_SHARDS
+        layout[length_split] = {"total": running, "shards": shards, "offsets": offsets}
     return layout
 
 
-def every_shard(layout: dict) -> list[tuple[int, int]]:
-    """``(length, shard)`` of every shard the layout has, so empty ones are written too."""
-    return [(length, i) for length, v in layout.items() for i in range(v["shards"])]
+def every_shard(layout: dict[Set, dict]) -> list[tuple[Set, int]]:
+    """``(set, shard)`` of every shard the layout has, so empty ones are written too."""
+    return [(length_split, i) for length_split, v in layout.items() for i in range(v["shards"])]
 
 
-def assign_shards(piece: tuple[tuple[int, Any], InstanceBatch],
-                  layout: dict) -> Iterator[tuple[tuple[int, int], tuple[int, InstanceBatch]]]:
+def assign_shards(piece: tuple[tuple[Set, Any], InstanceBatch],
+                  layout: dict[Set, dict]) -> Iterator[tuple[tuple[Set, int], tuple[int, InstanceBatch]]]:
     """A piece's rows have global ranks ``offset(piece) ..``: cut it at shard boundaries ->
-    ``((length, shard), (first rank, rows))``."""
-    (length, group), batch = piece
-    lay = layout[length]
+    ``((set, shard), (first rank, rows))``."""
+    (length_split, group), batch = piece
+    lay = layout[length_split]
     total, shards = lay["total"], lay["shards"]
     first = lay["offsets"][group]
     last = first + len(batch) - 1
     for shard in range(shard_of_rank(first, total, shards), shard_of_rank(last, total, shards) + 1):
         lo = max(first, shard_start(shard, total, shards))
         hi = min(last + 1, shard_start(shard + 1, total, shards))
-        yield (length, shard), (lo, batch.slice(lo - first, hi - first))
+        yield (length_split, shard), (lo, batch.slice(lo - first, hi - first))
