@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-fast bench lint samples clean
+.PHONY: setup demo test test-fast bench lint samples browser clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,18 @@ test-fast: $(STAMP)
 
 bench: $(STAMP) samples
 	$(BIN)/python -m benchmarks.run_all --samples $(SAMPLES)
+
+# Headless Chromium (Debian package) and playwright-core (npm) for tests/test_ui_browser.py.
+# Each is installed only when missing, so a second run costs nothing.
+CHROMIUM := /usr/bin/chromium
+NODE_DIR := $(VENV)/node
+PLAYWRIGHT := playwright-core@1.65.1
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+browser: $(STAMP)
+	test -x $(CHROMIUM) || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	test -d $(NODE_DIR)/node_modules/playwright-core || \
+		npm install -s --prefix $(NODE_DIR) --no-audit --no-fund --no-save $(PLAYWRIGHT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn
     from matplotlib.figure import Figure
 
 _KEY = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+MAX_COLUMNS = 9  # what the UI shows without scrolling next to its side panels
+SIGNIFICANT = 4  # digits a table keeps: losses and accuracies differ in the third or fourth
 
 # (run id, key) -> progress artifact id: the first call creates, later calls update in place.
 _PROGRESS_IDS: dict[tuple[str, str], UUID] = {}
@@ -43,23 +46,78 @@ def check_key(key: str) -> str:
 
 
 def publish_table(key: str, rows: Sequence[Mapping[str, Any]], description: str | None = None) -> UUID:
-    """A table artifact, one dict per row (columns = the union of keys, in first-seen order)."""
+    """A table artifact, one dict per row, shaped to fit the UI (see :func:`table_parts`).
+
+    A table too wide for one screen is published in parts under ``key``, ``key-2``, ...; the
+    id of the first is returned.
+    """
     from prefect.artifacts import create_table_artifact
 
+    parts = table_parts(rows)
+    ids = []
+    for i, part in enumerate(parts):
+        part_key = key if i == 0 else f"{key}-{i + 1}"
+        text = description if len(parts) == 1 else f"{description or key} (part {i + 1} of {len(parts)})"
+        ids.append(create_table_artifact(table=part, key=check_key(part_key), description=text))
+    return ids[0]
+
+
+def table_parts(rows: Sequence[Mapping[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows shaped for the UI, which shows about :data:`MAX_COLUMNS` columns without scrolling.
+
+    Columns are the union of keys in first-seen order; a column empty in every row (MFU on a
+    CPU run) is left out; every row gets every other column (a missing cell shows empty) and
+    numbers keep :data:`SIGNIFICANT` digits. A wider table with few rows is transposed (one
+    column per row, named by its first cell); one with many rows is split into parts of at
+    most ``MAX_COLUMNS`` columns, each repeating the leading label columns (e.g. kind, phase,
+    step), so every part reads on its own.
+    """
     columns: list[str] = []
     for row in rows:
         columns += [c for c in row if c not in columns]
-    # Every row gets every column so the UI table lines up; a missing cell is shown empty.
+    columns = [c for c in columns if any(row.get(c) is not None for row in rows)]
     table = [{c: _cell(row.get(c)) for c in columns} for row in rows]
-    return create_table_artifact(table=table, key=check_key(key), description=description)
+    if len(columns) <= MAX_COLUMNS:
+        return [table]
+    names = [str(row[columns[0]]) for row in table]
+    if len(table) < MAX_COLUMNS and len(set(names)) == len(names) and columns[0] not in names:
+        return [[{columns[0]: c, **{n: row[c] for n, row in zip(names, table, strict=True)}}
+                 for c in columns[1:]]]
+    index = _label_columns(table, columns)
+    values = columns[len(index):]
+    n_parts = -(-len(values) // (MAX_COLUMNS - len(index)))
+    size = -(-len(values) // n_parts)
+    return [[{c: row[c] for c in index + values[i:i + size]} for row in table]
+            for i in range(0, len(values), size)]
+
+
+def _label_columns(table: list[dict[str, Any]], columns: list[str], most: int = 3) -> list[str]:
+    """The leading columns that name a row rather than measure it: no fractional numbers."""
+    index = []
+    for c in columns[:most]:
+        if any(isinstance(row[c], float) for row in table):
+            break
+        index.append(c)
+    return index or columns[:1]
 
 
 def _cell(value: Any) -> Any:
     if isinstance(value, float):
-        return round(value, 6)
+        return round_number(value)
     if value is None or isinstance(value, (str, int, bool)):
         return value
     return str(value)
+
+
+def round_number(value: float, significant: int | None = None) -> float | int | str:
+    """``value`` to ``significant`` digits, whole numbers from there on: 0.84442 -> 0.8444,
+    9.87654 -> 9.877, 1234.567 -> 1235, 2.5e-05 stays; NaN and infinities as text."""
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return 0.0
+    digits = (significant or SIGNIFICANT) - 1 - math.floor(math.log10(abs(value)))
+    return round(value, digits) if digits > 0 else round(value)
 
 
 def publish_markdown(key: str, md: str, description: str | None = None) -> UUID:
@@ -142,19 +200,45 @@ def histogram(
     xlabel: str,
     bins: int = 30,
 ) -> Figure:
-    """A histogram of raw values, or bars of precomputed ``{bin: count}`` (e.g. manifest stats)."""
+    """A histogram of raw values, or bars of precomputed ``{bin: count}`` (e.g. manifest stats).
+
+    Bins named by a number (``{"128": 40}``) stand at that number; bins named by a range
+    (``{"<2": 1, "2-4": 5, "10-19": 3, "100+": 1}``) stand evenly spaced, in numeric order, under
+    their labels. A manifest read back from JSON lists them as text ("10-19" before "2-4").
+    """
     fig, ax = _figure()
-    if isinstance(values, Mapping):
+    if isinstance(values, Mapping) and all(_is_number(k) for k in values):
         items = sorted(values.items(), key=lambda kv: float(kv[0]))
         xs = [float(k) for k, _ in items]
         width = min((b - a for a, b in zip(xs, xs[1:], strict=False)), default=1.0) * 0.9
         ax.bar(xs, [c for _, c in items], width=width)
+    elif isinstance(values, Mapping):
+        items = sorted(values.items(), key=lambda kv: bin_order(str(kv[0])))
+        ax.bar(range(len(items)), [c for _, c in items], width=0.9)
+        ax.set_xticks(range(len(items)), [str(k) for k, _ in items],
+                      rotation=45 if len(items) > 6 else 0, ha="right" if len(items) > 6 else "center")
     else:
         ax.hist(list(values), bins=bins)
     ax.set(title=title, xlabel=xlabel, ylabel="count")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def bin_order(label: str) -> tuple[float, int]:
+    """Sort key of a bin label: ``"<2"`` < ``"2-4"`` < ``"10-19"`` < ``"100+"`` (by lower bound)."""
+    match = re.match(r"\s*(<)?\s*(-?[0-9.]+)", label)
+    if not match:
+        return (math.inf, 0)
+    return (float(match.group(2)), 0 if match.group(1) else 1)
+
+
+def _is_number(key: Any) -> bool:
+    try:
+        float(key)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def metrics_curves(rows: Iterable[Mapping[str, Any]]) -> dict[str, Figure]:

@@ -1,13 +1,13 @@
-"""Prefect flow of the corpus stage: Wikipedia dumps + books -> cleaned documents.
+"""Prefect flow of the corpus stage: Wikipedia dumps + books + text records -> cleaned documents.
 
     bertpipe run --preset demo                       (as part of the whole DAG, flows/pipeline.py)
-    bertpipe corpus --wikipedia GLOB --books GLOB --output URI   (the same work without Prefect)
+    bertpipe corpus --wikipedia GLOB --books GLOB --text GLOB --output URI   (the same work without Prefect)
 
 The work is ``beam_jobs.clean_corpus.clean``; this flow runs it on ``config.corpus`` (its
 globs are the inputs), publishes the counts as the table artifact ``corpus-counts`` (one row per
-source and reject reason, kept + rejected = read) and the length histograms as
-``corpus-lengths``, and returns ``output``. A finished ``output`` (it has its manifest) is not
-redone (flows/versions.py).
+source and reject reason, kept + rejected = read) and the length histograms (bins in numeric
+order) as ``corpus-lengths``, and returns ``output``. A finished ``output`` (it has its
+manifest) is not redone (flows/versions.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 @flow(name="corpus", log_prints=True, timeout_seconds=24 * 3600)
 def clean_corpus(config: PipelineConfig, output: str) -> str:
-    """Clean ``config.corpus.wikipedia`` dumps and ``config.corpus.books`` into documents."""
+    """Clean ``config.corpus.wikipedia`` dumps, ``config.corpus.books`` and ``config.corpus.text``
+    records into documents."""
     from beam_jobs.clean_corpus import clean
     from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
 
@@ -50,15 +51,11 @@ def clean_corpus(config: PipelineConfig, output: str) -> str:
                   f"Records read, kept and rejected (by reason) for {manifest['uri']}")
     stats = manifest["stats"]
     pictures = [
-        markdown_image(histogram(_positions(stats["sentences_per_doc"]), "Sentences per document",
-                                 "sentences (bin start)"), "sentences per document"),
-        markdown_image(histogram(_positions(stats["chars_per_doc"]), "Characters per document",
-                                 "characters (bin start)"), "characters per document"),
+        markdown_image(histogram(stats["sentences_per_doc"], "Sentences per document", "sentences"),
+                       "sentences per document"),
+        markdown_image(histogram(stats["chars_per_doc"], "Characters per document", "characters"),
+                       "characters per document"),
     ]
     publish_markdown("corpus-lengths", "\n\n".join(pictures), "Document length histograms")
     return output
 
-
-def _positions(bins: dict[str, int]) -> dict[int, int]:
-    """{"10-19": n, ...} -> {bin index: n}: log-ish bins drawn evenly spaced."""
-    return {i: n for i, n in enumerate(bins.values())}

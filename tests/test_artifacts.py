@@ -45,6 +45,53 @@ def test_histogram_takes_values_or_counts():
         assert Image.open(io.BytesIO(_png_bytes(artifacts.png_data_url(fig)))).format == "PNG"
 
 
+def test_length_bins_are_drawn_in_numeric_order_after_a_json_round_trip():
+    import json
+
+    # as the corpus manifest stores them: JSON with sorted keys, so "10-19" comes before "2-4"
+    bins = json.loads(json.dumps({"<2": 1, "2-4": 5, "5-9": 7, "10-19": 3, "20-49": 2,
+                                  "100-199": 4, "1000+": 6}, sort_keys=True))
+    assert list(bins)[:3] == ["10-19", "100-199", "1000+"]
+    fig = artifacts.histogram(bins, "Sentences per document", "sentences")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["<2", "2-4", "5-9", "10-19", "20-49", "100-199", "1000+"]
+    assert [round(p.get_height()) for p in ax.patches] == [1, 5, 7, 3, 2, 4, 6]
+    assert sorted(["100+", "10-19", "<10", "2-4"], key=artifacts.bin_order) == ["2-4", "<10", "10-19", "100+"]
+
+
+def test_numbers_keep_four_significant_digits():
+    assert [artifacts.round_number(v) for v in (0.8444219, 9.876543, 1234.5678, 2.5e-05, 123456.7, 0.0)] == \
+        [0.8444, 9.877, 1235, 2.5e-05, 123457, 0.0]
+    assert artifacts.round_number(float("nan")) == "nan"
+
+
+def test_empty_columns_are_hidden_and_wide_tables_fit():
+    # pre-training metrics on CPU: MFU is None in every row, so the column is left out
+    rows = [{"kind": "train", "phase": 1, "step": s, "loss": 10 - s / 3, "mlm_loss": 9.0, "mlm_acc": 0.1,
+             "nsp_loss": 0.69, "nsp_acc": 0.5, "lr": 1e-4, "seq_per_s": 12.3456, "tokens_per_s": 1234.567,
+             "mfu": None} for s in range(1, 13)]
+    parts = artifacts.table_parts(rows)
+    assert len(parts) == 2 and all(len(part) == 12 for part in parts)
+    columns = [list(part[0]) for part in parts]
+    assert all(len(c) <= artifacts.MAX_COLUMNS and c[:3] == ["kind", "phase", "step"] for c in columns)
+    assert sorted(columns[0][3:] + columns[1][3:]) == sorted(
+        ["loss", "mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "lr", "seq_per_s", "tokens_per_s"])
+    assert parts[0][0]["loss"] == 9.667 and parts[1][0]["tokens_per_s"] == 1235
+
+    # few rows, many columns: one column per row instead
+    stats = [{"set": name, "instances": n, "eval_instances": 3, "tokens": 10 * n, "mean_length": 55.123,
+              "masked_fraction": 0.1498765, "mask_token": 0.8, "kept": 0.1, "random_token": 0.1,
+              "random_next": 0.5} for name, n in (("seq64", 120), ("seq128", 60))]
+    (table,) = artifacts.table_parts(stats)
+    assert table[0] == {"set": "instances", "seq64": 120, "seq128": 60}
+    assert {"set": "masked_fraction", "seq64": 0.1499, "seq128": 0.1499} in table and len(table) == 9
+
+    narrow = [{"reason": "too_short", "docs": 3}, {"reason": "redirect", "note": 0.5}]
+    assert artifacts.table_parts(narrow) == [[{"reason": "too_short", "docs": 3, "note": None},
+                                              {"reason": "redirect", "docs": None, "note": 0.5}]]
+
+
 def test_metrics_curves_split_phases_and_skip_non_step_rows():
     rows = [{"phase": 1, "step": s, "loss": 10 - s, "mlm_acc": s / 10, "nsp_acc": 0.5} for s in range(5)]
     rows += [{"event": "checkpoint"}, {"phase": 2, "step": 5, "loss": 4.0, "mlm_acc": 0.6}]
@@ -94,6 +141,6 @@ def test_artifacts_are_stored_intact_on_a_real_server(prefect_server):
     import json
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert rows == [{"reason": "too_short", "docs": 3, "note": None},
-                    {"reason": "redirect", "docs": 100, "note": 0.123457}]
+                    {"reason": "redirect", "docs": 100, "note": 0.1235}]
     (prog,) = latest("test-progress")  # one artifact, updated in place
     assert prog.type == "progress" and float(prog.data) == 100.0 and prog.description == "done"

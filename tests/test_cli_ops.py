@@ -72,3 +72,50 @@ def test_server_prints_its_address_and_serve_registers_the_monthly_refresh(tmp_p
         if serve is not None:
             _stop(serve)
         _stop(server)
+
+
+CHATTER = ("Python sdk harness starting", "State channel established", "No semi_persistent_directory",
+           "Creating insecure control channel", "Done consuming work")
+
+
+def test_harness_chatter_is_dropped_and_other_lines_pass(capfd):
+    """Worker processes write to the inherited stderr, as Beam's do: only the chatter goes."""
+    from beam_jobs.job import harness_chatter_dropped
+
+    worker = ("import sys\n"
+              "for line in ['INFO:__main__:Python sdk harness starting.',\n"
+              "             'INFO:apache_beam.runners.worker.sdk_worker:State channel established.',\n"
+              "             'WARNING:__main__:No semi_persistent_directory found',\n"
+              "             'WARNING:bert_core.corpus.books:book.txt: no sentences',\n"
+              "             'Traceback (most recent call last):', 'ValueError: bad page']:\n"
+              "    print(line, file=sys.stderr)\n")
+    with harness_chatter_dropped():
+        subprocess.run([sys.executable, "-c", worker], check=True)
+        print("ours", file=sys.stderr)
+    err = capfd.readouterr().err.splitlines()
+    assert err == ["WARNING:bert_core.corpus.books:book.txt: no sentences",
+                   "Traceback (most recent call last):", "ValueError: bad page", "ours"]
+
+
+@pytest.mark.slow
+def test_corpus_command_with_worker_processes_prints_no_harness_chatter(samples_dir, tmp_path):
+    bertpipe = str(Path(sys.executable).with_name("bertpipe"))
+    done = subprocess.run([bertpipe, "corpus", "--books", str(samples_dir / "books" / "*"), "--wikipedia",
+                           str(samples_dir / "wikipedia" / "*"), "--output", str(tmp_path / "corpus"),
+                           "--workers", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "documents" in done.stdout
+    noise = [line for line in done.stderr.splitlines() if any(c in line for c in CHATTER)]
+    assert noise == []
+
+
+def test_server_env_points_the_ui_at_its_own_port(monkeypatch):
+    from flows.cli_ops import server_env
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:4200/api")
+    monkeypatch.delenv("PREFECT_UI_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_SERVER_UI_API_URL", raising=False)
+    assert server_env("127.0.0.1", 4321)["PREFECT_UI_API_URL"] == "http://127.0.0.1:4321/api"
+    assert server_env("0.0.0.0", 4321)["PREFECT_UI_API_URL"] == "http://127.0.0.1:4321/api"
+    monkeypatch.setenv("PREFECT_UI_API_URL", "https://prefect.example.org/api")
+    assert server_env("0.0.0.0", 4321)["PREFECT_UI_API_URL"] == "https://prefect.example.org/api"
