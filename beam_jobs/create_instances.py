@@ -285,6 +285,7 @@ def create_instances(
     """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt;
     ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools."""
     corpus_manifest = storage.read_manifest(corpus)
+    storage.check_shards(corpus, corpus_manifest)
     inputs = [corpus_manifest]
     if not vocab.endswith(".txt"):
         inputs.append(storage.read_manifest(vocab))

@@ -239,27 +239,3 @@ def _is_number(key: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-def metrics_curves(rows: Iterable[Mapping[str, Any]]) -> dict[str, Figure]:
-    """Loss and MLM/NSP accuracy curves from ``metrics.jsonl`` rows (per phase if present)."""
-    loss: dict[str, tuple[list[float], list[float]]] = {}
-    acc: dict[str, tuple[list[float], list[float]]] = {}
-    for row in rows:
-        if "step" not in row:
-            continue
-        phase = f"phase {row['phase']}" if "phase" in row else ""
-        for name, target, field in (("loss", loss, "loss"), ("mlm_acc", acc, "mlm_acc"),
-                                    ("nsp_acc", acc, "nsp_acc")):
-            value = row.get(field)
-            if isinstance(value, (int, float)):
-                label = f"{name} {phase}".strip()
-                xs, ys = target.setdefault(label, ([], []))
-                xs.append(float(row["step"]))
-                ys.append(float(value))
-    figs = {}
-    if loss:
-        figs["loss"] = line_plot(loss, "Pre-training loss (MLM + NSP)", ylabel="loss")
-    if acc:
-        figs["accuracy"] = line_plot(acc, "Masked LM and next-sentence accuracy", ylabel="accuracy")
-    return figs

@@ -92,17 +92,6 @@ def test_empty_columns_are_hidden_and_wide_tables_fit():
                                               {"reason": "redirect", "docs": None, "note": 0.5}]]
 
 
-def test_metrics_curves_split_phases_and_skip_non_step_rows():
-    rows = [{"phase": 1, "step": s, "loss": 10 - s, "mlm_acc": s / 10, "nsp_acc": 0.5} for s in range(5)]
-    rows += [{"event": "checkpoint"}, {"phase": 2, "step": 5, "loss": 4.0, "mlm_acc": 0.6}]
-    figs = artifacts.metrics_curves(rows)
-    assert set(figs) == {"loss", "accuracy"}
-    loss_lines = {line.get_label(): list(line.get_ydata()) for line in figs["loss"].axes[0].lines}
-    assert loss_lines == {"loss phase 1": [10, 9, 8, 7, 6], "loss phase 2": [4.0]}
-    acc_labels = {line.get_label() for line in figs["accuracy"].axes[0].lines}
-    assert acc_labels == {"mlm_acc phase 1", "nsp_acc phase 1", "mlm_acc phase 2"}
-
-
 def test_bad_key_is_refused_before_reaching_the_server():
     with pytest.raises(ValueError, match="lowercase letters"):
         artifacts.publish_markdown("Pretrain_Report", "x")
