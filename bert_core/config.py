@@ -345,6 +345,10 @@ class FinetuneConfig(_Model):
         default_factory=list, description="Also fine-tune these checkpoints (transformers layout, "
         "e.g. samples/models/minilm), beside the freshly pre-trained one."
     )
+    random_init_baseline: bool = Field(
+        False, description="Also fine-tune the pre-trained model's architecture and vocab from a "
+        "random init (seeded by pretrain.seed): the baseline that shows what pre-training adds."
+    )
     deployment: str | None = Field(
         None, description="Send each fine-tune job to this deployment ('flow/deployment') with "
         "run_deployment instead of running it in the pipeline's process."

@@ -2,6 +2,8 @@
 
     bertpipe corpus --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \
         --output ./bertpipe-data/corpus --workers 2 [-- beam args]
+    bertpipe corpus --text 'data/*.jsonl.zst' --text-field text [--id-field id --title-field title] \
+        --output ./bertpipe-data/corpus                             (JSON lines / Parquet records)
     bertpipe corpus --preset demo --output ./bertpipe-data/corpus     (globs from corpus.*)
 
 Runs the Beam job directly (no Prefect), with a progress display while it runs and a table of
@@ -27,6 +29,19 @@ def corpus(
     books: Annotated[
         list[str] | None, typer.Option(help="Book glob (.txt, .txt.gz, .md); repeatable. Default: corpus.books.")
     ] = None,
+    text: Annotated[
+        list[str] | None, typer.Option(help="Text record glob (.jsonl, .jsonl.gz, .jsonl.zst, .parquet), one "
+                                            "record = one document; repeatable. Default: corpus.text.")
+    ] = None,
+    text_field: Annotated[
+        str | None, typer.Option("--text-field", help="Field holding a record's text (default: corpus.text_field).")
+    ] = None,
+    id_field: Annotated[
+        str | None, typer.Option("--id-field", help="Field holding a record's id (default: file stem + line/row).")
+    ] = None,
+    title_field: Annotated[
+        str | None, typer.Option("--title-field", help="Field holding a record's title (default: from the file).")
+    ] = None,
     workers: Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")] = None,
     text_format: Annotated[
         str | None, typer.Option("--text-format", help="'google': also one sentence per line files.")
@@ -35,15 +50,18 @@ def corpus(
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Clean Wikipedia dumps and books into document-level sentences (Beam). Extra arguments
-    after the options are passed to Beam."""
+    """Clean Wikipedia dumps, books and text records into document-level sentences (Beam). Extra
+    arguments after the options are passed to Beam."""
     from rich.console import Console
 
     cfg = resolve(preset, config, set_)
     corpus_cfg = cfg.corpus
     updates = {}
-    if wikipedia or books:  # explicit inputs replace the preset's globs
-        updates = {"wikipedia": wikipedia or [], "books": books or []}
+    if wikipedia or books or text:  # explicit inputs replace the preset's globs
+        updates = {"wikipedia": wikipedia or [], "books": books or [], "text": text or []}
+    for name, value in (("text_field", text_field), ("id_field", id_field), ("title_field", title_field)):
+        if value:
+            updates[name] = value
     if text_format:
         updates["text_format"] = text_format
     with user_errors(ConfigError, code=2):
@@ -55,8 +73,9 @@ def corpus(
 
     console = Console(stderr=True)
     with user_errors(InputError, code=2), user_errors(storage.OutputError):
-        with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s) and {len(corpus_cfg.books)} "
-                            f"book glob(s) with {workers or cfg.workers} worker(s) ..."):
+        with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
+                            f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
+                            f"{workers or cfg.workers} worker(s) ..."):
             manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=cfg.beam_runner,
                                beam_args=[*cfg.beam_args, *ctx.args])
     typer.echo(format_counts(manifest))

@@ -35,7 +35,8 @@ def demo_config(samples: str, sets: list[str]) -> PipelineConfig:
 
     corpus = cfg.corpus.model_copy(update={
         "wikipedia": [rebase(p) for p in cfg.corpus.wikipedia],
-        "books": [rebase(p) for p in cfg.corpus.books]})
+        "books": [rebase(p) for p in cfg.corpus.books],
+        "text": [rebase(p) for p in cfg.corpus.text]})
     finetune = cfg.finetune.model_copy(update={
         "data_dir": rebase(cfg.finetune.data_dir or "samples/tasks"),
         "extra_checkpoints": [rebase(p) for p in cfg.finetune.extra_checkpoints]})
@@ -60,22 +61,40 @@ def pretrain_lines(cfg: PipelineConfig, run: str) -> list[str]:
 
 
 def finetune_lines(jobs: list[dict]) -> list[str]:
-    """One line per (checkpoint, task): the task's main metric, mean ± sd over seeds."""
-    lines = []
+    """Per task one row: each checkpoint's score on the task's final split, mean ± sd over seeds
+    (n), all on the 0-100 scale, the setting chosen on dev beside it."""
+    scores: dict[str, dict[str, str]] = {}
+    labels: dict[str, str] = {}
     for job in jobs:
-        head = f"  {job['checkpoint']:>10s}  {job['task']:10s}"
+        row = scores.setdefault(job["task"], {})
         if job["status"] == "failed":
-            lines.append(f"{head}  FAILED: {job.get('error', '')}")
+            row[job["checkpoint"]] = "FAILED"
             continue
-        summary = storage.read_manifest(job["output"])["stats"]["summary"]
-        for task, entry in summary.items():
-            main = entry.get("main_metric")
-            stats = entry["metrics"].get(main) if main else None
-            if stats is None:
-                lines.append(f"{head}  {task}: no scores (failed seeds {entry['failed_seeds']})")
-                continue
-            lines.append(f"{head}  {main} = {stats['mean']:.3f} ± {stats['sd']:.3f} "
-                         f"(seeds: {stats['n']})")
+        for task, entry in storage.read_manifest(job["output"])["stats"]["summary"].items():
+            labels[task] = f"{entry.get('main_metric')}, {entry.get('final_label')}"
+            final = entry.get("final")
+            row[job["checkpoint"]] = ("no scores" if final is None else
+                                      f"{final['mean']:5.1f} ± {final['sd']:4.1f} (n={final['n']}, "
+                                      f"{entry.get('selected')})")
+    checkpoints = list(dict.fromkeys(job["checkpoint"] for job in jobs))
+    lines = ["  " + "task".ljust(34) + "".join(c.ljust(36) for c in checkpoints)]
+    for task, row in scores.items():
+        lines.append("  " + f"{task} ({labels.get(task, '?')})".ljust(34)
+                     + "".join(row.get(c, "-").ljust(36) for c in checkpoints))
+    return lines
+
+
+def eval_lines(run: str) -> list[str]:
+    """The held-out masked-LM and next-sentence accuracy at the end of each phase."""
+    if not is_done(run):
+        return []
+    lines = []
+    for i, phase in enumerate(storage.read_manifest(run)["stats"].get("phases", []), start=1):
+        ev = phase.get("eval")
+        if ev:
+            lines.append(f"  phase {i} held-out: MLM accuracy {100 * ev['mlm_acc']:.1f}, NSP accuracy "
+                         f"{100 * ev['nsp_acc']:.1f} (loss {ev['mlm_loss']:.3f} + {ev['nsp_loss']:.3f}, "
+                         f"{ev.get('instances', '?')} instances)")
     return lines
 
 
@@ -101,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {stage:10s} {info['status']:18s} {info['output']}")
     print("\nPre-training (tiny BERT, DeepSpeed, 2 CPU ranks):")
     print("\n".join(pretrain_lines(cfg, summary["stages"]["pretrain"]["output"])))
-    print("\nFine-tuning (main metric, mean ± sd over seeds):")
+    print("\n".join(eval_lines(summary["stages"]["pretrain"]["output"])))
+    print("\nFine-tuning on the real sample tasks (0-100; mean ± sd over seeds on the final split; "
+          "setting chosen on dev):")
     print("\n".join(finetune_lines(summary["finetune_jobs"])))
     api = os.environ.get("PREFECT_API_URL")
     print(f"\nArtifacts: {summary['storage_root']}  (every folder has a _MANIFEST.json)")

@@ -105,7 +105,7 @@ def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name
 
     def work() -> None:
         if not config.finetune.deployment:
-            _stage_flow("finetune")(job_config, checkpoint=checkpoint, output=output)
+            _stage_flow("finetune")(job_config, checkpoint=checkpoint, output=output, checkpoint_name=label)
             return
         from prefect.context import TaskRunContext
         from prefect.deployments import run_deployment
@@ -116,7 +116,7 @@ def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name
         child = run_deployment(
             config.finetune.deployment,
             parameters={"config": job_config.model_dump(mode="json"), "checkpoint": checkpoint,
-                        "output": output},
+                        "output": output, "checkpoint_name": label},
             flow_run_name=f"finetune-{task_name}-{label}", idempotency_key=key, poll_interval=2,
         )
         if not child.state or not child.state.is_completed():
@@ -174,6 +174,30 @@ def publish_model(run: str, output: str):
     return run_once("model", output, work)
 
 
+@task(cache_policy=NO_CACHE, task_run_name="random-init-model")
+def random_init_model(config: PipelineConfig, vocab: str, output: str):
+    """The pre-trained model's architecture and vocab with seeded random weights (the baseline)."""
+    def work() -> None:
+        import torch
+
+        from bert_core.model.bert import BertForPreTraining
+        from bert_core.model.checkpoint import save_pretrained
+        from bert_core.pretrain.loop import model_config
+        from bert_core.vocab.tokenization import load_tokenizer
+
+        torch.manual_seed(config.pretrain.seed)
+        model = BertForPreTraining(model_config(config, load_tokenizer(vocab).vocab_size))
+        save_pretrained(model, output, vocab_file=storage.join(vocab, "vocab.txt"),
+                        lowercase=config.vocab.lowercase)
+        files = storage.list_files(output)
+        storage.write_manifest(output, stage="model", config={"random_init_seed": config.pretrain.seed,
+                                                              **model.config.model_dump(mode="json")},
+                               inputs=[storage.read_manifest(vocab)],
+                               shards=[storage.shard_entry(f) for f in files], counts={"files": len(files)})
+
+    return run_once("random-init model", output, work)
+
+
 def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
     return unwrap(run_stage(stage, config, output, inputs))
 
@@ -206,6 +230,9 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
         stages["model"] = unwrap(publish_model(run, pretrained))
 
     checkpoints = {"pretrained": pretrained}
+    if config.finetune.random_init_baseline:
+        checkpoints["random-init"] = storage.join(config.storage_root, "models", f"random-init-{version}")
+        stages["random-init"] = unwrap(random_init_model(config, vocab, checkpoints["random-init"]))
     for extra in config.finetune.extra_checkpoints:
         checkpoints[extra.rstrip("/").rsplit("/", 1)[-1]] = extra
     results = fan_out_finetune(config, checkpoints)

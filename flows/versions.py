@@ -63,7 +63,7 @@ def stage_folder(root: str, stage: str, *parts: Any) -> str:
 
 
 def corpus_folder(config: PipelineConfig) -> str:
-    inputs = files_identity(config.corpus.wikipedia + config.corpus.books)
+    inputs = files_identity(config.corpus.wikipedia + config.corpus.books + config.corpus.text)
     return stage_folder(config.storage_root, "corpus", config.corpus, inputs)
 
 

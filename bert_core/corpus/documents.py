@@ -1,7 +1,8 @@
 """The documents contract: records, filters, rejects, Parquet/JSONL shards, length histograms.
 
     docs-SSSSS-of-NNNNN.parquet   doc_id: string (stable, source-prefixed: "wiki:12",
-                                  "book:botchan"), source: string ("wikipedia" | "books"),
+                                  "book:botchan", "text:web:3"), source: string ("wikipedia" |
+                                  "books" | "text"),
                                   title: string, sentences: list<string> (document order)
     rejects-SSSSS-of-NNNNN.jsonl  {"source", "id", "reason", "detail"[, "duplicate_of"]}
     _MANIFEST.json                written last (bert_core.storage.write_manifest, stage="corpus")
@@ -24,6 +25,7 @@ from bert_core.config import CorpusConfig
 
 WIKIPEDIA = "wikipedia"
 BOOKS = "books"
+TEXT = "text"  # JSON lines / Parquet records, one record = one document (bert_core/corpus/records.py)
 
 # Reject reasons (each also a Beam counter "rejected_<reason>").
 REDIRECT = "redirect"
@@ -42,6 +44,11 @@ EMPTY_FILE = "empty_file"
 UNREADABLE_FILE = "unreadable_file"
 UNPARSEABLE_PAGE = "unparseable_page"  # the wikitext cleaner raised (a bug to report, not data loss)
 LINE_TOO_LONG = "line_too_long"  # a paragraph longer than MAX_LINE_CHARS is not prose
+BAD_JSON = "bad_json"  # a JSON line that is not one JSON object
+MISSING_FIELD = "missing_field"  # a record (or a Parquet file) without the text/id/title field
+NOT_A_STRING = "not_a_string"  # the field holds a number, a list, ... instead of text
+EMPTY_TEXT = "empty_text"  # the text field is empty or only whitespace
+NOT_A_RECORD_FILE = "not_a_record_file"  # a text input that is neither JSON lines nor Parquet
 
 MAX_LINE_CHARS = 100_000  # longest paragraph (one line of a book) a document may have
 
