@@ -1,13 +1,15 @@
 """CLI of the fine-tuning stage and of frozen feature extraction.
 
     bertpipe finetune --task sentiment --data samples/tasks --checkpoint samples/models/minilm \
-        --output ./ft --seeds 1,2 --set finetune.max_train_examples=400
+        --output ./ft --seeds 1,2 --learning-rates 1e-4,2e-4 --set finetune.max_train_examples=400
     bertpipe features --checkpoint samples/models/minilm --input tests/fixtures/tasks/ner/valid.txt \
         --output ./features.parquet --layers sum_last_four
 
-``finetune`` runs the jobs one after another in this process (``--prefect`` runs the same jobs
-as the Prefect flow ``flows/finetune.py`` with its artifacts); both print mean ± sd per task
-and write ``<output>/<task>/seed=<s>/metrics.json`` + ``<output>/_MANIFEST.json``.
+``finetune`` runs every (task, setting, seed) one after another in this process (``--prefect``
+runs the same jobs as the Prefect flow ``flows/finetune.py`` with its artifacts); both print the
+grid (dev mean ± sd per setting, the selected one marked with its final-split score, 0-100) and
+write ``<output>/<task>/<setting>/seed=<s>/metrics.json``, ``<output>/report.md`` and
+``<output>/_MANIFEST.json``.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ def finetune(
     checkpoint: Annotated[str, typer.Option(help="Our runs' hf/ folder or any transformers BERT folder.")],
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...).")],
     seeds: Annotated[str | None, typer.Option(help="Comma-separated seeds, e.g. 1,2,3.")] = None,
+    learning_rates: Annotated[str | None, typer.Option(help="Grid, e.g. 5e-5,3e-5,2e-5.")] = None,
+    batch_sizes: Annotated[str | None, typer.Option(help="Grid, e.g. 16,32.")] = None,
+    epochs: Annotated[str | None, typer.Option(help="Grid, e.g. 2,3,4.")] = None,
     use_prefect: Annotated[bool, typer.Option("--prefect", help="Run as the Prefect flow.")] = False,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Fine-tune a checkpoint on tasks x seeds; print every task's metrics as mean ± sd."""
+    """Fine-tune a checkpoint on tasks x settings x seeds; select per task on dev; print the grid."""
     from bert_core import storage
     from bert_core.finetune import TASKS
     from bert_core.finetune.report import run_many, table_rows
@@ -41,14 +46,20 @@ def finetune(
         typer.secho(f"unknown task(s) {unknown}; choose from {', '.join(sorted(TASKS))}", fg="red", err=True)
         raise typer.Exit(2)
     cfg = resolve(preset, config, set_)
-    try:  # validated on assignment, like the rest of the config
-        cfg.finetune.tasks = tasks
-        cfg.finetune.data_dir = data
-        if seeds:
-            cfg.finetune.seeds = [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError as err:
-        typer.secho(f"--seeds {seeds!r}: {err}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    cfg.finetune.tasks = tasks
+    cfg.finetune.data_dir = data
+    for option, field, value, kind in (("--seeds", "seeds", seeds, int),
+                                       ("--learning-rates", "learning_rates", learning_rates, float),
+                                       ("--batch-sizes", "batch_sizes", batch_sizes, int),
+                                       ("--epochs", "epochs", epochs, float)):
+        if not value:
+            continue
+        try:  # validated on assignment, like the rest of the config
+            setattr(cfg.finetune, field, [kind(v) for v in value.split(",") if v.strip()])
+        except ValueError as err:
+            why = err.errors()[0]["msg"].removeprefix("Value error, ") if hasattr(err, "errors") else err
+            typer.secho(f"{option} {value!r}: {why}", fg="red", err=True)
+            raise typer.Exit(2) from None
     with user_errors(FileNotFoundError, ValueError, KeyError, RuntimeError):
         if use_prefect:
             from flows.finetune import finetune as finetune_flow
@@ -60,9 +71,9 @@ def finetune(
                                 output, log=lambda m: typer.echo(m, err=True))
     from bert_core.finetune.report import format_table
 
-    typer.echo(format_table(table_rows(manifest["stats"]["summary"])))
+    typer.echo(format_table(table_rows(manifest["stats"])))
     for f in manifest.get("failures", []):
-        typer.secho(f"FAILED {f['task']} seed={f['seed']}: {f['error']}", fg="red", err=True)
+        typer.secho(f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}", fg="red", err=True)
     typer.echo(f"wrote {manifest['uri']}")
 
 

@@ -1,20 +1,25 @@
-"""Prefect flow of the fine-tuning stage: tasks x seeds from one checkpoint, mean ± sd per task.
+"""Prefect flow of the fine-tuning stage: tasks x settings x seeds from one checkpoint, the best
+setting per task chosen on dev and reported on the final split.
 
     bertpipe run --preset demo                      (as part of the whole DAG, flows/pipeline.py)
     bertpipe finetune --task mrpc --seeds 1,2,3 --data D --checkpoint C --output O --prefect
 
-Each (task, seed) is one Prefect task run (``finetune_one.map`` over the pairs). A failing job
-does not stop the others: states are collected with ``return_state``-style waiting, failures
-land in the summary and the manifest. The table artifact ``finetune-results`` shows every
-task's metrics as mean ± sd with the per-seed values and the failed seeds. The work itself is
+Each (task, setting, seed) is one Prefect task run named by what it is
+(``finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2``), at most ``finetune.max_parallel_jobs`` at once.
+With ``finetune.deployment`` set, each job runs as a child flow run of that deployment (this flow
+again, given ``job``) on its work pool, sent with ``run_deployment``; output is shared storage.
+A failing job does not stop the others: failures land in the grid and the manifest. The table
+artifact ``finetune-results`` shows every setting's dev mean ± sd (0-100) with the selected one
+marked and its final-split score; ``<output>/report.md`` holds the same. The work itself is
 ``bert_core.finetune.train.run_job``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -22,22 +27,53 @@ from bert_core import storage
 from bert_core.config import FinetuneConfig, PipelineConfig
 
 
-@task(cache_policy=NO_CACHE, task_run_name="finetune-{task_name}-seed{seed}")
-def finetune_one(task_name: str, seed: int, data_dir: str, checkpoint: str, cfg: FinetuneConfig,
-                 output: str) -> dict[str, Any]:
-    """One job; returns its metrics.json content."""
+def _run_here(job: dict[str, Any], data_dir: str, checkpoint: str, cfg: FinetuneConfig, output: str,
+              log) -> dict[str, Any]:
     from bert_core.finetune.train import run_job
 
-    logger = get_run_logger()
-    return run_job(task_name, data_dir, checkpoint, cfg, seed, output, log=logger.info)
+    s = job["setting"]
+    job_cfg = cfg.at(s["learning_rate"], s["batch_size"], s["num_train_epochs"])
+    return run_job(job["task"], data_dir, checkpoint, job_cfg, job["seed"], output, log=log)
 
 
-# One job at a time: each job already uses `finetune.threads` cores, and the CPU is shared.
-@flow(name="finetune", log_prints=True, timeout_seconds=24 * 3600,
-      task_runner=ThreadPoolTaskRunner(max_workers=1))
-def finetune(config: PipelineConfig, checkpoint: str, output: str) -> str:
-    """Fine-tune ``checkpoint`` on every ``finetune.tasks`` x ``finetune.seeds``; write ``output``."""
+@task(cache_policy=NO_CACHE, task_run_name="{name}")
+def finetune_one(name: str, job: dict[str, Any], config: PipelineConfig, checkpoint: str,
+                 output: str, checkpoint_name: str) -> dict[str, Any]:
+    """One job, here or on the deployment's work pool; returns its metrics.json content."""
+    cfg = config.finetune
+    if not cfg.deployment:
+        return _run_here(job, cfg.data_dir, checkpoint, cfg, output, get_run_logger().info)
+    from prefect.context import TaskRunContext
+    from prefect.deployments import run_deployment
+
+    from bert_core.finetune.grid import Setting, job_dir
+
+    ctx = TaskRunContext.get()
+    # One launch per attempt: a re-sent request returns the same child run, a retry makes a new one.
+    key = f"{output}#{name}#{ctx.task_run.id}#{ctx.task_run.run_count}" if ctx else f"{output}#{name}"
+    child = run_deployment(
+        cfg.deployment, flow_run_name=name, idempotency_key=key, poll_interval=2,
+        parameters={"config": config.model_dump(mode="json"), "checkpoint": checkpoint,
+                    "output": output, "checkpoint_name": checkpoint_name, "job": job},
+    )
+    if not child.state or not child.state.is_completed():
+        raise RuntimeError(f"{name}: deployment run {child.name} ended "
+                           f"{child.state.name if child.state else 'without a state'}")
+    s = job["setting"]
+    folder = job_dir(output, job["task"], Setting(s["learning_rate"], s["batch_size"], s["num_train_epochs"]),
+                     job["seed"])
+    return json.loads(storage.read_text(storage.join(folder, "metrics.json")))
+
+
+@flow(name="finetune", log_prints=True, timeout_seconds=24 * 3600)
+def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_name: str | None = None,
+             job: dict[str, Any] | None = None) -> Any:
+    """Fine-tune ``checkpoint`` on every ``finetune.tasks`` x setting x seed; select per task;
+    write ``output`` and return it. Given ``job`` (``{task, setting, seed}``, as the fan-out sends
+    it to a deployment), run that one job into its folder under ``output`` and return its metrics."""
     from bert_core.finetune import get_task
+    from bert_core.finetune.grid import checkpoint_name as name_of
+    from bert_core.finetune.grid import job_name, settings
     from bert_core.finetune.report import table_rows, write_run_manifest
     from flows.artifacts import publish_table
 
@@ -45,24 +81,31 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str) -> str:
     cfg = config.finetune
     if not cfg.data_dir:
         raise ValueError("finetune.data_dir is not set; point it at a folder with one sub-folder per task")
+    if job is not None:
+        return _run_here(job, cfg.data_dir, checkpoint, cfg, output, logger.info)
+    label = checkpoint_name or name_of(checkpoint)
     tasks = [get_task(t).name for t in cfg.tasks]  # unknown names fail before any work
-    pairs = [(t, s) for t in tasks for s in cfg.seeds]
-    futures = finetune_one.map(
-        [t for t, _ in pairs], [s for _, s in pairs], unmapped(cfg.data_dir), unmapped(checkpoint),
-        unmapped(cfg), unmapped(output),
-    )
-    results = []
-    for (task_name, seed), future in zip(pairs, futures, strict=True):
-        future.wait()
-        state = future.state
-        if state.is_completed():
-            results.append({"task": task_name, "seed": seed, "ok": True, "metrics": future.result()})
-        else:
-            message = state.message or state.name
-            logger.warning("finetune %s seed=%s failed: %s", task_name, seed, message)
-            results.append({"task": task_name, "seed": seed, "ok": False, "error": message})
+    jobs = {job_name(t, label, s, seed): {"task": t, "setting": s.as_dict(), "seed": seed}
+            for t in tasks for s in settings(cfg) for seed in cfg.seeds}
+    # The runner's workers are the concurrency limit: jobs beyond it wait for a free one.
+    with ThreadPoolTaskRunner(max_workers=cfg.max_parallel_jobs) as runner:
+        futures = [runner.submit(finetune_one, parameters={
+            "name": name, "job": j, "config": config, "checkpoint": checkpoint, "output": output,
+            "checkpoint_name": label}) for name, j in jobs.items()]
+        results = []
+        for (name, j), future in zip(jobs.items(), futures, strict=True):
+            future.wait()
+            state = future.state
+            if state.is_completed():
+                results.append({**j, "ok": True, "metrics": future.result()})
+            else:
+                message = state.message or state.name
+                logger.warning("%s failed: %s", name, message)
+                results.append({**j, "ok": False, "error": message})
     manifest = write_run_manifest(output, cfg, checkpoint, cfg.data_dir, results)
-    publish_table("finetune-results", table_rows(manifest["stats"]["summary"]),
-                  f"Fine-tuning {storage.to_uri(checkpoint)}: mean ± sd over seeds {cfg.seeds}")
+    publish_table("finetune-results", table_rows(manifest["stats"]),
+                  f"Fine-tuning {storage.to_uri(checkpoint)} ({label}): dev mean ± sd over seeds "
+                  f"{cfg.seeds} for every setting, the selected one (✓) on its final split; "
+                  "scores on 0-100")
     logger.info("finetune: %s", manifest["counts"])
     return output

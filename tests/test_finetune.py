@@ -20,6 +20,7 @@ from bert_core.finetune.train import run_job
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 TINY = dict(num_train_epochs=1, batch_size=8, max_seq_length=64, squad_max_seq_length=96,
             doc_stride=24, max_query_length=24, learning_rate=1e-4, threads=1)
+SETTING = "lr1e-4-bs8-ep1"  # TINY's one setting, as its folder is named
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def tiny_checkpoint(tmp_path_factory, samples_dir):
 def test_every_task_end_to_end_on_fixtures(task, tiny_checkpoint, tmp_path):
     cfg = FinetuneConfig(**TINY)
     m = run_job(task, str(FIXTURES), tiny_checkpoint, cfg, seed=1, output=str(tmp_path))
-    job = tmp_path / TASKS[task].name / "seed=1"
+    job = tmp_path / TASKS[task].name / SETTING / "seed=1"
     saved = json.loads((job / "metrics.json").read_text())
     assert saved["main"] == m["main"] and m["main_metric"] in m["flat"]
     assert m["main"] is not None and m["main"] == m["main"]  # a number, not NaN
@@ -81,7 +82,7 @@ def test_deepspeed_engine_trains_like_the_plain_loop(tiny_checkpoint, tmp_path):
         subprocess.run([sys.executable, "-m", "bert_core.finetune.train", "--task", "rte", "--data",
                         str(FIXTURES), "--checkpoint", tiny_checkpoint, "--output", str(tmp_path / name),
                         "--seed", "3", *sets, *extra], check=True, env=env, capture_output=True)
-        out[name] = json.loads((tmp_path / name / "rte" / "seed=3" / "metrics.json").read_text())
+        out[name] = json.loads((tmp_path / name / "rte" / SETTING / "seed=3" / "metrics.json").read_text())
     assert out["ds"]["train"]["deepspeed"] and not out["plain"]["train"]["deepspeed"]
     for key in ("first_loss", "last_loss"):
         assert out["ds"]["train"][key] == pytest.approx(out["plain"]["train"][key], rel=1e-4)
@@ -101,12 +102,14 @@ def test_sentiment_on_minilm_beats_the_majority_class(samples_dir, tmp_path):
                          max_train_examples=320, threads=1)
     m = run_job("sentiment", str(tmp_path / "tasks"), str(samples_dir / "models" / "minilm"), cfg,
                 seed=1, output=str(tmp_path / "out"))
-    preds = (tmp_path / "out" / "sentiment" / "seed=1" / "dev_predictions.tsv").read_text().splitlines()[1:]
+    preds = (tmp_path / "out" / "sentiment" / "lr2e-4-bs16-ep1" / "seed=1" / "dev_predictions.tsv"
+             ).read_text().splitlines()[1:]
     from bert_core.finetune.glue import read_sentiment
 
     gold = {e.guid: e.label for e in read_sentiment(str(data), "dev")[0]}
     majority = max(list(gold.values()).count(lab) for lab in set(gold.values())) / len(gold)
-    assert len(preds) == len(gold) > 150
+    assert len(preds) == len(gold) > 120  # 15% of the slice is dev, 15% test
+    assert m["flat"]["test/accuracy"] > majority - 0.1  # the held-out test split is scored too
     assert m["main"] > majority + 0.05, (m["main"], majority)
 
 
@@ -118,7 +121,7 @@ def test_bad_records_are_rejected_with_reasons_never_dropped(tiny_checkpoint, tm
     (rte / "train.tsv").write_text("\n".join(lines) + "\n")
     m = run_job("rte", str(tmp_path), tiny_checkpoint, FinetuneConfig(**TINY), 1, str(tmp_path / "o"))
     assert m["counts"]["train_rejected"] == 2 and m["counts"]["train_examples"] == len(lines) - 1 - 2
-    rejects = [json.loads(x) for x in (tmp_path / "o/rte/seed=1/rejects.jsonl").read_text().splitlines()]
+    rejects = [json.loads(x) for x in (tmp_path / f"o/rte/{SETTING}/seed=1/rejects.jsonl").read_text().splitlines()]
     assert [r["reason"] for r in rejects] == ["bad_columns", "unknown_label"]
     assert all(r["source"].endswith("train.tsv") for r in rejects)
 
@@ -132,14 +135,20 @@ def test_seeds_summary_keeps_every_value_and_failures(tiny_checkpoint, tmp_path)
     summary = manifest["stats"]["summary"]
     f1 = summary["mrpc"]["metrics"]["dev/f1"]
     assert f1["n"] == 2 and set(f1["values"]) == {"1", "2"}
+    assert summary["mrpc"]["selected"] == SETTING and summary["mrpc"]["final_label"] == "dev (also used for selection)"
     assert summary["swag"]["failed_seeds"] == [1, 2] and "swag" in summary["swag"]["errors"]["1"] and "FileNotFoundError" in summary["swag"]["errors"]["1"]
+    assert summary["swag"]["selected"] is None and summary["swag"]["final"] is None
     from bert_core import storage
 
-    assert len(storage.shard_uris(str(tmp_path / "o"))) == 2  # one metrics.json per finished job
-    results = [{"task": "t", "seed": s, "ok": True, "metrics": {"main_metric": "dev/a", "flat": {"dev/a": v}}}
+    # one metrics.json per finished job, and report.md
+    assert len(storage.shard_uris(str(tmp_path / "o"))) == 3 and (tmp_path / "o" / "report.md").exists()
+    setting = {"name": "lr1e-4-bs8-ep1"}
+    results = [{"task": "rte", "setting": setting, "seed": s, "ok": True, "metrics": {"flat": {"dev/accuracy": v}}}
                for s, v in ((1, 0.5), (2, 0.7), (3, 0.9))]
-    stats = summarize(results)["t"]["metrics"]["dev/a"]
-    assert stats["mean"] == pytest.approx(0.7) and stats["sd"] == pytest.approx(0.2)
+    stats = summarize(results)
+    assert stats["grid"]["rte"]["lr1e-4-bs8-ep1"]["metrics"]["dev/accuracy"]["mean"] == pytest.approx(0.7)
+    assert stats["summary"]["rte"]["final"]["mean"] == pytest.approx(70.0)  # reported on 0-100
+    assert stats["summary"]["rte"]["final"]["sd"] == pytest.approx(20.0)
 
 
 def test_cli_finetune_and_features(tiny_checkpoint, tmp_path):
@@ -151,10 +160,14 @@ def test_cli_finetune_and_features(tiny_checkpoint, tmp_path):
     runner = CliRunner()
     r = runner.invoke(app, ["finetune", "--task", "sst2,wnli", "--data", str(FIXTURES), "--checkpoint",
                             tiny_checkpoint, "--output", str(tmp_path / "ft"), "--seeds", "4",
-                            "--set", "finetune.batch_size=8", "--set", "finetune.threads=1"])
+                            "--learning-rates", "1e-4", "--set", "finetune.batch_size=8",
+                            "--set", "finetune.threads=1"])
     assert r.exit_code == 0, r.output
-    assert "sst2" in r.stdout and "dev/accuracy (main)" in r.stdout and "± " in r.stdout
-    assert (tmp_path / "ft" / "wnli" / "seed=4" / "metrics.json").exists()
+    assert "sst2" in r.stdout and "dev mean ± sd (0-100)" in r.stdout and "✓" in r.stdout
+    assert (tmp_path / "ft" / "wnli" / "lr1e-4-bs8-ep1" / "seed=4" / "metrics.json").exists()
+    r = runner.invoke(app, ["finetune", "--task", "sst2", "--data", ".", "--checkpoint", ".", "--output", ".",
+                            "--learning-rates", "1e-4,1e-4"])
+    assert r.exit_code == 2 and "--learning-rates '1e-4,1e-4'" in r.output and "distinct" in r.output
     r = runner.invoke(app, ["finetune", "--task", "nosuch", "--data", ".", "--checkpoint", ".", "--output", "."])
     assert r.exit_code == 2 and "unknown task" in r.output
     r = runner.invoke(app, ["features", "--checkpoint", tiny_checkpoint, "--input",
@@ -207,6 +220,7 @@ def test_prefect_flow_fans_out_and_survives_a_failure(prefect_server, tiny_check
     manifest = storage.read_manifest(out)
     assert manifest["counts"] == {"jobs": 4, "succeeded": 2, "failed": 2}
     assert {(f["task"], f["seed"]) for f in manifest["failures"]} == {("swag", 1), ("swag", 2)}
+    ckpt = Path(tiny_checkpoint).name
 
     async def latest_table():
         async with get_client() as client:
@@ -217,9 +231,17 @@ def test_prefect_flow_fans_out_and_survives_a_failure(prefect_server, tiny_check
     tables = [a for a in asyncio.run(latest_table()) if a.key == "finetune-results"]
     assert tables, "no finetune-results artifact"
     rows = tables[0].data if isinstance(tables[0].data, list) else json.loads(tables[0].data)
-    wnli = [r for r in rows if r["task"] == "wnli" and r["metric"].endswith("(main)")]
-    assert wnli and wnli[0]["n"] == 2 and "±" in wnli[0]["mean ± sd"]
+    wnli = [r for r in rows if r["task"] == "wnli"]
+    assert len(wnli) == 1 and wnli[0]["selected"] == "✓" and wnli[0]["dev per seed (0-100)"].count(":") == 2
+    assert "±" in wnli[0]["dev mean ± sd (0-100)"] and wnli[0]["final split"] == "dev (also used for selection)"
     assert any(r["task"] == "swag" and r["failed seeds"] == "1,2" for r in rows)
+
+    async def task_run_names():
+        async with get_client() as client:
+            return {t.name for t in await client.read_task_runs()}
+
+    names = asyncio.run(task_run_names())
+    assert {f"finetune-{t}-{ckpt}-{SETTING}-seed{s}" for t in ("wnli", "swag") for s in (1, 2)} <= names
 
 
 def test_conlleval_reads_our_prediction_format():
@@ -237,6 +259,6 @@ def test_checkpoint_data_and_output_through_fsspec(tiny_checkpoint, tmp_path):
     for f in (FIXTURES / "WNLI").iterdir():
         storage.write_text(f"memory://ft-data/WNLI/{f.name}", f.read_text())
     m = run_job("wnli", "memory://ft-data", "memory://ft-ckpt", FinetuneConfig(**TINY), 2, "memory://ft-out")
-    saved = json.loads(storage.read_text("memory://ft-out/wnli/seed=2/metrics.json"))
+    saved = json.loads(storage.read_text(f"memory://ft-out/wnli/{SETTING}/seed=2/metrics.json"))
     assert saved["main"] == m["main"] and saved["checkpoint"] == "memory://ft-ckpt"
-    assert storage.exists("memory://ft-out/wnli/seed=2/dev_predictions.tsv")
+    assert storage.exists(f"memory://ft-out/wnli/{SETTING}/seed=2/dev_predictions.tsv")

@@ -24,6 +24,28 @@ class Task:
     metric: str  # the headline metric (the paper's), a key of metrics.json
     splits: tuple[str, ...]  # evaluation splits (file stems); train is always "train"
     description: str
+    # The labelled held-out split reported once the setting is chosen on splits[0]; None when the
+    # task has none (GLUE/SQuAD test labels are not public), and then splits[0] is reported too.
+    final_split: str | None = None
+
+    @property
+    def selection_metric(self) -> str:
+        """The flat metric name a setting is chosen by: the headline metric on the dev split."""
+        return f"{self.splits[0]}/{self.metric}"
+
+    @property
+    def final_metric(self) -> str:
+        return f"{self.final_split or self.splits[0]}/{self.metric}"
+
+    @property
+    def final_label(self) -> str:
+        """The final split as a report names it: honest when it is the selection split."""
+        return self.final_split or f"{self.splits[0]} (also used for selection)"
+
+    @property
+    def percent_scale(self) -> bool:
+        """True when the task's metrics are already on 0-100 (SQuAD's script, conlleval)."""
+        return self.kind in ("span", "token", "token_features")
 
 
 TASKS: dict[str, Task] = {
@@ -39,8 +61,8 @@ TASKS: dict[str, Task] = {
         Task("qnli", "classification", "QNLI", "accuracy", ("dev",), "QNLI question entailment"),
         Task("rte", "classification", "RTE", "accuracy", ("dev",), "RTE entailment"),
         Task("wnli", "classification", "WNLI", "accuracy", ("dev",), "WNLI coreference entailment"),
-        Task("sentiment", "classification", "sentiment", "accuracy", ("dev",),
-             "real product-review and tweet sentiment (vaderSentiment ground truth)"),
+        Task("sentiment", "classification", "sentiment", "accuracy", ("dev", "test"),
+             "real product-review and tweet sentiment (vaderSentiment ground truth)", final_split="test"),
         Task("squad", "span", "squad", "f1", ("dev",), "SQuAD v1.1 (EM/F1, official script)"),
         Task("squad_v2", "span", "squad_v2", "f1", ("dev",), "SQuAD v2.0 (EM/F1, tuned null threshold)"),
         Task("ner", "token", "ner", "f1", ("valid",), "CoNLL-2003 NER (conlleval F1)"),

@@ -1,9 +1,10 @@
-"""One fine-tuning job: a task, a data folder, a checkpoint, a FinetuneConfig and a seed.
+"""One fine-tuning job: a task, a data folder, a checkpoint, one setting and a seed.
 
     python -m bert_core.finetune.train --task mrpc --data glue_data --checkpoint runs/demo/hf \
-        --output finetune/demo --seed 1
+        --output finetune/demo --seed 1 --set learning_rate=3e-5 --set batch_size=32
 
-Writes ``<output>/<task>/seed=<seed>/metrics.json`` and the task's predictions (GLUE
+The FinetuneConfig of a job is a one-point grid (``FinetuneConfig.at``). Writes
+``<output>/<task>/<setting>/seed=<seed>/metrics.json`` (``grid.job_dir``) and the task's predictions (GLUE
 ``*_predictions.tsv``, SQuAD ``predictions.json`` + ``null_odds.json``, NER ``*_predictions.txt``
 in conlleval's input format, SWAG ``*_predictions.csv``). The paper's recipe: all parameters
 trained, AdamW (no decay on biases and LayerNorm), linear warmup over ``warmup_proportion`` of
@@ -175,14 +176,18 @@ def _write_predictions(job_dir: str, files: dict[str, Any]) -> list[str]:
 def run_job(
     task: str, data_dir: str, checkpoint: str, cfg: FinetuneConfig, seed: int, output: str, log=None
 ) -> dict[str, Any]:
-    """Fine-tune + evaluate one (task, seed); write metrics.json and predictions; return the metrics."""
+    """Fine-tune + evaluate one (task, setting, seed); ``cfg`` holds one setting. Writes
+    metrics.json and predictions; returns the metrics."""
     import torch
 
     from bert_core.finetune import get_task
+    from bert_core.finetune.grid import Setting
+    from bert_core.finetune.grid import job_dir as folder_of
 
     spec = get_task(task)
+    setting = Setting.of(cfg)
     torch.set_num_threads(cfg.threads)
-    job_dir = storage.join(output, spec.name, f"seed={seed}")
+    job_dir = folder_of(output, spec.name, setting, seed)
     from bert_core.vocab.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
@@ -205,7 +210,8 @@ def run_job(
             if isinstance(v, (int, float))}
     main_name = f"{spec.splits[0]}/{spec.metric}"
     metrics = {
-        "task": spec.name, "seed": seed, "checkpoint": storage.to_uri(checkpoint),
+        "task": spec.name, "setting": setting.as_dict(), "seed": seed,
+        "checkpoint": storage.to_uri(checkpoint),
         "data": storage.to_uri(data_dir), "main_metric": main_name, "main": flat.get(main_name),
         "metrics": split_metrics, "flat": flat, "counts": data.counts, "train": train_stats,
         "config": cfg.model_dump(mode="json"),
@@ -232,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = load_config(None, None, [f"finetune.{s}" for s in args.set]).finetune
     m = run_job(args.task, args.data, args.checkpoint, cfg, args.seed, args.output, log=print)
-    print(json.dumps({"task": m["task"], "seed": m["seed"], "main": m["main_metric"], "value": m["main"]}))
+    print(json.dumps({"task": m["task"], "setting": m["setting"]["name"], "seed": m["seed"],
+                      "main": m["main_metric"], "value": m["main"]}))
 
 
 if __name__ == "__main__":

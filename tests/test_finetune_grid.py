@@ -1,0 +1,174 @@
+"""The paper's fine-tuning protocol: a grid of settings x seeds, the best setting chosen on dev,
+reported on the final (test) split; job names, folders, report.md and the artifact.
+
+A tiny random BERT on an easy sentiment set (vaderSentiment's file format) where a learning rate
+of 1e-9 learns nothing and 1e-3 learns the task: the selection has one right answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from bert_core import storage
+from bert_core.config import FinetuneConfig, ModelConfig
+from bert_core.finetune.glue import read_sentiment
+from bert_core.finetune.grid import Setting, job_name
+from bert_core.finetune.report import select, summarize
+
+GOOD = "great wonderful excellent lovely amazing perfect happy best".split()
+BAD = "awful terrible horrible worst ugly sad boring broken".split()
+FILLER = "the a movie phone this it was is and very".split()
+WINNER, LOSER = "lr1e-3-bs16-ep2", "lr1e-9-bs16-ep2"
+
+
+@pytest.fixture(scope="module")
+def sentiment_data(tmp_path_factory) -> Path:
+    """300 sentences, the sign of the rating given by the sentiment words in them."""
+    rng = random.Random(0)
+    lines = []
+    for i in range(300):
+        positive = rng.random() < 0.5
+        words = rng.sample(GOOD if positive else BAD, 2) + rng.sample(FILLER, 3)
+        rng.shuffle(words)
+        lines.append(f"{i}\t{2.0 if positive else -2.0}\t{' '.join(words)}")
+    folder = tmp_path_factory.mktemp("tasks") / "sentiment"
+    folder.mkdir()
+    (folder / "easy_GroundTruth.txt").write_text("\n".join(lines) + "\n")
+    return folder.parent
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, samples_dir) -> str:
+    import torch
+
+    from bert_core.model.bert import BertModel
+    from bert_core.model.checkpoint import save_pretrained
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-bert"
+    model = BertModel(ModelConfig(size="tiny", vocab_size=30522, max_position_embeddings=64))
+    save_pretrained(model, str(out), vocab_file=str(samples_dir / "models" / "minilm" / "vocab.txt"))
+    return str(out)
+
+
+def test_setting_names_and_selection_rule():
+    assert Setting(3e-5, 32, 3.0).name == "lr3e-5-bs32-ep3"
+    assert Setting(2e-4, 16, 1.5).name == "lr2e-4-bs16-ep1.5"
+    assert job_name("sst2", "minilm", Setting(3e-5, 32, 3), 2) == "finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2"
+    assert len(FinetuneConfig().grid()) == 18  # the paper's grid is the default
+    assert FinetuneConfig(learning_rate=1e-4).learning_rates == [1e-4]  # one value: a one-point grid
+
+    def job(name, seed, dev, test):
+        return {"task": "sentiment", "setting": {"name": name}, "seed": seed, "ok": True,
+                "metrics": {"flat": {"dev/accuracy": dev, "test/accuracy": test}}}
+
+    # b has the best single seed, a the best mean: the mean over seeds decides
+    results = [job("a", 1, 0.80, 0.70), job("a", 2, 0.80, 0.72), job("b", 1, 0.95, 0.9), job("b", 2, 0.55, 0.5)]
+    stats = summarize(results)
+    assert select("sentiment", stats["grid"]["sentiment"]) == "a"
+    final = stats["summary"]["sentiment"]["final"]
+    assert final["mean"] == pytest.approx(71.0) and final["n"] == 2  # test split, 0-100
+    assert stats["summary"]["sentiment"]["final_label"] == "test"
+
+
+def final_split_accuracy(job: Path, data: Path) -> float:
+    """Accuracy recomputed from a job's test predictions against the test split's labels."""
+    gold = {e.guid: e.label for e in read_sentiment(str(data / "sentiment"), "test")[0]}
+    dev_ids = {e.guid for e in read_sentiment(str(data / "sentiment"), "dev")[0]}
+    assert gold and not dev_ids & gold.keys()
+    rows = [line.split("\t") for line in (job / "test_predictions.tsv").read_text().splitlines()[1:]]
+    assert {guid for guid, _ in rows} == gold.keys()
+    return sum(gold[guid] == label for guid, label in rows) / len(rows)
+
+
+@pytest.mark.slow
+def test_prefect_flow_runs_the_grid_and_selects_the_rate_that_learns(sentiment_data, tiny_checkpoint, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    from bert_core.config import load_config
+    from flows.finetune import finetune
+
+    cfg = load_config("demo")
+    cfg.finetune = FinetuneConfig(tasks=["sentiment"], seeds=[1, 2], data_dir=str(sentiment_data),
+                                  learning_rates=[1e-9, 1e-3], batch_sizes=[16], epochs=[2],
+                                  max_seq_length=16, threads=1, max_parallel_jobs=2)
+    output = str(tmp_path / "finetune" / "tiny-bert")
+    with prefect_test_harness(server_startup_timeout=120):
+        assert finetune(cfg, checkpoint=tiny_checkpoint, output=output) == output
+
+        async def read():
+            async with get_client() as client:
+                runs = await client.read_task_runs()
+                return {r.name for r in runs}, await client.read_latest_artifacts()
+
+        task_runs, artifacts = asyncio.run(read())
+
+    # names and folders say what each job is
+    assert {f"finetune-sentiment-tiny-bert-{s}-seed{seed}" for s in (WINNER, LOSER) for seed in (1, 2)} <= task_runs
+    manifest = storage.read_manifest(output)
+    assert manifest["counts"] == {"jobs": 4, "succeeded": 4, "failed": 0}
+    assert {s["path"] for s in manifest["shards"]} == {"report.md"} | {
+        f"sentiment/{s}/seed={seed}/metrics.json" for s in (WINNER, LOSER) for seed in (1, 2)}
+
+    # selection: the rate that learns, on dev; reported on test
+    summary = manifest["stats"]["summary"]["sentiment"]
+    assert summary["selected"] == WINNER and summary["final_label"] == "test"
+    grid = manifest["stats"]["grid"]["sentiment"]
+    assert grid[WINNER]["metrics"]["dev/accuracy"]["mean"] > grid[LOSER]["metrics"]["dev/accuracy"]["mean"] + 0.2
+
+    # the final score is computed on the test split: recompute it from the written predictions
+    test_scores = []
+    for seed in (1, 2):
+        job = tmp_path / "finetune" / "tiny-bert" / "sentiment" / WINNER / f"seed={seed}"
+        accuracy = final_split_accuracy(job, sentiment_data)
+        assert json.loads((job / "metrics.json").read_text())["flat"]["test/accuracy"] == pytest.approx(accuracy)
+        test_scores.append(100 * accuracy)
+    assert summary["final"]["mean"] == pytest.approx(sum(test_scores) / 2)
+
+    # the full grid in the artifact and in report.md, the selected row marked
+    table = next(a for a in artifacts if a.key == "finetune-results")
+    rows = table.data if isinstance(table.data, list) else json.loads(table.data)
+    assert [(r["setting"], r["selected"]) for r in rows] == [(LOSER, ""), (WINNER, "✓")]
+    chosen = rows[1]
+    assert chosen["final split"] == "test" and chosen["final mean ± sd (0-100)"].startswith(
+        f"{summary['final']['mean']:.1f} ± ")
+    assert rows[0]["final mean ± sd (0-100)"] == "" and "±" in rows[0]["dev mean ± sd (0-100)"]
+    report = (tmp_path / "finetune" / "tiny-bert" / "report.md").read_text()
+    assert f"| sentiment | accuracy | {WINNER} | test |" in report
+    assert f"| sentiment | {LOSER} |  |" in report and f"| sentiment | {WINNER} | ✓ |" in report
+    assert "0-100" in report
+
+
+def test_cli_grid_selection_report_and_stats(sentiment_data, tiny_checkpoint, tmp_path):
+    """The same protocol in one process (one seed): selection, report.md, final split, stats."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "ft"
+    r = runner.invoke(app, ["finetune", "--task", "sentiment", "--data", str(sentiment_data), "--checkpoint",
+                            tiny_checkpoint, "--output", str(out), "--seeds", "1", "--learning-rates",
+                            "1e-9,1e-3", "--batch-sizes", "16", "--epochs", "2",
+                            "--set", "finetune.threads=1", "--set", "finetune.max_seq_length=16"])
+    assert r.exit_code == 0, r.output
+    chosen = [line for line in r.stdout.splitlines() if "✓" in line]
+    assert len(chosen) == 1 and WINNER in chosen[0] and LOSER in r.stdout
+    manifest = storage.read_manifest(str(out))
+    summary = manifest["stats"]["summary"]["sentiment"]
+    assert summary["selected"] == WINNER and summary["final_split"] == "test"
+    accuracy = final_split_accuracy(out / "sentiment" / WINNER / "seed=1", sentiment_data)
+    assert summary["final"]["mean"] == pytest.approx(100 * accuracy)
+    dev = manifest["stats"]["grid"]["sentiment"]
+    assert dev[WINNER]["metrics"]["dev/accuracy"]["mean"] > dev[LOSER]["metrics"]["dev/accuracy"]["mean"] + 0.2
+    report = (out / "report.md").read_text()
+    assert f"| sentiment | accuracy | {WINNER} | test | {100 * accuracy:.1f} ± 0.0 (n=1) |" in report
+    assert f"| sentiment | {LOSER} |  |" in report and f"| sentiment | {WINNER} | ✓ |" in report
+    r = runner.invoke(app, ["stats", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "succeeded" in r.output
