@@ -51,6 +51,14 @@ def pretrain(
         sets.append(f"pretrain.master_addr={master_addr}")
     cfg = resolve(preset, config, sets)
 
+    from bert_core.pretrain.loop import check_run_config
+
+    try:
+        check_run_config(cfg, output)  # before the progress bar: a refusal is one line
+    except ValueError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(2) from None
+
     from rich.progress import (
         BarColumn,
         Progress,
@@ -76,26 +84,28 @@ def pretrain(
 
         def on_line(line: str) -> None:
             if verbose or not line.startswith("[20"):
-                bar.console.print(line, markup=False, highlight=False)
+                bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
             rows = train_rows(metrics.poll())
             if rows:
                 bar.update(job, completed=steps_done(cfg, rows), description=f"loss {rows[-1]['loss']:.4f}")
 
+        failure: tuple[str, str, int] | None = None  # said after the bar's last line: the last word
         try:
             run = launch_pretraining(cfg, instances, output, init_checkpoint, node_rank, on_line)
         except LaunchConfigError as err:
-            typer.secho(str(err), fg="red", err=True)
-            raise typer.Exit(2) from None
+            failure = (str(err), "red", 2)
         except LaunchInfraError as err:
-            typer.secho(f"{err}\nrun the same command again to resume", fg="yellow", err=True)
-            raise typer.Exit(3) from None
+            failure = (f"{err}\nrun the same command again to resume", "yellow", 3)
         except LaunchError as err:
-            typer.secho(str(err), fg="red", err=True)
-            raise typer.Exit(1) from None
+            failure = (str(err), "red", 1)
         except ValueError as err:  # e.g. launcher=no_ssh without --node-rank
-            typer.secho(str(err), fg="red", err=True)
-            raise typer.Exit(2) from None
-        bar.update(job, completed=steps_done(cfg, metrics.poll()))
+            failure = (str(err), "red", 2)
+        else:
+            bar.update(job, completed=steps_done(cfg, metrics.poll()))
+    if failure is not None:
+        message, colour, code = failure
+        typer.secho(message, fg=colour, err=True)
+        raise typer.Exit(code)
     typer.echo(f"pre-trained model: {run}/hf")
 
 

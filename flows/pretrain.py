@@ -23,7 +23,7 @@ from prefect import flow, get_run_logger, task
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
-from bert_core.pretrain.loop import steps_done, total_steps
+from bert_core.pretrain.loop import check_run_config, steps_done, total_steps
 from flows.retry import retry_on_infrastructure
 from flows.versions import SKIPPED, is_done
 
@@ -88,6 +88,7 @@ def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoin
     from flows.report import pretrain_curves
 
     logger = get_run_logger()
+    check_run_config(config, output)  # a run folder of another config: refused, never retried
     if is_done(output):
         logger.info("pretrain: %s, %s has a manifest; not redone", SKIPPED, output)
         MetricsWatcher(config, output).poll(final=True)

@@ -22,6 +22,8 @@ _INFRA_MESSAGE = re.compile(
     r"no route to host|temporar(y|ily) (failure|unavailable)|HTTP 5\d\d|503 Service|preempt",
     re.IGNORECASE,
 )
+# A full, read-only or forbidden disk stays so on a second try.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 _INFRA_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT,
                  errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRINUSE}
 
@@ -40,6 +42,8 @@ def is_infrastructure_error(exc: BaseException | None) -> bool:
                         KeyError, TypeError)):
         return False
     if type(exc).__name__ in {"ChecksumError"}:
+        return False
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
         return False
     # The launcher already told a killed rank or a failed rendezvous from a config error.
     from bert_core.pretrain.launch import LaunchConfigError, LaunchInfraError

@@ -221,3 +221,150 @@ def test_truncated_model_weights_name_the_file(samples_dir, tmp_path) -> None:
     result = invoke("features", "--checkpoint", str(model), "--input",
                     str(samples_dir / "tasks" / "conll" / "ground_truth.txt"), "--output", str(tmp_path / "f.parquet"))
     assert_one_line(result, 1, "model.safetensors", "damaged", "again")
+
+
+# ---- pre-training
+# Real 2-rank DeepSpeed runs of a tiny model. One finished run (3 steps, a checkpoint at every
+# step) is shared; each case damages its own copy.
+
+PRETRAIN_SETS = [
+    "model.hidden_size=64", "model.num_attention_heads=2", "model.intermediate_size=128",
+    "model.num_hidden_layers=1", "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
+    "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
+    "pretrain.phases=[{max_seq_length: 64, max_steps: 3, global_batch_size: 8, micro_batch_size: 4, "
+    "learning_rate: 0.003, warmup_steps: 1}]",
+    "pretrain.log_every=1", "pretrain.checkpoint_every=1",
+]
+
+
+def pretrain(instances: str | Path, run: Path, *sets: str):
+    args = [a for s in [*PRETRAIN_SETS, *sets] for a in ("--set", s)]
+    return invoke("pretrain", "--instances", str(instances), "--output", str(run), *args)
+
+
+def assert_stopped(result, code: int, *needles: str) -> None:
+    """The run failed with ``code``; its last line says why, holding every needle; no traceback."""
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == code, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
+
+
+class Planted:
+    """A pickle that writes a file when unpickled: what a hostile ``.pt`` on a shared mount does."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
+def unfinished_copy(run: Path, to: Path) -> Path:
+    """The finished run without its manifest and export: a run to resume."""
+    shutil.copytree(run, to)
+    (to / storage.MANIFEST).unlink()
+    shutil.rmtree(to / "hf")
+    return to
+
+
+@pytest.fixture(scope="module")
+def pretrain_instances(tmp_path_factory, samples_dir) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_data import make_instances
+
+    return Path(make_instances(tmp_path_factory.mktemp("pretrain-faults"), samples_dir, num_shards=2, max_docs=20))
+
+
+@pytest.fixture(scope="module")
+def finished_run(pretrain_instances, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("finished") / "run"
+    result = pretrain(pretrain_instances, run)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert (run / "checkpoints" / "phase1" / "latest").read_text() == "step3"
+    return run
+
+
+@pytest.mark.slow
+def test_rerun_into_a_finished_run_with_another_config_is_refused(pretrain_instances, finished_run) -> None:
+    result = pretrain(pretrain_instances, finished_run, "pretrain.phases.0.learning_rate=0.001")
+    assert_one_line(result, 2, str(finished_run), "pretrain.phases", "0.003", "0.001", "new --output")
+    same = pretrain(pretrain_instances, finished_run, "pretrain.master_port=29999")  # a port is no change
+    assert same.exit_code == 0 and "finished already" in same.output
+
+
+@pytest.mark.slow
+def test_broken_checkpoints_fall_back_and_a_planted_pickle_never_runs(
+        pretrain_instances, finished_run, tmp_path) -> None:
+    import torch
+
+    run = unfinished_copy(finished_run, tmp_path / "run")
+    ckpt = run / "checkpoints" / "phase1"
+    (ckpt / "latest").write_text("garbage\x00\x17")
+    marker = tmp_path / "code-ran"
+    torch.save({"module": Planted(marker)}, ckpt / "step3" / "mp_rank_00_model_states.pt")
+    proof = tmp_path / "proof"  # the plant is real: an unguarded load runs it
+    torch.save({"module": Planted(proof)}, tmp_path / "proof.pt")
+    torch.load(tmp_path / "proof.pt", weights_only=False)
+    assert proof.exists()
+    step2 = ckpt / "step2" / "mp_rank_00_model_states.pt"
+    step2.write_bytes(step2.read_bytes()[: step2.stat().st_size // 2])
+
+    result = pretrain(pretrain_instances, run)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert not marker.exists()  # no code from the run folder ran
+    out = result.output
+    assert "latest names 'garbage" in out
+    assert f"skipped checkpoint {ckpt}/step3: holds pickled objects that are not weights" in out
+    assert f"skipped checkpoint {ckpt}/step2: cannot be read" in out
+    assert f"resumed at step 1 from {ckpt}/step1" in out and "Traceback" not in out
+    assert storage.has_manifest(str(run)) and (ckpt / "latest").read_text() == "step3"
+    # the resumed steps log the rate they used, as the uninterrupted run did (not 0.0)
+    lr = {r["step"]: r["lr"] for r in read_train_rows(finished_run)}
+    again = {r["step"]: r["lr"] for r in read_train_rows(run)}
+    assert again == pytest.approx(lr) and again[2] > 0
+
+
+def read_train_rows(run: Path) -> list[dict]:
+    from bert_core.pretrain.metrics import read_metrics, train_rows
+
+    return train_rows(read_metrics(str(run)))
+
+
+@pytest.mark.slow
+def test_no_checkpoint_that_loads_is_one_line(pretrain_instances, finished_run, tmp_path) -> None:
+    run = unfinished_copy(finished_run, tmp_path / "run")
+    ckpt = run / "checkpoints" / "phase1"
+    (ckpt / "latest").write_text("step9")  # names a step that is not there
+    for step in (1, 2, 3):
+        model = ckpt / f"step{step}" / "mp_rank_00_model_states.pt"
+        model.write_bytes(model.read_bytes()[:1000])
+    result = pretrain(pretrain_instances, run)
+    assert_stopped(result, 2, f"{ckpt}: no checkpoint loads", "step3 cannot be read", "delete it")
+    assert "'step9', not a saved step" in result.output
+
+
+@pytest.mark.slow
+def test_full_disk_at_a_checkpoint_fails_once_and_never_becomes_latest(pretrain_instances, tmp_path) -> None:
+    run = tmp_path / "run"
+    step2 = run / "checkpoints" / "phase1" / "step2"
+    step2.mkdir(parents=True)
+    (step2 / "mp_rank_00_model_states.pt").symlink_to("/dev/full")  # this file's disk is full
+    result = pretrain(pretrain_instances, run)
+    assert_stopped(result, 2, f"{step2}: cannot write the checkpoint", "free space")
+    assert "run the same command again" not in result.output  # not an infrastructure retry
+    assert (run / "checkpoints" / "phase1" / "latest").read_text() == "step1"
+
+
+@pytest.mark.slow
+def test_truncated_instance_shard_is_a_data_error_not_a_retry(pretrain_instances, tmp_path) -> None:
+    instances = tmp_path / "instances"
+    shutil.copytree(pretrain_instances, instances)
+    shard = sorted((instances / "seq64").glob("*.parquet"))[1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    result = pretrain(instances, tmp_path / "run")
+    assert_stopped(result, 2, shard.name)
+    assert "run the same command again" not in result.output

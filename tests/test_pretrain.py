@@ -174,9 +174,13 @@ def test_model_shape_from_config_or_init_checkpoint(samples_dir):
 
 def test_launcher_argv_shapes():
     local = load_config("demo").pretrain
-    assert launcher_argv(local, ["--output", "r"]) == [
-        "deepspeed", "--num_gpus", "2", "--master_port", "29500", "--module", "bert_core.pretrain",
-        "--output", "r"]
+    argv = launcher_argv(local, ["--output", "r"])
+    assert argv[:4] + argv[5:] == ["deepspeed", "--num_gpus", "2", "--master_port", "--module",
+                                   "bert_core.pretrain", "--output", "r"]
+    # no port set: a free one per launch, so two runs on one machine never collide
+    assert len({int(launcher_argv(local, [])[4]) for _ in range(3)}) >= 2
+    pinned = load_config("demo", None, ["pretrain.master_port=29600"]).pretrain
+    assert launcher_argv(pinned, [])[3:5] == ["--master_port", "29600"]
     pods = load_config("demo", None, ["pretrain.launcher=no_ssh", "pretrain.nodes=4",
                                       "pretrain.master_addr=10.0.0.1",
                                       "pretrain.phases.0.global_batch_size=128",
@@ -184,6 +188,7 @@ def test_launcher_argv_shapes():
     argv = launcher_argv(pods, [], node_rank=3, hostfile="/h")
     assert argv[:11] == ["deepspeed", "--hostfile", "/h", "--no_ssh", "--node_rank", "3",
                          "--num_nodes", "4", "--num_gpus", "2", "--master_addr"]
+    assert argv[12:14] == ["--master_port", "29500"]  # every node must agree: no free-port pick
     with pytest.raises(ValueError, match="node-rank"):
         launcher_argv(pods, [], node_rank=None)
     ssh = load_config("demo", None, ["pretrain.launcher=hostfile", "pretrain.hostfile=/etc/hosts.ds",

@@ -15,9 +15,11 @@ and configs only, never the model classes: ``BertModel.from_pretrained`` builds 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,6 +43,42 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be loaded; the message names the file and what to do."""
+
+
+# --------------------------------------------------------------------------- DeepSpeed files
+
+
+def _deepspeed_checkpoint_types() -> list[type]:
+    """The non-tensor classes DeepSpeed's ``save_checkpoint`` pickles (ZeRO optimizer shards,
+    loss scalers); everything else in its files is tensors, containers, numbers and strings."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Inside, every ``torch.load`` reads weights only, whatever its caller asks for.
+
+    DeepSpeed loads its checkpoints with ``torch.load(weights_only=False)``, which runs any code
+    pickled into a ``.pt`` file. Run folders sit on shared mounts, so a resume or an export reads
+    them through this: tensors, containers, numbers, strings and DeepSpeed's few own types load;
+    any other pickled object raises ``pickle.UnpicklingError`` and nothing of it runs.
+    """
+    original = torch.load
+
+    def load(f: Any, map_location: Any = None, pickle_module: Any = None, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        return original(f, map_location, **kwargs)
+
+    with torch.serialization.safe_globals(_deepspeed_checkpoint_types()):
+        torch.load = load
+        try:
+            yield
+        finally:
+            torch.load = original
 
 
 # --------------------------------------------------------------------------- config

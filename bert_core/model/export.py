@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import pickle
 
 import torch
 
@@ -27,6 +28,7 @@ from bert_core.model.checkpoint import (
     model_config_from_hf,
     normalize_state_dict,
     save_pretrained,
+    weights_only_loads,
 )
 
 log = logging.getLogger(__name__)
@@ -40,15 +42,24 @@ def is_deepspeed_checkpoint(path: str) -> bool:
 
 
 def _deepspeed_tag(path: str, tag: str | None) -> str:
+    """The tag to read: the one asked for, else ``latest``'s, else (``latest`` missing, garbage or
+    naming no folder) the newest tag with a model file."""
     if tag:
         return tag
+    tags = sorted({u.rsplit("/", 2)[-2] for u in storage.glob(storage.join(path, "*", "*model_states.pt"))})
     latest = storage.join(path, "latest")
     if storage.exists(latest):
-        return storage.read_text(latest).strip()
-    tags = sorted({u.rsplit("/", 2)[-2] for u in storage.glob(storage.join(path, "*", "*model_states.pt"))})
+        named = storage.read_text(latest).strip()
+        if named in tags:
+            return named
+        log.warning("%s names %r, which has no *model_states.pt; taking the newest tag instead", latest, named[:40])
     if not tags:
         raise CheckpointError(f"{storage.to_uri(path)}: no DeepSpeed checkpoint (no latest, no */*model_states.pt)")
     return max(tags, key=lambda t: int("".join(c for c in t if c.isdigit()) or 0))
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def load_deepspeed_state_dict(path: str, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -73,10 +84,18 @@ def load_deepspeed_state_dict(path: str, tag: str | None = None) -> dict[str, to
             )
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(storage.to_uri(path), tag=tag)
+        try:
+            with weights_only_loads():  # zero_to_fp32 would unpickle anything
+                state = get_fp32_state_dict_from_zero_checkpoint(storage.to_uri(path), tag=tag)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+            raise CheckpointError(f"{step_dir}: cannot read the ZeRO checkpoint ({_first_line(err)})") from None
     else:
-        with storage.open_file(model_file, "rb") as f:
-            blob = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+        try:
+            with storage.open_file(model_file, "rb") as f, weights_only_loads():
+                blob = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+            raise CheckpointError(f"{model_file}: cannot read it ({_first_line(err)}); export another "
+                                  "tag (--tag) or a run folder whose checkpoint is whole") from None
         state = blob["module"]
     return {k: v.float() if v.is_floating_point() else v for k, v in normalize_state_dict(state).items()}
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bert_core import storage
+from bert_core.config import ConfigError
 from bert_core.instances.masking import MaskingSpec, mask_instances
 from bert_core.instances.pairs import VocabIds, stable_hash
 
@@ -345,7 +346,7 @@ class PretrainingLoader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key in ("seed", "world_size", "workers_per_rank", "micro_batch_size"):
             if key in state and state[key] != getattr(self, key):
-                raise ValueError(
+                raise ConfigError(
                     f"loader state was saved with {key}={state[key]} but this run has "
                     f"{key}={getattr(self, key)}: an exact resume needs the same setting "
                     "(or start a new run from the checkpoint's weights)"
@@ -377,11 +378,20 @@ class PretrainingLoader:
             raise InstanceDataError(f"{', '.join(shards)}: {err}") from None
 
     def _read(self, uri: str) -> pa.Table:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         if self._table is None or self._table[0] != uri:
-            with storage.open_file(uri) as f:
-                table = pq.read_table(f, columns=COLUMNS)
+            try:
+                with storage.open_file(uri) as f:
+                    table = pq.read_table(f, columns=COLUMNS)
+            except (pa.ArrowException, OSError) as err:
+                folder = uri.rsplit("/", 1)[0]
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                raise InstanceDataError(
+                    f"{uri}: cannot read this instance shard ({reason}); the instances stage wrote it: "
+                    f"re-run that stage (`bertpipe verify {folder}` checks every shard)"
+                ) from None
             self._table = (uri, table)
         return self._table[1]
 

@@ -5,7 +5,8 @@ print(' '.join(launcher_argv(load_config('demo').pretrain, ['--output', 'runs/x'
 
 Three shapes, one per ``pretrain.launcher``:
 
-- ``local``: ``deepspeed --num_gpus N`` on this machine (on CPU: N gloo ranks);
+- ``local``: ``deepspeed --num_gpus N`` on this machine (on CPU: N gloo ranks), on a free
+  port unless ``pretrain.master_port`` is set, so two runs on one machine never collide;
 - ``hostfile``: ``deepspeed --hostfile H --num_nodes n --num_gpus N`` (the launcher reaches the
   other hosts over ssh/pdsh);
 - ``no_ssh``: one launcher per node (Kubernetes pods), each with ``--no_ssh --node_rank r
@@ -13,8 +14,10 @@ Three shapes, one per ``pretrain.launcher``:
   none is given a ``node{i} slots=N`` file is written into the run folder.
 
 ``run_launch`` streams the launcher's output (rank 0 prints progress; other ranks stay quiet)
-to a callback and returns the exit code. A failed run raises :class:`LaunchConfigError` when a
-rank refused the config or data (fix the input, retrying will not help) or
+to a callback and returns the exit code. A failed run is classified by the failing rank's own
+line, whatever the others report after losing it: :class:`LaunchConfigError` when a rank refused
+the config, data or checkpoints or could not write (a full or read-only disk; fix it, retrying
+will not help) or
 :class:`LaunchInfraError` when the infrastructure failed (rendezvous timeout, a rank killed,
 port in use: worth a retry, and the run resumes from its last checkpoint).
 
@@ -30,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections import deque
@@ -38,9 +42,15 @@ from pathlib import Path
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, PretrainConfig
-from bert_core.pretrain.loop import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, CONFIG_FILE
+from bert_core.pretrain.loop import (
+    CONFIG_ERROR_EXIT,
+    CONFIG_ERROR_PREFIX,
+    CONFIG_FILE,
+    check_run_config,
+)
 
 SCRIPT_MODULE = "bert_core.pretrain"
+DEFAULT_MASTER_PORT = 29500  # DeepSpeed's; the multi-node launchers use it unless one is set
 HOSTFILE = "hostfile"
 # What remote ranks need from the launching shell (DeepSpeed forwards PYTHON* itself).
 FORWARDED_ENV = ("OMP_NUM_THREADS", "DS_ACCELERATOR")
@@ -77,6 +87,20 @@ class LaunchInfraError(LaunchError):
 # --------------------------------------------------------------------------- argv
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def master_port(cfg: PretrainConfig) -> int:
+    """The rendezvous port: the configured one, else a free one for ``local``, else 29500."""
+    if cfg.master_port is not None:
+        return cfg.master_port
+    return free_port() if cfg.launcher == "local" else DEFAULT_MASTER_PORT
+
+
 def launcher_argv(
     cfg: PretrainConfig,
     script_args: list[str],
@@ -104,7 +128,7 @@ def launcher_argv(
                  "--num_nodes", str(cfg.nodes), "--num_gpus", str(cfg.procs_per_node)]
     if cfg.launcher != "local" or cfg.master_addr != "127.0.0.1":
         argv += ["--master_addr", cfg.master_addr]
-    argv += ["--master_port", str(cfg.master_port), "--module", SCRIPT_MODULE, *script_args]
+    argv += ["--master_port", str(master_port(cfg)), "--module", SCRIPT_MODULE, *script_args]
     return argv
 
 
@@ -193,7 +217,7 @@ def run_launch(
         return 0
     lines = list(tail)
     if config_error is not None or code == CONFIG_ERROR_EXIT:
-        raise LaunchConfigError(f"pre-training refused its input: {config_error or lines[-1:]}", code, lines)
+        raise LaunchConfigError(f"pre-training stopped: {config_error or lines[-1:]}", code, lines)
     text = "\n".join(lines)
     if code < 0 or code >= 128 or _INFRA_PATTERNS.search(text):
         raise LaunchInfraError(
@@ -238,7 +262,12 @@ def launch_pretraining(
     node_rank: int | None = None,
     on_line: Callable[[str], None] = print,
 ) -> str:
-    """The plain entry point (CLI, flow): launch, wait, return the run folder (raises on failure)."""
+    """The plain entry point (CLI, flow): launch, wait, return the run folder (raises on failure).
+
+    A run folder of another config (finished, or with checkpoints) is refused with a
+    :class:`~bert_core.pretrain.loop.PretrainConfigError` naming the settings that differ.
+    """
+    check_run_config(config, output)
     if storage.has_manifest(output):
         on_line(f"{storage.to_uri(output)}: finished already ({storage.MANIFEST} present), nothing to do")
         return storage.to_uri(output)

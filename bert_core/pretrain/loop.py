@@ -13,8 +13,13 @@ Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
 - a phase resumes from its latest checkpoint (``RUN/checkpoints/phase{i}/step{N}``): weights,
   optimizer, LR schedule and the loader position (``client_state``), so the resumed run sees
   the same batches in the same order; dropout is reseeded from (seed, phase, step, rank), so a
-  resumed run computes the same losses as an uninterrupted one;
-- every ``checkpoint_every`` steps all ranks call ``save_checkpoint`` (ZeRO shards are per rank);
+  resumed run computes the same losses as an uninterrupted one. The files are read weights-only
+  (``bert_core.model.checkpoint.weights_only_loads``: a pickled object never runs); a checkpoint
+  that does not load on every rank (truncated, not weights, ``latest`` garbage or dangling) is
+  skipped with a line saying why, and the next older one is tried;
+- every ``checkpoint_every`` steps all ranks call ``save_checkpoint`` (ZeRO shards are per rank)
+  and only when every rank has written its part does rank 0 point ``latest`` at it, so a failed
+  save (full or read-only disk) never becomes the resume point;
 - rank 0 appends ``RUN/metrics.jsonl`` every ``log_every`` steps: phase, step, loss, mlm_acc,
   nsp_acc (means over all ranks), lr, seq_per_s, tokens_per_s (non-padding), mfu (with
   ``peak_flops_per_rank``);
@@ -25,15 +30,21 @@ Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
 - at the end rank 0 exports ``RUN/hf/`` (transformers layout) and writes ``RUN/_MANIFEST.json``
   (with each phase's final eval).
 
-A config or data problem exits with code 2 after a line starting with ``bertpipe-config-error:``
-so the launcher can tell it from an infrastructure failure (see ``bert_core/pretrain/launch.py``).
+A problem a retry cannot fix (config, data, checkpoints, a full or read-only disk) exits the
+rank that met it with code 2 after one line starting with ``bertpipe-config-error:``, so the
+launcher classifies the run by the failing rank's own error, not by the "connection closed"
+of the ranks that lost it (see ``bert_core/pretrain/launch.py``); those print one line too.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import pickle
+import re
+import shutil
 import sys
 import time
 from typing import Any
@@ -51,6 +62,19 @@ class PretrainConfigError(ConfigError):
     """The run cannot start with this config/data (not an infrastructure failure)."""
 
 
+class CheckpointWriteError(PretrainConfigError):
+    """A checkpoint could not be written (full or read-only disk): a retry fails the same way."""
+
+
+# Errors of the collectives when a peer rank died or the network failed: worth a retry.
+_COMM_ERROR = re.compile(r"Connection (closed by peer|reset|refused)|Broken pipe|timed out|"
+                         r"gloo|NCCL|DistNetworkError|DistBackendError", re.IGNORECASE)
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+# Operational settings a finished or resumed run may change without changing what it trains.
+_OPERATIONAL = {"launcher", "hostfile", "master_addr", "master_port", "monitor", "threads_per_rank",
+                "log_every", "checkpoint_every", "peak_flops_per_rank"}
+
+
 # --------------------------------------------------------------------------- run folder
 
 
@@ -59,11 +83,90 @@ def checkpoint_dir(run: str, phase_index: int) -> str:
 
 
 def latest_step(run: str, phase_index: int) -> int | None:
-    """The step of a phase's latest checkpoint (DeepSpeed's ``latest`` file names the tag)."""
-    latest = storage.join(checkpoint_dir(run, phase_index), "latest")
+    """The step ``latest`` names, if it names a saved step of the phase (None when ``latest`` is
+    missing, garbage or dangling)."""
+    ckpt = checkpoint_dir(run, phase_index)
+    latest = storage.join(ckpt, "latest")
     if not storage.exists(latest):
         return None
-    return int(storage.read_text(latest).strip().removeprefix("step"))
+    tag = storage.read_text(latest).strip()
+    if not re.fullmatch(r"step\d+", tag) or int(tag[4:]) not in saved_steps(run, phase_index):
+        return None
+    return int(tag[4:])
+
+
+def saved_steps(run: str, phase_index: int) -> list[int]:
+    """Steps of the phase's ``step{N}/`` folders that hold a model file, newest first."""
+    files = storage.glob(storage.join(checkpoint_dir(run, phase_index), "step*", "*model_states.pt"))
+    tags = {uri.rsplit("/", 2)[-2] for uri in files}
+    return sorted((int(t[4:]) for t in tags if re.fullmatch(r"step\d+", t)), reverse=True)
+
+
+def resume_candidates(run: str, phase_index: int) -> tuple[list[int], list[str]]:
+    """The steps to try resuming from, newest first, and a note for each thing passed over.
+
+    With a valid ``latest`` these are its step and the older ones (a newer folder is a save that
+    never finished); without one, every saved step.
+    """
+    ckpt = checkpoint_dir(run, phase_index)
+    latest = storage.join(ckpt, "latest")
+    steps, notes = saved_steps(run, phase_index), []
+    named = latest_step(run, phase_index)
+    if named is not None:
+        notes += [f"skipped {ckpt}/step{s}: newer than latest, a save that did not finish"
+                  for s in steps if s > named]
+        steps = [s for s in steps if s <= named]
+    elif storage.exists(latest):
+        text = storage.read_text(latest).strip()
+        notes.append(f"{latest} names {text[:40]!r}, not a saved step of this phase; "
+                     "trying the saved steps, newest first")
+    return steps, notes
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``section.field: old -> new`` for each training setting of ``model`` and ``pretrain`` that
+    differs (operational ones such as ports and log intervals do not count)."""
+    changes: list[str] = []
+    for section in ("model", "pretrain"):
+        a, b = old.get(section) or {}, new.get(section) or {}
+        for key in sorted(set(a) | set(b)):
+            if key not in _OPERATIONAL:
+                _diff(f"{section}.{key}", a.get(key), b.get(key), changes)
+    return changes
+
+
+def _diff(path: str, a: Any, b: Any, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            _diff(f"{path}.{key}", a.get(key), b.get(key), out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff(f"{path}.{i}", x, y, out)
+    elif a != b:
+        out.append(f"{path}: {_short(a)} -> {_short(b)}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_run_config(config: PipelineConfig, run: str) -> None:
+    """Refuse a run folder that holds (or is half-way through) a run of another config."""
+    if storage.has_manifest(run):
+        old, what = storage.read_manifest(run).get("config") or {}, "was pre-trained"
+    elif storage.exists(storage.join(run, CONFIG_FILE)) and any(
+            saved_steps(run, i) for i in range(len(config.pretrain.phases))):
+        old, what = json.loads(storage.read_text(storage.join(run, CONFIG_FILE))), "is being pre-trained"
+    else:
+        return
+    changes = config_changes(old, config.model_dump(mode="json"))
+    if changes:
+        raise PretrainConfigError(
+            f"{storage.to_uri(run)} {what} with another config ({'; '.join(changes[:4])}"
+            f"{f'; and {len(changes) - 4} more' if len(changes) > 4 else ''}); "
+            "pass a new --output for this config, or the run's own settings to reuse it"
+        )
 
 
 def total_steps(config: PipelineConfig) -> int:
@@ -118,6 +221,145 @@ def _dropout_seed(seed: int, phase: int, step: int, rank: int, micro: int) -> in
     return hash((seed, phase, step, rank, micro)) & 0x7FFF_FFFF
 
 
+# --------------------------------------------------------------------------- errors
+
+
+def first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    # torch's weights-only refusal explains itself over many lines; the global it met says it all
+    unsupported = [line for line in lines if "Unsupported global" in line]
+    return ((unsupported or lines or [type(err).__name__])[0])[:240]
+
+
+def is_comm_error(err: BaseException) -> bool:
+    """A collective failed: a peer rank died or the network broke (the peer has its own story)."""
+    import torch.distributed as dist
+
+    return isinstance(err, getattr(dist, "DistError", ())) or bool(_COMM_ERROR.search(str(err)))
+
+
+def refusal(err: BaseException) -> str | None:
+    """The one-line message of an error a retry cannot fix (config, data, checkpoint, a full or
+    read-only disk); None for anything else."""
+    from bert_core.model.checkpoint import CheckpointError
+    from bert_core.pretrain.data import InstanceDataError
+
+    if isinstance(err, (ConfigError, CheckpointError, InstanceDataError, storage.UnfinishedWriteError,
+                        storage.ManifestError, FileNotFoundError)):
+        return " ".join(str(err).split())  # the launcher reads one line
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
+            where = cause.filename or "the run folder"
+            return (f"{where}: {cause.strerror}; free space or make it writable, then run again "
+                    "(it resumes from the last complete checkpoint)")
+        cause = cause.__cause__
+    return None
+
+
+def _free_space(folder: str) -> str:
+    path = folder
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        return f"{shutil.disk_usage(path or '.').free / 1e6:,.0f} MB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def _unreadable(err: BaseException) -> str:
+    if isinstance(err, pickle.UnpicklingError):
+        return f"holds pickled objects that are not weights, refused unread ({first_line(err)})"
+    return f"cannot be read, damaged or truncated ({first_line(err)})"
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(engine: Any, ckpt: str, step: int, client_state: dict[str, Any], rank: int) -> None:
+    """Every rank writes its part of ``step{N}``; then rank 0 points ``latest`` at it.
+
+    DeepSpeed's ``save_checkpoint`` ends in a barrier, so when it returns every rank has written;
+    ``latest`` goes through a temporary file and a rename, so it is never half written either.
+    A failed write on this rank is a :class:`CheckpointWriteError` naming the folder.
+    """
+    tag = f"step{step}"
+    try:
+        engine.save_checkpoint(ckpt, tag=tag, client_state=client_state, save_latest=False)
+        if rank == 0:
+            tmp = os.path.join(ckpt, "latest.tmp")
+            with open(tmp, "w") as f:
+                f.write(tag)
+            os.replace(tmp, os.path.join(ckpt, "latest"))
+    except Exception as err:
+        if is_comm_error(err):
+            raise
+        raise CheckpointWriteError(
+            f"{ckpt}/{tag}: cannot write the checkpoint ({first_line(err)}; {_free_space(ckpt)}); free "
+            "space or make the folder writable, then run again (it resumes from the last complete checkpoint)"
+        ) from err
+
+
+def resume(engine: Any, run: str, phase_index: int, rank: int) -> dict[str, Any] | None:
+    """Load the newest checkpoint of the phase that loads on every rank; its client state, or
+    None when the phase has no checkpoint. Each one passed over is logged with the reason."""
+    import torch
+    import torch.distributed as dist
+
+    from bert_core.model.checkpoint import CheckpointError, weights_only_loads
+
+    ckpt = checkpoint_dir(run, phase_index)
+    steps, notes = resume_candidates(run, phase_index)
+    for note in notes:
+        _log(rank, f"phase {phase_index + 1}: {note}")
+    if not steps and not notes:
+        return None
+    skipped = []
+    for step in steps:
+        reason = None
+        try:
+            with weights_only_loads():
+                path, client = engine.load_checkpoint(ckpt, tag=f"step{step}")
+            if path is None or not client:
+                reason = "DeepSpeed found no checkpoint files in it"
+        except Exception as err:
+            if is_comm_error(err):
+                raise
+            reason = _unreadable(err)
+        # Every rank must resume from the same step: one rank's bad shard rules the step out.
+        loaded = torch.tensor([0 if reason else 1])
+        dist.all_reduce(loaded, op=dist.ReduceOp.MIN)
+        if loaded.item():
+            return client
+        reason = reason or "another rank could not load its part"
+        skipped.append(f"step{step} {reason}")
+        _log(rank, f"phase {phase_index + 1}: skipped checkpoint {ckpt}/step{step}: {reason}")
+    raise CheckpointError(
+        f"{ckpt}: no checkpoint loads ({'; '.join(skipped) or 'no step folder holds a model file'}); "
+        f"restore the folder from a copy, or delete it to train phase {phase_index + 1} from its start"
+    )
+
+
+def start_from_previous_phase(engine: Any, run: str, phase_index: int, previous_steps: int) -> None:
+    """The previous phase's final weights; its optimizer state and LR schedule stay behind."""
+    from bert_core.model.checkpoint import CheckpointError, weights_only_loads
+
+    previous = checkpoint_dir(run, phase_index - 1)
+    try:
+        with weights_only_loads():
+            path, _ = engine.load_checkpoint(previous, tag=f"step{previous_steps}", load_module_only=True,
+                                             load_optimizer_states=False, load_lr_scheduler_states=False)
+        if path is None:
+            raise FileNotFoundError(f"{previous}/step{previous_steps}")
+    except Exception as err:
+        if is_comm_error(err):
+            raise
+        raise CheckpointError(
+            f"{previous}/step{previous_steps}: phase {phase_index + 1} starts from it, but it "
+            f"{_unreadable(err)}; restore it, or delete {previous} to train phase {phase_index} again"
+        ) from None
+
+
 # --------------------------------------------------------------------------- one phase
 
 
@@ -169,18 +411,17 @@ def run_phase(
                    f"{eval_split.folder} every {pre.eval_every or phase.max_steps} steps and at the end")
 
     step = 0
-    if latest_step(run, phase_index) is not None:
-        _, client = engine.load_checkpoint(ckpt)
+    client = resume(engine, run, phase_index, rank)
+    if client is not None:
         step = int(client["step"])
         loader.load_state_dict(client["loader"])
         if metrics:
             metrics.truncate(phase_index + 1, step)
-        _log(rank, f"phase {phase_index + 1}: resumed at step {step} from {ckpt} "
+        _log(rank, f"phase {phase_index + 1}: resumed at step {step} from {ckpt}/step{step} "
                    f"(loader epoch {loader.epoch}, position {loader.position})")
     elif phase_index > 0:
         # Weights only: the optimizer state and LR schedule start fresh for the new length.
-        engine.load_checkpoint(checkpoint_dir(run, phase_index - 1), load_module_only=True,
-                               load_optimizer_states=False, load_lr_scheduler_states=False)
+        start_from_previous_phase(engine, run, phase_index, pre.phases[phase_index - 1].max_steps)
         _log(rank, f"phase {phase_index + 1}: starting from phase {phase_index}'s weights")
     if step == 0:
         # DeepSpeed's WarmupLR starts at iteration -1 and its first step() gives iteration 0,
@@ -196,7 +437,9 @@ def run_phase(
     engine.train()
     while step < phase.max_steps:
         t0 = time.perf_counter()
-        lr = float(scheduler.get_last_lr()[0])  # the rate this step's update uses
+        # The rate this step's update uses: the optimizer's own, which a resume restores (the
+        # scheduler's get_last_lr() is only set by its next step()).
+        lr = float(engine.get_lr()[0])
         # loss, mlm_acc, nsp_acc, micro-batches, sequences, real tokens
         sums = torch.zeros(6, dtype=torch.float64)
         for micro in range(accumulation):
@@ -247,9 +490,8 @@ def run_phase(
                        f"({row['instances']} instances, {row['seconds']:.1f} s)")
         if step % pre.checkpoint_every == 0 or step == phase.max_steps:
             # All ranks save: with ZeRO each holds its own optimizer shard.
-            engine.save_checkpoint(ckpt, tag=f"step{step}",
-                                   client_state={"step": step, "loader": loader.state_dict(),
-                                                 "phase": phase_index + 1})
+            save_checkpoint(engine, ckpt, step, {"step": step, "loader": loader.state_dict(),
+                                                 "phase": phase_index + 1}, rank)
     return {"engine": engine, "first_loss": first_loss, "last_loss": last_loss, "steps": step,
             "sequences": step * phase.global_batch_size}
 
@@ -269,8 +511,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bert_core.model.checkpoint import CheckpointError
-    from bert_core.pretrain.data import InstanceDataError, read_vocab, vocab_file_of
+    from bert_core.pretrain.data import length_folder, read_vocab, vocab_file_of
 
     try:
         config = load_run_config(args.config)
@@ -283,10 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         vocab_file = vocab_file_of(args.instances, fallback=config.vocab.vocab_file)
         vocab_size = len(read_vocab(vocab_file))
         model_config(config, vocab_size, args.init_checkpoint)
-    except (ConfigError, CheckpointError, InstanceDataError, storage.UnfinishedWriteError,
-            FileNotFoundError) as err:
-        print(f"{CONFIG_ERROR_PREFIX} {err}", file=sys.stderr, flush=True)
-        return CONFIG_ERROR_EXIT
+        for phase in pre.phases:  # sizes against the manifest: a cut shard fails now, not hours in
+            storage.check_shards(length_folder(args.instances, phase.max_seq_length), checksums=False)
+    except Exception as err:
+        return _exit_on(err, rank=0)
     if storage.has_manifest(args.output):
         print(f"{args.output}: finished already ({storage.MANIFEST} present)", flush=True)
         return 0
@@ -319,14 +560,27 @@ def main(argv: list[str] | None = None) -> int:
             engine = result.pop("engine")
             stats.append(result | _phase_stats_from_metrics(args.output, i, phase.global_batch_size,
                                                             prefer=result))
-    except (ConfigError, CheckpointError, InstanceDataError) as err:
-        print(f"{CONFIG_ERROR_PREFIX} {err}", file=sys.stderr, flush=True)
-        return CONFIG_ERROR_EXIT
-
-    if rank == 0:
-        export(config, args, engine.module, vocab_file, stats)
-    dist.barrier()
+        if rank == 0:
+            export(config, args, engine.module, vocab_file, stats)
+        dist.barrier()
+    except Exception as err:
+        return _exit_on(err, rank)
     return 0
+
+
+def _exit_on(err: Exception, rank: int) -> int:
+    """One line for the launcher and an exit code: a refusal (2: the failing rank's own message)
+    or a lost peer (1: its "connection closed" says infrastructure unless a peer refused);
+    anything else is a bug and keeps its traceback."""
+    message = refusal(err)
+    if message is not None:
+        print(f"{CONFIG_ERROR_PREFIX} {message}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR_EXIT
+    if is_comm_error(err):
+        print(f"rank {rank} stopped: {first_line(err)} (another rank failed or was stopped)",
+              file=sys.stderr, flush=True)
+        return 1
+    raise err
 
 
 def _phase_stats_from_metrics(run: str, phase_index: int, global_batch: int,
