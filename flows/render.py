@@ -82,7 +82,7 @@ def master_host(settings: InfraSettings) -> str:
 
 def pretrain_manifests(cfg: PipelineConfig, settings: InfraSettings = InfraSettings()) -> list[dict]:
     """ConfigMap + headless Service + one Pod per node, each with its own ``--node_rank``."""
-    from bert_core.pretrain.launch import launcher_argv, render_hostfile
+    from bert_core.pretrain.launch import DEFAULT_MASTER_PORT, launcher_argv, render_hostfile
 
     pre = cfg.pretrain.model_copy(update={"launcher": "no_ssh", "master_addr": master_host(settings)})
     run_cfg = cfg.model_copy(update={"pretrain": pre})
@@ -109,7 +109,7 @@ def pretrain_manifests(cfg: PipelineConfig, settings: InfraSettings = InfraSetti
         runs_volume = {"name": "runs", "persistentVolumeClaim": {"claimName": settings.runs_claim}}
         annotations = {}
     common = {"job_name": settings.job_name, "namespace": settings.namespace,
-              "master_port": pre.master_port, "image": settings.image}
+              "master_port": pre.master_port or DEFAULT_MASTER_PORT, "image": settings.image}
     docs = [config_map, yaml.safe_load(fill(template("k8s/pretrain-service.yaml"), common))]
     gpu = pre.accelerator == "gpu"
     requests = {"cpu": str(pre.procs_per_node * pre.threads_per_rank), "memory": settings.memory_per_node}

@@ -65,10 +65,10 @@ def test_version_folders_are_pinned():
     checkpoint = versions.checkpoint_identity(storage.join(run, "hf"))
     finetune = {t: versions.finetune_folder(finetune_job_config(cfg, t), checkpoint).rsplit("/", 1)[1]
                 for t in ("sentiment", "squad", "ner")}
-    assert [corpus, vocab, instances] == [f"{root}/corpus/8b163b95f65f", f"{root}/vocab/f0e13d86867d",
-                                          f"{root}/instances/2983600f7aae"]
-    assert version == "5dd5cc6e7c96"
-    assert finetune == {"sentiment": "c30431295b61", "squad": "bb7b67014a51", "ner": "9624238c148e"}
+    assert [corpus, vocab, instances] == [f"{root}/corpus/43c8ea87d3aa", f"{root}/vocab/8c845d48f8de",
+                                          f"{root}/instances/0a3594d2ad33"]
+    assert version == "09ae15bc3f6b"
+    assert finetune == {"sentiment": "f5db287f01d8", "squad": "0062cd3ebde6", "ner": "5cf14873ab54"}
 
 
 def pipeline_config(samples: Path, root: Path):
