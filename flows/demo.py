@@ -77,10 +77,12 @@ def finetune_lines(jobs: list[dict]) -> list[str]:
                                       f"{final['mean']:5.1f} ± {final['sd']:4.1f} (n={final['n']}, "
                                       f"{entry.get('selected')})")
     checkpoints = list(dict.fromkeys(job["checkpoint"] for job in jobs))
-    lines = ["  " + "task".ljust(34) + "".join(c.ljust(36) for c in checkpoints)]
+    names = {task: f"{task} ({labels.get(task, '?')})" for task in scores}
+    width = max(map(len, ["task", *names.values()])) + 2
+    cell = max(len(v) for row in scores.values() for v in row.values()) + 2 if scores else 12
+    lines = ["  " + "task".ljust(width) + "".join(c.ljust(cell) for c in checkpoints)]
     for task, row in scores.items():
-        lines.append("  " + f"{task} ({labels.get(task, '?')})".ljust(34)
-                     + "".join(row.get(c, "-").ljust(36) for c in checkpoints))
+        lines.append("  " + names[task].ljust(width) + "".join(row.get(c, "-").ljust(cell) for c in checkpoints))
     return lines
 
 
