@@ -15,7 +15,9 @@ Output (the "instances" contract)::
     OUT/seq{L}/eval/_MANIFEST.json           its shards and stats, split="eval"
     OUT/rejects.jsonl                        documents that gave no tokens, with the reason
     OUT/_MANIFEST.json                       written last: InstanceConfig, inputs, per-length stats,
-                                             counts incl. eval_documents, eval_instances_seq{L}
+                                             counts incl. eval_documents, eval_instances_seq{L},
+                                             vocab_file and vocab_sha256 (the vocab.txt the ids
+                                             come from; pre-training and export refuse another)
 
 Rows are unpadded. Segment ids are 0 before ``len_a`` and 1 after. ``next_sentence_label`` is 1
 for a random next, 0 for the actual next, -1 without NSP. With ``masking: dynamic`` the
@@ -85,7 +87,7 @@ from bert_core import storage
 from bert_core.config import InstanceConfig
 from bert_core.corpus.documents import count_documents
 from bert_core.instances.batch import InstanceBatch, create_instance_batch, shard_name, write_table
-from bert_core.instances.manifest import prepare_output, write_manifests
+from bert_core.instances.manifest import prepare_output, vocab_record, write_manifests
 from bert_core.instances.pairs import DocumentPool, VocabIds
 from bert_core.instances.sharding import (
     EVAL,
@@ -289,6 +291,7 @@ def create_instances(
     inputs = [corpus_manifest]
     if not vocab.endswith(".txt"):
         inputs.append(storage.read_manifest(vocab))
+    vocab_used = vocab_record(vocab)  # before tokenizing: the ids come from these bytes
     vocab_ids = VocabIds.from_tokenizer(load_tokenizer(vocab, lowercase))
     if min(vocab_ids.cls_id, vocab_ids.sep_id, vocab_ids.mask_id) < 0:
         raise ValueError(f"vocab {vocab} lacks [CLS], [SEP] or [MASK]; instances need all three: "
@@ -311,7 +314,7 @@ def create_instances(
             | "WriteManifests" >> beam.Map(
                 lambda rs, rj, lay, n, e: write_manifests(
                     rs, rj, lay, output=output, config=config, inputs=inputs, documents_used=n,
-                    eval_documents=e),
+                    eval_documents=e, vocab=vocab_used),
                 rj=beam.pvalue.AsList(out["rejects"]), lay=beam.pvalue.AsSingleton(out["layout"]),
                 n=beam.pvalue.AsSingleton(out["documents"]), e=beam.pvalue.AsSingleton(out["eval_documents"]),
             )

@@ -168,8 +168,8 @@ class InstanceConfig(_Model):
         "0 = no eval split."
     )
     min_eval_documents: int = Field(
-        10, ge=0, description="Hold out at least this many documents (small corpora), but never "
-        "more than half of them."
+        10, ge=0, description="Hold out about this many documents in small corpora, never more "
+        "than half; a corpus of fewer than twice this many documents gets no eval split."
     )
 
 

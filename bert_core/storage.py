@@ -6,6 +6,10 @@ DataLoader worker builds its own).
 
 A folder is trusted only through its ``_MANIFEST.json``, which :func:`write_manifest` writes
 last. :func:`read_manifest` refuses a folder without one: its shards are an unfinished write.
+
+A folder is found by the path it is given, never by the ``uri`` written inside its manifest, so
+a copied folder reads its own files. Each input a manifest names carries the sha256 of that
+input's manifest as it was read; :func:`check_inputs` refuses an input that changed since.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import fsspec
 
 MANIFEST = "_MANIFEST.json"
 SCHEMA_VERSION = 1
+MANIFEST_SHA256 = "manifest_sha256"  # set by read_manifest: the sha256 of the bytes it read
 
 _FILESYSTEMS: dict[tuple[int, str], fsspec.AbstractFileSystem] = {}
 
@@ -201,8 +206,9 @@ def write_manifest(
 ) -> dict[str, Any]:
     """Write ``_MANIFEST.json``: call it after every shard is closed; it marks the folder done.
 
-    ``inputs`` are the manifests this stage read (kept whole, so lineage can be followed);
-    ``shards`` come from :func:`shard_entry`.
+    ``inputs`` are the manifests this stage read (from :func:`read_manifest`): each is named by
+    its stage, place, counts and the sha256 of its manifest, so lineage can be followed and
+    :func:`check_inputs` can tell when one changed; ``shards`` come from :func:`shard_entry`.
     """
     if hasattr(config, "model_dump"):
         config = config.model_dump(mode="json")
@@ -212,9 +218,7 @@ def write_manifest(
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": code_version(),
         "config": config,
-        "inputs": [
-            {k: m.get(k) for k in ("stage", "uri", "version", "created", "counts")} for m in inputs
-        ],
+        "inputs": [_input_entry(m) for m in inputs],
         "shards": list(shards),
         "counts": counts or {},
         "stats": stats or {},
@@ -227,6 +231,13 @@ def write_manifest(
     # A rename is atomic on a local disk; on object stores the final object appears whole.
     fs.mv(split_protocol(tmp)[1], split_protocol(join(folder, MANIFEST))[1])
     return manifest
+
+
+def _input_entry(manifest: dict[str, Any]) -> dict[str, Any]:
+    entry = {k: manifest.get(k) for k in ("stage", "uri", "version", "created", "counts")}
+    if manifest.get(MANIFEST_SHA256):
+        entry["sha256"] = manifest[MANIFEST_SHA256]
+    return entry
 
 
 def has_manifest(folder: str) -> bool:
@@ -242,19 +253,64 @@ def read_manifest(folder: str) -> dict[str, Any]:
             f"unfinished write: {to_uri(folder)} has no {MANIFEST} ({hint}); "
             "re-run the stage that produces it"
         )
+    with open_file(path, "rb") as f:
+        raw = f.read()
     try:
-        manifest = json.loads(read_text(path))
+        manifest = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as err:
         raise ManifestError(f"{to_uri(path)} is not valid JSON ({err.msg} at line {err.lineno}): the "
                             "manifest is damaged; re-run the stage that produces it") from None
-    if not isinstance(manifest, dict) or "shards" not in manifest:
+    except UnicodeDecodeError:
+        raise ManifestError(f"{to_uri(path)} is not UTF-8 text: the manifest is damaged; "
+                            "re-run the stage that produces it") from None
+    if not isinstance(manifest, dict) or not {"shards", "schema_version"} & set(manifest):
         raise ManifestError(f"{to_uri(path)} is not a bertpipe manifest; re-run the stage that produces it")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise ValueError(
             f"{path}: schema_version {manifest.get('schema_version')} is not {SCHEMA_VERSION}; "
             "re-run the stage with this version of bertpipe"
         )
+    if "shards" not in manifest:
+        raise ManifestError(f"{to_uri(path)} is not a bertpipe manifest; re-run the stage that produces it")
+    # Where the folder is now, not where it was written: a copied folder never points back.
+    manifest["uri"] = to_uri(folder)
+    manifest[MANIFEST_SHA256] = hashlib.sha256(raw).hexdigest()
     return manifest
+
+
+def manifest_sha256(folder: str) -> str:
+    """The sha256 of a folder's ``_MANIFEST.json`` bytes (what an input entry records)."""
+    return sha256(join(folder, MANIFEST))
+
+
+def input_problems(manifest: dict[str, Any], stages: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """The recorded inputs of ``manifest`` (of ``stages``, default all) whose manifest is gone or
+    is not the one that was read, as (input, what happened). Inputs recorded without a sha256
+    (raw files, older manifests) cannot be checked and are passed over."""
+    wanted = None if stages is None else set(stages)
+    problems = []
+    for entry in manifest.get("inputs", []):
+        uri, recorded = entry.get("uri"), entry.get("sha256")
+        if not uri or not recorded or (wanted is not None and entry.get("stage") not in wanted):
+            continue
+        if not has_manifest(uri):
+            problems.append((to_uri(uri), f"is gone (no {MANIFEST})"))
+        elif manifest_sha256(uri) != recorded:
+            problems.append((to_uri(uri), f"changed (its {entry.get('stage') or 'input'} stage ran "
+                                          "again or it was edited)"))
+    return problems
+
+
+def check_inputs(manifest: dict[str, Any], stages: Iterable[str] | None = None) -> None:
+    """Raise :class:`ManifestError` (one line) when an input a manifest names changed or is gone
+    since the folder was made: the folder no longer matches what it was made from."""
+    problems = input_problems(manifest, stages)
+    if problems:
+        consumer, stage = manifest.get("uri", "?"), manifest.get("stage", "?")
+        (input_uri, what), more = problems[0], len(problems) - 1
+        raise ManifestError(f"{consumer}: its input {input_uri} {what} since it was made"
+                            f"{f' (and {more} more)' if more else ''}; re-run {stage} for {consumer}, "
+                            f"or restore {input_uri}")
 
 
 def shard_uris(folder: str, manifest: dict[str, Any] | None = None) -> list[str]:

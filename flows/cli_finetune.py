@@ -86,13 +86,22 @@ def features(
     max_seq_length: Annotated[int, typer.Option(help="Word pieces per window, specials included.")] = 128,
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
 ) -> None:
-    """Extract frozen contextual token features (the paper's feature-based approach) to Parquet."""
-    from bert_core.finetune.features import extract_file
+    """Extract frozen contextual token features (the paper's feature-based approach) to Parquet.
+
+    Prints the sentences read / kept / rejected (by reason); rejects go to
+    ``<output>.rejects.jsonl``. An input with no sentence kept exits 1 with one line.
+    """
+    from bert_core.finetune.features import extract_file, rejects_uri
 
     with user_errors(FileNotFoundError, ValueError):
-        n = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
+        c = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
                          max_seq_length=max_seq_length, threads=threads)
-    typer.echo(f"wrote {n} sentences of {layers} features to {output}")
+    typer.echo(f"{input_}: read {c['read']}, kept {c['kept']}, rejected {c['rejected']}")
+    for reason, n in c["rejected_by_reason"].items():
+        typer.echo(f"  {reason}: {n}")
+    if c["rejected"]:
+        typer.echo(f"rejects in {rejects_uri(output)}")
+    typer.echo(f"wrote {c['kept']} sentences of {layers} features to {output}")
 
 
 def register(app: typer.Typer) -> None:

@@ -9,18 +9,29 @@ import gzip
 import json
 import os
 import random
+import re
 import shutil
 import string
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from beam_jobs.clean_corpus import clean
+from beam_jobs.create_instances import create_instances
 from bert_core import storage
-from bert_core.config import CorpusConfig
+from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec, load_config
 from bert_core.corpus import documents as D
 from bert_core.corpus.dumps import plan_reads
+from bert_core.corpus.sentences import split_sentences
+from bert_core.model.checkpoint import CheckpointError
+from bert_core.pretrain import loop
+from bert_core.pretrain.data import InstanceDataError, vocab_file_of
 from flows.cli import app
 
 PROSE = ("The river runs through the old town. It was first mapped in 1820 by a surveyor, who "
@@ -368,3 +379,237 @@ def test_truncated_instance_shard_is_a_data_error_not_a_retry(pretrain_instances
     result = pretrain(instances, tmp_path / "run")
     assert_stopped(result, 2, shard.name)
     assert "run the same command again" not in result.output
+
+
+# --------------------------------------------------------------------------- stage inputs
+
+
+CONFIG = InstanceConfig(lengths=[SequenceSpec(max_seq_length=64, max_predictions_per_seq=10)],
+                        dupe_factor=1, num_shards=2, seed=3)
+
+
+def write_corpus(samples_dir: Path, folder: Path) -> Path:
+    """A corpus folder of 30 real news articles, split into sentences."""
+    lines = (samples_dir / "news" / "lee_background.cor").read_text(encoding="utf-8").splitlines()
+    docs = [(f"news:{i}", split_sentences(line)) for i, line in enumerate(lines[:30])]
+    shard = storage.join(str(folder), "docs-00000-of-00001.parquet")
+    table = pa.table({
+        "doc_id": [d for d, _ in docs], "source": ["news"] * len(docs), "title": [d for d, _ in docs],
+        "sentences": pa.array([s for _, s in docs], type=pa.list_(pa.string())),
+    })
+    with storage.open_file(shard, "wb") as f:
+        pq.write_table(table, f)
+    storage.write_manifest(str(folder), stage="corpus", config={}, shards=[storage.shard_entry(shard, len(docs))],
+                           counts={"documents": len(docs)})
+    return folder
+
+
+def write_vocab(folder: Path, tokens: list[str], num_unused: int) -> Path:
+    """A vocab stage folder (what `bertpipe vocab --output folder` leaves) holding ``tokens``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
+    storage.write_manifest(str(folder), stage="vocab",
+                           config={"lowercase": True, "strip_accents": None, "num_unused": num_unused})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokens(samples_dir) -> list[str]:
+    return (samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def retrained(samples_dir, tokens, tmp_path_factory) -> dict[str, Path]:
+    """Instances made with a vocab, then another vocab (fewer [unused] tokens, so every later id
+    moves) trained into the same folder: the silent wrong model, set up."""
+    root = tmp_path_factory.mktemp("retrained")
+    corpus = write_corpus(samples_dir, root / "corpus")
+    vocab = write_vocab(root / "vocab", tokens, num_unused=994)
+    instances = root / "instances"
+    create_instances(str(corpus), str(vocab), str(instances), CONFIG, workers=1)
+    made_with = storage.read_manifest(str(instances))
+    assert made_with["vocab_file"] == str(vocab / "vocab.txt")
+    assert made_with["vocab_sha256"] == storage.sha256(str(vocab / "vocab.txt"))
+    assert vocab_file_of(str(instances)) == str(vocab / "vocab.txt")
+    storage.check_inputs(made_with)  # the inputs are as they were read
+    write_vocab(vocab, [t for t in tokens if not t.startswith("[unused")], num_unused=0)
+    return {"root": root, "corpus": corpus, "vocab": vocab, "instances": instances}
+
+
+def test_instances_record_the_manifests_they_read(retrained) -> None:
+    manifest = storage.read_manifest(str(retrained["instances"]))
+    recorded = {entry["stage"]: entry for entry in manifest["inputs"]}
+    assert recorded["corpus"]["uri"] == str(retrained["corpus"])
+    assert recorded["corpus"]["sha256"] == storage.manifest_sha256(str(retrained["corpus"]))
+    assert recorded["vocab"]["sha256"] != storage.manifest_sha256(str(retrained["vocab"]))  # re-trained
+
+
+def test_a_retrained_vocab_is_refused_by_pretraining_in_one_line(retrained, tmp_path, capsys) -> None:
+    instances, vocab_txt = str(retrained["instances"]), str(retrained["vocab"] / "vocab.txt")
+    with pytest.raises(InstanceDataError, match="not the vocab the instances were made with") as err:
+        vocab_file_of(instances)
+    assert vocab_txt in str(err.value) and f"{instances}/_MANIFEST.json" in str(err.value)
+    assert f"re-run instances for {instances}" in str(err.value)
+    # the changed vocab manifest says the same, stage by stage
+    with pytest.raises(storage.ManifestError) as changed:
+        storage.check_inputs(storage.read_manifest(instances))
+    assert str(changed.value) == (
+        f"{instances}: its input {retrained['vocab']} changed (its vocab stage ran again or it was "
+        f"edited) since it was made; re-run instances for {instances}, or restore {retrained['vocab']}")
+    # each rank's entry point: one line for the launcher, exit 2 (data: no retry), no traceback
+    config = tmp_path / "pretrain_config.json"
+    config.write_text(json.dumps(load_config("demo", None, PRETRAIN_SETS).model_dump(mode="json")))
+    code = loop.main(["--config", str(config), "--instances", instances, "--output", str(tmp_path / "run")])
+    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == loop.CONFIG_ERROR_EXIT and len(err_lines) == 1
+    assert err_lines[0].startswith(loop.CONFIG_ERROR_PREFIX) and vocab_txt in err_lines[0]
+    assert instances in err_lines[0] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_bertpipe_pretrain_on_a_retrained_vocab_stops_with_a_data_error(retrained, tmp_path) -> None:
+    result = pretrain(retrained["instances"], tmp_path / "run")
+    assert_stopped(result, 2, str(retrained["vocab"] / "vocab.txt"), str(retrained["instances"]),
+                   "re-run instances")
+    assert "run the same command again" not in result.output  # not an infrastructure retry
+
+
+def test_export_refuses_a_vocab_other_than_the_runs(samples_dir, tokens, tmp_path) -> None:
+    import torch
+
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.model.checkpoint import save_pretrained
+
+    run, vocab = tmp_path / "run", samples_dir / "models" / "minilm" / "vocab.txt"
+    cfg = load_config("demo", None, PRETRAIN_SETS).model.model_copy(update={"vocab_size": len(tokens)})
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(cfg), str(run / "hf"), vocab_file=str(vocab))
+    storage.write_manifest(str(run), stage="pretrain", config={}, vocab_file=str(vocab),
+                           vocab_sha256=storage.sha256(str(run / "hf" / "vocab.txt")))
+    other = write_vocab(tmp_path / "other", [t for t in tokens if not t.startswith("[unused")], 0)
+    result = invoke("export", str(run / "hf"), "--output", str(tmp_path / "out"),
+                    "--vocab", str(other / "vocab.txt"))
+    assert_one_line(result, 1, str(other / "vocab.txt"), f"{run}/_MANIFEST.json", "not the vocab",
+                    f"--vocab {run}/hf/vocab.txt")
+    assert not (tmp_path / "out").exists()
+    from bert_core.model.export import export_checkpoint
+
+    with pytest.raises(CheckpointError, match="not the vocab the model was trained with"):
+        export_checkpoint(str(run / "hf"), str(tmp_path / "out"), vocab_file=str(other / "vocab.txt"))
+    out = export_checkpoint(str(run / "hf"), str(tmp_path / "out"))  # its own vocab ships
+    assert (Path(out) / "vocab.txt").read_bytes() == vocab.read_bytes()
+
+
+def test_a_copied_corpus_folder_works_from_its_new_place(retrained, tokens, tmp_path) -> None:
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    shutil.copytree(retrained["corpus"], first)
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)  # the old place is gone; its manifest inside still names it
+    assert json.loads((moved / storage.MANIFEST).read_text())["uri"] == str(retrained["corpus"])
+    vocab = write_vocab(tmp_path / "vocab", tokens, num_unused=994)
+    manifest = create_instances(str(moved), str(vocab), str(tmp_path / "instances"), CONFIG, workers=1)
+    corpus_input = next(entry for entry in manifest["inputs"] if entry["stage"] == "corpus")
+    assert corpus_input["uri"] == str(moved)
+    assert manifest["counts"]["documents_read"] == 30 and manifest["counts"]["instances_seq64"] > 0
+    storage.check_inputs(manifest)
+    assert vocab_file_of(str(tmp_path / "instances")) == str(vocab / "vocab.txt")
+
+
+# --------------------------------------------------------------------------- fine-tuning inputs
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def features(checkpoint: Path, input_: Path, output: Path):
+    return invoke("features", "--checkpoint", str(checkpoint), "--input", str(input_),
+                  "--output", str(output), "--threads", "1")
+
+
+def read_rejects(output: Path) -> list[dict]:
+    lines = Path(f"{output}.rejects.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+# --------------------------------------------------------------------------- features
+
+
+def test_features_with_every_sentence_rejected_is_one_line_and_writes_the_rejects(samples_dir, tmp_path):
+    conll = tmp_path / "valid.txt"  # a CoNLL name, but its last column holds no tags
+    conll.write_text("EU rejects German call\n\nPeter Blackburn\n\nBrussels 1996-08-22\n")
+    out = tmp_path / "features.parquet"
+    result = features(samples_dir / "models" / "minilm", conll, out)
+    assert_one_line(result, 1, str(conll), "none of its 3 sentences was kept", "bad_tag 3",
+                    f"{out}.rejects.jsonl", "--format text")
+    rejects = read_rejects(out)
+    read = int(re.search(r"none of its (\d+) sentences", result.output).group(1))
+    assert 0 + len(rejects) == read == 3  # kept + rejected = read
+    assert {r["source"] for r in rejects} == {str(conll)} and [r["id"] for r in rejects] == [1, 3, 5]
+    assert {r["reason"] for r in rejects} == {"bad_tag"}
+    assert not out.exists()
+
+
+def test_features_of_an_empty_file_is_one_line(samples_dir, tmp_path):
+    empty = tmp_path / "sentences.txt"
+    empty.write_text("\n  \n")
+    out = tmp_path / "features.parquet"
+    result = features(samples_dir / "models" / "minilm", empty, out)
+    assert_one_line(result, 1, str(empty), "no sentences", "one sentence a line")
+    assert read_rejects(out) == [] and not out.exists()  # kept 0 + rejected 0 = read 0
+
+
+def test_features_of_a_file_that_is_not_utf8_is_one_line(samples_dir, tmp_path):
+    latin1 = tmp_path / "sentences.txt"
+    latin1.write_bytes("Zoë went to Malmö .\n".encode("latin-1"))
+    result = features(samples_dir / "models" / "minilm", latin1, tmp_path / "features.parquet")
+    assert_one_line(result, 1, str(latin1), "not UTF-8", "save the file as UTF-8")
+
+
+def test_features_with_some_sentences_rejected_prints_and_stores_counts(samples_dir, tmp_path):
+    conll = tmp_path / "valid.txt"
+    conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nGerman JJ B-NP MISC\n\n"
+                     "Peter NNP B-NP B-PER\n")
+    out = tmp_path / "features.parquet"
+    result = features(samples_dir / "models" / "minilm", conll, out)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert f"{conll}: read 3, kept 2, rejected 1" in result.output and "bad_tag: 1" in result.output
+    assert f"rejects in {out}.rejects.jsonl" in result.output
+    counts = json.loads(pq.read_schema(out).metadata[b"bertpipe"])["counts"]
+    assert counts["kept"] + counts["rejected"] == counts["read"] == 3
+    assert pq.read_table(out).num_rows == counts["kept"] == 2
+    (reject,) = read_rejects(out)
+    assert (reject["source"], reject["id"], reject["reason"]) == (str(conll), 4, "bad_tag")
+
+
+# --------------------------------------------------------------------------- conlleval
+
+
+def conlleval(path: Path) -> SimpleNamespace:
+    """``python -m bert_core.finetune.conlleval FILE`` as ``invoke`` reports a command."""
+    done = subprocess.run([sys.executable, "-m", "bert_core.finetune.conlleval", str(path)],
+                          capture_output=True, text=True, cwd=REPO)
+    return SimpleNamespace(exit_code=done.returncode, output=done.stdout + done.stderr)
+
+
+def conlleval_pl(samples_dir: Path, path: Path) -> subprocess.CompletedProcess:
+    with open(path, "rb") as f:
+        return subprocess.run(["perl", str(samples_dir / "tasks" / "conll" / "conlleval.pl")],
+                              stdin=f, capture_output=True)
+
+
+def test_conlleval_refuses_a_crlf_file_as_conlleval_pl_does(samples_dir, tmp_path):
+    crlf = tmp_path / "predictions.txt"
+    crlf.write_bytes(b"EU B-ORG B-ORG\r\nrejects O O\r\n\r\nPeter B-PER B-PER\r\n")
+    assert conlleval_pl(samples_dir, crlf).returncode != 0  # the original stops on it too
+    assert_one_line(conlleval(crlf), 1, str(crlf), "CR LF", "convert the file to LF line endings")
+
+
+def test_conlleval_scores_a_trailing_space_as_conlleval_pl_does(samples_dir, tmp_path):
+    spaced = tmp_path / "predictions.txt"
+    spaced.write_text("EU B-ORG B-ORG \nrejects O O\n\nPeter B-PER B-PER  \nBlackburn I-PER O\n")
+    official = conlleval_pl(samples_dir, spaced)
+    ours = conlleval(spaced)
+    assert ours.exit_code == official.returncode == 0, ours.output
+    assert ours.output == official.stdout.decode()
+    assert "found: 2 phrases; correct: 1." in ours.output

@@ -72,12 +72,14 @@ def test_extract_file_text_and_conll_to_parquet(minilm, tmp_path):
     path, _, _ = minilm
     text = tmp_path / "sentences.txt"
     text.write_text("\n".join(" ".join(s) for s in SENTENCES) + "\n\n")
-    n = extract_file(path, str(text), str(tmp_path / "t.parquet"), layers="sum_last_four", threads=1)
+    counts = extract_file(path, str(text), str(tmp_path / "t.parquet"), layers="sum_last_four", threads=1)
     table = pq.read_table(tmp_path / "t.parquet")
-    assert n == 2 and table.column_names == ["sentence_id", "words", "features"]
+    assert counts == {"read": 2, "kept": 2, "rejected": 0, "rejected_by_reason": {}}
+    assert table.column_names == ["sentence_id", "words", "features"]
     assert table["words"].to_pylist() == SENTENCES
     meta = json.loads(table.schema.metadata[b"bertpipe"])
-    assert meta["layers"] == "sum_last_four" and meta["dim"] == 384
+    assert meta["layers"] == "sum_last_four" and meta["dim"] == 384 and meta["counts"] == counts
+    assert (tmp_path / "t.parquet.rejects.jsonl").read_text() == ""
     conll = tmp_path / "valid.txt"
     conll.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n")
     extract_file(path, str(conll), str(tmp_path / "c.parquet"), layers="concat_last_four", threads=1)
@@ -85,3 +87,24 @@ def test_extract_file_text_and_conll_to_parquet(minilm, tmp_path):
     assert table["tags"].to_pylist() == [["B-ORG", "O"]]
     assert np.array(table["features"][0].as_py()).shape == (2, 4 * 384)
     assert set(LAYER_CHOICES) >= {"last", "sum_last_four", "concat_last_four", "all"}
+
+
+def test_extract_file_writes_rejects_and_counts_that_add_up(minilm, tmp_path):
+    import pyarrow.parquet as pq
+
+    path, _, _ = minilm
+    conll = tmp_path / "valid.txt"
+    conll.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n"
+                     "German JJ B-NP B-MISC\ncall NN I-NP MISC\nto TO B-VP 0\n\n"  # two bad tags
+                     "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n")
+    out = tmp_path / "c.parquet"
+    counts = extract_file(path, str(conll), str(out), threads=1)
+    assert counts == {"read": 3, "kept": 2, "rejected": 1, "rejected_by_reason": {"bad_tag": 1}}
+    assert counts["kept"] + counts["rejected"] == counts["read"]
+    table = pq.read_table(out)
+    assert table["words"].to_pylist() == [["EU", "rejects"], ["Peter", "Blackburn"]]
+    meta = json.loads(table.schema.metadata[b"bertpipe"])
+    assert meta["counts"] == counts and meta["rejects"] == f"{out}.rejects.jsonl"
+    (reject,) = [json.loads(line) for line in (tmp_path / "c.parquet.rejects.jsonl").read_text().splitlines()]
+    assert reject["source"] == str(conll) and reject["id"] == 5 and reject["reason"] == "bad_tag"
+    assert "call NN I-NP MISC" in reject["detail"] and "2 bad lines" in reject["detail"]

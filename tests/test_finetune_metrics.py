@@ -99,6 +99,27 @@ def test_conlleval_rejects_ragged_lines():
         conlleval.rows_from_lines(["a B-NP B-NP", "b B-NP"], delimiter=" ")
 
 
+def test_conlleval_ignores_trailing_spaces_like_conlleval_pl(samples_dir):
+    # Perl's split drops trailing empty fields: a trailing space is no empty guessed tag.
+    lines = (samples_dir / "tasks" / "conll" / "ground_truth.txt").read_text().splitlines(keepends=True)
+    spaced = "".join(line.replace("\n", " " * (i % 3) + "\n") if line.strip() else line
+                     for i, line in enumerate(lines))
+    assert spaced.count(" \n") > 100
+    official = subprocess.run(
+        ["perl", str(samples_dir / "tasks" / "conll" / "conlleval.pl")],
+        input=spaced, capture_output=True, text=True, check=True,
+    ).stdout
+    rows = conlleval.rows_from_lines(spaced.splitlines(keepends=True), delimiter=" ")
+    assert conlleval.report(conlleval.count_chunks(rows)) == official
+    assert conlleval.split_fields("EU B-ORG B-ORG  \n") == ["EU", "B-ORG", "B-ORG"]
+    assert conlleval.split_fields(" EU B-ORG B-ORG") == ["", "EU", "B-ORG", "B-ORG"]  # as Perl
+
+
+def test_conlleval_refuses_crlf_lines_naming_the_source():
+    with pytest.raises(ValueError, match=r"pred\.txt: line 1 ends in CR LF .*dos2unix pred\.txt"):
+        conlleval.rows_from_lines(["EU B-ORG B-ORG\r\n", "\r\n"], delimiter=" ", source="pred.txt")
+
+
 # --------------------------------------------------------------------------- SQuAD
 # Reference: the official evaluate-v1.1.py / evaluate-v2.0.py rules, ported here independently
 # (normalize; max over gold answers; v2.0 empty-answer and threshold rules).

@@ -116,7 +116,9 @@ def test_eval_sets_get_a_fixed_shard_count_and_are_listed_even_when_empty() -> N
 def test_eval_threshold_takes_the_larger_share_capped_at_half() -> None:
     assert eval_threshold(100_000, InstanceConfig()) == 0.01  # eval_fraction
     assert eval_threshold(500, InstanceConfig()) == 10 / 500  # at least min_eval_documents
-    assert eval_threshold(12, InstanceConfig()) == 0.5  # never more than half
+    assert eval_threshold(20, InstanceConfig()) == 0.5  # never more than half
+    assert eval_threshold(19, InstanceConfig()) == 0.0  # too small to give any up
+    assert eval_threshold(12, InstanceConfig(min_eval_documents=3)) == 0.25
     assert eval_threshold(500, InstanceConfig(eval_fraction=0)) == 0.0  # off
     assert eval_threshold(0, InstanceConfig()) == 0.0
 

@@ -63,3 +63,33 @@ def test_filesystem_is_rebuilt_after_fork():
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
+
+
+def test_inputs_are_recorded_with_their_manifest_sha256_and_checked(root):
+    source, made = storage.join(root, "corpus"), storage.join(root, "vocab")
+    storage.write_manifest(source, stage="corpus", config={})
+    read = storage.read_manifest(source)
+    assert read["manifest_sha256"] == storage.sha256(storage.join(source, storage.MANIFEST))
+    storage.write_manifest(made, stage="vocab", config={}, inputs=[read])
+    manifest = storage.read_manifest(made)
+    (entry,) = manifest["inputs"]
+    assert entry["uri"] == storage.to_uri(source) and entry["sha256"] == read["manifest_sha256"]
+    storage.check_inputs(manifest)  # unchanged: nothing to say
+    storage.write_manifest(source, stage="corpus", config={"again": True})  # the stage ran again
+    assert storage.input_problems(manifest) == [(storage.to_uri(source), "changed (its corpus stage ran "
+                                                 "again or it was edited)")]
+    assert storage.input_problems(manifest, stages=["books"]) == []
+    with pytest.raises(storage.ManifestError, match=f"re-run vocab for {made}, or restore {source}"):
+        storage.check_inputs(manifest)
+    storage.remove(source)
+    with pytest.raises(storage.ManifestError, match=f"its input {source} is gone"):
+        storage.check_inputs(manifest)
+
+
+def test_a_copied_folder_is_read_where_it_is_now(tmp_path):
+    import shutil
+
+    storage.write_manifest(str(tmp_path / "a"), stage="corpus", config={})
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "a")
+    assert storage.read_manifest(str(tmp_path / "b"))["uri"] == str(tmp_path / "b")

@@ -6,6 +6,13 @@ correct only if gold and guess start and end on the same tokens with the same ty
 ``I-`` after ``O`` opens a chunk. :func:`report` prints the script's own text.
 
     python -m bert_core.finetune.conlleval < ground_truth.txt   # same output as conlleval.pl
+    python -m bert_core.finetune.conlleval ground_truth.txt     # the same, naming the file in errors
+
+Input is read as the script reads it: fields split on the delimiter, trailing empty fields
+dropped (Perl's ``split``), so a trailing space on a token line changes nothing. A file with
+Windows (CR LF) line endings is refused with one line naming it: ``conlleval.pl`` stops on it
+(its blank lines keep the CR and count as one-column lines) or, without blank lines, reads
+every guessed tag with a CR attached.
 """
 
 from __future__ import annotations
@@ -109,24 +116,44 @@ def _prf(correct: int, guessed: int, gold: int) -> tuple[float, float, float]:
     return precision, recall, f1
 
 
-def rows_from_lines(lines: Iterable[str], delimiter: str | None = None) -> list[tuple[str, str, str]]:
-    """Parse conlleval input: tokens with features, gold tag second-to-last, guess last."""
+def split_fields(line: str, delimiter: str | None = " ") -> list[str]:
+    """Perl's ``split(/$delimiter/, $line)``: the fields, trailing empty ones dropped."""
+    features = line.removesuffix("\n").split(delimiter)
+    while features and features[-1] == "":
+        features.pop()
+    return features
+
+
+def rows_from_lines(
+    lines: Iterable[str], delimiter: str | None = None, source: str = "input"
+) -> list[tuple[str, str, str]]:
+    """Parse conlleval input: tokens with features, gold tag second-to-last, guess last.
+
+    ``source`` names the input in errors (a file name, or ``stdin``).
+    """
     rows = []
     n_features = None
     for number, line in enumerate(lines, 1):
-        features = line.rstrip("\n").split(delimiter) if line.strip() else []
+        if line.removesuffix("\n").endswith("\r"):
+            name = "FILE" if source == "stdin" else source
+            raise ValueError(
+                f"{source}: line {number} ends in CR LF (Windows line endings), which conlleval.pl "
+                f"refuses; convert the file to LF line endings (dos2unix {name}) and run again"
+            )
+        features = split_fields(line, delimiter)
         if features and n_features is None:
             n_features = len(features)
         elif features and len(features) != n_features:
             raise ValueError(
-                f"line {number}: {len(features)} columns where earlier lines have {n_features}; "
-                "every token line needs the same columns (token ... gold guess)"
+                f"{source}: line {number} has {len(features)} columns where earlier lines have "
+                f"{n_features}; every token line needs the same columns (token ... gold guess)"
             )
         if not features or features[0] == BOUNDARY:
             rows.append((BOUNDARY, "O", "O"))
             continue
         if len(features) < 2:
-            raise ValueError(f"line {number}: {line!r} needs at least a gold and a guessed tag")
+            raise ValueError(f"{source}: line {number} {line.rstrip()!r} needs at least a gold and a "
+                             "guessed tag after the token")
         rows.append((features[0], features[-2], features[-1]))
     return rows
 
@@ -183,9 +210,26 @@ def report(c: Counts) -> str:
     return "".join(out)
 
 
-def main() -> None:
-    sys.stdout.write(report(count_chunks(rows_from_lines(sys.stdin, delimiter=" "))))
+def main(argv: Sequence[str] | None = None) -> int:
+    """``conlleval [FILE]``: print the script's report; a bad input is one line and exit 1."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) > 1:
+        sys.stderr.write("conlleval: give one file, or the input on stdin\n")
+        return 2
+    try:
+        if args:
+            # newline="" keeps CR LF as it is, so such a file is refused as conlleval.pl refuses it.
+            with open(args[0], encoding="utf-8", newline="") as f:
+                rows = rows_from_lines(f, delimiter=" ", source=args[0])
+        else:
+            rows = rows_from_lines(sys.stdin, delimiter=" ", source="stdin")
+    except (OSError, ValueError) as err:
+        why = f"{args[0]}: {err.strerror}" if isinstance(err, OSError) and err.strerror else err
+        sys.stderr.write(f"conlleval: {why}\n")
+        return 1
+    sys.stdout.write(report(count_chunks(rows)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

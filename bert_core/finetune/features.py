@@ -9,7 +9,14 @@ of layers: ``embeddings``, ``last``, ``second_to_last``, ``sum_last_four``, ``co
 whitespace) or a CoNLL column file (its tags are kept). Sentences longer than a window are split
 at word boundaries. Output columns: ``sentence_id: int32``, ``words: list<string>``,
 ``features: list<list<float32>>`` (words x dim), ``tags: list<string>`` (CoNLL input only);
-the file's schema metadata records checkpoint, layers and dim.
+the file's schema metadata (key ``bertpipe``, JSON) records checkpoint, input, layers, dim, the
+counts ``{read, kept, rejected, rejected_by_reason}`` (sentences; kept + rejected = read) and
+the rejects file.
+
+Rejects go to ``<output>.rejects.jsonl`` (records ``source``, ``id``, ``reason``, ``detail``; one
+per dropped CoNLL sentence, ``id`` its first bad line), written on every run, empty when nothing
+was dropped. An input with no sentence kept is an error naming the file and the fix, and no
+Parquet file is written.
 """
 
 from __future__ import annotations
@@ -82,25 +89,61 @@ def word_features(
     return out
 
 
-def _read_input(uri: str, input_format: str | None) -> tuple[list[list[str]], list[list[str]] | None]:
+def rejects_uri(output: str) -> str:
+    """Where the rejects of the features file ``output`` go."""
+    return f"{output}.rejects.jsonl"
+
+
+def input_format_of(uri: str, input_format: str | None) -> str:
     fmt = input_format or ("conll" if uri.endswith((".conll", "train.txt", "valid.txt", "test.txt",
                                                      ".train", ".testa", ".testb")) else "text")
-    if fmt == "conll":
-        from bert_core.finetune.ner import read_conll
-
-        sentences, _ = read_conll(uri)
-        return [w for w, _ in sentences], [t for _, t in sentences]
-    if fmt != "text":
+    if fmt not in ("text", "conll"):
         raise ValueError(f"--format {fmt!r}: use text or conll")
-    lines = [line.split() for line in storage.read_text(uri).splitlines()]
-    return [w for w in lines if w], None
+    return fmt
+
+
+def read_input(uri: str, fmt: str) -> tuple[list[list[str]], list[list[str]] | None, list[dict[str, Any]], int]:
+    """Words per sentence, tags (CoNLL only), rejects and the number of sentences read."""
+    try:
+        if fmt == "conll":
+            from bert_core.finetune.ner import read_conll
+
+            sentences, rejects = read_conll(uri)
+            return [w for w, _ in sentences], [t for _, t in sentences], rejects, len(sentences) + len(rejects)
+        lines = [line.split() for line in storage.read_text(uri).splitlines()]
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{uri}: not UTF-8 text (byte {err.start}); save the file as UTF-8") from None
+    words = [w for w in lines if w]
+    return words, None, [], len(words)
+
+
+def count(read: int, rejects: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Sentences read, kept and rejected (by reason); kept + rejected = read."""
+    by_reason: dict[str, int] = {}
+    for r in rejects:
+        by_reason[r["reason"]] = by_reason.get(r["reason"], 0) + 1
+    return {"read": read, "kept": read - len(rejects), "rejected": len(rejects), "rejected_by_reason": by_reason}
+
+
+def nothing_kept(uri: str, fmt: str, counts: dict[str, Any], rejects_file: str) -> str:
+    """The one-line error for an input of which no sentence is kept."""
+    if counts["read"] == 0:
+        return (f"{uri}: no sentences (the file is empty or blank); give one sentence a line "
+                "(--format text) or CoNLL columns (word ... tag, blank line between sentences)")
+    reasons = ", ".join(f"{reason} {n}" for reason, n in counts["rejected_by_reason"].items())
+    fix = "the last column must be O, B-TYPE or I-TYPE"
+    if fmt == "conll":
+        fix += ", or pass --format text if it is plain text (one sentence a line)"
+    return (f"{uri}: none of its {counts['read']} sentences was kept ({reasons}; see {rejects_file}); "
+            f"{fix}")
 
 
 def extract_file(
     checkpoint: str, input_uri: str, output: str, layers: str = "last", input_format: str | None = None,
     max_seq_length: int = 128, threads: int = 2,
-) -> int:
-    """Read ``input_uri``, write its frozen features to the Parquet file ``output``; return sentences."""
+) -> dict[str, Any]:
+    """Read ``input_uri``, write its frozen features to the Parquet file ``output`` and its rejects
+    beside it; return the counts (sentences read, kept, rejected, rejected_by_reason)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
@@ -110,8 +153,14 @@ def extract_file(
 
     if not storage.exists(input_uri):
         raise FileNotFoundError(f"{input_uri} does not exist")
+    fmt = input_format_of(input_uri, input_format)
+    words, tags, rejects, read = read_input(input_uri, fmt)
+    counts = count(read, rejects)
+    rejects_file = storage.to_uri(rejects_uri(output))
+    storage.write_text(rejects_file, "".join(json.dumps(r) + "\n" for r in rejects))
+    if not words:
+        raise ValueError(nothing_kept(input_uri, fmt, counts, rejects_file))
     torch.set_num_threads(threads)
-    words, tags = _read_input(input_uri, input_format)
     model = BertModel.from_pretrained(checkpoint)
     feats = word_features(model, load_tokenizer(checkpoint), words, layers, max_seq_length)
     columns = {
@@ -122,8 +171,8 @@ def extract_file(
     if tags is not None:
         columns["tags"] = pa.array(tags, pa.list_(pa.string()))
     meta = {"checkpoint": storage.to_uri(checkpoint), "layers": layers, "input": storage.to_uri(input_uri),
-            "dim": feature_dim(model.config.hidden_size, layers)}
+            "dim": feature_dim(model.config.hidden_size, layers), "counts": counts, "rejects": rejects_file}
     table = pa.table(columns).replace_schema_metadata({"bertpipe": json.dumps(meta)})
     with storage.open_file(output, "wb") as f:
         pq.write_table(table, f)
-    return len(words)
+    return counts

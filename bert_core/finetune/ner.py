@@ -28,17 +28,28 @@ FILE_NAMES = {"train": ("train.txt", "eng.train"), "valid": ("valid.txt", "eng.t
 
 
 def read_conll(uri: str) -> tuple[list[Sentence], list[dict[str, Any]]]:
+    """Sentences ``(words, tags)`` and one reject per dropped sentence (kept + rejected = read).
+
+    A sentence with any line whose last column is not ``O``, ``B-TYPE`` or ``I-TYPE`` is dropped
+    whole; its reject names the first such line (``id`` = line number).
+    """
     sentences: list[Sentence] = []
     rejects: list[dict[str, Any]] = []
     words: list[str] = []
     tags: list[str] = []
-    bad = False
+    bad: list[tuple[int, str]] = []  # (line number, line) of the sentence's bad lines
 
     def flush() -> None:
         nonlocal words, tags, bad
-        if words and not bad:
+        if bad:
+            # The whole sentence goes: a sentence with a hole would train on wrong neighbours.
+            n, line = bad[0]
+            more = f" ({len(bad)} bad lines in this sentence)" if len(bad) > 1 else ""
+            rejects.append({"source": uri, "id": n, "reason": "bad_tag",
+                            "detail": f"{line!r}: last column must be O, B-TYPE or I-TYPE{more}"})
+        elif words:
             sentences.append((words, tags))
-        words, tags, bad = [], [], False
+        words, tags, bad = [], [], []
 
     for n, line in enumerate(storage.read_text(uri).splitlines(), 1):
         fields = line.split()
@@ -50,10 +61,7 @@ def read_conll(uri: str) -> tuple[list[Sentence], list[dict[str, Any]]]:
             continue
         tag = fields[-1]
         if len(fields) < 2 or not (tag == "O" or tag[:2] in ("B-", "I-")):
-            # The whole sentence goes: a sentence with a hole would train on wrong neighbours.
-            rejects.append({"source": uri, "id": n, "reason": "bad_tag",
-                            "detail": f"{line!r}: last column must be O, B-TYPE or I-TYPE"})
-            bad = True
+            bad.append((n, line))
             continue
         words.append(fields[0])
         tags.append(tag)

@@ -4,7 +4,8 @@
     OUT/seq{L}/_MANIFEST.json        training shards (sha256, count), counts (eval_instances too), stats
     OUT/rejects.jsonl                documents that gave no tokens, with the reason
     OUT/_MANIFEST.json               written last: InstanceConfig, inputs, per-length statistics,
-                                     counts (eval_documents, eval_instances_seq{L} too)
+                                     counts (eval_documents, eval_instances_seq{L} too), vocab_file
+                                     and vocab_sha256: the vocab.txt the ids come from
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def prepare_output(output: str, config: InstanceConfig) -> None:
         storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
 
 
+def vocab_record(vocab: str) -> dict[str, str]:
+    """The vocab.txt the instances are tokenized with (``vocab`` is a vocab stage folder or a
+    vocab.txt) and its sha256: the instances' ids mean something only with these bytes."""
+    vocab_file = storage.to_uri(vocab if vocab.endswith(".txt") else storage.join(vocab, "vocab.txt"))
+    if not storage.exists(vocab_file):
+        return {}  # the tokenizer says what is missing
+    return {"vocab_file": vocab_file, "vocab_sha256": storage.sha256(vocab_file)}
+
+
 def _set_stats(results: list[dict], length: int, split: str) -> tuple[list[dict], InstanceStats]:
     """The shard results of one set, by shard index, and their stats added up."""
     mine = sorted((r for r in results if r["length"] == length and r["split"] == split),
@@ -44,9 +54,10 @@ def _set_stats(results: list[dict], length: int, split: str) -> tuple[list[dict]
 
 def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, output: str,
                     config: InstanceConfig, inputs: list[dict], documents_used: int,
-                    eval_documents: int = 0) -> dict:
+                    eval_documents: int = 0, vocab: dict[str, str] | None = None) -> dict:
     """Per-length manifests (each eval split's first), the rejects file, then the top-level
-    manifest (last: it marks done). ``layout`` has an eval set per length when the split is on."""
+    manifest (last: it marks done). ``layout`` has an eval set per length when the split is on;
+    ``vocab`` is :func:`vocab_record` of the vocab used."""
     stats_by_length: dict[str, Any] = {}
     counts: dict[str, Any] = {"documents_read": documents_used + len(rejects),
                               "documents_used": documents_used,
@@ -86,4 +97,5 @@ def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, o
         output, stage="instances", config=config, inputs=inputs, counts=counts,
         stats=stats_by_length, lengths={f"seq{s.max_seq_length}": f"seq{s.max_seq_length}"
                                         for s in config.lengths},
+        **(vocab or {}),
     )

@@ -48,8 +48,10 @@ Set = tuple[int, str]  # (max_seq_length, split): one folder of shards, seq{L}/ 
 
 def eval_threshold(documents_read: int, config: InstanceConfig) -> float:
     """The share of documents held out: ``eval_fraction``, raised so that about
-    ``min_eval_documents`` are held out, capped at MAX_EVAL_FRACTION; 0 when the split is off."""
-    if config.eval_fraction == 0 or documents_read == 0:
+    ``min_eval_documents`` are held out, capped at MAX_EVAL_FRACTION; 0 when the split is off,
+    and for a corpus of fewer than twice ``min_eval_documents`` documents, which is too small to
+    give up any of them."""
+    if config.eval_fraction == 0 or documents_read < 2 * max(1, config.min_eval_documents):
         return 0.0
     return min(MAX_EVAL_FRACTION, max(config.eval_fraction, config.min_eval_documents / documents_read))
 

@@ -7,6 +7,7 @@ A DeepSpeed checkpoint keeps the weights under ``<tag>/mp_rank_00_model_states.p
 0) or partitioned in the optimizer shards (ZeRO >= 1, bf16); both come out as one fp32 state
 dict. The model shape comes from a ``config.json`` near the checkpoint, else from the weight
 shapes plus the run's ``ModelConfig``. The export is read back and compared before it counts.
+A vocab other than the one a finished run recorded (``vocab_sha256`` in its manifest) is refused.
 """
 
 from __future__ import annotations
@@ -123,6 +124,27 @@ def model_config_from_state_dict(state: dict[str, torch.Tensor], like: ModelConf
     ))
 
 
+def check_run_vocab(vocab_file: str, *folders: str) -> None:
+    """Refuse (:class:`CheckpointError`, one line) a ``vocab.txt`` other than the one the
+    pre-training run among ``folders`` trained with (the ``vocab_sha256`` of its manifest): a
+    model's ids mean something with that vocab only. Without a finished run nothing is known."""
+    for folder in folders:
+        if not storage.has_manifest(folder):
+            continue
+        manifest = storage.read_manifest(folder)
+        recorded = manifest.get("vocab_sha256")
+        if manifest.get("stage") != "pretrain" or not recorded:
+            continue
+        if storage.sha256(vocab_file) != recorded:
+            run = storage.to_uri(folder)
+            raise CheckpointError(
+                f"{storage.to_uri(vocab_file)} is not the vocab the model was trained with (its sha256 "
+                f"differs from vocab_sha256 in {storage.join(run, storage.MANIFEST)}); pass --vocab "
+                f"{storage.join(run, 'hf', 'vocab.txt')} or leave --vocab out"
+            )
+        return
+
+
 def _first_existing(*uris: str) -> str | None:
     return next((u for u in uris if storage.exists(u)), None)
 
@@ -180,6 +202,8 @@ def export_checkpoint(
     )
     if vocab_file is None:
         log.warning("%s: no vocab.txt found; the export has weights only (pass --vocab)", source)
+    else:
+        check_run_vocab(vocab_file, parent, run)
     out = save_pretrained(model, output, vocab_file=vocab_file, lowercase=lowercase)
     # Read it back: an export that does not load is worse than none.
     _, back = load_pretrained(out)

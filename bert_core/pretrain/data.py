@@ -73,19 +73,44 @@ def length_folder(instances: str, max_seq_length: int) -> str:
 def vocab_file_of(
     instances: str, manifest: dict[str, Any] | None = None, fallback: str | None = None
 ) -> str:
-    """The ``vocab.txt`` the instances were tokenized with: the vocab stage among the manifest's
-    inputs, else ``fallback`` (``vocab.vocab_file`` of the config, for a bare vocab.txt)."""
+    """The ``vocab.txt`` the instances were tokenized with, checked against the sha256 they
+    recorded (:func:`check_vocab`): the one the manifest names, else the vocab stage among its
+    inputs, else ``fallback`` (``vocab.vocab_file`` of the config, for older manifests)."""
     manifest = manifest or storage.read_manifest(instances)
+    vocab = manifest.get("vocab_file")
     for entry in manifest.get("inputs", []):
-        if entry.get("stage") == "vocab" and entry.get("uri"):
-            return storage.join(entry["uri"], "vocab.txt")
-    vocab = manifest.get("vocab") or (manifest.get("config") or {}).get("vocab_file") or fallback
-    if vocab:
-        return vocab if vocab.endswith(".txt") else storage.join(vocab, "vocab.txt")
-    raise InstanceDataError(
-        f"{storage.join(instances, storage.MANIFEST)} names no vocab (no input with stage 'vocab'); "
-        "set vocab.vocab_file to the vocab.txt the instances were made with"
-    )
+        if not vocab and entry.get("stage") == "vocab" and entry.get("uri"):
+            vocab = storage.join(entry["uri"], "vocab.txt")
+    vocab = vocab or manifest.get("vocab") or (manifest.get("config") or {}).get("vocab_file") or fallback
+    if not vocab:
+        raise InstanceDataError(
+            f"{storage.join(instances, storage.MANIFEST)} names no vocab (no input with stage 'vocab'); "
+            "set vocab.vocab_file to the vocab.txt the instances were made with"
+        )
+    vocab_file = vocab if vocab.endswith(".txt") else storage.join(vocab, "vocab.txt")
+    check_vocab(instances, vocab_file, manifest)
+    return vocab_file
+
+
+def check_vocab(instances: str, vocab_file: str, manifest: dict[str, Any] | None = None) -> None:
+    """Refuse (:class:`InstanceDataError`, one line) a ``vocab.txt`` that is not the one the
+    instances were made with: their ids index that vocab and no other. Instances that recorded
+    no ``vocab_sha256`` cannot be checked."""
+    manifest = manifest or storage.read_manifest(instances)
+    recorded = manifest.get("vocab_sha256")
+    if not recorded:
+        return
+    instances, vocab_file = storage.to_uri(instances), storage.to_uri(vocab_file)
+    recorded_in = storage.join(instances, storage.MANIFEST)
+    fix = (f"re-run instances for {instances} with this vocab, or restore the vocab.txt "
+           "the instances were made with")
+    if not storage.exists(vocab_file):
+        raise InstanceDataError(f"{vocab_file}: the vocab {recorded_in} names is gone; {fix}")
+    if storage.sha256(vocab_file) != recorded:
+        raise InstanceDataError(
+            f"{vocab_file} is not the vocab the instances were made with (its sha256 differs from "
+            f"vocab_sha256 in {recorded_in}: was another vocab written into its folder?); {fix}"
+        )
 
 
 def read_vocab(vocab_file: str) -> list[str]:

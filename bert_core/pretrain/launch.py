@@ -46,6 +46,7 @@ from bert_core.pretrain.loop import (
     CONFIG_ERROR_EXIT,
     CONFIG_ERROR_PREFIX,
     CONFIG_FILE,
+    check_instances,
     check_run_config,
 )
 
@@ -268,6 +269,7 @@ def launch_pretraining(
     :class:`~bert_core.pretrain.loop.PretrainConfigError` naming the settings that differ.
     """
     check_run_config(config, output)
+    check_instances(config, instances, init_checkpoint)  # refused here, before any rank starts
     if storage.has_manifest(output):
         on_line(f"{storage.to_uri(output)}: finished already ({storage.MANIFEST} present), nothing to do")
         return storage.to_uri(output)

@@ -28,7 +28,10 @@ Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
   ``"kind": "eval"`` row (masked LM / NSP loss and accuracy) and writes ``Eval/*`` events to
   the DeepSpeed monitor; instances without an eval split train without evaluation;
 - at the end rank 0 exports ``RUN/hf/`` (transformers layout) and writes ``RUN/_MANIFEST.json``
-  (with each phase's final eval).
+  (with each phase's final eval, and the sha256 of the vocab shipped);
+- the vocab is the ``vocab.txt`` the instances name, refused at the start and again at the
+  export when its sha256 is not the one the instances recorded
+  (``bert_core.pretrain.data.check_vocab``).
 
 A problem a retry cannot fix (config, data, checkpoints, a full or read-only disk) exits the
 rank that met it with code 2 after one line starting with ``bertpipe-config-error:``, so the
@@ -509,10 +512,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def check_instances(config: PipelineConfig, instances: str,
+                    init_checkpoint: str | None = None) -> tuple[str, int]:
+    """What a run reads, checked before it starts: the vocab the instances name (the one they
+    were made with), the model's vocab size against it and each phase's shard sizes (a cut
+    shard fails now, not hours in). Returns (vocab file, vocab size); raises a refusal."""
     from bert_core.pretrain.data import length_folder, read_vocab, vocab_file_of
 
+    vocab_file = vocab_file_of(instances, fallback=config.vocab.vocab_file)
+    vocab_size = len(read_vocab(vocab_file))
+    model_config(config, vocab_size, init_checkpoint)
+    for phase in config.pretrain.phases:
+        storage.check_shards(length_folder(instances, phase.max_seq_length), checksums=False)
+    return vocab_file, vocab_size
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         config = load_run_config(args.config)
         pre = config.pretrain
@@ -521,11 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--output {args.output}: DeepSpeed writes checkpoints with torch.save to a local "
                 "path; use a local or mounted (e.g. gcsfuse, NFS) folder shared by the nodes"
             )
-        vocab_file = vocab_file_of(args.instances, fallback=config.vocab.vocab_file)
-        vocab_size = len(read_vocab(vocab_file))
-        model_config(config, vocab_size, args.init_checkpoint)
-        for phase in pre.phases:  # sizes against the manifest: a cut shard fails now, not hours in
-            storage.check_shards(length_folder(args.instances, phase.max_seq_length), checksums=False)
+        vocab_file, vocab_size = check_instances(config, args.instances, args.init_checkpoint)
     except Exception as err:
         return _exit_on(err, rank=0)
     if storage.has_manifest(args.output):
@@ -604,15 +616,21 @@ def _phase_stats_from_metrics(run: str, phase_index: int, global_batch: int,
 
 def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_file: str,
            stats: list[dict[str, Any]]) -> None:
-    """``RUN/hf/`` in the transformers layout, then the run manifest (written last)."""
+    """``RUN/hf/`` in the transformers layout, then the run manifest (written last). The vocab
+    is checked again first: one written into the vocab folder during the run is refused, not
+    shipped with a model trained on the old ids."""
     from bert_core.model.checkpoint import save_pretrained
+    from bert_core.pretrain.data import check_vocab
 
+    instances = storage.read_manifest(args.instances)
+    check_vocab(args.instances, vocab_file, instances)
     hf = storage.join(args.output, "hf")
     save_pretrained(model, hf, vocab_file=vocab_file, lowercase=config.vocab.lowercase)
     shards = [storage.shard_entry(storage.join(hf, name)) for name in ("config.json", "model.safetensors")]
     storage.write_manifest(
         args.output, stage="pretrain", config=config,
-        inputs=[storage.read_manifest(args.instances)], shards=shards,
+        inputs=[instances], shards=shards, vocab_file=storage.to_uri(vocab_file),
+        vocab_sha256=storage.sha256(storage.join(hf, "vocab.txt")),
         counts={"phases": len(stats), "steps": sum(s.get("steps", 0) for s in stats),
                 "sequences": sum(s.get("sequences", 0) for s in stats)},
         stats={"phases": stats, "first_loss": stats[0].get("first_loss"),
