@@ -298,6 +298,7 @@ def create_instances(
                          "use a BERT vocab (the vocab stage always adds them)")
     shards = storage.shard_uris(corpus, corpus_manifest)
     output = storage.to_uri(output)
+    storage.check_writable(output)
     prepare_output(output, config)
 
     def build(p: beam.Pipeline) -> None:

@@ -123,6 +123,32 @@ def test_single_line_page_is_rejected_not_split_into_many_sentences(tmp_path) ->
     assert (c["read"], c["kept"], c["rejected_by_reason"]) == (2, 1, {D.LINE_TOO_LONG: 1})
 
 
+def test_an_empty_folder_is_called_empty_not_missing(tmp_path) -> None:
+    (tmp_path / "books").mkdir()
+    result = invoke("corpus", "--books", str(tmp_path / "books"), "--output", str(tmp_path / "o"))
+    assert_one_line(result, 2, "books", "the folder is empty")
+    result = invoke("corpus", "--books", str(tmp_path / "nowhere"), "--output", str(tmp_path / "o"))
+    assert_one_line(result, 2, "nowhere", "does not exist")
+
+
+def test_local_runs_take_a_free_port_unless_one_is_set() -> None:
+    import socket
+
+    from bert_core.config import PretrainConfig
+    from bert_core.pretrain.launch import master_port
+
+    cfg = PretrainConfig()
+    assert cfg.master_port is None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ports = {master_port(cfg) for _ in range(5)}
+        assert busy not in ports and all(p > 0 for p in ports)
+    assert master_port(cfg.model_copy(update={"master_port": 29600})) == 29600
+    assert master_port(cfg.model_copy(update={"launcher": "no_ssh"})) == 29500
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -204,7 +230,7 @@ def test_manifest_cut_in_half_is_one_line(small_corpus, tmp_path) -> None:
 # --------------------------------------------------------------------------- outputs
 
 
-def test_unwritable_output_is_one_line_and_leaves_no_temporary_files(small_corpus, tmp_path) -> None:
+def test_unwritable_output_is_one_line_and_leaves_no_temporary_files(small_corpus, samples_dir, tmp_path) -> None:
     book = tmp_path / "book.txt"
     book.write_text(book_text("A book"))
     a_file = tmp_path / "a-file"
@@ -212,6 +238,9 @@ def test_unwritable_output_is_one_line_and_leaves_no_temporary_files(small_corpu
     result = invoke("corpus", "--books", str(book), "--output", str(a_file / "corpus"))
     assert_one_line(result, 1, "cannot write to", "a-file", "--output")
     result = invoke("vocab", "--corpus", str(small_corpus), "--output", str(a_file / "vocab"))
+    assert_one_line(result, 1, "cannot write to", "a-file")
+    result = invoke("instances", "--corpus", str(small_corpus), "--vocab",
+                    str(samples_dir / "models" / "minilm" / "vocab.txt"), "--output", str(a_file / "instances"))
     assert_one_line(result, 1, "cannot write to", "a-file")
     read_only = tmp_path / "read-only"
     read_only.mkdir()

@@ -26,7 +26,8 @@ def expand_inputs(patterns: Iterable[str], what: str) -> list[str]:
         else:
             matched = storage.glob(pattern)
         if not matched:
-            hint = "the glob matched no files" if is_glob else "the path does not exist"
+            hint = ("the glob matched no files" if is_glob else
+                    "the folder is empty" if storage.exists(pattern) else "the path does not exist")
             raise InputError(
                 f"{what} input {pattern!r}: {hint}. Check the path (relative paths start at "
                 f"{storage.to_uri('.')}); sample data comes from `bertpipe samples fetch samples`"
