@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from bert_core.config import ConfigError, validate
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
 
 
 def corpus(
@@ -42,7 +42,7 @@ def corpus(
     title_field: Annotated[
         str | None, typer.Option("--title-field", help="Field holding a record's title (default: from the file).")
     ] = None,
-    workers: Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")] = None,
+    workers: WorkersOpt = None,
     text_format: Annotated[
         str | None, typer.Option("--text-format", help="'google': also one sentence per line files.")
     ] = None,

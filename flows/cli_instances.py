@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
 
 
 def instances(
@@ -26,7 +26,7 @@ def instances(
     corpus: Annotated[str, typer.Option(help="Documents folder (corpus stage output).")],
     vocab: Annotated[str, typer.Option(help="Vocab stage folder, or a vocab.txt file.")],
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for seq{L}/ shards.")],
-    workers: Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")] = None,
+    workers: WorkersOpt = None,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,

@@ -15,6 +15,7 @@ PresetOpt = Annotated[str, typer.Option("--preset", "-p", help=f"Preset: {', '.j
 ConfigOpt = Annotated[
     str | None, typer.Option("--config", "-c", help="YAML file shaped like a preset; overrides it.")
 ]
+WorkersOpt = Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
 
 
 def vocab(
@@ -27,7 +27,7 @@ def vocab(
     vocab_file: Annotated[
         str | None, typer.Option("--vocab-file", help="Use and validate this vocab.txt instead of training.")
     ] = None,
-    workers: Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")] = None,
+    workers: WorkersOpt = None,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,
