@@ -15,7 +15,7 @@ import pytest
 from bert_core.config import ConfigError, load_config
 from flows.retry import is_infrastructure_error
 
-STAGE_FLOWS = {"corpus": 1, "vocab": 1, "instances": 1, "pretrain": 1, "finetune": 2}
+STAGE_FLOWS = {"corpus": 1, "vocab": 1, "instances": 1, "pretrain": 1, "finetune": 3}
 
 
 def test_retry_only_infrastructure_errors():
@@ -144,14 +144,14 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
         first = bert_pipeline(cfg)
         assert {s: v["status"] for s, v in first["stages"].items()} == {
             "corpus": "completed", "vocab": "completed", "instances": "completed",
-            "pretrain": "completed", "finetune": "completed"}
+            "pretrain": "completed", "random-init": "completed", "finetune": "completed"}
         # each stage landed in <root>/<stage>/<version> with its manifest
         for stage in ("corpus", "vocab", "instances", "pretrain"):
             out = first["stages"][stage]["output"]
             assert out.startswith(storage.join(str(tmp_path / "data"), stage) + "/")
             assert storage.read_manifest(out)["stage"] == stage
         assert [(j["checkpoint"], j["status"]) for j in first["finetune_jobs"]] == [
-            ("pretrained", "completed"), ("minilm", "completed")]
+            ("pretrained", "completed"), ("random-init", "completed"), ("minilm", "completed")]
 
         second = bert_pipeline(cfg)
         assert {v["status"] for v in second["stages"].values()} == {SKIPPED}
@@ -166,7 +166,8 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
                                    key=lambda r: r.expected_start_time)
                 assert all(r.state.is_completed() for _, r in runs)
                 tasks1, tasks2 = (_task_runs(client, r.id) for r in pipelines)
-                expected = {"corpus", "vocab", "instances", "pretrain", "finetune-sentiment-pretrained",
+                expected = {"corpus", "vocab", "instances", "pretrain", "random-init-model",
+                            "finetune-sentiment-pretrained", "finetune-sentiment-random-init",
                             "finetune-sentiment-minilm"}
                 assert set(tasks1) == expected and set(tasks2) == expected
                 assert {t.state.name for t in tasks1.values()} == {"Completed"}
@@ -176,10 +177,10 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
 
             stages = _artifact(client, "pipeline-stages")
             assert {r["stage"]: r["status"] for r in stages} == {
-                s: SKIPPED for s in ("corpus", "vocab", "instances", "pretrain", "finetune")}
+                s: SKIPPED for s in ("corpus", "vocab", "instances", "pretrain", "random-init", "finetune")}
             results = _artifact(client, "pipeline-finetune-results")
             main = {r["checkpoint"]: r for r in results if r["metric"].endswith("(main)")}
-            assert set(main) == {"pretrained", "minilm"}
+            assert set(main) == {"pretrained", "random-init", "minilm"}
             assert all(0 <= r["mean"] <= 1 and r["n"] == 1 for r in main.values())
             report = _artifact(client, "pipeline-report")
             assert report.count("](data:image/png;base64,") == 4  # loss, accuracy, 2 length histograms

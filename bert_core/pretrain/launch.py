@@ -269,7 +269,10 @@ def launch_pretraining(
     :class:`~bert_core.pretrain.loop.PretrainConfigError` naming the settings that differ.
     """
     check_run_config(config, output)
-    check_instances(config, instances, init_checkpoint)  # refused here, before any rank starts
+    try:  # refused here, before any rank starts
+        check_instances(config, instances, init_checkpoint)
+    except (ValueError, FileNotFoundError) as err:
+        raise LaunchConfigError(f"pre-training stopped: {err}", CONFIG_ERROR_EXIT, [str(err)]) from None
     if storage.has_manifest(output):
         on_line(f"{storage.to_uri(output)}: finished already ({storage.MANIFEST} present), nothing to do")
         return storage.to_uri(output)
