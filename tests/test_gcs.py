@@ -186,7 +186,8 @@ def test_whole_pipeline_writes_to_the_bucket(gcs, samples_dir, tmp_path, monkeyp
     assert job["status"] == "completed" and job["output"].startswith(f"{root}/finetune/")
     ft = storage.read_manifest(job["output"])
     assert ft["config"]["tasks"] == ["sentiment"] and stages["model"]["output"] in json.dumps(ft)
-    metrics = json.loads(storage.read_text(f"{job['output']}/sentiment/seed=1/metrics.json"))
+    selected = ft["stats"]["summary"]["sentiment"]["selected"]  # the setting chosen on dev
+    metrics = json.loads(storage.read_text(f"{job['output']}/sentiment/{selected}/seed=1/metrics.json"))
     assert 0.0 <= metrics["main"] <= 1.0
     # the second run resumes from the bucket's manifests: nothing is redone
     assert {v["status"] for v in second["stages"].values()} == {SKIPPED}
