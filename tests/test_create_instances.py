@@ -24,10 +24,14 @@ def corpus(samples_dir, tmp_path_factory) -> str:
     lines = (samples_dir / "news" / "lee_background.cor").read_text(encoding="utf-8").splitlines()
     docs = [(f"news:{i}", split_sentences(line)) for i, line in enumerate(lines[:40])]
     docs.append(("news:empty", ["   ", "\u200b"]))
-    out = str(tmp_path_factory.mktemp("corpus"))
+    return write_corpus(str(tmp_path_factory.mktemp("corpus")), docs, "news")
+
+
+def write_corpus(out: str, docs: list[tuple[str, list[str]]], source: str) -> str:
+    """A finished corpus stage folder of one shard holding ``(doc_id, sentences)`` documents."""
     shard = storage.join(out, "docs-00000-of-00001.parquet")
     table = pa.table({
-        "doc_id": [d for d, _ in docs], "source": ["news"] * len(docs), "title": [d for d, _ in docs],
+        "doc_id": [d for d, _ in docs], "source": [source] * len(docs), "title": [d for d, _ in docs],
         "sentences": pa.array([s for _, s in docs], type=pa.list_(pa.string())),
     })
     with storage.open_file(shard, "wb") as f:

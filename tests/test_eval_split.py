@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_create_instances import write_corpus
 
 from beam_jobs.create_instances import create_instances
 from bert_core import storage
@@ -60,15 +60,7 @@ def corpus(own_words, tmp_path_factory) -> str:
     rng = np.random.default_rng(0)
     docs = {doc_id: [" ".join(rng.choice(words, WORDS_PER_SENTENCE)) for _ in range(SENTENCES)]
             for doc_id, words in own_words.items()}
-    out = str(tmp_path_factory.mktemp("tagged-corpus"))
-    shard = storage.join(out, "docs-00000-of-00001.parquet")
-    table = pa.table({"doc_id": list(docs), "source": ["tagged"] * len(docs), "title": list(docs),
-                      "sentences": pa.array(list(docs.values()), type=pa.list_(pa.string()))})
-    with storage.open_file(shard, "wb") as f:
-        pq.write_table(table, f)
-    storage.write_manifest(out, stage="corpus", config={}, shards=[storage.shard_entry(shard, len(docs))],
-                           counts={"documents": len(docs)})
-    return out
+    return write_corpus(str(tmp_path_factory.mktemp("tagged-corpus")), list(docs.items()), "tagged")
 
 
 @pytest.fixture(scope="module")

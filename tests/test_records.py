@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from test_clean_corpus import read_all
 
 from beam_jobs.clean_corpus import clean
 from bert_core import storage
 from bert_core.config import CorpusConfig
-from bert_core.corpus import documents as D
 from bert_core.corpus.records import file_keys
 from bert_core.corpus.sentences import split_sentences
 
@@ -31,14 +31,6 @@ def news(samples_dir) -> list[str]:
 def jsonl(records: list[dict | str]) -> bytes:
     """JSON lines; a str is written as it is (a blank line, broken JSON)."""
     return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records).encode("utf-8")
-
-
-def read_all(folder: str) -> tuple[list[dict], list[dict], dict]:
-    manifest = storage.read_manifest(folder)
-    docs = [d for uri in storage.shard_uris(folder) for d in D.read_documents(uri)]
-    rejects = [json.loads(line) for r in manifest["rejects"]
-               for line in storage.read_text(storage.join(folder, r["path"])).splitlines()]
-    return docs, rejects, manifest
 
 
 def sentences_of(article: str) -> list[str]:
