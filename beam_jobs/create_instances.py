@@ -50,26 +50,31 @@ How it stays streaming, bounded and deterministic:
   epoch). Every shard index is written, empty ones too, so a loader can always split them
   evenly.
 
-Why this shape (speed): Beam charges per element and per shuffle, so elements are batches of
-up to 512 tokenized documents of one pool (one bytes value of ids each, from
-``Tokenizer.encode_document_bytes``) and whole pieces
-(``InstanceBatch``: a handful of numpy arrays per element, cheap to pickle), never one
-instance, and the instances cross one shuffle (to their shard), not two. Instances are made a
-pool at a time by ``bert_core.instances.batch.create_instance_batch`` (pairs as token ranges,
-then numpy assembly and masking), shards are written from the arrays and their stats are
-counted without a Python loop per row.
+Memory: no shuffle and no side input carries text or instances. Workers write tokenized
+documents and instances to spill files under ``OUT/_spill/`` (``bert_core.instances.spill``,
+through fsspec, so workers need not share a disk) and pass on only their names and sizes: the
+pool shuffle ("GroupBuckets") carries a few file names per pool, the shard shuffle
+("GroupShards") a row range of a spill file per piece and shard, the layout a count per piece,
+the rejects a file name per bundle. A runner that keeps shuffled data in memory (the local
+FnApiRunner does) therefore holds kilobytes, whatever the corpus. A documents shard is read in
+parts (row ``i`` in part ``i % parts``) when there are fewer shards than workers, so even a
+one-shard corpus spreads over the workers without shuffling its documents. A worker holds at
+most one pool's tokens (uint16 when the vocab fits) and pairs (a few dozen bytes per instance),
+a window of assembled rows, or a row group of the shard it writes. ``OUT/_spill/`` is removed
+before the top-level manifest is written.
 
-Memory: each step holds one pool's documents and instances, or one shard. What a runner keeps
-between steps is the runner's business: Dataflow/Flink/Spark shuffle through disk, while the
-local FnApiRunner keeps shuffled data in memory (fine for the demo and tests, not for all of
-Wikipedia on one machine).
+Why this shape (speed): Beam charges per element and per shuffle, so elements are spill files
+of many tokenized documents of one pool and whole pieces, never one document or instance.
+Instances are made a pool at a time (pairs as token ranges, then numpy assembly and masking of
+a window of rows: ``bert_core.instances.spill.write_pool_instances``), shards are written from
+the arrays and their stats are counted without a Python loop per row.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
-from itertools import chain
 from typing import Any
 
 import apache_beam as beam
@@ -77,18 +82,16 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.job import (
     LOCAL_RUNNER,
-    ReadSentences,
-    is_local,
     job_parser,
     parse_job_args,
     run_pipeline,
 )
 from bert_core import storage
 from bert_core.config import InstanceConfig
-from bert_core.corpus.documents import count_documents
-from bert_core.instances.batch import InstanceBatch, create_instance_batch, shard_name, write_table
+from bert_core.corpus.documents import count_documents, read_sentences
+from bert_core.instances.batch import shard_name
 from bert_core.instances.manifest import prepare_output, vocab_record, write_manifests
-from bert_core.instances.pairs import DocumentPool, VocabIds
+from bert_core.instances.pairs import VocabIds
 from bert_core.instances.sharding import (
     EVAL,
     MIN_DOCS_PER_BUCKET,
@@ -96,12 +99,20 @@ from bert_core.instances.sharding import (
     eval_threshold,
     every_shard,
     make_layout,
-    pieces_by_group,
     pool_of,
     set_folder,
     split_pools,
 )
-from bert_core.instances.stats import InstanceStats
+from bert_core.instances.spill import (
+    RowRange,
+    ShardWriter,
+    read_pool,
+    spill_folder,
+    unique_name,
+    write_documents,
+    write_pool_instances,
+    write_rejects,
+)
 from bert_core.vocab.tokenization import load_tokenizer
 
 NAMESPACE = "instances"
@@ -110,20 +121,31 @@ NAMESPACE = "instances"
 # --------------------------------------------------------------------------- DoFns
 
 
+def read_part(part: tuple[str, int, int]) -> Iterator[tuple[str, list[str] | None]]:
+    """``(shard, k, parts)`` -> the documents of rows ``k, k + parts, ...`` of that shard."""
+    uri, k, parts = part
+    for i, doc in enumerate(read_sentences(uri)):
+        if i % parts == k:
+            yield doc
+
+
 class TokenizeDocuments(beam.DoFn):
-    """(doc_id, sentences) -> ((split, pool), [(doc_id, ids), ...]): each document's ids as the
-    bytes of a C int array, each sentence's ids followed by an end mark
+    """(doc_id, sentences) -> ((split, pool), (spill file, documents)): each document's ids as
+    the bytes of a C int array, each sentence's ids followed by an end mark
     (``Tokenizer.encode_document_bytes``), gathered by random-next pool (of the document's
-    split: ``bert_core.instances.sharding.pool_of``) up to FLUSH_DOCS per element (Beam's cost
-    is per element: one per document cost more than the tokenizing).
-    Documents without a token go to the 'rejects' output; sentences without tokens are dropped
-    later, with the marks (as the reference drops empty lines)."""
+    split: ``bert_core.instances.sharding.pool_of``) and written to a spill file of its pool
+    when SPILL_BYTES are buffered (the largest pool first) and at the end of the bundle.
+    Documents without a token go to the 'rejects' output, as a spill file of them per bundle;
+    sentences without tokens are dropped later, with the marks (as the reference drops empty
+    lines)."""
 
-    FLUSH_DOCS = 512
+    SPILL_BYTES = 16 << 20
+    REJECTS_PER_FILE = 100_000
 
-    def __init__(self, vocab: str, lowercase: bool, seed: int, threshold: float, pools: dict[str, int]) -> None:
+    def __init__(self, vocab: str, lowercase: bool, seed: int, threshold: float, pools: dict[str, int],
+                 output: str) -> None:
         self.vocab, self.lowercase, self.pools = vocab, lowercase, pools
-        self.seed, self.threshold = seed, threshold
+        self.seed, self.threshold, self.output = seed, threshold, output
         self.rejected = Metrics.counter(NAMESPACE, "rejected_no_tokens")
         self.documents = Metrics.counter(NAMESPACE, "documents")
 
@@ -132,6 +154,8 @@ class TokenizeDocuments(beam.DoFn):
 
     def start_bundle(self) -> None:
         self.buffers: dict[tuple[str, int], list[tuple[str, bytes]]] = {}
+        self.sizes: dict[tuple[str, int], int] = {}
+        self.rejects: list[dict] = []
 
     def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
         doc_id, sentences = doc
@@ -139,83 +163,102 @@ class TokenizeDocuments(beam.DoFn):
         marked = self.tokenizer.encode_document_bytes(sentences)
         if len(marked) // 4 == len(sentences):  # nothing but the end marks
             self.rejected.inc()
-            yield beam.pvalue.TaggedOutput("rejects", {
+            self.rejects.append({
                 "source": "documents", "id": doc_id, "reason": "no_tokens",
                 "detail": f"{len(sentences)} sentences, none with a token in this vocab",
             })
+            if len(self.rejects) >= self.REJECTS_PER_FILE:
+                yield self.spill_rejects()
             return
         self.documents.inc()
         pool = pool_of(doc_id, self.seed, self.threshold, self.pools)
-        buffer = self.buffers.setdefault(pool, [])
-        buffer.append((doc_id, marked))
-        if len(buffer) >= self.FLUSH_DOCS:
-            yield pool, self.buffers.pop(pool)
+        self.buffers.setdefault(pool, []).append((doc_id, marked))
+        self.sizes[pool] = self.sizes.get(pool, 0) + len(marked)
+        if sum(self.sizes.values()) >= self.SPILL_BYTES:
+            yield self.spill(max(self.sizes, key=self.sizes.__getitem__))
+
+    def spill(self, pool: tuple[str, int]) -> tuple[tuple[str, int], tuple[str, int]]:
+        docs = self.buffers.pop(pool)
+        del self.sizes[pool]
+        split, b = pool
+        uri = storage.join(spill_folder(self.output, "documents"), unique_name(f"{split}-{b:05d}", "parquet"))
+        write_documents(uri, docs)
+        return pool, (uri, len(docs))
+
+    def spill_rejects(self) -> beam.pvalue.TaggedOutput:
+        uri = storage.join(spill_folder(self.output, "rejects"), unique_name("rejects", "jsonl"))
+        count = write_rejects(uri, self.rejects)
+        self.rejects = []
+        return beam.pvalue.TaggedOutput("rejects", (uri, count))
 
     def finish_bundle(self) -> Iterator[Any]:
         from apache_beam.transforms.window import GlobalWindows
 
-        for pool, buffer in sorted(self.buffers.items()):
-            yield GlobalWindows.windowed_value((pool, buffer))
-        self.buffers = {}
+        for pool in sorted(self.buffers):
+            yield GlobalWindows.windowed_value(self.spill(pool))
+        if self.rejects:
+            tagged = self.spill_rejects()
+            yield beam.pvalue.TaggedOutput(tagged.tag, GlobalWindows.windowed_value(tagged.value))
 
 
 class CreateInstances(beam.DoFn):
-    """One random-next pool (bucket ``b`` of ``split``) of documents -> for every length, its
-    instances as :class:`InstanceBatch` pieces keyed ``((length, split), (g, b))``: piece ``g``
-    holds the instances whose key is ``g`` modulo the split's number of pools, sorted by key
-    (:func:`bert_core.instances.sharding.pieces_by_group`); and each piece's size on the
-    'sizes' output. Eval pools make one pass (dupe_factor 1)."""
+    """One random-next pool (bucket ``b`` of ``split``: its spill files of documents) -> for
+    every length, its instances in a spill file, as pieces keyed ``((length, split), (g, b))``:
+    piece ``g`` holds the instances whose key is ``g`` modulo the split's number of pools,
+    sorted by key (rows of the file: :class:`bert_core.instances.spill.RowRange`); and each
+    piece's size on the 'sizes' output. Eval pools make one pass (dupe_factor 1)."""
 
-    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: dict[str, int]) -> None:
-        self.config, self.vocab_ids, self.pools = config, vocab_ids, pools
+    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: dict[str, int], output: str) -> None:
+        self.config, self.vocab_ids, self.pools, self.output = config, vocab_ids, pools, output
         self.instances = Metrics.counter(NAMESPACE, "instances")
         self.eval_instances = Metrics.counter(NAMESPACE, "eval_instances")
 
-    def process(self, bucket: tuple[tuple[str, int], Iterable[list[tuple[str, bytes]]]]) -> Iterator[Any]:
+    def process(self, bucket: tuple[tuple[str, int], Iterable[tuple[str, int]]]) -> Iterator[Any]:
         cfg = self.config
         (split, b), groups = bucket[0], self.pools[bucket[0][0]]
         dupe_factor, counter = (1, self.eval_instances) if split == EVAL else (cfg.dupe_factor, self.instances)
-        # by doc_id: the pool must not depend on the shuffle or on how documents were gathered
-        docs = sorted(chain.from_iterable(bucket[1]), key=lambda d: d[0])
-        pool = DocumentPool.from_marked([marked for _, marked in docs])
-        doc_ids = [doc_id for doc_id, _ in docs]
+        # by doc_id (read_pool): the pool must not depend on the shuffle or on how documents were gathered
+        pool, doc_ids = read_pool(sorted(uri for uri, _ in bucket[1]), self.vocab_ids.vocab_size)
         for spec in cfg.lengths:
-            batch = create_instance_batch(
-                pool, doc_ids, seed=cfg.seed, dupe_factor=dupe_factor,
+            # one name per (length, split, pool): a retry rewrites the same rows
+            uri = storage.join(spill_folder(self.output, "instances"),
+                               f"seq{spec.max_seq_length}-{split}-{b:05d}.parquet")
+            pieces = write_pool_instances(
+                uri, pool, doc_ids, groups, seed=cfg.seed, dupe_factor=dupe_factor,
                 max_seq_length=spec.max_seq_length, max_predictions_per_seq=spec.max_predictions_per_seq,
                 masked_lm_prob=cfg.masked_lm_prob, short_seq_prob=cfg.short_seq_prob, vocab=self.vocab_ids,
                 next_sentence_prediction=cfg.next_sentence_prediction,
                 whole_word_mask=cfg.whole_word_mask, mask=cfg.masking == "static",
             )
-            counter.inc(len(batch))
-            for g, piece in pieces_by_group(batch, groups):
+            for g, start, stop in pieces:
                 key = ((spec.max_seq_length, split), (g, b))
-                yield key, piece
-                yield beam.pvalue.TaggedOutput("sizes", (key, len(piece)))
+                counter.inc(stop - start)
+                yield key, RowRange(uri, start, stop)
+                yield beam.pvalue.TaggedOutput("sizes", (key, stop - start))
 
 
 class WriteShards(beam.DoFn):
-    """(((length, split), shard), pieces) -> the Parquet shard (rows in rank order) in
-    ``seq{L}/`` or ``seq{L}/eval/``, its manifest entry and stats."""
+    """(((length, split), shard), parts) -> the Parquet shard (rows in rank order, streamed from
+    the spill files) in ``seq{L}/`` or ``seq{L}/eval/``, its manifest entry and stats."""
 
     def __init__(self, output: str, mask_id: int) -> None:
         self.output, self.mask_id = output, mask_id
 
     def process(self, group: tuple[tuple[int, int], Iterable[Any]], layout: dict) -> Iterator[dict]:
-        (length_split, index), pieces = group
+        (length_split, index), parts = group
         length, split = length_split
-        ranked = sorted((p for p in pieces if p is not None), key=lambda p: p[0])  # None: the empty marker
+        ranked = sorted((p for p in parts if p is not None), key=lambda p: p[0])  # None: the empty marker
         # Rank order: piece after piece, each a key-ordered (pseudo-random) slice of one pool.
         # Not re-sorted: the loader shuffles the rows of a shard anyway (bert_core/pretrain/data.py).
-        batch = InstanceBatch.concat([b for _, b in ranked])
         uri = storage.join(set_folder(self.output, length_split),
                            shard_name(index, layout[length_split]["shards"]))
-        write_table(uri, batch.to_table())
-        stats = InstanceStats(max_seq_length=length)
-        stats.add_columns(batch.input_ids, batch.offsets, batch.len_a, batch.masked_lm_positions,
-                          batch.masked_lm_ids, batch.mask_offsets, batch.next_sentence_label, self.mask_id)
+        writer = ShardWriter(uri, length, self.mask_id)
+        for _, rows in ranked:
+            for batch in rows.batches():
+                writer.write(batch)
+        entry = writer.close()
         yield {"length": length, "split": split, "index": index,
-               "entry": storage.shard_entry(uri, count=len(batch)), "stats": stats.to_dict()}
+               "entry": entry, "stats": writer.stats.to_dict()}
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -223,8 +266,8 @@ class WriteShards(beam.DoFn):
 
 class CreateInstanceShards(beam.PTransform):
     """(doc_id, sentences) -> {"results": one dict per written shard (training and eval),
-    "rejects", "layout", "documents": how many documents gave instances, "eval_documents": how
-    many of them are in the eval split}."""
+    "rejects": a spill file of rejected documents per bundle, "layout", "documents": how many
+    documents gave instances, "eval_documents": how many of them are in the eval split}."""
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
                  documents_read: int, lowercase: bool = True,
@@ -240,22 +283,22 @@ class CreateInstanceShards(beam.PTransform):
     def expand(self, docs):
         cfg = self.config
         tokenized = docs | "TokenizeDocuments" >> beam.ParDo(
-            TokenizeDocuments(self.vocab, self.lowercase, cfg.seed, self.threshold, self.pools)
+            TokenizeDocuments(self.vocab, self.lowercase, cfg.seed, self.threshold, self.pools, self.output)
         ).with_outputs("rejects", main="docs")
         n_docs = (tokenized.docs
-                  | "DocumentsPerElement" >> beam.Map(lambda kv: len(kv[1]))
+                  | "DocumentsPerFile" >> beam.Map(lambda kv: kv[1][1])
                   | "CountDocuments" >> beam.CombineGlobally(sum))
         n_eval = (tokenized.docs
-                  | "EvalDocumentsPerElement" >> beam.Map(lambda kv: len(kv[1]) if kv[0][0] == EVAL else 0)
+                  | "EvalDocumentsPerFile" >> beam.Map(lambda kv: kv[1][1] if kv[0][0] == EVAL else 0)
                   | "CountEvalDocuments" >> beam.CombineGlobally(sum))
         instances = (
             tokenized.docs
-            | "GroupBuckets" >> beam.GroupByKey()
-            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, self.pools))
+            | "GroupBuckets" >> beam.GroupByKey()  # file names, not documents
+            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, self.pools, self.output))
             .with_outputs("sizes", main="pieces")
         )
         layout = (
-            instances.sizes  # (piece key, rows): the layout never decodes the pieces themselves
+            instances.sizes  # (piece key, rows): a count per piece
             | "GatherCounts" >> beam.combiners.ToList()
             | "MakeLayout" >> beam.Map(make_layout, config=cfg, splits=tuple(self.pools))
         )
@@ -265,11 +308,42 @@ class CreateInstanceShards(beam.PTransform):
         results = (
             (placed, empty)
             | "FlattenShards" >> beam.Flatten()
-            | "GroupShards" >> beam.GroupByKey()
+            | "GroupShards" >> beam.GroupByKey()  # row ranges of spill files, not rows
             | "WriteShards" >> beam.ParDo(WriteShards(self.output, self.vocab_ids.mask_id), layout=layout_si)
         )
         return {"results": results, "rejects": tokenized.rejects, "layout": layout, "documents": n_docs,
                 "eval_documents": n_eval}
+
+
+def read_parts(shards: list[str], workers: int) -> list[tuple[str, int, int]]:
+    """``(shard, k, parts)`` to read: each shard whole, or in ``parts`` parts when there are
+    fewer shards than workers (every worker then reads all of a shard, keeping its share)."""
+    parts = max(1, math.ceil(workers / max(1, len(shards))))
+    return [(uri, k, parts) for uri in shards for k in range(parts)]
+
+
+def build_pipeline(p: beam.Pipeline, shards: list[str], output: str, config: InstanceConfig, vocab: str,
+                   vocab_ids: VocabIds, *, workers: int, inputs: list[dict] | None = None,
+                   vocab_used: dict[str, str] | None = None, lowercase: bool = True,
+                   min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET) -> None:
+    """The job's graph on ``p``: documents shards -> instance shards, rejects and manifests in
+    ``output`` (prepared by the caller)."""
+    docs = (p
+            | "ListParts" >> beam.Create(read_parts(shards, workers))
+            | "ReadSentences" >> beam.FlatMap(read_part))
+    out = docs | "CreateInstanceShards" >> CreateInstanceShards(
+        config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket)
+    _ = (
+        out["results"]
+        | "GatherResults" >> beam.combiners.ToList()
+        | "WriteManifests" >> beam.Map(
+            lambda rs, rj, lay, n, e: write_manifests(
+                rs, rj, lay, output=output, config=config, inputs=inputs or [], documents_used=n,
+                eval_documents=e, vocab=vocab_used),
+            rj=beam.pvalue.AsList(out["rejects"]), lay=beam.pvalue.AsSingleton(out["layout"]),
+            n=beam.pvalue.AsSingleton(out["documents"]), e=beam.pvalue.AsSingleton(out["eval_documents"]),
+        )
+    )
 
 
 def create_instances(
@@ -302,24 +376,8 @@ def create_instances(
     prepare_output(output, config)
 
     def build(p: beam.Pipeline) -> None:
-        docs = p | "ReadSentences" >> ReadSentences(shards)
-        if workers > 1 or not is_local(runner):
-            # Spread the documents of a few big shards over the workers. One in-process worker
-            # has nothing to spread, and the shuffle would cost it ~10% of its CPU time.
-            docs = docs | "SpreadDocuments" >> beam.Reshuffle()
-        out = docs | "CreateInstanceShards" >> CreateInstanceShards(
-            config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket)
-        _ = (
-            out["results"]
-            | "GatherResults" >> beam.combiners.ToList()
-            | "WriteManifests" >> beam.Map(
-                lambda rs, rj, lay, n, e: write_manifests(
-                    rs, rj, lay, output=output, config=config, inputs=inputs, documents_used=n,
-                    eval_documents=e, vocab=vocab_used),
-                rj=beam.pvalue.AsList(out["rejects"]), lay=beam.pvalue.AsSingleton(out["layout"]),
-                n=beam.pvalue.AsSingleton(out["documents"]), e=beam.pvalue.AsSingleton(out["eval_documents"]),
-            )
-        )
+        build_pipeline(p, shards, output, config, vocab, vocab_ids, workers=workers, inputs=inputs,
+                       vocab_used=vocab_used, lowercase=lowercase, min_docs_per_bucket=min_docs_per_bucket)
 
     run_pipeline(build, workers, runner, beam_args)
     return storage.read_manifest(output)

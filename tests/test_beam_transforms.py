@@ -3,6 +3,7 @@ runner chosen by beam_jobs/job.py) with assert_that/equal_to, on tiny real input
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -190,7 +191,8 @@ def test_create_instance_shards_writes_balanced_shards_and_rejects(samples_dir, 
             config, vocab, vocab_ids, output, documents_read=len(docs), min_docs_per_bucket=4)
         written = out["results"] | "Shards" >> beam.Map(lambda r: (r["length"], r["index"]))
         assert_that(written, equal_to([(64, 0), (64, 1), (64, 2)]), label="CheckShards")
-        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
+        reasons = out["rejects"] | "Reasons" >> beam.FlatMap(
+            lambda f: [(r["id"], r["reason"]) for r in map(json.loads, storage.read_text(f[0]).splitlines())])
         assert_that(reasons, equal_to([("news:empty", "no_tokens")]), label="CheckRejects")
         assert_that(out["documents"], equal_to([12]), label="CheckDocuments")
         train = (64, "train")  # the layout is per (length, split)

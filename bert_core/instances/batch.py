@@ -4,7 +4,8 @@
                                   max_predictions_per_seq=20, masked_lm_prob=0.15,
                                   short_seq_prob=0.1, vocab=vocab_ids)
     write_instance_shards(batch, "out/seq128", num_shards=4)   # the "instances" contract
-    (beam_jobs/create_instances.py calls create_instance_batch once per random-next pool)
+    (beam_jobs/create_instances.py makes the same rows per random-next pool, a window at a time:
+    bert_core.instances.spill.write_pool_instances)
 
 Why: made one at a time, an instance costs tens of microseconds of Python (copying token lists,
 a shuffle of the candidates, a loop over the predictions), several times what it costs to
@@ -40,6 +41,8 @@ from bert_core.instances.pairs import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+SPAN_CHUNK = 1 << 14  # pairs gathered as Python tuples before they become one array
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -143,6 +146,22 @@ class InstanceBatch:
         return [(ids[o[i]:o[i + 1]], int(self.len_a[i]), pos[m[i]:m[i + 1]], lab[m[i]:m[i + 1]],
                  int(self.next_sentence_label[i])) for i in range(len(self))]
 
+    @classmethod
+    def from_table(cls, table: pa.Table) -> InstanceBatch:
+        """The rows of a table of the contract's columns (:meth:`to_table`'s inverse; keys 0)."""
+
+        def lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+            array = column.combine_chunks()
+            offsets = array.offsets.to_numpy().astype(np.int64)
+            return array.flatten().to_numpy().astype(np.int32, copy=False), offsets - offsets[0]
+
+        input_ids, offsets = lists(table.column("input_ids"))
+        positions, mask_offsets = lists(table.column("masked_lm_positions"))
+        masked_ids, _ = lists(table.column("masked_lm_ids"))
+        return cls(np.zeros(table.num_rows, np.uint64), input_ids, offsets,
+                   table.column("len_a").to_numpy().astype(np.int32, copy=False), positions, masked_ids,
+                   mask_offsets, table.column("next_sentence_label").to_numpy().astype(np.int8, copy=False))
+
     def to_table(self) -> pa.Table:
         """The contract's Parquet schema (:data:`SCHEMA`), built from the arrays (no Python loop)."""
         import pyarrow as pa
@@ -213,7 +232,8 @@ def assemble(pool: DocumentPool, spans: np.ndarray, keys: np.ndarray, vocab: Voc
     offsets = _offsets(len_a + np.where(has_b, lb + 1, 0))
     out = np.empty(int(offsets[-1]), dtype=np.int32)
     start = offsets[:-1]
-    tokens = np.asarray(pool.tokens, dtype=np.int32)
+    # A job's pool keeps its tokens as uint16 when the vocab fits (half the memory): read as they are.
+    tokens = pool.tokens if isinstance(pool.tokens, np.ndarray) else np.asarray(pool.tokens, dtype=np.int32)
     out[start] = vocab.cls_id
     out[start + la + 1] = vocab.sep_id
     out[(offsets[1:] - 1)[has_b]] = vocab.sep_id
@@ -230,6 +250,51 @@ def mask_batch(batch: InstanceBatch, spec: MaskingSpec) -> InstanceBatch:
     return InstanceBatch(batch.keys, masked.input_ids, batch.offsets, batch.len_a,
                          masked.masked_lm_positions, masked.masked_lm_ids, masked.mask_offsets,
                          batch.next_sentence_label)
+
+
+def instance_spans(
+    pool: DocumentPool,
+    doc_ids: Sequence[str],
+    *,
+    seed: int,
+    dupe_factor: int,
+    max_seq_length: int,
+    short_seq_prob: float,
+    next_sentence_prediction: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs of every document of ``pool`` (``doc_ids[d]`` names document ``d``), every pass,
+    one length, in document/pass order: spans ``(a0, a1, b0, b1, label)`` as an ``(n, 5)`` array
+    (int32 unless the pool has 2**31 tokens) and the instances' 64-bit keys. A few dozen bytes per instance: the tokens are copied
+    later, a window at a time (:func:`assemble`)."""
+    make = pair_spans if next_sentence_prediction else packed_spans
+    dtype = np.int32 if len(pool.tokens) < 2**31 else np.int64  # token positions and labels
+    span_parts: list[np.ndarray] = [np.zeros((0, 5), dtype=dtype)]
+    key_parts: list[np.ndarray] = [np.zeros(0, dtype=np.uint64)]
+    spans: list = []
+    bases: list[int] = []
+    counts: list[int] = []
+
+    def flush() -> None:  # Python tuples cost ~10x the array: convert every SPAN_CHUNK pairs
+        counts_arr = np.array(counts, dtype=np.int64)
+        within = np.arange(len(spans)) - np.repeat(_offsets(counts_arr)[:-1], counts_arr)
+        key_parts.append(splitmix64(np.repeat(np.array(bases, dtype=np.uint64), counts_arr)
+                                    + (within.astype(np.uint64) + np.uint64(1)) * GAMMA))
+        span_parts.append(np.array(spans, dtype=dtype).reshape(-1, 5))
+        spans.clear()
+        bases.clear()
+        counts.clear()
+
+    for index, doc_id in enumerate(doc_ids):
+        for dupe in range(dupe_factor):
+            rng = rng_for(seed, doc_id, dupe, max_seq_length)
+            made = make(pool, index, max_seq_length, short_seq_prob, rng)
+            spans += made
+            bases.append(rng.getrandbits(64))
+            counts.append(len(made))
+        if len(spans) >= SPAN_CHUNK:
+            flush()
+    flush()
+    return np.concatenate(span_parts), np.concatenate(key_parts)
 
 
 def create_instance_batch(
@@ -249,24 +314,12 @@ def create_instance_batch(
 ) -> InstanceBatch:
     """Every instance of every document of ``pool`` (``doc_ids[d]`` names document ``d``), every
     pass, one length, in document/pass order (the keys give the shard order)."""
-    make = pair_spans if next_sentence_prediction else packed_spans
-    spans: list = []
-    bases: list[int] = []
-    counts: list[int] = []
-    for index, doc_id in enumerate(doc_ids):
-        for dupe in range(dupe_factor):
-            rng = rng_for(seed, doc_id, dupe, max_seq_length)
-            made = make(pool, index, max_seq_length, short_seq_prob, rng)
-            spans += made
-            bases.append(rng.getrandbits(64))
-            counts.append(len(made))
-    if not spans:
+    spans, keys = instance_spans(pool, doc_ids, seed=seed, dupe_factor=dupe_factor,
+                                 max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
+                                 next_sentence_prediction=next_sentence_prediction)
+    if not len(spans):
         return InstanceBatch.empty()
-    counts_arr = np.array(counts, dtype=np.int64)
-    within = np.arange(len(spans)) - np.repeat(_offsets(counts_arr)[:-1], counts_arr)
-    keys = splitmix64(np.repeat(np.array(bases, dtype=np.uint64), counts_arr)
-                      + (within.astype(np.uint64) + np.uint64(1)) * GAMMA)
-    batch = assemble(pool, np.array(spans, dtype=np.int64), keys, vocab)
+    batch = assemble(pool, spans, keys, vocab)
     if not mask:
         return batch
     return mask_batch(batch, MaskingSpec(masked_lm_prob, max_predictions_per_seq, vocab, whole_word_mask))

@@ -2,7 +2,8 @@
 
     OUT/seq{L}/eval/_MANIFEST.json   the eval split of that length: shards, counts, stats, split="eval"
     OUT/seq{L}/_MANIFEST.json        training shards (sha256, count), counts (eval_instances too), stats
-    OUT/rejects.jsonl                documents that gave no tokens, with the reason
+    OUT/rejects.jsonl                documents that gave no tokens, with the reason (merged from
+                                     the job's sorted spill files of them)
     OUT/_MANIFEST.json               written last: InstanceConfig, inputs, per-length statistics,
                                      counts (eval_documents, eval_instances_seq{L} too), vocab_file
                                      and vocab_sha256: the vocab.txt the ids come from
@@ -10,12 +11,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from bert_core import storage
 from bert_core.config import InstanceConfig
 from bert_core.instances.sharding import EVAL, TRAIN, set_folder
+from bert_core.instances.spill import SPILL, merge_rejects
 from bert_core.instances.stats import InstanceStats
 
 
@@ -29,6 +30,7 @@ def prepare_output(output: str, config: InstanceConfig) -> None:
             raise ValueError(f"{output} holds the output of the {stage!r} stage; "
                              "give the instances their own --output folder")
     storage.remove(storage.join(output, storage.MANIFEST))
+    storage.remove(storage.join(output, SPILL))
     for spec in config.lengths:
         storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
 
@@ -52,16 +54,18 @@ def _set_stats(results: list[dict], length: int, split: str) -> tuple[list[dict]
     return mine, stats
 
 
-def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, output: str,
+def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout: dict, *, output: str,
                     config: InstanceConfig, inputs: list[dict], documents_used: int,
                     eval_documents: int = 0, vocab: dict[str, str] | None = None) -> dict:
-    """Per-length manifests (each eval split's first), the rejects file, then the top-level
-    manifest (last: it marks done). ``layout`` has an eval set per length when the split is on;
-    ``vocab`` is :func:`vocab_record` of the vocab used."""
+    """Per-length manifests (each eval split's first), the rejects file (from ``rejects``, the
+    job's spill files of them and their counts), then the job's spill folder removed and the
+    top-level manifest written (last: it marks done). ``layout`` has an eval set per length
+    when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used."""
+    n_rejected = merge_rejects([uri for uri, _ in rejects], storage.join(output, "rejects.jsonl"))
     stats_by_length: dict[str, Any] = {}
-    counts: dict[str, Any] = {"documents_read": documents_used + len(rejects),
+    counts: dict[str, Any] = {"documents_read": documents_used + n_rejected,
                               "documents_used": documents_used,
-                              "documents_rejected": len(rejects), "eval_documents": eval_documents}
+                              "documents_rejected": n_rejected, "eval_documents": eval_documents}
     has_eval = any(split == EVAL for _, split in layout)
     for spec in config.lengths:
         length = spec.max_seq_length
@@ -90,9 +94,7 @@ def write_manifests(results: list[dict], rejects: list[dict], layout: dict, *, o
                     "shards": layout[(length, TRAIN)]["shards"]},
             stats=summary,
         )
-    rejects = sorted(rejects, key=lambda r: str(r["id"]))
-    storage.write_text(storage.join(output, "rejects.jsonl"),
-                       "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
+    storage.remove(storage.join(output, SPILL))
     return storage.write_manifest(
         output, stage="instances", config=config, inputs=inputs, counts=counts,
         stats=stats_by_length, lengths={f"seq{s.max_seq_length}": f"seq{s.max_seq_length}"

@@ -26,8 +26,8 @@ Choosing, fast form (single tokens, the structural ``[CLS] A [SEP] (B [SEP])`` l
 first ``num_to_predict`` distinct values of the instance's stream of uniform draws over its
 candidates, by symmetry a uniformly random subset, in about ``num_to_predict`` draws. General
 form (whole words; rows whose segments hold a ``[CLS]``/``[SEP]`` id, found by id as the
-reference does; rows whose draws repeat too often, which is astronomically rare): a random key
-per group, groups walked in key order (:func:`_choose_by_groups`).
+reference does; rows whose draws repeat too often to fill their budget, rare with a dozen spare
+draws): a random key per group, groups walked in key order (:func:`_choose_by_groups`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from bert_core.instances.pairs import VocabIds
 GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment (2^64 / golden ratio)
 _CHOICE_STREAM = np.uint64(1 << 20)
 _KEY_STREAM = np.uint64(2 << 20)
-MASK_CHUNK = 2048  # instances masked at once: bounds the (instances x length) matrices
+MASK_CHUNK_TOKENS = 1 << 18  # tokens masked at once: bounds the (instances x length) matrices
+DRAW_SLACK = 12  # draws per row beyond max_predictions_per_seq (fast form)
 _NO_KEY = np.uint64(np.iinfo(np.uint64).max)
 
 
@@ -93,8 +94,10 @@ def mask_instances(keys: np.ndarray, input_ids: np.ndarray, offsets: np.ndarray,
     offsets = np.asarray(offsets, dtype=np.int64)
     len_a = np.asarray(len_a, dtype=np.int64)
     parts = []
-    for start in range(0, len(keys), MASK_CHUNK):
-        stop = min(start + MASK_CHUNK, len(keys))
+    longest = int(np.diff(offsets).max()) if len(keys) else 1
+    chunk = max(1, MASK_CHUNK_TOKENS // max(1, longest))
+    for start in range(0, len(keys), chunk):
+        stop = min(start + chunk, len(keys))
         o0, o1 = int(offsets[start]), int(offsets[stop])
         parts.append(_mask_chunk(keys[start:stop], input_ids[o0:o1], offsets[start:stop + 1] - o0,
                                  len_a[start:stop], spec))
@@ -128,7 +131,8 @@ def _mask_chunk(keys: np.ndarray, ids: np.ndarray, offsets: np.ndarray, len_a: n
         structural = np.add.reduceat(is_special.astype(np.int64), offsets[:-1]) == np.where(has_b, 3, 2)
         n_candidates = lengths - np.where(has_b, 3, 2)
         rows, positions, ok = _choose_by_draws(keys, len_a - 2, n_candidates,
-                                               np.minimum(budget, n_candidates))
+                                               np.minimum(budget, n_candidates),
+                                               spec.max_predictions_per_seq + DRAW_SLACK)
         ok &= structural
         if not ok.all():
             keep = ok[rows]
@@ -156,15 +160,15 @@ def _mask_chunk(keys: np.ndarray, ids: np.ndarray, offsets: np.ndarray, len_a: n
 
 
 def _choose_by_draws(keys: np.ndarray, a_tokens: np.ndarray, n_candidates: np.ndarray,
-                     budget: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     budget: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row, ``budget`` distinct candidates, uniformly: the first ``budget`` distinct values
     of a stream of uniform draws from ``[0, n_candidates)`` (by symmetry a uniformly random
     subset), candidate ``c`` being position ``c + 1`` in A and ``c + 2`` in B. A few more draws
-    than the largest budget are made for every row at once (a small matrix, not one key per
+    than any budget (``width`` in all, fixed by the spec so that no row's result depends on
+    the rows masked with it) are made for every row at once (a small matrix, not one key per
     token); a row whose draws repeat too often to fill its budget comes back with ``ok`` False.
     Returns (row, position) sorted by row then position, and ``ok``."""
     n = len(keys)
-    width = int(budget.max()) + 12
     counters = (np.arange(1, width + 1, dtype=np.uint64) * GAMMA)[None, :]
     draws = splitmix64(keys[:, None] + counters)
     picks = (((draws & np.uint64(0xFFFFFFFF)) * n_candidates.astype(np.uint64)[:, None])

@@ -1,8 +1,8 @@
 """Next-sentence pairs of documents of tokenized sentences, as token ranges.
 
     bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI
-    (beam_jobs/create_instances.py runs bert_core.instances.batch.create_instance_batch, which
-    calls pair_spans / packed_spans here once per document, pass and length)
+    (bert_core.instances.batch.instance_spans calls pair_spans / packed_spans here once per
+    document, pass and length)
 
 The pairs of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token ids
 instead of token strings. Same rules, same distributions, fewer draws (so one seed gives pairs

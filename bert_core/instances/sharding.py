@@ -115,12 +115,21 @@ def shard_start(shard: int, total: int, shards: int) -> int:
     return shard * q + min(shard, rem)
 
 
+def piece_bounds(keys: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The order that puts instances by group ``key % groups``, then by key, and where each
+    group starts in it: group ``g`` is ``order[bounds[g]:bounds[g + 1]]``."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    group_of = keys % np.uint64(groups)
+    order = np.lexsort((keys, group_of))  # by group, then key
+    bounds = np.searchsorted(group_of[order].astype(np.int64), np.arange(groups + 1))
+    return order, bounds
+
+
 def pieces_by_group(batch: InstanceBatch, groups: int) -> Iterator[tuple[int, InstanceBatch]]:
     """``(g, piece)`` for every non-empty group ``g``: the instances whose key is ``g`` modulo
     ``groups``, sorted by key."""
-    group_of = batch.keys % np.uint64(groups)
-    batch = batch.take(np.lexsort((batch.keys, group_of)))  # by group, then key
-    bounds = np.searchsorted((batch.keys % np.uint64(groups)).astype(np.int64), np.arange(groups + 1))
+    order, bounds = piece_bounds(batch.keys, groups)
+    batch = batch.take(order)
     for g in range(groups):
         if bounds[g + 1] > bounds[g]:
             yield g, batch.slice(int(bounds[g]), int(bounds[g + 1]))
@@ -151,10 +160,11 @@ def every_shard(layout: dict[Set, dict]) -> list[tuple[Set, int]]:
     return [(length_split, i) for length_split, v in layout.items() for i in range(v["shards"])]
 
 
-def assign_shards(piece: tuple[tuple[Set, Any], InstanceBatch],
-                  layout: dict[Set, dict]) -> Iterator[tuple[tuple[Set, int], tuple[int, InstanceBatch]]]:
+def assign_shards(piece: tuple[tuple[Set, Any], Any],
+                  layout: dict[Set, dict]) -> Iterator[tuple[tuple[Set, int], tuple[int, Any]]]:
     """A piece's rows have global ranks ``offset(piece) ..``: cut it at shard boundaries ->
-    ``((set, shard), (first rank, rows))``."""
+    ``((set, shard), (first rank, rows))``. The rows are an :class:`InstanceBatch` or anything
+    else with ``len`` and ``slice(start, stop)`` (the job's row ranges of a spill file)."""
     (length_split, group), batch = piece
     lay = layout[length_split]
     total, shards = lay["total"], lay["shards"]

@@ -1,0 +1,273 @@
+"""Spill files: what the steps of the instances job hand each other through storage, so that a
+shuffle carries a file's name and size, never the documents or instances themselves.
+
+    (beam_jobs/create_instances.py writes and reads them; all under OUT/_spill/, removed at the end)
+
+    OUT/_spill/documents/<split>-<pool>-<uuid>.parquet   tokenized documents of one random-next
+        pool: doc_id, ids (the bytes of a C int array, each sentence's ids followed by an end
+        mark: ``Tokenizer.encode_document_bytes``), tokens and sentences (counts, marks and empty
+        sentences left out)
+    OUT/_spill/instances/seq<L>-<split>-<pool>.parquet   a pool's instances of one length in the
+        contract's columns, ordered by piece ``key % groups``, then by key
+    OUT/_spill/rejects/<uuid>.jsonl                      rejected documents, sorted by id
+
+They sit under the job's output URL (fsspec), so workers need not share a disk. Why: a local
+runner keeps what crosses a shuffle in its own process, and Beam elements are charged by the
+element; a file per few megabytes costs neither.
+
+Memory: building a pool (:func:`read_pool`) holds its tokens (uint16 when the vocab fits) and
+sentence offsets plus one spill file; writing a pool's instances (:func:`write_pool_instances`)
+holds the pairs as integers (a few dozen bytes per instance) and one window of assembled rows;
+a shard is written a row group at a time (:class:`ShardWriter`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import uuid
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bert_core import storage
+from bert_core.instances.batch import InstanceBatch, assemble, instance_spans, mask_batch, schema
+from bert_core.instances.masking import MaskingSpec
+from bert_core.instances.pairs import DocumentPool, VocabIds
+from bert_core.instances.sharding import piece_bounds
+from bert_core.instances.stats import InstanceStats
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+SPILL = "_spill"
+END_MARK = -1  # after each sentence's ids in a tokenized document
+WINDOW_TOKENS = 1 << 20  # rows assembled and masked at once: ~4 MB of int32 ids
+ROW_GROUP_TOKENS = 1 << 20  # a shard's row groups: a fixed number of rows per length
+
+
+def spill_folder(output: str, kind: str) -> str:
+    return storage.join(output, SPILL, kind)
+
+
+def unique_name(prefix: str, ext: str) -> str:
+    """A name no other worker or retry picks: only the names a step passes on are ever read."""
+    return f"{prefix}-{uuid.uuid4().hex}.{ext}"
+
+
+def rows_per_window(max_seq_length: int, tokens: int = WINDOW_TOKENS) -> int:
+    return max(1, tokens // max_seq_length)
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def marked_counts(marked: bytes) -> tuple[int, int]:
+    """``(tokens, sentences)`` of a tokenized document: ids that are not end marks, and
+    sentences with at least one of them."""
+    ids = np.frombuffer(marked, dtype=np.intc)
+    ends = np.flatnonzero(ids == END_MARK)
+    lengths = np.diff(ends, prepend=-1) - 1
+    return int(len(ids) - len(ends)), int((lengths > 0).sum())
+
+
+def write_documents(uri: str, docs: Sequence[tuple[str, bytes]]) -> int:
+    """Tokenized documents ``(doc_id, marked ids)`` -> one spill file; returns its bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    counts = [marked_counts(m) for _, m in docs]
+    table = pa.table({
+        "doc_id": pa.array([d for d, _ in docs], pa.string()),
+        "ids": pa.array([m for _, m in docs], pa.large_binary()),
+        "tokens": pa.array([t for t, _ in counts], pa.int64()),
+        "sentences": pa.array([s for _, s in counts], pa.int64()),
+    })
+    with storage.open_file(uri, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+    return int(sum(len(m) for _, m in docs))
+
+
+def _read_columns(uri: str, columns: list[str]) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    with storage.open_file(uri, "rb") as f:
+        return pq.read_table(f, columns=columns)
+
+
+def read_pool(uris: Iterable[str], vocab_size: int) -> tuple[DocumentPool, list[str]]:
+    """A random-next pool from its spill files: documents sorted by ``doc_id`` (the pool never
+    depends on how its documents were gathered), sentences without tokens dropped (as
+    ``DocumentPool.from_marked``). Holds the pool and one file at a time, never two copies."""
+    uris = list(uris)
+    index: list[tuple[str, int, int, int, int]] = []  # doc_id, file, row, tokens, sentences
+    for f, uri in enumerate(uris):
+        table = _read_columns(uri, ["doc_id", "tokens", "sentences"])
+        for row, (doc_id, n_tokens, n_sentences) in enumerate(zip(
+                table.column(0).to_pylist(), table.column(1).to_pylist(), table.column(2).to_pylist(),
+                strict=True)):
+            index.append((doc_id, f, row, n_tokens, n_sentences))
+    index.sort()
+    n_tokens = np.array([d[3] for d in index], dtype=np.int64)
+    n_sentences = np.array([d[4] for d in index], dtype=np.int64)
+    token_start = np.concatenate([[0], np.cumsum(n_tokens)])
+    sentence_start = np.concatenate([[0], np.cumsum(n_sentences)])
+    tokens = np.empty(int(token_start[-1]), dtype=np.uint16 if vocab_size <= 1 << 16 else np.int32)
+    lengths = np.empty(int(sentence_start[-1]), dtype=np.int64)
+    place = {(f, row): d for d, (_, f, row, _, _) in enumerate(index)}
+    for f, uri in enumerate(uris):
+        row = 0
+        for chunk in _read_columns(uri, ["ids"]).column(0).chunks:
+            # the column's own buffers, one document at a time: no Python bytes per document
+            ends = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+            data = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)
+            for i in range(len(chunk)):
+                d = place[(f, row)]
+                ids = data[ends[i]:ends[i + 1]].view(np.intc)
+                is_mark = ids == END_MARK
+                sentence_lengths = np.diff(np.flatnonzero(is_mark), prepend=-1) - 1
+                tokens[token_start[d]:token_start[d + 1]] = ids[~is_mark]
+                lengths[sentence_start[d]:sentence_start[d + 1]] = sentence_lengths[sentence_lengths > 0]
+                row += 1
+    # array('q'): 8 bytes a sentence instead of a list's ~36, and bisect still works on it
+    offsets = array("q", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64).tobytes())
+    pool = DocumentPool(tokens, offsets, sentence_start.tolist())
+    return pool, [d[0] for d in index]
+
+
+# --------------------------------------------------------------------------- instances
+
+
+@dataclass(frozen=True)
+class RowRange:
+    """Rows ``start:stop`` of an instances spill file: a piece as a shuffle carries it
+    (``bert_core.instances.sharding.assign_shards`` cuts it like a batch)."""
+
+    uri: str
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def slice(self, start: int, stop: int) -> RowRange:
+        return RowRange(self.uri, self.start + start, self.start + stop)
+
+    def batches(self) -> Iterator[InstanceBatch]:
+        return read_rows(self.uri, self.start, self.stop)
+
+
+def write_pool_instances(uri: str, pool: DocumentPool, doc_ids: Sequence[str], groups: int, *,
+                         seed: int, dupe_factor: int, max_seq_length: int, max_predictions_per_seq: int,
+                         masked_lm_prob: float, short_seq_prob: float, vocab: VocabIds,
+                         next_sentence_prediction: bool = True, whole_word_mask: bool = False,
+                         mask: bool = True, window: int = 0) -> list[tuple[int, int, int]]:
+    """Every instance of the pool for one length (``create_instance_batch``'s, the same rows)
+    -> one spill file, ordered by piece ``key % groups`` then key
+    (``bert_core.instances.sharding.pieces_by_group``'s order); returns ``(g, first row, end
+    row)`` of every non-empty piece. Pairs are decided first as integers, then assembled and
+    masked ``window`` rows at a time (0: WINDOW_TOKENS worth)."""
+    import pyarrow.parquet as pq
+
+    spans, keys = instance_spans(pool, doc_ids, seed=seed, dupe_factor=dupe_factor,
+                                 max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
+                                 next_sentence_prediction=next_sentence_prediction)
+    order, bounds = piece_bounds(keys, groups)
+    spec = MaskingSpec(masked_lm_prob, max_predictions_per_seq, vocab, whole_word_mask)
+    window = window or rows_per_window(max_seq_length)
+    with storage.open_file(uri, "wb") as f, pq.ParquetWriter(f, schema(), compression="zstd") as writer:
+        for start in range(0, len(order), window):
+            rows = order[start:start + window]
+            batch = assemble(pool, spans[rows], keys[rows], vocab)
+            if mask:
+                batch = mask_batch(batch, spec)
+            writer.write_table(batch.to_table(), row_group_size=window)
+    return [(g, int(bounds[g]), int(bounds[g + 1])) for g in range(groups) if bounds[g + 1] > bounds[g]]
+
+
+def read_rows(uri: str, start: int, stop: int) -> Iterator[InstanceBatch]:
+    """Rows ``start:stop`` of an instances spill file, a row group at a time."""
+    import pyarrow.parquet as pq
+
+    with storage.open_file(uri, "rb") as f:
+        spill = pq.ParquetFile(f)
+        first = 0
+        for i in range(spill.metadata.num_row_groups):
+            n = spill.metadata.row_group(i).num_rows
+            lo, hi = max(start, first), min(stop, first + n)
+            if lo < hi:
+                yield InstanceBatch.from_table(spill.read_row_group(i).slice(lo - first, hi - lo))
+            first += n
+            if first >= stop:
+                break
+
+
+class ShardWriter:
+    """Rows, in any number of pieces -> one Parquet shard of the instances contract, in row
+    groups of a fixed number of rows (so the same rows make the same bytes however they
+    arrive), and the stats of what it wrote."""
+
+    def __init__(self, uri: str, max_seq_length: int, mask_id: int, rows_per_group: int = 0) -> None:
+        import pyarrow.parquet as pq
+
+        self.uri, self.mask_id = uri, mask_id
+        self.rows_per_group = rows_per_group or rows_per_window(max_seq_length, ROW_GROUP_TOKENS)
+        self.stats = InstanceStats(max_seq_length=max_seq_length)
+        self.count = 0
+        self.pending: list[InstanceBatch] = []
+        self.file = storage.open_file(uri, "wb")
+        self.writer = pq.ParquetWriter(self.file, schema(), compression="zstd")
+
+    def write(self, batch: InstanceBatch) -> None:
+        self.pending.append(batch)
+        if sum(len(b) for b in self.pending) >= self.rows_per_group:
+            rows = InstanceBatch.concat(self.pending)
+            full = len(rows) // self.rows_per_group * self.rows_per_group
+            self._flush(rows.slice(0, full))
+            self.pending = [rows.slice(full, len(rows))]
+
+    def _flush(self, rows: InstanceBatch) -> None:
+        if len(rows):
+            self.writer.write_table(rows.to_table(), row_group_size=self.rows_per_group)
+            self.stats.add_columns(rows.input_ids, rows.offsets, rows.len_a, rows.masked_lm_positions,
+                                   rows.masked_lm_ids, rows.mask_offsets, rows.next_sentence_label,
+                                   self.mask_id)
+            self.count += len(rows)
+
+    def close(self) -> dict[str, Any]:
+        """Finish the file; returns its manifest entry."""
+        self._flush(InstanceBatch.concat(self.pending))
+        self.pending = []
+        self.writer.close()
+        self.file.close()
+        return storage.shard_entry(self.uri, count=self.count)
+
+
+# --------------------------------------------------------------------------- rejects
+
+
+def write_rejects(uri: str, rejects: list[dict]) -> int:
+    """Rejects -> one JSON-lines spill file sorted by id; returns how many."""
+    rejects = sorted(rejects, key=lambda r: str(r["id"]))
+    storage.write_text(uri, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
+    return len(rejects)
+
+
+def merge_rejects(uris: Iterable[str], out: str) -> int:
+    """Sorted reject spill files -> one file sorted by id, streamed (a line per input held);
+    returns how many."""
+    files = [storage.open_file(uri, "rb") for uri in sorted(uris)]
+    count = 0
+    try:
+        lines = [((str(json.loads(line)["id"]), line) for line in f) for f in files]
+        with storage.open_file(out, "wb") as w:
+            for _, line in heapq.merge(*lines, key=lambda item: item[0]):
+                w.write(line)
+                count += 1
+    finally:
+        for f in files:
+            f.close()
+    return count
