@@ -4,14 +4,17 @@
     python -m beam_jobs.build_vocab --corpus CORPUS_URI --output VOCAB_URI [--preset demo] \\
         [--set vocab.vocab_size=30522] [--vocab-size N] [--cased] [--vocab-file VOCAB_TXT] [-- beam args]
 
-Steps: ``ReadSentences`` (the corpus shards its manifest lists, one row batch at a time),
-``CountWords`` (BERT's basic tokenization per document, ``CombinePerKey(sum)`` across workers),
-``WriteCounts`` (``word<TAB>count`` text shards in a scratch folder). The driver then reads the
-counts, sorts them (count descending, then word) and trains WordPiece with HF ``tokenizers``,
-feeding each word repeated by its count (why, what it costs and why it is reproducible:
-``bert_core/vocab/training.py``). Memory in the driver is the distinct-word table, never the
-corpus. Finally the vocab is measured on the same counts (UNK rate, pieces per word, top tokens)
-and the manifest is written last.
+Steps: ``ListWorkItems`` (the corpus shards its manifest lists, a shard shared by several
+items when there are fewer shards than workers), ``CountWords`` (BERT's basic tokenization per
+document; each worker sums counts in memory up to a bound and spills them to partial
+``word<TAB>count`` files by word bucket; per bucket the partial files are summed and written
+sorted by count descending, then word). Only file names travel between steps, so no step, and
+not the local runner's process, holds the corpus or its distinct words. The driver then streams
+the sorted bucket files in one merged order and trains WordPiece with HF ``tokenizers``, feeding
+each word repeated by its count (why, what it costs and why it is reproducible:
+``bert_core/vocab/training.py``); the trainer's own word table is the only distinct-word table
+held. Finally the vocab is measured on the same stream of counts (UNK rate, pieces per word,
+top tokens) and the manifest is written last.
 
 ``--vocab-file`` uses an existing ``vocab.txt`` (e.g. bert-base-uncased's, shipped with the
 sample MiniLM model) instead: it is validated (one token per line, no duplicates, ``[PAD]`` = 0,
@@ -27,6 +30,8 @@ depend only on the documents and the config, never on the runner or the number o
 
 from __future__ import annotations
 
+import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -35,7 +40,6 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.job import (
     LOCAL_RUNNER,
-    ReadSentences,
     counters,
     job_parser,
     parse_job_args,
@@ -44,21 +48,40 @@ from beam_jobs.job import (
 from bert_core import storage
 from bert_core.config import VocabConfig
 from bert_core.vocab.tokenization import Tokenizer, check_vocab_file
-from bert_core.vocab.wordcount import read_counts
+from bert_core.vocab.wordcount import iter_counts
 
 NAMESPACE = "build_vocab"
 COUNTERS = ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")
 SCRATCH = "_word_counts"
+SPILL = "_partial"  # partial counts inside the scratch folder
+MIN_BUCKETS = 16
 
 
 # --------------------------------------------------------------------------- pipeline
 
 
-class CountDocumentWords(beam.DoFn):
-    """``(doc_id, sentences)`` -> ``(word, count)`` for each distinct word of the document."""
+MAX_BUFFERED_WORDS = 1 << 19  # distinct words a worker counts in memory before it spills them
 
-    def __init__(self, lowercase: bool, strip_accents: bool):
+
+def plan_parts(shards: list[str], workers: int) -> list[tuple[str, int, int]]:
+    """Work items ``(shard, part, parts)``: part k of a shard is its row groups (or, in a shard
+    of fewer row groups than parts, its row batches) k, k + parts, ...
+
+    A corpus may have fewer shards than workers (its shards are large); a shard is then shared
+    by ``parts`` items, each counting its own share. Counts, and so the vocab, do not depend on
+    the split."""
+    parts = max(1, -(-workers // max(len(shards), 1)))
+    return [(uri, part, parts) for uri in shards for part in range(parts)]
+
+
+class CountPartWords(beam.DoFn):
+    """Work items -> ``(bucket, counts file)``: BERT's basic tokenization per document, counts
+    summed over the bundle and spilled to ``word<TAB>count`` files, one per word bucket. Only
+    the file names are shuffled: the local runner holds every shuffled element in memory."""
+
+    def __init__(self, lowercase: bool, strip_accents: bool, scratch: str, buckets: int):
         self.lowercase, self.strip_accents = lowercase, strip_accents
+        self.scratch, self.buckets = scratch, buckets
         self.documents = Metrics.counter(NAMESPACE, "documents")
         self.sentences = Metrics.counter(NAMESPACE, "sentences")
         self.words = Metrics.counter(NAMESPACE, "words")
@@ -66,71 +89,100 @@ class CountDocumentWords(beam.DoFn):
         self.empty = Metrics.counter(NAMESPACE, "documents_without_sentences")
         self.null_sentences = Metrics.counter(NAMESPACE, "null_sentences")
 
-    def process(self, element: tuple[str, list[str] | None]) -> Iterator[tuple[str, int]]:
+    def start_bundle(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def process(self, item: tuple[str, int, int]) -> Iterator[tuple[int, str]]:
+        from bert_core.corpus.documents import read_sentences
         from bert_core.vocab.wordcount import count_words
 
-        _, sentences = element
-        self.documents.inc()
-        nulls = sum(s is None for s in sentences or [])
-        if nulls:  # a null in list<string> is a corpus bug: counted so it shows, words unaffected
-            self.null_sentences.inc(nulls)
-        sentences = [s for s in (sentences or []) if s]
-        if not sentences:
-            self.empty.inc()
-            return
-        self.sentences.inc(len(sentences))
-        counts = count_words(sentences, self.lowercase, self.strip_accents)
-        self.words.inc(sum(counts.values()))
-        yield from counts.items()
+        uri, part, parts = item
+        for _, sentences in read_sentences(uri, part=part, parts=parts):
+            self.documents.inc()
+            nulls = sum(s is None for s in sentences or [])
+            if nulls:  # a null in list<string> is a corpus bug: counted so it shows, words unaffected
+                self.null_sentences.inc(nulls)
+            sentences = [s for s in (sentences or []) if s]
+            if not sentences:
+                self.empty.inc()
+                continue
+            self.sentences.inc(len(sentences))
+            counts = count_words(sentences, self.lowercase, self.strip_accents)
+            self.words.inc(sum(counts.values()))
+            self.counts.update(counts)
+            if len(self.counts) >= MAX_BUFFERED_WORDS:
+                yield from self._spill()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        from apache_beam.transforms.window import GlobalWindows
+
+        for bucket, uri in self._spill():
+            yield GlobalWindows.windowed_value((bucket, uri))
+
+    def _spill(self) -> Iterator[tuple[int, str]]:
+        from bert_core.vocab.wordcount import word_bucket, write_counts
+
+        by_bucket: dict[int, list[tuple[str, int]]] = {}
+        for word, count in self.counts.items():
+            by_bucket.setdefault(word_bucket(word, self.buckets), []).append((word, count))
+        for bucket, pairs in sorted(by_bucket.items()):
+            # a unique name: a retried bundle's files are simply never referenced
+            uri = storage.join(self.scratch, SPILL, f"{bucket:05d}-{uuid.uuid4().hex}.tsv")
+            write_counts(uri, pairs)
+            yield bucket, uri
+        self.counts = Counter()
+
+
+def _merge_bucket(element: tuple[int, Iterable[str]], scratch: str) -> int:
+    """One bucket's partial counts -> ``counts-BBBBB.tsv``, sorted in training order."""
+    from bert_core.vocab.wordcount import count_key, merge_count_files, write_counts
+
+    bucket, uris = element
+    counts = merge_count_files(sorted(uris))
+    write_counts(storage.join(scratch, f"counts-{bucket:05d}.tsv"), sorted(counts.items(), key=count_key))
+    return bucket
 
 
 class CountWords(beam.PTransform):
-    """``(doc_id, sentences)`` -> ``(word, count)`` over the whole corpus."""
+    """Work items ``(shard, part, parts)`` -> ``counts-BBBBB.tsv`` files in ``scratch``, one per
+    word bucket, each sorted by count descending then word (what :func:`iter_counts` merges);
+    the output PCollection holds the bucket numbers written."""
 
-    def __init__(self, lowercase: bool, strip_accents: bool):
+    def __init__(self, lowercase: bool, strip_accents: bool, scratch: str, buckets: int):
         super().__init__()
         self.lowercase, self.strip_accents = lowercase, strip_accents
+        self.scratch, self.buckets = scratch, buckets
 
-    def expand(self, docs):
+    def expand(self, items):
         return (
-            docs
-            # A corpus may have fewer shards than workers; spread the documents out.
-            | "SpreadDocuments" >> beam.Reshuffle()
-            | "CountDocumentWords" >> beam.ParDo(CountDocumentWords(self.lowercase, self.strip_accents))
-            | "SumPerWord" >> beam.CombinePerKey(sum)
-        )
-
-
-class WriteCounts(beam.PTransform):
-    """``(word, count)`` -> ``word<TAB>count`` text shards ``<prefix>-SSSSS-of-NNNNN.tsv``."""
-
-    def __init__(self, prefix: str):
-        super().__init__()
-        self.prefix = prefix
-
-    def expand(self, pairs):
-        return (
-            pairs
-            | "FormatCounts" >> beam.MapTuple(lambda word, count: f"{word}\t{count}")
-            | "WriteText" >> beam.io.WriteToText(self.prefix, file_name_suffix=".tsv")
+            items
+            # spread the work items (never the documents) over the workers
+            | "SpreadWorkItems" >> beam.Reshuffle()
+            | "CountPartWords" >> beam.ParDo(
+                CountPartWords(self.lowercase, self.strip_accents, self.scratch, self.buckets))
+            | "GroupByBucket" >> beam.GroupByKey()
+            | "SumPerWord" >> beam.Map(_merge_bucket, self.scratch)
         )
 
 
 def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int, runner: str,
                        beam_args: Iterable[str]) -> dict[str, int]:
-    """Run the counting pipeline; ``word<TAB>count`` files land in ``scratch``. Returns counters."""
+    """Run the counting pipeline; sorted ``counts-BBBBB.tsv`` files land in ``scratch``.
+    Returns the counters."""
     shards = storage.shard_uris(corpus)
     storage.remove(scratch)
+    # More buckets for a bigger corpus, so one bucket's words stay a bounded table.
+    buckets = max(MIN_BUCKETS, len(shards))
 
     def build(p: beam.Pipeline) -> None:
         _ = (
             p
-            | "ReadSentences" >> ReadSentences(shards)
-            | "CountWords" >> CountWords(cfg.lowercase, cfg.do_strip_accents)
-            | "WriteCounts" >> WriteCounts(storage.join(scratch, "counts"))
+            | "ListWorkItems" >> beam.Create(plan_parts(shards, workers), reshuffle=False)
+            | "CountWords" >> CountWords(cfg.lowercase, cfg.do_strip_accents, scratch, buckets)
         )
 
     found = counters(run_pipeline(build, workers, runner, beam_args), NAMESPACE)
+    storage.remove(storage.join(scratch, SPILL))
     return {name: found.get(name, 0) for name in COUNTERS}
 
 
@@ -159,25 +211,24 @@ def build_vocab(
     storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
 
     counters: dict[str, int] = {}
-    pairs: list[tuple[str, int]] = []
-    if corpus:
-        scratch = storage.join(output, SCRATCH)
-        try:
+    scratch = storage.join(output, SCRATCH)
+    try:
+        if corpus:
             counters = count_corpus_words(corpus, scratch, cfg, workers, runner, beam_args)
-            pairs = read_counts(scratch)
-        finally:
-            storage.remove(scratch)
-    if given is not None:
-        tokenizer = given
-    else:
-        if not pairs:
-            raise ValueError(f"corpus {corpus} has no words to train a vocab on; check the corpus stage's counts")
-        vocab = train_wordpiece(lambda: pairs, cfg.vocab_size, cfg.min_frequency, cfg.limit_alphabet,
-                                cfg.num_unused)
-        tokenizer = Tokenizer(vocab, cfg.lowercase, cfg.do_strip_accents, cfg.max_input_chars_per_word)
-    tokenizer.save(output)
-
-    stats = vocab_stats(tokenizer, pairs) if pairs else {}
+        has_words = bool(corpus) and next(iter_counts(scratch), None) is not None
+        if given is not None:
+            tokenizer = given
+        else:
+            if not has_words:
+                raise ValueError(f"corpus {corpus} has no words to train a vocab on; check the corpus stage's counts")
+            # the sorted counts stream from the scratch files at each pass, never held here
+            vocab = train_wordpiece(lambda: iter_counts(scratch), cfg.vocab_size, cfg.min_frequency,
+                                    cfg.limit_alphabet, cfg.num_unused)
+            tokenizer = Tokenizer(vocab, cfg.lowercase, cfg.do_strip_accents, cfg.max_input_chars_per_word)
+        tokenizer.save(output)
+        stats = vocab_stats(tokenizer, iter_counts(scratch)) if has_words else {}
+    finally:
+        storage.remove(scratch)
     config = cfg.model_dump(mode="json") | {"strip_accents": cfg.do_strip_accents}
     files = [storage.shard_entry(storage.join(output, name)) for name in ("vocab.txt", "tokenizer.json")]
     counts = {"vocab_size": tokenizer.vocab_size, "vocab_size_requested": None if given else cfg.vocab_size,

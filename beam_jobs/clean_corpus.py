@@ -8,19 +8,29 @@
 
 Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
 split sentences), ``ReadBooks`` (one book = one document), ``ReadTextRecords`` (JSON lines and
-Parquet, one record = one document: ``bert_core/corpus/records.py``), ``CleanDocuments`` (filters, exact
-and near-duplicate removal), ``WriteDocuments`` (sorted, hash-assigned shards), then the
-manifest. Every record read ends as a kept document or one reject (with a reason, and the id it
-duplicates for duplicates); one Beam counter per reject reason. Output layout and schema:
-``bert_core/corpus/documents.py``. Output bytes do not depend on ``--workers``: shards are chosen by a
-stable hash of ``doc_id``, rows sorted by ``doc_id``, rejects sorted too, and which of a set of
-duplicates is kept depends only on ids, never on arrival order.
+Parquet, one record = one document: ``bert_core/corpus/records.py``), then per source
+``CleanDocuments`` (filters, duplicate fingerprints), ``FindDuplicates`` (exact and
+near-duplicate verdicts), ``WriteDocuments`` (sorted, hash-assigned shards, the verdicts
+applied), then the manifest. Every record read ends as a kept document or one reject (with a
+reason, and the id it duplicates for duplicates); one Beam counter per reject reason. Output
+layout and schema: ``bert_core/corpus/documents.py``. Output bytes do not depend on
+``--workers``: shards are chosen by a stable hash of ``doc_id``, rows sorted by ``doc_id``,
+rejects sorted too, and which of a set of duplicates is kept depends only on ids, never on
+arrival order.
+
+Memory does not grow with the corpus, on the local runner too (which holds every element that
+passes between steps in its own process, and materializes a Flatten of several inputs): records
+pass between steps as sorted runs in temporary files under the output (``_spill/``,
+``bert_core/corpus/spill.py``) and only the file names are shuffled; each source is cleaned
+alone (no Flatten of documents); the verdicts meet the documents by shard (``CoGroupByKey`` of
+file names, no side inputs) and a shard is written as one merge of sorted streams, a Parquet row
+group at a time. The only side input is the job's summary (counts and histograms).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
-import pickle
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator
@@ -28,14 +38,13 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import AsDict, AsList, AsSingleton, TaggedOutput
+from apache_beam.pvalue import AsSingleton, TaggedOutput
 
 from beam_jobs.job import LOCAL_RUNNER, job_parser, parse_job_args, run_pipeline
 from beam_jobs.job import counters as job_counters
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
-from bert_core.corpus.dedup import duplicate_verdicts, exact_losers
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.sentences import split_paragraphs
 
@@ -52,7 +61,9 @@ BANDS = "bands"
 # for almost no hits.
 NEAR_DEDUP_SOURCES = (D.BOOKS, D.TEXT)
 SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
-SPILL_CHARS = 16 << 20  # characters of documents a worker holds before it spills them
+SPILL_CHARS = 4 << 20  # characters of records a worker holds (per kind) before it spills them
+ROW_GROUP_CHARS = 8 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
+LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
 
 
 def _count_reject(reject: D.Reject) -> D.Reject:
@@ -210,6 +221,92 @@ class ReadTextRecords(beam.PTransform):
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
 
 
+# --------------------------------------------------------------------------- spilling
+
+
+def _doc_key(doc: D.Document) -> tuple[str, str]:
+    return doc["doc_id"], doc["origin"]
+
+
+def _doc_bucket(doc: D.Document, n: int) -> int:
+    return D.stable_shard(doc["doc_id"], n)
+
+
+def _doc_weight(doc: D.Document) -> int:
+    return sum(len(s) for s in doc["sentences"])
+
+
+def _reject_bucket(reject: D.Reject, n: int) -> int:
+    return D.stable_shard(reject["id"], n)
+
+
+def _key_bucket(record: tuple, n: int) -> int:
+    """Bucket of a keyed record: its key, or the doc_id at the head of a tuple key."""
+    key = record[0]
+    return D.stable_shard(key if isinstance(key, str) else key[0], n)
+
+
+def _band_key(record: tuple) -> tuple[str, str]:
+    return record[0], record[1][0]
+
+
+def _identity(record: Any) -> Any:
+    return record
+
+
+def _small(_: Any) -> int:
+    return 100  # about the characters of a fingerprint, verdict or reject
+
+
+def _band_weight(record: tuple) -> int:
+    return 100 + 4 * len(record[1][1])
+
+
+class SpillFn(beam.DoFn):
+    """Records -> ``(bucket, run file)``: each bundle's records are written by bucket to sorted
+    runs (:mod:`bert_core.corpus.spill`) under the job's output, and only the file names are
+    shuffled. The local runner keeps every shuffled element in memory, so shuffling the records
+    themselves would make its memory grow with the corpus."""
+
+    def __init__(self, output: str, kind: str, num_buckets: int, bucket_of, key=_identity, weight=_small):
+        self.output, self.kind, self.num_buckets = output, kind, num_buckets
+        self.bucket_of, self.key, self.weight = bucket_of, key, weight
+
+    def start_bundle(self) -> None:
+        self.buffers: dict[int, list[Any]] = {}
+        self.size = 0
+
+    def process(self, record: Any) -> Iterator[tuple[int, str]]:
+        self.buffers.setdefault(self.bucket_of(record, self.num_buckets), []).append(record)
+        self.size += self.weight(record)
+        if self.size >= SPILL_CHARS:
+            yield from self._flush()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        from apache_beam.transforms.window import GlobalWindows
+
+        for bucket, uri in self._flush():
+            yield GlobalWindows.windowed_value((bucket, uri))
+
+    def _flush(self) -> Iterator[tuple[int, str]]:
+        from bert_core.corpus.spill import write_run
+
+        for bucket, records in sorted(self.buffers.items()):
+            # a unique name: a retried bundle's files are simply never referenced
+            uri = storage.join(self.output, SPILL_DIR, f"{self.kind}-{bucket:05d}-{uuid.uuid4().hex}.pkl")
+            write_run(uri, records, self.key)
+            yield bucket, uri
+        self.buffers, self.size = {}, 0
+
+
+def spill_docs(output: str, n: int) -> SpillFn:
+    return SpillFn(output, "docs", n, _doc_bucket, _doc_key, _doc_weight)
+
+
+def spill_rejects(output: str, n: int) -> SpillFn:
+    return SpillFn(output, "rejects", n, _reject_bucket, D.reject_sort_key)
+
+
 # --------------------------------------------------------------------------- cleaning
 
 
@@ -225,8 +322,8 @@ class FilterFn(beam.DoFn):
 class FingerprintFn(beam.DoFn):
     """Per document: the exact-duplicate key and, for near duplicates, its LSH band entries.
 
-    Only these small records are grouped to find duplicates; the documents themselves go to
-    their output shard once (through spill files), where the verdicts are applied (side inputs).
+    Only these small records are compared to find duplicates; the documents themselves go to
+    their output shard once (through spill files), where the verdicts are applied.
     """
 
     def __init__(self, cfg: CorpusConfig):
@@ -244,156 +341,164 @@ class FingerprintFn(beam.DoFn):
         if self.cfg.dedup_exact:
             yield TaggedOutput(EXACT, (normalized_hash(text), (doc["doc_id"], doc["origin"])))
         if self.cfg.dedup_near and doc["source"] in NEAR_DEDUP_SOURCES:
-            # 32-bit values: half the bytes to shuffle, same estimate
+            # 32-bit values: half the bytes to spill, same estimate
             sig = self.hasher.signature(text, normalized=True).astype("uint32")
             for key in self.hasher.band_keys(sig):
                 yield TaggedOutput(BANDS, (key, (doc["doc_id"], sig)))
 
 
-def _bucket_pairs(element, threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
-    from bert_core.corpus.dedup import near_duplicates_in_bucket
-
-    _, members = element
-    members = list(members)
-    if len(members) > 1:
-        for doc_id, dup_of, sim in near_duplicates_in_bucket(members, threshold):
-            yield doc_id, (dup_of, sim)
-
-
 class CleanDocuments(beam.PTransform):
-    """Documents -> {"docs", "rejects", "duplicates", "near_duplicates"}.
+    """One source's {"docs", "rejects"} -> sorted runs, as ``(bucket, run file)`` PCollections:
+    {"docs", "rejects"} by output shard, {"exact", "bands"} (duplicate fingerprints) by key.
 
-    Filters run here (too short, too few sentences); duplicates are *found* here but applied by
-    :class:`WriteDocuments`, so the documents travel once: "duplicates" maps
-    (doc_id, origin) -> the (doc_id, origin) with the same text that is kept, and
-    "near_duplicates" maps doc_id -> (smallest similar doc_id, estimated Jaccard).
+    Filters run here (too short, too few sentences) and fingerprints are taken; duplicates are
+    found by :class:`FindDuplicates` and applied by :class:`WriteDocuments`, so the documents
+    travel once. Apply it to each source alone: a Flatten of several sources' documents would be
+    held whole by the local runner.
     """
 
-    def __init__(self, cfg: CorpusConfig):
+    def __init__(self, cfg: CorpusConfig, output: str, num_shards: int):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.output, self.num_shards = cfg, output, num_shards
 
-    def expand(self, docs):
-        cfg = self.cfg
-        out = docs | "ApplyFilters" >> beam.ParDo(FilterFn(cfg)).with_outputs(REJECTS, main="docs")
+    def expand(self, pcolls):
+        cfg, output, n = self.cfg, self.output, self.num_shards
+        out = pcolls["docs"] | "ApplyFilters" >> beam.ParDo(FilterFn(cfg)).with_outputs(REJECTS, main="docs")
         prints = out.docs | "Fingerprint" >> beam.ParDo(FingerprintFn(cfg)).with_outputs(EXACT, BANDS)
-        duplicates = (
-            prints[EXACT]
-            | "GroupByContent" >> beam.GroupByKey()
-            | "FindExactDuplicates" >> beam.FlatMap(exact_losers)
+        return {
+            "docs": out.docs | "SpillDocuments" >> beam.ParDo(spill_docs(output, n)),
+            "rejects": (
+                (pcolls["rejects"] | "SpillReadRejects" >> beam.ParDo(spill_rejects(output, n)),
+                 out[REJECTS] | "SpillFilterRejects" >> beam.ParDo(spill_rejects(output, n)))
+                | "AllRejectRuns" >> beam.Flatten()
+            ),
+            "exact": prints[EXACT] | "SpillContentKeys" >> beam.ParDo(
+                SpillFn(output, "exact", n, _key_bucket)),
+            "bands": prints[BANDS] | "SpillBands" >> beam.ParDo(
+                SpillFn(output, "bands", n, _key_bucket, _band_key, _band_weight)),
+        }
+
+
+def _exact_verdicts(element: tuple[int, Iterable[str]]) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """One bucket of content keys (runs) -> exact-duplicate verdicts, one group at a time."""
+    from bert_core.corpus.dedup import exact_losers
+    from bert_core.corpus.spill import group_sorted, merge_runs
+
+    _, runs = element
+    for content, records in group_sorted(merge_runs(sorted(runs), _identity), _first):
+        if len(records) > 1:
+            yield from exact_losers((content, [member for _, member in records]))
+
+
+def _near_verdicts(element: tuple[int, Iterable[str]], threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
+    """One bucket of LSH band entries (runs) -> (doc_id, (similar smaller doc_id, similarity))."""
+    from bert_core.corpus.dedup import near_duplicates_in_bucket
+    from bert_core.corpus.spill import group_sorted, merge_runs
+
+    _, runs = element
+    for _, records in group_sorted(merge_runs(sorted(runs), _band_key), _first):
+        if len(records) > 1:
+            for doc_id, dup_of, sim in near_duplicates_in_bucket([member for _, member in records], threshold):
+                yield doc_id, (dup_of, sim)
+
+
+def _first(record: tuple) -> Any:
+    return record[0]
+
+
+class FindDuplicates(beam.PTransform):
+    """{"exact", "bands"} fingerprint runs -> {"exact", "near"} verdict runs by output shard.
+
+    "exact": (doc_id, origin) -> the (doc_id, origin) with the same text that is kept (the
+    smallest); "near": doc_id -> (a smaller doc_id it is similar to, estimated Jaccard), of which
+    the writer takes the smallest. A bucket's runs are merged as streams: one group of equal
+    keys is held at a time.
+    """
+
+    def __init__(self, cfg: CorpusConfig, output: str, num_shards: int):
+        super().__init__()
+        self.cfg, self.output, self.num_shards = cfg, output, num_shards
+
+    def expand(self, runs):
+        output, n = self.output, self.num_shards
+        exact = (
+            runs["exact"]
+            | "GroupContentRuns" >> beam.GroupByKey()
+            | "FindExactDuplicates" >> beam.FlatMap(_exact_verdicts)
+            | "SpillExactVerdicts" >> beam.ParDo(SpillFn(output, "dup", n, _key_bucket))
         )
         near = (
-            prints[BANDS]
-            | "GroupByBand" >> beam.GroupByKey()
-            | "FindNearDuplicates" >> beam.FlatMap(_bucket_pairs, cfg.near_dup_threshold)
-            # a document similar to several others names the smallest id
-            | "SmallestMatch" >> beam.CombinePerKey(min)
+            runs["bands"]
+            | "GroupBandRuns" >> beam.GroupByKey()
+            | "FindNearDuplicates" >> beam.FlatMap(_near_verdicts, self.cfg.near_dup_threshold)
+            | "SpillNearVerdicts" >> beam.ParDo(SpillFn(output, "near", n, _key_bucket))
         )
-        return {"docs": out.docs, "rejects": out[REJECTS], "duplicates": duplicates,
-                "near_duplicates": near}
+        return {"exact": exact, "near": near}
 
 
 # --------------------------------------------------------------------------- writing
 
 
-class SpillDocumentsFn(beam.DoFn):
-    """Documents -> (shard, spill file): documents are written by shard to temporary files and
-    only the file names are shuffled. The local runner keeps every shuffled element in memory,
-    so shuffling the documents themselves would make its memory grow with the corpus."""
+def _write_shard(element, output: str, num_shards: int, text_format: str) -> Iterator[Any]:
+    """Write one documents shard and its rejects shard from their runs, applying the duplicate
+    verdicts as one merge of sorted streams; yields the shard's partial summary."""
+    from bert_core.corpus.dedup import apply_verdicts
+    from bert_core.corpus.spill import merge_runs, write_run
 
-    def __init__(self, output: str, num_shards: int):
-        self.output, self.num_shards = output, num_shards
-
-    def start_bundle(self) -> None:
-        self.buffers: dict[int, list[D.Document]] = {}
-        self.chars = 0
-
-    def process(self, doc: D.Document) -> Iterator[tuple[int, str]]:
-        self.buffers.setdefault(D.stable_shard(doc["doc_id"], self.num_shards), []).append(doc)
-        self.chars += sum(len(s) for s in doc["sentences"])
-        if self.chars >= SPILL_CHARS:
-            yield from self._flush()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        from apache_beam.transforms.window import GlobalWindows
-
-        for shard, uri in self._flush():
-            yield GlobalWindows.windowed_value((shard, uri))
-
-    def _flush(self) -> Iterator[tuple[int, str]]:
-        for shard, docs in sorted(self.buffers.items()):
-            # a unique name: a retried bundle's files are simply never referenced
-            uri = storage.join(self.output, SPILL_DIR, f"shard-{shard:05d}-{uuid.uuid4().hex}.pkl")
-            with storage.open_file(uri, "wb") as f:
-                pickle.dump(docs, f, protocol=pickle.HIGHEST_PROTOCOL)
-            yield shard, uri
-        self.buffers, self.chars = {}, 0
-
-
-def _load_spills(uris: Iterable[str]) -> Iterator[D.Document]:
-    for uri in uris:
-        with storage.open_file(uri, "rb") as f:
-            yield from pickle.load(f)  # our own temporary files, written by SpillDocumentsFn
-
-
-def _write_doc_shard(element, output: str, num_shards: int, text_format: str,
-                     duplicates: dict | None = None, near: dict | None = None) -> Iterator[Any]:
-    """Write one shard (rows sorted by doc_id) from its spill files, applying the verdicts."""
-    index, spills = element
-    docs = []
-    for record in duplicate_verdicts(_load_spills(sorted(spills)), duplicates or {}, near or {}):
-        if D.is_reject(record):
-            yield TaggedOutput(REJECTS, record)
-        else:
-            docs.append(record)
-    uri = storage.join(output, D.shard_name("docs", index, num_shards, "parquet"))
-    D.write_documents(uri, docs)
-    if text_format == "google":
-        D.write_google_text(storage.join(output, D.shard_name("text", index, num_shards, "txt")), docs)
-    for doc in docs:
-        yield TaggedOutput("kept", (doc["source"], D.length_stats(doc)))
-    yield ("docs", index)
-
-
-def _write_reject_shard(element, output: str, num_shards: int) -> tuple[str, int]:
-    index, group = element
-    D.write_rejects(storage.join(output, D.shard_name("rejects", index, num_shards, "jsonl")), list(group))
-    return ("rejects", index)
+    index, runs = element
+    summary = SummaryFn()
+    acc = summary.create_accumulator()
+    docs = merge_runs(sorted(runs["docs"]), _doc_key)
+    exact = merge_runs(sorted(runs["exact"]), _identity)
+    near = merge_runs(sorted(runs["near"]), _identity)
+    text = storage.join(output, D.shard_name("text", index, num_shards, "txt")) if text_format == "google" else None
+    writer = D.ShardWriter(storage.join(output, D.shard_name("docs", index, num_shards, "parquet")), text,
+                           ROW_GROUP_CHARS)
+    late: list[D.Reject] = []  # duplicate rejects: at most one per document, spilled in runs
+    late_runs: list[str] = []
+    try:
+        for record in apply_verdicts(docs, exact, near):
+            if D.is_reject(record):
+                late.append(record)
+                if len(late) >= LATE_REJECTS:
+                    late_runs.append(storage.join(output, SPILL_DIR, f"late-{index:05d}-{uuid.uuid4().hex}.pkl"))
+                    write_run(late_runs[-1], late, D.reject_sort_key)
+                    late = []
+            else:
+                writer.add(record)
+                summary.add_input(acc, ("kept", (record["source"], D.length_stats(record))))
+    finally:
+        writer.close()
+    late.sort(key=D.reject_sort_key)
+    runs_in_order = [*sorted(runs["rejects"]), *late_runs]
+    rejects = heapq.merge(merge_runs(runs_in_order, D.reject_sort_key), late, key=D.reject_sort_key)
+    uri = storage.join(output, D.shard_name("rejects", index, num_shards, "jsonl"))
+    with storage.open_file(uri, "wb") as f:
+        for reject in rejects:
+            _count_reject(reject)
+            summary.add_input(acc, ("rejected", reject))
+            f.write((json.dumps(reject, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
+    yield ("partial", acc)
 
 
 class WriteDocuments(beam.PTransform):
-    """Docs + rejects (+ duplicate verdicts) -> shards under ``output``;
-    returns {"written", "kept", "rejects"}. Documents reach their shard through spill files
-    (:class:`SpillDocumentsFn`); rejects are small and shuffled directly."""
+    """Runs {"docs", "rejects", "exact", "near"} (``(shard, run file)``) -> every documents and
+    rejects shard under ``output`` (an empty one where no run falls); returns the shards'
+    partial summaries. Runs are joined by shard (CoGroupByKey of file names), never by side
+    inputs."""
 
     def __init__(self, output: str, num_shards: int, text_format: str):
         super().__init__()
         self.output, self.num_shards, self.text_format = output, num_shards, text_format
 
-    def expand(self, pcolls):
+    def expand(self, runs):
         n = self.num_shards
-        written = (
-            pcolls["docs"]
-            | "SpillByShard" >> beam.ParDo(SpillDocumentsFn(self.output, n))
-            | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.FlatMap(
-                _write_doc_shard, self.output, n, self.text_format,
-                duplicates=AsDict(pcolls["duplicates"]), near=AsDict(pcolls["near_duplicates"]))
-            .with_outputs(REJECTS, "kept", main="written")
+        every = runs["docs"].pipeline | "EveryShard" >> beam.Create([(i, None) for i in range(n)])
+        return (
+            {"shard": every, **runs}
+            | "JoinRunsByShard" >> beam.CoGroupByKey()
+            | "WriteShards" >> beam.FlatMap(_write_shard, self.output, n, self.text_format)
         )
-        rejects = (
-            (pcolls["rejects"], written[REJECTS])
-            | "AllRejects" >> beam.Flatten()
-            | "CountRejects" >> beam.Map(_count_reject)
-        )
-        reject_shards = (
-            rejects
-            | "KeyRejectsByShard" >> beam.Map(lambda r, n: (D.stable_shard(r["id"], n), r), n=n)
-            | "GroupRejects" >> beam.GroupByKey()
-            | "WriteRejects" >> beam.Map(_write_reject_shard, self.output, n)
-        )
-        done = (written.written, reject_shards) | "ShardsDone" >> beam.Flatten()
-        return {"written": done, "kept": written["kept"], "rejects": rejects}
 
 
 class SummaryFn(beam.CombineFn):
@@ -404,6 +509,8 @@ class SummaryFn(beam.CombineFn):
 
     def add_input(self, acc, element):
         kind, value = element
+        if kind == "partial":  # a shard's own summary
+            return self.merge_accumulators([acc, value])
         if kind == "read":
             source, n = value
             acc["read"][source] = acc["read"].get(source, 0) + n
@@ -432,14 +539,8 @@ class SummaryFn(beam.CombineFn):
 
 
 def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num_shards: int,
-            written: list[tuple[str, int]], summary: dict[str, Any]) -> dict[str, Any]:
-    """Empty shards for shard indices that got no rows, then the manifest (written last)."""
-    done = set(written)
-    for index in range(num_shards):
-        if ("docs", index) not in done:
-            list(_write_doc_shard((index, []), output, num_shards, cfg.text_format))
-        if ("rejects", index) not in done:
-            _write_reject_shard((index, []), output, num_shards)
+            summary: dict[str, Any]) -> dict[str, Any]:
+    """The manifest, written last: the summary is complete only once every shard is written."""
     storage.remove(storage.join(output, SPILL_DIR))
     return D.write_corpus_manifest(output, cfg, inputs, num_shards, summary)
 
@@ -448,37 +549,34 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
 
 
 def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int) -> None:
-    """The job's graph: read -> clean -> write shards -> manifest (after every shard)."""
+    """The job's graph: read -> clean (each source alone) -> find duplicates -> write shards ->
+    manifest. Between steps only run file names and small summaries travel."""
     wiki_files, book_files, text_files = inputs["wikipedia"], inputs["books"], inputs["text"]
     parts = []
     if wiki_files:
-        parts.append(p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files))
+        parts.append(("Wikipedia", p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files)))
     if book_files:
-        parts.append(p | "ReadBooksFiles" >> ReadBooks(book_files))
+        parts.append(("Books", p | "ReadBooksFiles" >> ReadBooks(book_files)))
     if text_files:
-        parts.append(p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg))
-    docs = [x["docs"] for x in parts] | "AllDocuments" >> beam.Flatten()
-    read = [x["read"] for x in parts] | "AllReadCounts" >> beam.Flatten()
-    cleaned = docs | "CleanDocuments" >> CleanDocuments(cfg)
-    early_rejects = [x["rejects"] for x in parts] + [cleaned["rejects"]]
-    rejects = early_rejects | "ReadAndCleanRejects" >> beam.Flatten()
-    out = {**cleaned, "rejects": rejects} | "WriteDocuments" >> WriteDocuments(
-        output, num_shards, cfg.text_format)
+        parts.append(("Text", p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg)))
+    runs = [part | f"Clean{name}" >> CleanDocuments(cfg, output, num_shards) for name, part in parts]
+    by_kind = {kind: [r[kind] for r in runs] | f"All{kind.capitalize()}Runs" >> beam.Flatten()
+               for kind in ("docs", "rejects", "exact", "bands")}
+    verdicts = by_kind | "FindDuplicates" >> FindDuplicates(cfg, output, num_shards)
+    written = (
+        {"docs": by_kind["docs"], "rejects": by_kind["rejects"], **verdicts}
+        | "WriteDocuments" >> WriteDocuments(output, num_shards, cfg.text_format)
+    )
+    read = [part["read"] for _, part in parts] | "AllReadCounts" >> beam.Flatten()
     summary = (
-        (
-            read | "TagRead" >> beam.Map(lambda x: ("read", x)),
-            out["kept"] | "TagKept" >> beam.Map(lambda x: ("kept", x)),
-            out["rejects"] | "TagRejected" >> beam.Map(lambda x: ("rejected", x)),
-        )
-        | "AllEvents" >> beam.Flatten()
+        (read | "TagRead" >> beam.Map(lambda x: ("read", x)), written)
+        | "AllSummaries" >> beam.Flatten()
         | "Summarize" >> beam.CombineGlobally(SummaryFn())
     )
     _ = (
         p
         | "Once" >> beam.Create([None])
-        | "WriteManifest" >> beam.Map(
-            _finish, output, cfg, inputs, num_shards,
-            written=AsList(out["written"]), summary=AsSingleton(summary))
+        | "WriteManifest" >> beam.Map(_finish, output, cfg, inputs, num_shards, summary=AsSingleton(summary))
     )
 
 

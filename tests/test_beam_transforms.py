@@ -15,17 +15,25 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs.build_vocab import CountWords, WriteCounts
-from beam_jobs.clean_corpus import CleanDocuments, ReadBooks, ReadWikipediaDump, WriteDocuments
+from beam_jobs.build_vocab import CountWords, plan_parts
+from beam_jobs.clean_corpus import (
+    SPILL_DIR,
+    CleanDocuments,
+    FindDuplicates,
+    ReadBooks,
+    ReadWikipediaDump,
+    WriteDocuments,
+)
 from beam_jobs.create_instances import CreateInstanceShards
 from beam_jobs.job import ReadSentences, pipeline_options
 from bert_core import storage
 from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec
 from bert_core.corpus import documents as D
 from bert_core.corpus.sentences import split_sentences
+from bert_core.corpus.spill import read_run, write_run
 from bert_core.instances.pairs import VocabIds
 from bert_core.vocab.tokenization import load_tokenizer
-from bert_core.vocab.wordcount import count_words, read_counts
+from bert_core.vocab.wordcount import count_key, count_words, read_counts
 
 PROSE = ("The river runs through the old town. It was first mapped in 1820 by Dr. Hale, who "
          "walked its banks for three years. Today it feeds two lakes and a canal. ")
@@ -89,7 +97,19 @@ def long_book(seed: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(12)).capitalize() + "." for _ in range(60)]
 
 
-def test_clean_documents_filters_and_finds_exact_and_near_duplicates() -> None:
+def holds(predicate):
+    """An assert_that matcher from a predicate on the whole PCollection."""
+    def match(got):
+        assert predicate(got), got
+    return match
+
+
+def spilled(output: str, kind: str) -> list:
+    """Every record of the runs of one kind that a step spilled under ``output``."""
+    return [r for uri in storage.glob(storage.join(output, SPILL_DIR, f"{kind}-*.pkl")) for r in read_run(uri)]
+
+
+def test_clean_documents_filters_and_finds_exact_and_near_duplicates(tmp_path) -> None:
     book = long_book(1)
     edited = [*book[:-2], "An edited line that was not in the original book at all.", book[-1]]
     docs = [
@@ -99,17 +119,20 @@ def test_clean_documents_filters_and_finds_exact_and_near_duplicates() -> None:
         D.make_document("book:a", D.BOOKS, "A", book, "a.txt"),
         D.make_document("book:b", D.BOOKS, "B", edited, "b.txt"),
     ]
+    output = str(tmp_path)
     with pipeline() as p:
-        out = p | beam.Create(docs) | CleanDocuments(CorpusConfig())
-        kept = out["docs"] | "Ids" >> beam.Map(lambda d: d["doc_id"])
-        assert_that(kept, equal_to(["wiki:1", "wiki:9", "book:a", "book:b"]), label="CheckDocs")
-        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
-        assert_that(reasons, equal_to([("wiki:5", D.TOO_FEW_SENTENCES)]), label="CheckRejects")
-        # the smallest (doc_id, origin) of the same text is kept
-        assert_that(out["duplicates"], equal_to([(("wiki:9", "b.xml"), ("wiki:1", "a.xml"))]),
-                    label="CheckDuplicates")
-        near = out["near_duplicates"] | "Near" >> beam.MapTuple(lambda doc_id, match: (doc_id, match[0]))
-        assert_that(near, equal_to([("book:b", "book:a")]), label="CheckNear")
+        runs = {"docs": p | "Docs" >> beam.Create(docs), "rejects": p | "Rejects" >> beam.Create([])} | CleanDocuments(
+            CorpusConfig(), output, num_shards=1)
+        verdicts = runs | FindDuplicates(CorpusConfig(), output, num_shards=1)
+        # only (shard or bucket, run file) pairs leave these steps
+        for kind, pcoll in {**runs, **verdicts}.items():
+            assert_that(pcoll | f"Check{kind}" >> beam.MapTuple(lambda bucket, uri: (bucket, ".pkl" in uri)),
+                        holds(lambda got: all(x == (0, True) for x in got)), label=f"Runs{kind}")
+    assert sorted(d["doc_id"] for d in spilled(output, "docs")) == ["book:a", "book:b", "wiki:1", "wiki:9"]
+    assert [(r["id"], r["reason"]) for r in spilled(output, "rejects")] == [("wiki:5", D.TOO_FEW_SENTENCES)]
+    # the smallest (doc_id, origin) of the same text is kept
+    assert spilled(output, "dup") == [(("wiki:9", "b.xml"), ("wiki:1", "a.xml"))]
+    assert {(doc_id, match[0]) for doc_id, match in spilled(output, "near")} == {("book:b", "book:a")}
 
 
 def test_write_documents_applies_verdicts_and_writes_every_shard(tmp_path) -> None:
@@ -117,22 +140,27 @@ def test_write_documents_applies_verdicts_and_writes_every_shard(tmp_path) -> No
     docs = [D.make_document(f"wiki:{i}", D.WIKIPEDIA, f"T{i}", split_sentences(PROSE), "a.xml")
             for i in (3, 1, 2)]
     early = D.make_reject(D.WIKIPEDIA, "wiki:7", D.REDIRECT, "'Moved' is a redirect")
+    runs = {kind: str(tmp_path / f"{kind}.pkl") for kind in ("docs", "rejects", "exact")}
+    write_run(runs["docs"], docs, key=lambda d: (d["doc_id"], d["origin"]))
+    write_run(runs["rejects"], [early], key=D.reject_sort_key)
+    write_run(runs["exact"], [(("wiki:2", "a.xml"), ("wiki:1", "b.xml"))])
     with pipeline() as p:
-        out = {
-            "docs": p | "Docs" >> beam.Create(docs),
-            "rejects": p | "Rejects" >> beam.Create([early]),
-            "duplicates": p | "Dups" >> beam.Create([(("wiki:2", "a.xml"), ("wiki:1", "b.xml"))]),
-            "near_duplicates": p | "Near" >> beam.Create([]),
-        } | WriteDocuments(output, num_shards=1, text_format="none")
-        assert_that(out["written"], equal_to([("docs", 0), ("rejects", 0)]), label="CheckWritten")
-        kept = out["kept"] | "Kept" >> beam.MapTuple(lambda source, stats: (source, stats["sentences"]))
-        assert_that(kept, equal_to([(D.WIKIPEDIA, 3), (D.WIKIPEDIA, 3)]), label="CheckKept")
-        reasons = out["rejects"] | "Reasons" >> beam.Map(lambda r: (r["id"], r["reason"]))
-        assert_that(reasons, equal_to([("wiki:7", D.REDIRECT), ("wiki:2", D.DUPLICATE)]), label="CheckRejects")
-    rows = D.read_documents(storage.join(output, D.shard_name("docs", 0, 1, "parquet")))
+        summaries = {
+            "docs": p | "Docs" >> beam.Create([(0, runs["docs"])]),
+            "rejects": p | "Rejects" >> beam.Create([(0, runs["rejects"])]),
+            "exact": p | "Dups" >> beam.Create([(0, runs["exact"])]),
+            "near": p | "Near" >> beam.Create([]),
+        } | WriteDocuments(output, num_shards=2, text_format="none")
+        counts = summaries | beam.MapTuple(lambda kind, acc: (kind, acc["kept"], acc["rejected"]))
+        # one partial summary per shard, the empty shard too
+        assert_that(counts, equal_to([("partial", {D.WIKIPEDIA: 2}, {"wikipedia/duplicate": 1, "wikipedia/redirect": 1}),
+                                      ("partial", {}, {})]))
+    rows = D.read_documents(storage.join(output, D.shard_name("docs", 0, 2, "parquet")))
     assert [r["doc_id"] for r in rows] == ["wiki:1", "wiki:3"]  # sorted, the duplicate dropped
-    rejects = storage.read_text(storage.join(output, D.shard_name("rejects", 0, 1, "jsonl")))
+    rejects = storage.read_text(storage.join(output, D.shard_name("rejects", 0, 2, "jsonl")))
     assert '"duplicate_of": "wiki:1"' in rejects and "wiki:7" in rejects
+    assert D.read_documents(storage.join(output, D.shard_name("docs", 1, 2, "parquet"))) == []
+    assert storage.read_text(storage.join(output, D.shard_name("rejects", 1, 2, "jsonl"))) == ""
 
 
 # --------------------------------------------------------------------------- shared reading
@@ -157,21 +185,18 @@ def test_read_sentences_names_a_shard_that_is_not_documents(tmp_path) -> None:
 # --------------------------------------------------------------------------- build_vocab
 
 
-def test_count_words_sums_basic_tokens_over_documents() -> None:
-    docs = [("d1", ["The cat sat.", None]), ("d2", ["the Cat ran!"]), ("d3", [])]
-    expected = count_words(["The cat sat.", "the Cat ran!"])
-    with pipeline() as p:
-        counts = p | beam.Create(docs) | CountWords(lowercase=True, strip_accents=True)
-        assert_that(counts, equal_to(sorted(expected.items())))
-    assert expected["the"] == 2 and expected["cat"] == 2
-
-
-def test_write_counts_round_trips_through_read_counts(tmp_path) -> None:
+def test_count_words_sums_basic_tokens_over_documents_into_sorted_files(tmp_path) -> None:
+    docs = [("d1", ["The cat sat.", "A dog."]), ("d2", ["the Cat ran!"]), ("d3", ["The end."])]
+    shard = str(tmp_path / "docs-00000-of-00001.parquet")
+    write_documents_shard(shard, docs)
+    expected = count_words([s for _, sentences in docs for s in sentences])
     scratch = str(tmp_path / "scratch")
-    pairs = [("the", 5), ("cat", 2), ("sat", 2), ("tab\u00e9", 1)]
     with pipeline() as p:
-        _ = p | beam.Create(pairs) | WriteCounts(storage.join(scratch, "counts"))
-    assert read_counts(scratch) == [("the", 5), ("cat", 2), ("sat", 2), ("tab\u00e9", 1)]
+        # two readers share the one shard; four buckets of words
+        buckets = p | beam.Create(plan_parts([shard], 2)) | CountWords(True, True, scratch, buckets=4)
+        assert_that(buckets, holds(lambda got: len(got) == len(set(got)) and set(got) <= {0, 1, 2, 3}))
+    assert read_counts(scratch) == sorted(expected.items(), key=count_key)
+    assert expected["the"] == 3 and expected["cat"] == 2
 
 
 # --------------------------------------------------------------------------- create_instances

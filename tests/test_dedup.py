@@ -6,10 +6,13 @@ import random
 
 import numpy as np
 
+from bert_core.corpus import documents as D
 from bert_core.corpus.dedup import (
     MinHasher,
+    apply_verdicts,
     choose_bands,
     content_hash,
+    exact_losers,
     near_duplicates_in_bucket,
     normalize,
 )
@@ -58,3 +61,21 @@ def test_bucket_keeps_the_smallest_id() -> None:
     found = near_duplicates_in_bucket([("book:c", sig), ("book:a", sig), ("book:b", other),
                                        ("book:z", far)], 0.8)
     assert found == [("book:b", "book:a", 0.875), ("book:c", "book:a", 1.0)]
+
+
+def test_verdicts_apply_as_one_merge_of_sorted_streams() -> None:
+    def doc(doc_id: str, origin: str) -> dict:
+        return D.make_document(doc_id, D.BOOKS, doc_id.upper(), ["A sentence of the book."], origin)
+
+    docs = [doc("book:a", "a.txt"), doc("book:b", "b.txt"), doc("book:c", "c.txt"), doc("book:c", "d.txt"),
+            doc("book:d", "d.txt"), doc("book:e", "e.txt")]
+    exact = sorted(exact_losers(("h", [("book:b", "b.txt"), ("book:a", "a.txt")])))
+    # book:e is near two documents: the smallest match names it; book:zz has no document here
+    near = sorted([("book:e", ("book:d", 0.9)), ("book:e", ("book:a", 0.85)), ("book:zz", ("book:a", 1.0))])
+    out = list(apply_verdicts(docs, iter(exact), iter(near)))
+    kept = [r["doc_id"] for r in out if not D.is_reject(r)]
+    rejects = {(r["id"], r["reason"], r.get("duplicate_of")) for r in out if D.is_reject(r)}
+    assert kept == ["book:a", "book:c", "book:d"]
+    assert rejects == {("book:b", D.DUPLICATE, "book:a"), ("book:c", D.DUPLICATE_DOC_ID, "book:c"),
+                       ("book:e", D.NEAR_DUPLICATE, "book:a")}
+    assert len(out) == len(docs)  # kept + rejected = read

@@ -1,4 +1,4 @@
-"""Read a single-stream .bz2 file from any point, block by block (pure Python + stdlib ``bz2``).
+"""Read a .bz2 file from any point, block by block (pure Python + stdlib ``bz2``).
 
     from bert_core.corpus.bz2_blocks import BlockReader
     with open("enwiki-...-pages-articles.xml.bz2", "rb") as f:
@@ -20,8 +20,9 @@ Decoding costs what ``bz2.decompress`` of the same bytes costs, plus a scan for 
 ``bytes.find`` passes over the compressed data). Memory is bounded by a few blocks (a level-9
 block is 900 kB of data, about 250 kB compressed for text). Errors: :class:`Truncated` (the file
 ends inside a block or before the end-of-stream marker) and :class:`Corrupt` (no end found where
-a block must end). Used by ``bert_core/corpus/dumps.py`` to split one big single-stream dump into
-work items.
+a block must end). A multistream file (streams back to back) is read the same way, following
+each end-of-stream marker to the next stream's first block. Used by ``bert_core/corpus/dumps.py``
+to split one big dump into work items, each finding its own blocks.
 
 Why not ``indexed_bzip2``: ``benchmarks/bench_bz2.py`` compares the two on the sample dump and a
 larger file. Its C++ decoder is somewhat faster per thread over a whole file, but it can seek only
@@ -105,7 +106,8 @@ def max_block_bits(level: int) -> int:
 
 
 class BlockReader:
-    """Blocks of the single bz2 stream in ``f`` from byte ``start`` on (``f`` seekable)."""
+    """Blocks of the bz2 stream(s) in ``f`` from byte ``start`` on (``f`` seekable); streams
+    after the first are followed as they come (:meth:`_next_stream`)."""
 
     def __init__(self, f: BinaryIO, start: int, header: bytes | None = None):
         if header is None:
@@ -240,9 +242,10 @@ class BlockReader:
 
     def blocks(self, start_bit: int, end_bit: int) -> Iterator[Block]:
         """The blocks whose magic starts in bits [start_bit, end_bit) (``owned``), then the
-        blocks after them for as long as the caller iterates. A candidate magic in range that
-        does not decompress is skipped and noted in ``undecodable`` (a false match or a corrupt
-        block); if no block starts in range nothing is yielded."""
+        blocks after them for as long as the caller iterates, across stream boundaries. A
+        candidate magic in range that does not decompress is skipped and noted in
+        ``undecodable`` (a false match or a corrupt block); if no block starts in range nothing
+        is yielded."""
         a = None
         for c, eos in self._candidates(start_bit - 1, end_bit - 1):
             if eos:
@@ -257,13 +260,14 @@ class BlockReader:
         if a is None:
             return
         while True:
-            yield Block(a, data, a < end_bit, eos)
-            if eos:
+            following = self._next_stream(b) if eos else None
+            yield Block(a, data, a < end_bit, eos and following is None)
+            if eos and following is None:
                 return
             if b is None:
                 raise Truncated(a)  # reported by the owner of this last whole block
-            self._drop_before(b)
-            a = b
+            a = following if eos else b
+            self._drop_before(a)
             if a >= end_bit:
                 yield from self._pieces(a)
                 return
@@ -278,8 +282,9 @@ class BlockReader:
                 yield Block(a, opened, False, False)
                 raise Truncated(a)
             dec, piece = opened
+            following = self._next_stream(b) if eos else None
             while True:
-                yield Block(a, piece, False, eos and dec.eof)
+                yield Block(a, piece, False, eos and following is None and dec.eof)
                 if dec.eof:
                     break
                 try:
@@ -288,10 +293,25 @@ class BlockReader:
                     raise Corrupt(a) from None
                 if not piece and not dec.eof:
                     raise Corrupt(a)
-            if eos:
+            if eos and following is None:
                 return
-            self._drop_before(b)
-            a = b
+            a = following if eos else b
+            self._drop_before(a)
+
+    def _next_stream(self, eos_bit: int) -> int | None:
+        """The first block of the stream after the end-of-stream marker at ``eos_bit``, or None
+        at the end of the file. A multistream file (Wikimedia's ``-multistream`` dumps,
+        pbzip2/lbzip2 output) is bz2 streams back to back: marker, combined CRC and padding to a
+        byte, then ``BZh`` + level and the next block's magic, byte aligned. Its blocks decode
+        with this reader's header: the tools write every stream of a file at one level."""
+        start = -(-(eos_bit + 80) // 8)
+        while self.base + len(self.buf) < start + 10 and self._fill():
+            pass
+        head = self.buf[start - self.base : start - self.base + 10]
+        if (len(head) == 10 and head.startswith(b"BZh") and head[3:4] in b"123456789"
+                and int.from_bytes(head[4:10], "big") == BLOCK_MAGIC):
+            return (start + 4) * 8
+        return None
 
     def inside_block(self, bit: int) -> bool:
         """Whether ``bit`` lies inside a block that starts before it (so a magic found there is a

@@ -151,32 +151,38 @@ def exact_losers(element: tuple[Any, Iterable[tuple[str, str]]]) -> Iterator[tup
         yield tuple(member), tuple(members[0])
 
 
-def duplicate_verdicts(docs: Iterable[D.Document], duplicates: dict, near: dict) -> Iterator[Any]:
-    """Kept documents in doc_id order, and a reject for each duplicate (naming what it duplicates).
-
-    Exact duplicates are dropped as they stream in, so only the shard's survivors are sorted.
+def apply_verdicts(docs: Iterable[D.Document], exact: Iterable[tuple[tuple[str, str], tuple[str, str]]],
+                   near: Iterable[tuple[str, tuple[str, float]]]) -> Iterator[Any]:
+    """Kept documents in (doc_id, origin) order, and a reject for each duplicate (naming what it
+    duplicates), as one merge of three sorted streams: ``docs`` sorted by (doc_id, origin),
+    ``exact`` verdicts ((doc_id, origin) -> kept (doc_id, origin)) sorted by loser, and ``near``
+    verdicts (doc_id -> (smallest similar doc_id, similarity)) sorted, so the first of a doc_id
+    is its smallest match. Memory is one record per stream, never the shard.
     """
-    survivors = []
+    exact, near = iter(exact), iter(near)
+    verdict, match = next(exact, None), next(near, None)
+    last_kept: tuple[str, str] | None = None
     for doc in docs:
-        kept = duplicates.get((doc["doc_id"], doc["origin"]))
-        if kept is None:
-            survivors.append(doc)
-            continue
-        yield D.make_reject(doc["source"], doc["doc_id"], D.DUPLICATE,
-                            f"{doc['title']!r} ({doc['origin']}) has the same normalized text as "
-                            f"{kept[0]} ({kept[1]})", duplicate_of=kept[0])
-    seen: dict[str, str] = {}
-    for doc in sorted(survivors, key=lambda d: (d["doc_id"], d["origin"])):
         doc_id, origin = doc["doc_id"], doc["origin"]
-        if doc_id in seen:
+        while verdict is not None and verdict[0] < (doc_id, origin):
+            verdict = next(exact, None)
+        if verdict is not None and verdict[0] == (doc_id, origin):
+            kept = verdict[1]
+            yield D.make_reject(doc["source"], doc_id, D.DUPLICATE,
+                                f"{doc['title']!r} ({origin}) has the same normalized text as "
+                                f"{kept[0]} ({kept[1]})", duplicate_of=kept[0])
+            continue
+        while match is not None and match[0] < doc_id:
+            match = next(near, None)
+        if last_kept is not None and last_kept[0] == doc_id:
             yield D.make_reject(doc["source"], doc_id, D.DUPLICATE_DOC_ID,
-                                f"{origin} repeats doc_id {doc_id} of {seen[doc_id]} with different "
+                                f"{origin} repeats doc_id {doc_id} of {last_kept[1]} with different "
                                 "text; the first is kept", duplicate_of=doc_id)
-        elif doc_id in near:
-            dup_of, sim = near[doc_id]
+        elif match is not None and match[0] == doc_id:
+            dup_of, sim = match[1]
             yield D.make_reject(doc["source"], doc_id, D.NEAR_DUPLICATE,
                                 f"{doc['title']!r}: estimated Jaccard similarity {sim:.2f} of 5-word "
                                 f"shingles with {dup_of}", duplicate_of=dup_of)
         else:
-            seen[doc_id] = origin
+            last_kept = (doc_id, origin)
             yield doc

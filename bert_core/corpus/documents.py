@@ -124,6 +124,49 @@ def write_documents(uri: str, docs: list[Document]) -> int:
     return len(docs)
 
 
+class ShardWriter:
+    """One documents shard written as its documents stream in (in doc_id order): Parquet rows a
+    row group of about ``row_group_chars`` characters at a time, so memory is one row group,
+    never the shard; and, with ``text_uri``, google-research/bert's text beside it. A shard of
+    one row group has the bytes :func:`write_documents` gives it."""
+
+    def __init__(self, uri: str, text_uri: str | None = None, row_group_chars: int = 8 << 20):
+        import pyarrow.parquet as pq
+
+        self.file = storage.open_file(uri, "wb")
+        self.parquet = pq.ParquetWriter(self.file, arrow_schema(), compression="zstd")
+        self.text = storage.open_file(text_uri, "wb") if text_uri else None
+        self.row_group_chars = row_group_chars
+        self.rows: list[Document] = []
+        self.chars = 0
+        self.empty = True
+
+    def add(self, doc: Document) -> None:
+        if self.text is not None:  # one sentence per line, a blank line between documents
+            lines = "".join(s.replace("\n", " ") + "\n" for s in doc["sentences"])
+            self.text.write((lines if self.empty else "\n" + lines).encode("utf-8"))
+        self.empty = False
+        self.rows.append(doc)
+        self.chars += sum(len(s) for s in doc["sentences"])
+        if self.chars >= self.row_group_chars:
+            self._write_row_group()
+
+    def _write_row_group(self) -> None:
+        import pyarrow as pa
+
+        columns = {name: [d[name] for d in self.rows] for name in ("doc_id", "source", "title", "sentences")}
+        self.parquet.write_table(pa.Table.from_pydict(columns, schema=arrow_schema()))
+        self.rows, self.chars = [], 0
+
+    def close(self) -> None:
+        if self.rows or self.empty:  # an empty shard still has its (empty) row group
+            self._write_row_group()
+        self.parquet.close()
+        self.file.close()
+        if self.text is not None:
+            self.text.close()
+
+
 def read_documents(uri: str) -> list[Document]:
     """Rows of one documents shard as dicts (tests and small tools)."""
     import pyarrow.parquet as pq
@@ -214,8 +257,15 @@ def _bin_lower(label: str) -> int:
 DOCUMENT_COLUMNS = ["doc_id", "sentences"]
 
 
-def read_sentences(uri: str, batch_rows: int = 256) -> Iterator[tuple[str, list[str] | None]]:
-    """``(doc_id, sentences)`` of one documents shard, streamed in row batches (never the whole file)."""
+def read_sentences(uri: str, batch_rows: int = 256, part: int = 0,
+                   parts: int = 1) -> Iterator[tuple[str, list[str] | None]]:
+    """``(doc_id, sentences)`` of one documents shard, streamed a row group at a time, in row
+    batches (never the whole file). With ``parts`` > 1, only this reader's share of a shard that
+    ``parts`` readers share: row groups ``part``, ``part + parts``, ... when the shard has enough
+    of them, else row batches ``part``, ``part + parts``, ...
+
+    Row groups are read one by one rather than through one batch reader over the file, which
+    reads ahead and holds more of a big shard."""
     import pyarrow.parquet as pq
 
     with storage.open_file(uri, "rb") as f:
@@ -224,8 +274,18 @@ def read_sentences(uri: str, batch_rows: int = 256) -> Iterator[tuple[str, list[
         if missing:
             raise ValueError(f"documents shard {uri} has no column(s) {sorted(missing)}; it is not "
                              "a corpus stage output: re-run `bertpipe corpus` or fix --corpus")
-        for batch in shard.iter_batches(batch_size=batch_rows, columns=DOCUMENT_COLUMNS):
-            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+        by_group = shard.num_row_groups >= parts
+        batch_index = 0
+        for group in range(shard.num_row_groups):
+            if by_group and group % parts != part:
+                continue
+            table = shard.read_row_group(group, columns=DOCUMENT_COLUMNS, use_threads=False)
+            for batch in table.to_batches(batch_rows):
+                mine = by_group or batch_index % parts == part
+                batch_index += 1
+                if mine:
+                    yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+            del table
 
 
 def count_documents(shards: Iterable[str]) -> int:

@@ -9,22 +9,21 @@ A dump is never read whole. A byte scanner cuts the (decompressed) stream into
 ``<page>...</page>`` chunks and each chunk is parsed alone by expat (``ElementTree``), so memory
 is bounded by the largest page and a malformed page is one reject, not the end of the file.
 
-Work items let several workers share one big file:
+Work items let several workers share one big file, planned from its size alone (the driver
+never reads a dump through):
   * plain ``.xml``: byte ranges; a page belongs to the range where its ``<page>`` tag starts;
-  * multistream ``.xml.bz2`` (many independent bz2 streams, as Wikimedia publishes): groups of
-    streams, found from the ``-index.txt.bz2`` beside the dump or by scanning for stream headers;
-  * single-stream ``.xml.bz2`` (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt):
-    ranges of compressed bytes, "blocks" (``split_single_stream=False`` keeps one item). Without them one worker
-    would decompress and clean the whole file while the others wait. A bz2 block starts at a
-    48-bit magic at any bit offset and decompresses alone (``bert_core/corpus/bz2_blocks.py``), so an
-    item finds the first block that starts in its range, reads the blocks that start there and
-    reads on into later blocks only to finish its last page: the ``<page>`` rule of byte ranges,
-    with blocks for bytes. A block that does not decompress is skipped by the item it starts
-    in and reported there; an item that meets it while reading on stops silently. Page origins
-    of these items read ``file@bit<B>+<N>``: byte N of the block whose magic is at bit B.
-    Planning needs only the file size (each item finds its own blocks), but telling a single
-    stream from a multistream dump without an index still scans the file for stream headers;
-  * anything else (``.gz``, UTF-16, a small single-stream ``.bz2``): one item for the whole file.
+  * ``.xml.bz2``, single stream (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt) or
+    multistream (many bz2 streams back to back, Wikimedia's ``-multistream`` dumps): ranges of
+    compressed bytes, "blocks" (``split_single_stream=False`` keeps one item). A bz2 block
+    starts at a 48-bit magic at any bit offset and decompresses alone
+    (``bert_core/corpus/bz2_blocks.py``), so an item finds the first block that starts in its
+    range, reads the blocks that start there and reads on into later blocks (and later streams)
+    only to finish its last page: the ``<page>`` rule of byte ranges, with blocks for bytes.
+    Each item scans only its own range for blocks, so the scan of a big dump is shared out
+    over the workers. A block that does not decompress is skipped by the item it starts in
+    and reported there; an item that meets it while reading on stops silently. Page origins
+    of these items read ``file@bit<B>+<N>``: byte N of the block whose magic is at bit B;
+  * anything else (``.gz``, UTF-16, a small ``.bz2``): one item for the whole file.
 
 Bad input becomes rejects (source ``wikipedia``): ``truncated_input`` (a bz2 or XML file that ends
 inside a page), ``malformed_xml``, ``invalid_utf8``, ``not_a_dump`` (no ``<page>`` anywhere,
@@ -49,7 +48,6 @@ BLOCK = 1 << 20
 RANGE_BYTES = 4 << 20  # target XML bytes of one work item (bz2 compresses about 4:1)
 PIECE_BYTES = 64 << 10  # compressed bytes fed to a decompressor at a time
 MAX_PAGE_BYTES = 256 << 20  # a "page" larger than this is a broken file, not an article
-_BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # stream header + first block magic
 _PAGE_OPEN = b"<page>"
 _PAGE_CLOSE = b"</page>"
 _TITLE = re.compile(rb"<title>([^<]*)<")  # tolerant: the closing tag may be the broken part
@@ -58,9 +56,8 @@ _ID = re.compile(rb"<id>(\d+)</id>")
 
 @dataclass(frozen=True)
 class WorkItem:
-    """A slice of one dump: ``kind`` is "range" (plain XML bytes), "streams" (bz2 streams in
-    compressed bytes [start, end)), "blocks" (the bz2 blocks whose magic starts in compressed
-    bytes [start, end) of a single-stream file) or "whole"."""
+    """A slice of one dump: ``kind`` is "range" (plain XML bytes), "blocks" (the bz2 blocks
+    whose magic starts in compressed bytes [start, end)) or "whole"."""
 
     uri: str
     kind: str
@@ -73,48 +70,18 @@ def _is_utf16(head: bytes) -> bool:
     return head.startswith((b"\xff\xfe", b"\xfe\xff")) or head[:4] in (b"<\x00m\x00", b"\x00<\x00m")
 
 
-def _bz2_stream_offsets(uri: str) -> list[int]:
-    """Start offsets of the bz2 streams of a dump: from its index file if present, else by
-    scanning the compressed bytes for stream headers (a false hit only costs one reject)."""
-    index = re.sub(r"\.xml\.bz2$", "-index.txt.bz2", uri)
-    if index != uri and storage.exists(index):
-        offsets = set()
-        with storage.open_file(index, "rb") as raw, bz2.open(raw, "rb") as f:
-            for line in f:
-                offsets.add(int(line.split(b":", 1)[0]))
-        return sorted({0, *offsets})
-    offsets = []
-    with storage.open_file(uri, "rb") as f:
-        pos, tail = 0, b""
-        while block := f.read(BLOCK):
-            data = tail + block
-            base = pos - len(tail)
-            offsets += [base + m.start() for m in _BZ2_STREAM.finditer(data)]
-            tail = data[-9:]
-            pos += len(block)
-    return sorted(set(offsets)) or [0]
-
-
 def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bool = True) -> list[WorkItem]:
-    """Split one dump file into work items (independent of the number of workers).
+    """Split one dump file into work items (independent of the number of workers), from its
+    size and first bytes only: the items find their own bz2 blocks.
 
-    ``split_single_stream=False`` keeps a single-stream ``.bz2`` as one "whole" item (to
-    compare a split read with the whole file; ``WorkItem(uri, "whole")`` reads any file whole)."""
+    ``split_single_stream=False`` keeps a ``.bz2`` as one "whole" item (to compare a split read
+    with the whole file; ``WorkItem(uri, "whole")`` reads any file whole)."""
     total = storage.size(uri)
     with storage.open_file(uri, "rb") as f:
         head = f.read(10)
     if uri.endswith(".bz2") and head.startswith(b"BZh"):
         if _is_utf16(_bz2_text_head(uri)):
             return [WorkItem(uri, "whole")]  # splits would cut UTF-16 code units apart
-        offsets = _bz2_stream_offsets(uri)
-        if len(offsets) > 1:
-            items, start = [], offsets[0]
-            for off in offsets[1:]:
-                if off - start >= range_bytes // 4:
-                    items.append(WorkItem(uri, "streams", start, off, last=False))
-                    start = off
-            items.append(WorkItem(uri, "streams", start, total))
-            return items
         # About one level-9 block of text (900 kB of XML, ~250 kB compressed) per item for a
         # small file, so the 1.7 MB sample still spreads evenly over two workers; up to four for
         # a big one, since an item decompresses one block more than it owns (to finish its last
@@ -216,14 +183,11 @@ class _BlockFeed:
             yield block.data
 
 
-def _bz2_blocks(raw, limit: int | None) -> Iterator[bytes]:
+def _bz2_blocks(raw) -> Iterator[bytes]:
     """Decompress consecutive bz2 streams; raises _Truncated if the data stops mid-stream."""
     decomp = bz2.BZ2Decompressor()
-    read = 0
     while True:
-        want = BLOCK if limit is None else min(BLOCK, limit - read)
-        chunk = raw.read(want) if want > 0 else b""
-        read += len(chunk)
+        chunk = raw.read(BLOCK)
         if not chunk:
             if not decomp.eof:
                 raise _Truncated("the bz2 stream ends before its end-of-stream marker")
@@ -302,16 +266,13 @@ def _page_record(chunk: bytes, origin: str) -> tuple[str, dict]:
 def _blocks(item: WorkItem, raw, feed: _BlockFeed | None) -> Iterator[bytes]:
     if feed is not None:
         return feed.blocks(raw)
-    if item.kind == "streams":
-        raw.seek(item.start)
-        return _bz2_blocks(raw, item.end - item.start)
     if item.kind == "range":
         raw.seek(item.start)
         return _raw_blocks(raw, None)  # read past `end` to finish the last page
     head = raw.read(4)
     raw.seek(0)
     if head.startswith(b"BZh"):
-        blocks = _bz2_blocks(raw, None)
+        blocks = _bz2_blocks(raw)
     elif head.startswith(b"\x1f\x8b"):
         blocks = _gzip_blocks(raw)
     else:

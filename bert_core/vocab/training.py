@@ -11,8 +11,10 @@ from the raw text: the same vocab as raw-text training up to ties (Jaccard 0.999
 raw-text training at 2,000 tokens in tests/test_build_vocab.py, 0.9993 at 8,000 tokens on the whole
 sample corpus in benchmarks/bench_vocab.py). Scaling the counts down to save time changes which merges win (Jaccard
 0.48 at 1/10), so we do not. Costs: time is linear in the corpus's word count, as for raw-text
-training (but the text is already normalized and split); memory is the distinct-word table (ours, sorted, plus the trainer's own), never the corpus, because the
-repeats are generated lazily in chunks of at most 1 MB.
+training (but the text is already normalized and split); memory is the trainer's own
+distinct-word table, never the corpus: the sorted counts stream from files
+(:func:`bert_core.vocab.wordcount.iter_counts`) and the repeats are generated lazily in chunks
+of at most 1 MB.
 
 **Why the output is byte-for-byte reproducible.** The trainer assigns ids to ``##c`` pieces in
 hash-map order and breaks ties between equally frequent merges by id, so two runs on the same

@@ -14,6 +14,8 @@ whitespace, so ``"word word word"`` splits back into three copies of it (see
 
 from __future__ import annotations
 
+import heapq
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
@@ -46,7 +48,7 @@ def count_words(
     return counts
 
 
-def repeated_words(word: str, count: int, max_chars: int = 1 << 20) -> Iterator[str]:
+def repeated_words(word: str, count: int, max_chars: int = 1 << 16) -> Iterator[str]:
     """``word`` ``count`` times, as space-joined strings of at most ~``max_chars`` characters.
 
     Feeding these to a trainer that splits on whitespace counts ``word`` exactly ``count`` times
@@ -59,13 +61,48 @@ def repeated_words(word: str, count: int, max_chars: int = 1 << 20) -> Iterator[
         count -= n
 
 
+def word_bucket(word: str, buckets: int) -> int:
+    """Bucket of a word for spreading counts over files (CRC-32: stable across processes)."""
+    return zlib.crc32(word.encode("utf-8")) % buckets
+
+
+def count_key(pair: tuple[str, int]) -> tuple[int, str]:
+    """The training order: count descending, then word."""
+    return -pair[1], pair[0]
+
+
+def write_counts(uri: str, pairs: Iterable[tuple[str, int]]) -> None:
+    """``word<TAB>count`` lines (a basic-tokenized word holds no whitespace, so no escaping)."""
+    with storage.open_file(uri, "wb") as f:
+        for word, count in pairs:
+            f.write(f"{word}\t{count}\n".encode())
+
+
+def iter_count_file(uri: str) -> Iterator[tuple[str, int]]:
+    """The ``(word, count)`` pairs of one counts file, in file order."""
+    with storage.open_file(uri, "rb") as f:
+        for line in f:
+            word, count = line.decode("utf-8").rstrip("\n").rsplit("\t", 1)
+            yield word, int(count)
+
+
+def merge_count_files(uris: Iterable[str]) -> Counter[str]:
+    """Summed counts of several partial counts files (the words of one bucket)."""
+    counts: Counter[str] = Counter()
+    for uri in uris:
+        for word, count in iter_count_file(uri):
+            counts[word] += count
+    return counts
+
+
+def iter_counts(scratch: str) -> Iterator[tuple[str, int]]:
+    """All ``(word, count)`` pairs of the ``counts-*.tsv`` files in ``scratch``, each file already
+    sorted by :func:`count_key`, merged into that order as a stream: memory is one line per file,
+    never the distinct-word table."""
+    files = storage.glob(storage.join(scratch, "counts-*.tsv"))
+    return heapq.merge(*(iter_count_file(uri) for uri in files), key=count_key)
+
+
 def read_counts(scratch: str) -> list[tuple[str, int]]:
-    """All ``(word, count)`` pairs, sorted by count descending then word (a stable training order)."""
-    pairs = []
-    for uri in storage.glob(storage.join(scratch, "counts*.tsv")):
-        with storage.open_file(uri, "rb") as f:
-            for line in f:
-                word, count = line.decode("utf-8").rstrip("\n").rsplit("\t", 1)
-                pairs.append((word, int(count)))
-    pairs.sort(key=lambda wc: (-wc[1], wc[0]))
-    return pairs
+    """All ``(word, count)`` pairs, sorted by count descending then word (tests, small tools)."""
+    return list(iter_counts(scratch))
