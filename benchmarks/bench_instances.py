@@ -1,36 +1,41 @@
 """Instance creation: ours (Beam job) vs google-research/bert's create_pretraining_data.py.
 
-    python benchmarks/bench_instances.py                  # samples from ~/.cache/bertpipe/samples
-    python benchmarks/bench_instances.py --also-repeat 10   # + rows for 10 copies
-    BERTPIPE_SAMPLES=samples python benchmarks/bench_instances.py --dupe-factor 2 --repeat 2
+    python benchmarks/bench_instances.py                  # sample corpus + 44 MB of distinct text
+    python benchmarks/bench_instances.py --large-mb 0     # the sample corpus only
+    BERTPIPE_SAMPLES=samples python benchmarks/bench_instances.py --dupe-factor 1
 
 The reference is google-research/bert's own ``create_pretraining_data.py`` as published on PyPI
 (``bert-tensorflow==1.0.4``, module ``bert.create_pretraining_data``), run unmodified with
 ``tensorflow-cpu==2.21.0`` in a separate venv (``$BERTPIPE_CACHE/bench-venv-tf``, created here
 on first use; TensorFlow is far too big to be a dependency of the project).
 
-Both sides get the same documents (the sample corpus: 300 news articles, a Gutenberg book and
-38 plays, split into sentences by ``bert_core.corpus.sentences``, books and plays cut into
-documents of 40 sentences; ``--repeat`` copies them under new ids for a bigger run) and the same
-vocab (bert-base-uncased ``vocab.txt`` of the sample MiniLM model), the reference in its text format (one sentence a line, blank line between documents),
-ours as a documents folder. Same settings: one max_seq_length, dupe_factor, masked_lm_prob,
-short_seq_prob, max_predictions_per_seq.
+Both sides get the same documents and the same vocab (bert-base-uncased ``vocab.txt`` of the
+sample MiniLM model), the reference in its text format (one sentence a line, blank line between
+documents), ours as a documents folder. Sentences come from ``bert_core.corpus.sentences``;
+books, plays and manuals are cut into documents of 40 sentences. Three corpora:
+
+- the sample corpus (300 news articles, a Gutenberg book and 38 plays, about 5 MB of text);
+- the sample corpus plus distinct real text up to ``--large-mb`` (default 44 MB): the manuals,
+  guides and the King James Bible that :mod:`benchmarks.distinct_text` fetches from the package
+  registries, every source in turn. Nothing is copied, so tokenizer caches see new words as
+  they would on a real corpus;
+- the first 20 documents of the sample, which measure each side's fixed start-up (for ours:
+  Python, Beam and pyarrow imports, pipeline start-up; for the reference: TensorFlow's import).
+  The large run's cost splits into that start-up plus a cost per MB of text, reported as "MB
+  (and instances) per CPU-second beyond start-up".
+
+Same settings on both sides: one max_seq_length, dupe_factor, masked_lm_prob, short_seq_prob,
+max_predictions_per_seq.
 
 Measured per run, each side in its own process: wall time, CPU time (user + sys of the process
 and its children) and peak RSS. "per process" = one process doing all the work (the reference
 cannot do otherwise; ours with ``workers=1``); "per CPU-second" divides by CPU time, which is
 what a core delivers and is robust to other load on the machine. Ours with 2 workers is also
-timed (wall). Statistics of both outputs are computed by the same code
+timed (wall) on the sample. Statistics of both outputs are computed by the same code
 (``bert_core.instances.stats``) and compared with z = difference / (sd over ``--seeds`` extra
 seeds x sqrt 2); |z| < 3 = within sampling error (see :func:`seed_spread` for why not a
 binomial error). The same rules are compared without TensorFlow, on tiny data, by
 tests/test_pretraining_data.py against the reference's loops transcribed in tests/oracles.py.
-
-Sizes: ours pays a few CPU-seconds of fixed costs (Python, Beam and pyarrow imports, pipeline
-start-up) that the reference (one plain Python loop) does not, which caps the ratio on the 1x
-corpus; ``--also-repeat N`` adds rows for N copies, where they amortize. Copies repeat the same
-text, so after the first copy our tokenizer's chunk/word caches hit every lookup (a real corpus
-N times larger would miss a little more often; the reference has no cache either way).
 Rows go to ``bench-results/instances.json``.
 """
 
@@ -51,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SECTION = 40  # sentences per document cut from a book or play
+STARTUP_DOCUMENTS = 20  # the few documents that measure each side's fixed start-up costs
 TF_PACKAGES = ["tensorflow-cpu==2.21.0", "bert-tensorflow==1.0.4"]
 
 # Runs inside the TF venv: read the reference's TFRecords, unpad, and summarise with our stats code.
@@ -100,24 +106,57 @@ def tf_venv() -> Path:
     return python
 
 
-def documents(repeat: int) -> list[tuple[str, list[str]]]:
-    """The sample corpus as (doc_id, sentences): news lines, the book, the plays."""
+def sections(docs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Books, plays and manuals cut into sections of SECTION sentences: documents the size of a
+    Wikipedia article. (The target length is drawn once per document and pass, so a few huge
+    documents would make every statistic hinge on a few dozen draws.)"""
+    docs = [(d, [s.strip() for s in ss if s.strip()]) for d, ss in docs]
+    return [(f"{d}/{k}", ss[k : k + SECTION]) for d, ss in docs for k in range(0, len(ss), SECTION)
+            if any(ss[k : k + SECTION])]
+
+
+def book_sentences(path: Path) -> list[str]:
     from bert_core.corpus.books import book_paragraphs
-    from bert_core.corpus.sentences import split_paragraphs, split_sentences
+    from bert_core.corpus.sentences import split_paragraphs
+
+    _, paragraphs = book_paragraphs(path.name, path.read_bytes())
+    return split_paragraphs(paragraphs)
+
+
+def sample_documents() -> list[tuple[str, list[str]]]:
+    """The sample corpus as (doc_id, sentences): news lines, the book, the plays."""
+    from bert_core.corpus.sentences import split_sentences
 
     root = samples_dir()
     docs: list[tuple[str, list[str]]] = []
     for i, line in enumerate((root / "news" / "lee_background.cor").read_text("utf-8").splitlines()):
         docs.append((f"news:{i}", split_sentences(line)))
     for path in sorted([*(root / "books").glob("*.txt"), *(root / "plays").glob("*.md")]):
-        _, paragraphs = book_paragraphs(path.name, path.read_bytes())
-        docs.append((f"book:{path.stem}", split_paragraphs(paragraphs)))
-    docs = [(d, [s.strip() for s in ss if s.strip()]) for d, ss in docs]
-    # Books and plays become sections of SECTION sentences: documents the size of a Wikipedia
-    # article. (The target length is drawn once per document and pass, so a few huge documents
-    # would make every statistic hinge on a few dozen draws.)
-    sections = [(f"{d}/{k}", ss[k : k + SECTION]) for d, ss in docs for k in range(0, len(ss), SECTION)]
-    return [(f"{d}#{r}", ss) for r in range(repeat) for d, ss in sections if ss]
+        docs.append((f"book:{path.stem}", book_sentences(path)))
+    return sections(docs)
+
+
+def text_bytes(docs: list[tuple[str, list[str]]]) -> int:
+    """Size of the documents in the reference's text format."""
+    return sum(len(" ".join(s.split()).encode()) + 1 for _, ss in docs for s in ss) + len(docs)
+
+
+def distinct_documents(total_mb: float, distinct: Path | None) -> list[tuple[str, list[str]]]:
+    """The sample corpus, then distinct real text (benchmarks.distinct_text: manuals, guides, the
+    King James Bible; every source in turn) up to ``total_mb`` of text. No copies."""
+    from benchmarks.distinct_text import cached, interleaved, text_files
+
+    docs = sample_documents()
+    have = text_bytes(docs)
+    for path in interleaved(text_files(cached(distinct, log=lambda m: print(m, file=sys.stderr)))):
+        if have >= total_mb * 1e6:
+            break
+        more = sections([(f"{path.parent.name}:{path.stem}", book_sentences(path))])
+        docs += more
+        have += text_bytes(more)
+    if have < total_mb * 1e6:
+        print(f"only {have / 1e6:.1f} MB of distinct text (asked for {total_mb} MB)", file=sys.stderr)
+    return docs
 
 
 def write_inputs(docs: list[tuple[str, list[str]]], work: Path) -> tuple[Path, Path]:
@@ -204,16 +243,17 @@ def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path, length: int, max
     return {k: statistics.stdev(v) for k, v in values.items()}
 
 
-def measure(repeat: int, args: argparse.Namespace, tf_python: Path, env: dict[str, str], vocab: Path,
-            mask_id: int, workers: tuple[int, ...]) -> dict:
-    """Both sides on ``repeat`` copies of the sample corpus: timings, stats, sampling spread."""
+def measure(docs: list[tuple[str, list[str]]], label: str, args: argparse.Namespace, tf_python: Path,
+            env: dict[str, str], vocab: Path, mask_id: int, workers: tuple[int, ...],
+            spread: bool = True) -> dict:
+    """Both sides on the same documents: timings, stats, sampling spread."""
     L, P, D = args.max_seq_length, args.max_predictions_per_seq, args.dupe_factor
     with tempfile.TemporaryDirectory(prefix="bench-instances-") as tmp:
         work = Path(tmp)
-        docs = documents(repeat)
         text, corpus = write_inputs(docs, work)
         n_sent = sum(len(s) for _, s in docs)
-        print(f"{repeat}x: {len(docs)} documents, {n_sent} sentences, {text.stat().st_size / 1e6:.1f} MB text; "
+        mb = text.stat().st_size / 1e6
+        print(f"{label}: {len(docs)} documents, {n_sent} sentences, {mb:.1f} MB text; "
               f"max_seq_length={L} dupe_factor={D}", file=sys.stderr)
 
         ref = timed([str(tf_python), "-m", "bert.create_pretraining_data", f"--input_file={text}",
@@ -243,9 +283,9 @@ def measure(repeat: int, args: argparse.Namespace, tf_python: Path, env: dict[st
         from bert_core import storage
 
         our_stats = storage.read_manifest(str(work / "ours-w1"))["stats"][f"seq{L}"]
-    spread = seed_spread(docs, vocab, L, P, D, args.seeds)
-    return {"ref": ref, "ours": ours, "ref_stats": ref_stats, "our_stats": our_stats, "spread": spread,
-            "documents": len(docs), "sentences": n_sent}
+    sd = seed_spread(docs, vocab, L, P, D, args.seeds) if spread else {}
+    return {"ref": ref, "ours": ours, "ref_stats": ref_stats, "our_stats": our_stats, "spread": sd,
+            "documents": len(docs), "sentences": n_sent, "mb": mb}
 
 
 def main() -> None:
@@ -253,10 +293,11 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--max-predictions-per-seq", type=int, default=20)
     parser.add_argument("--dupe-factor", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=1, help="Copies of the sample corpus.")
-    parser.add_argument("--also-repeat", type=int, default=0,
-                        help="Also measure this many copies (extra rows, one worker), e.g. 10: "
-                             "start-up costs amortized.")
+    parser.add_argument("--large-mb", type=float, default=44.0,
+                        help="Also measure the sample plus distinct real text up to this many MB "
+                             "(extra rows, one worker; 0: skip).")
+    parser.add_argument("--distinct", type=Path, default=None,
+                        help="Folder of benchmarks.distinct_text (default: fetched into the bertpipe cache).")
     parser.add_argument("--seeds", type=int, default=6, help="Extra seeds for the sampling error.")
     parser.add_argument("--out", default="bench-results/instances.json")
     args = parser.parse_args()
@@ -281,7 +322,7 @@ def main() -> None:
                 "count" if key == "instances" else "tokens" if key == "mean_length" else "fraction",
                 z=round((o - r) / se, 2) if se else None)
 
-    main_run = measure(args.repeat, args, tf_python, env, vocab, mask_id, (1, 2))
+    main_run = measure(sample_documents(), "sample corpus", args, tf_python, env, vocab, mask_id, (1, 2))
     ref, ours = main_run["ref"], main_run["ours"]
     n_ref, n_ours = main_run["ref_stats"]["instances"], main_run["our_stats"]["instances"]
     row("instances/s per process (wall)", n_ours / ours[1]["wall"], n_ref / ref["wall"], "instances/s")
@@ -292,17 +333,31 @@ def main() -> None:
     row("instances/s, ours 2 workers vs reference (wall)", n_ours / ours[2]["wall"], n_ref / ref["wall"],
         "instances/s")
     stat_rows(main_run, "")
-    runs = {f"{args.repeat}x": main_run}
-    if args.also_repeat:
-        big = measure(args.also_repeat, args, tf_python, env, vocab, mask_id, (1,))
-        runs[f"{args.also_repeat}x"] = big
-        tag = f" ({args.also_repeat}x corpus)"
+    runs = {"sample": main_run}
+    if args.large_mb:
+        # Fixed costs (interpreter, imports, pipeline start-up) measured on a few documents, so
+        # the large run's cost splits into start-up + per-MB.
+        tiny = measure(sample_documents()[:STARTUP_DOCUMENTS], "start-up", args, tf_python, env, vocab, mask_id,
+                       (1,), spread=False)
+        big = measure(distinct_documents(args.large_mb, args.distinct), "distinct text", args, tf_python, env,
+                      vocab, mask_id, (1,))
+        runs["startup"], runs["distinct"] = tiny, big
+        tag = f" ({big['mb']:.0f} MB distinct text)"
         ref, ours = big["ref"], big["ours"]
         n_ref, n_ours = big["ref_stats"]["instances"], big["our_stats"]["instances"]
         row("instances per CPU-second" + tag, n_ours / ours[1]["cpu"], n_ref / ref["cpu"], "instances/s")
         row("CPU time, 1 process" + tag, ours[1]["cpu"], ref["cpu"], "s")
         row("wall time, 1 process" + tag, ours[1]["wall"], ref["wall"], "s")
         row("peak RSS, 1 process" + tag, ours[1]["rss_mb"], ref["rss_mb"], "MB")
+        row(f"start-up CPU time ({STARTUP_DOCUMENTS} documents)", tiny["ours"][1]["cpu"], tiny["ref"]["cpu"], "s")
+        extra_mb = big["mb"] - tiny["mb"]
+        per_mb = [(big[k] if k == "ref" else big[k][1])["cpu"] - (tiny[k] if k == "ref" else tiny[k][1])["cpu"]
+                  for k in ("ours", "ref")]
+        row("MB of text per CPU-second beyond start-up" + tag, extra_mb / per_mb[0], extra_mb / per_mb[1],
+            "MB/CPU-s")
+        n_extra = [n_ours - tiny["our_stats"]["instances"], n_ref - tiny["ref_stats"]["instances"]]
+        row("instances per CPU-second beyond start-up" + tag, n_extra[0] / per_mb[0], n_extra[1] / per_mb[1],
+            "instances/s")
         stat_rows(big, tag)
 
     width = max(len(r["measure"]) for r in rows)
@@ -314,10 +369,11 @@ def main() -> None:
         "rows": rows,
         "setup": {"documents": main_run["documents"], "sentences": main_run["sentences"],
                   "max_seq_length": args.max_seq_length, "max_predictions_per_seq": args.max_predictions_per_seq,
-                  "dupe_factor": args.dupe_factor, "repeat": args.repeat, "also_repeat": args.also_repeat,
+                  "dupe_factor": args.dupe_factor,
+                  "text_mb": {name: round(m["mb"], 2) for name, m in runs.items()},
                   "reference": TF_PACKAGES, "cpu_count": os.cpu_count()},
         "stats": {name: {"ours": m["our_stats"], "reference": m["ref_stats"], "sd_over_seeds": m["spread"]}
-                  for name, m in runs.items()},
+                  for name, m in runs.items() if m["spread"]},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

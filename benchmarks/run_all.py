@@ -32,6 +32,7 @@ RESULTS = Path("bench-results")
 SETTINGS: dict[str, tuple[list[str], int]] = {
     "quality": (["--budgets", "0,15", "--seeds", "5", "--select-seeds", "1", "--epochs", "3",
                  "--train-examples", "2000"], 4 * 3600),
+    "scale": ([], 3 * 3600),  # every Beam stage at x1, x10, x30 of the sample
 }
 
 

