@@ -7,9 +7,10 @@
 
 ``finetune`` runs every (task, setting, seed) one after another in this process (``--prefect``
 runs the same jobs as the Prefect flow ``flows/finetune.py`` with its artifacts); both print the
-grid (dev mean ± sd per setting, the selected one marked with its final-split score, 0-100) and
-write ``<output>/<task>/<setting>/seed=<s>/metrics.json``, ``<output>/report.md`` and
-``<output>/_MANIFEST.json``.
+grid (dev mean ± sd per setting, the selected one marked with its final-split score, 0-100).
+``--output`` is the checkpoint's folder: each task writes ``<output>/<task>/`` (report.md,
+_MANIFEST.json, ``<setting>/seed=<s>/metrics.json``), and ``<output>/_MANIFEST.json`` indexes the
+tasks there (``bertpipe stats <output>``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def finetune(
     """Fine-tune a checkpoint on tasks x settings x seeds; select per task on dev; print the grid."""
     from bert_core import storage
     from bert_core.finetune import TASKS
-    from bert_core.finetune.report import run_many, table_rows
+    from bert_core.finetune.grid import checkpoint_name
+    from bert_core.finetune.report import format_table, run_many, table_rows, task_stats
+    from flows.versions import checkpoint_identity, finetune_version
 
-    tasks = [t.strip() for item in task for t in item.split(",") if t.strip()]
+    tasks = [t.strip().lower() for item in task for t in item.split(",") if t.strip()]
     unknown = [t for t in tasks if t.lower() not in TASKS]
     if unknown:
         typer.secho(f"unknown task(s) {unknown}; choose from {', '.join(sorted(TASKS))}", fg="red", err=True)
@@ -65,16 +68,18 @@ def finetune(
             from flows.finetune import finetune as finetune_flow
 
             finetune_flow(cfg, checkpoint=checkpoint, output=output)
-            manifest = storage.read_manifest(output)
+            index = storage.read_manifest(output)
         else:
-            manifest = run_many(cfg.finetune.tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune,
-                                output, log=lambda m: typer.echo(m, err=True))
-    from bert_core.finetune.report import format_table
-
-    typer.echo(format_table(table_rows(manifest["stats"])))
-    for f in manifest.get("failures", []):
+            ident = checkpoint_identity(checkpoint)
+            versions = {t: finetune_version(cfg, t, ident) for t in tasks}
+            index = run_many(tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune, output,
+                             log=lambda m: typer.echo(m, err=True), checkpoint_name=checkpoint_name(checkpoint),
+                             versions=versions)
+    typer.echo(format_table(table_rows(task_stats(output, tasks))))
+    for f in index.get("failures", []):
         typer.secho(f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}", fg="red", err=True)
-    typer.echo(f"wrote {manifest['uri']}")
+    typer.echo(f"wrote {', '.join(storage.join(output, t) for t in tasks)}; all of {output}: "
+               f"bertpipe stats {output}")
 
 
 def features(

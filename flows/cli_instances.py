@@ -4,6 +4,7 @@
         --output ./bertpipe-data/instances --preset demo --set instances.dupe_factor=5
     bertpipe stats ./bertpipe-data/instances          (any stage's _MANIFEST.json)
     bertpipe stats ./bertpipe-data/instances --json
+    bertpipe stats ./bertpipe-data/finetune           (every checkpoint's fine-tuning results)
     bertpipe verify ./bertpipe-data/instances         (every shard against its manifest's sha256)
 
 ``instances`` runs the Beam job directly (no Prefect); ``--vocab`` is a vocab stage folder or a
@@ -56,6 +57,10 @@ def stats(
         manifest = read_manifest(uri)
     if as_json:
         typer.echo(json.dumps({"counts": manifest["counts"], "stats": manifest["stats"]}, indent=2))
+    elif manifest["stage"] in ("finetune", "finetune-index"):
+        from bert_core.finetune.report import format_manifest
+
+        typer.echo(format_manifest(manifest))
     else:
         typer.echo(format_stats(manifest))
 

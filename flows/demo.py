@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\nFine-tuning on the real sample tasks (0-100; mean ± sd over seeds on the final split; "
           "setting chosen on dev):")
     print("\n".join(finetune_lines(summary["finetune_jobs"])))
+    results = summary["stages"]["finetune"]["output"]
+    print(f"  every checkpoint x task x setting: .venv/bin/bertpipe stats {results}  "
+          f"(folders {results}/<checkpoint>/<task>/<setting>/seed=<s>)")
     api = os.environ.get("PREFECT_API_URL")
     print(f"\nArtifacts: {summary['storage_root']}  (every folder has a _MANIFEST.json)")
     print("Prefect UI: " + (api.removesuffix("/api") if api else

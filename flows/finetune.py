@@ -4,13 +4,17 @@ setting per task chosen on dev and reported on the final split.
     bertpipe run --preset demo                      (as part of the whole DAG, flows/pipeline.py)
     bertpipe finetune --task mrpc --seeds 1,2,3 --data D --checkpoint C --output O --prefect
 
-Each (task, setting, seed) is one Prefect task run named by what it is
+``output`` is the checkpoint's folder (``<storage_root>/finetune/<checkpoint name>`` in the
+pipeline): each task writes ``<output>/<task>/`` with its report.md and manifest (its version
+from ``flows/versions.py``), and ``<output>/_MANIFEST.json`` indexes them
+(``bert_core/finetune/report.py``). The flow run is named ``finetune-<tasks>-<checkpoint name>``;
+each (task, setting, seed) is one Prefect task run named by what it is
 (``finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2``), at most ``finetune.max_parallel_jobs`` at once.
 With ``finetune.deployment`` set, each job runs as a child flow run of that deployment (this flow
 again, given ``job``) on its work pool, sent with ``run_deployment``; output is shared storage.
 A failing job does not stop the others: failures land in the grid and the manifest. The table
 artifact ``finetune-results`` shows every setting's dev mean ± sd (0-100) with the selected one
-marked and its final-split score; ``<output>/report.md`` holds the same. The work itself is
+marked and its final-split score; each ``<output>/<task>/report.md`` holds the same. The work itself is
 ``bert_core.finetune.train.run_job``.
 """
 
@@ -65,17 +69,37 @@ def finetune_one(name: str, job: dict[str, Any], config: PipelineConfig, checkpo
     return json.loads(storage.read_text(storage.join(folder, "metrics.json")))
 
 
-@flow(name="finetune", log_prints=True, timeout_seconds=24 * 3600)
+def run_name() -> str:
+    """``finetune-sst2-minilm`` for a checkpoint's tasks, the job's own name for one job."""
+    from prefect.runtime import flow_run
+
+    from bert_core.finetune.grid import Setting, checkpoint_name, job_name
+
+    p = flow_run.parameters
+    config = p["config"]
+    tasks = config.finetune.tasks if hasattr(config, "finetune") else config["finetune"]["tasks"]
+    label = p.get("checkpoint_name") or checkpoint_name(p["checkpoint"])
+    job = p.get("job")
+    if job:
+        s = job["setting"]
+        return job_name(job["task"], label, Setting(s["learning_rate"], s["batch_size"], s["num_train_epochs"]),
+                        job["seed"])
+    return f"finetune-{'+'.join(tasks)}-{label}"
+
+
+@flow(name="finetune", flow_run_name=run_name, log_prints=True, timeout_seconds=24 * 3600)
 def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_name: str | None = None,
              job: dict[str, Any] | None = None) -> Any:
     """Fine-tune ``checkpoint`` on every ``finetune.tasks`` x setting x seed; select per task;
-    write ``output`` and return it. Given ``job`` (``{task, setting, seed}``, as the fan-out sends
-    it to a deployment), run that one job into its folder under ``output`` and return its metrics."""
+    write ``output`` (the checkpoint's folder) and return it. Given ``job`` (``{task, setting,
+    seed}``, as the fan-out sends it to a deployment), run that one job into its folder under
+    ``output`` and return its metrics."""
     from bert_core.finetune import get_task
     from bert_core.finetune.grid import checkpoint_name as name_of
     from bert_core.finetune.grid import job_name, settings
-    from bert_core.finetune.report import table_rows, write_run_manifest
+    from bert_core.finetune.report import clear_task, summarize, table_rows, write_results
     from flows.artifacts import publish_table
+    from flows.versions import checkpoint_identity, finetune_version
 
     logger = get_run_logger()
     cfg = config.finetune
@@ -85,6 +109,10 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
         return _run_here(job, cfg.data_dir, checkpoint, cfg, output, logger.info)
     label = checkpoint_name or name_of(checkpoint)
     tasks = [get_task(t).name for t in cfg.tasks]  # unknown names fail before any work
+    ident = checkpoint_identity(checkpoint)  # so does a missing checkpoint
+    versions = {t: finetune_version(config, t, ident) for t in tasks}
+    for t in tasks:
+        clear_task(storage.join(output, t))
     jobs = {job_name(t, label, s, seed): {"task": t, "setting": s.as_dict(), "seed": seed}
             for t in tasks for s in settings(cfg) for seed in cfg.seeds}
     # The runner's workers are the concurrency limit: jobs beyond it wait for a free one.
@@ -102,10 +130,10 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
                 message = state.message or state.name
                 logger.warning("%s failed: %s", name, message)
                 results.append({**j, "ok": False, "error": message})
-    manifest = write_run_manifest(output, cfg, checkpoint, cfg.data_dir, results)
-    publish_table("finetune-results", table_rows(manifest["stats"]),
+    index = write_results(output, cfg, checkpoint, cfg.data_dir, results, label, versions)
+    publish_table("finetune-results", table_rows(summarize(results)),
                   f"Fine-tuning {storage.to_uri(checkpoint)} ({label}): dev mean ± sd over seeds "
                   f"{cfg.seeds} for every setting, the selected one (✓) on its final split; "
                   "scores on 0-100")
-    logger.info("finetune: %s", manifest["counts"])
+    logger.info("finetune: %s; results in %s (bertpipe stats %s)", index["counts"], output, output)
     return output

@@ -17,10 +17,14 @@ before any work. With ``runs_root`` set, the run's ``hf/`` export is copied to
 the bucket and fine-tuning reads the model from there.
 
 Retries are in the task decorator and only for infrastructure errors (flows/retry.py). Fine-tune
-jobs (one per checkpoint x task, each running all seeds) are isolated: a failed job is listed in
-the report and fails the run only after every other job has finished, so the next run redoes just
-that job. With ``finetune.deployment`` set, each job is sent to that deployment with
-``run_deployment`` (a child flow run on a work pool) instead of running in this process.
+jobs (one per checkpoint x task, each running every setting and seed) write
+``<storage_root>/finetune/<checkpoint name>/<task>`` (``pretrained``, ``random-init``, and each
+extra checkpoint's folder name), done when its manifest records the job's version; the index
+``<storage_root>/finetune/_MANIFEST.json`` lists them all (``bertpipe stats``). Jobs are isolated:
+a failed job is listed in the report and fails the run only after every other job has finished,
+so the next run redoes just that job. With ``finetune.deployment`` set, each job is sent to that
+deployment with ``run_deployment`` (a child flow run on a work pool) instead of running in this
+process.
 """
 
 from __future__ import annotations
@@ -33,12 +37,15 @@ from prefect.cache_policies import NO_CACHE
 
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig
+from bert_core.finetune.grid import checkpoint_name
 from flows.retry import retry_on_infrastructure
 from flows.versions import (
     SKIPPED,
     checkpoint_identity,
     corpus_folder,
     finetune_folder,
+    finetune_job_config,
+    finetune_version,
     instances_folder,
     pretrain_version,
     run_once,
@@ -57,13 +64,6 @@ def runs_base(config: PipelineConfig) -> str:
             "a mount of the bucket (e.g. --set runs_root=/mnt/gcs/PREFIX/runs)"
         )
     return base
-
-
-def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
-    """The config one fine-tune job sees: its one task; fan-out settings cleared."""
-    ft = config.finetune.model_copy(update={"tasks": [task_name], "extra_checkpoints": [],
-                                            "deployment": None})
-    return config.model_copy(update={"finetune": ft})
 
 
 # --------------------------------------------------------------------------- stages
@@ -98,54 +98,61 @@ def run_stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str,
 
 @task(retries=2, retry_delay_seconds=20, retry_condition_fn=retry_on_infrastructure,
       cache_policy=NO_CACHE, task_run_name="finetune-{task_name}-{label}")
-def finetune_job(config: PipelineConfig, checkpoint: str, output: str, task_name: str, label: str):
-    """One fine-tune job (all seeds of one task on one checkpoint), here or on a work pool."""
+def finetune_job(config: PipelineConfig, checkpoint: str, folder: str, task_name: str, label: str,
+                 version: str):
+    """One fine-tune job (every setting and seed of one task on one checkpoint) into
+    ``<folder>/<task_name>``, here or on a work pool; done when that folder's manifest has ``version``."""
     job_config = finetune_job_config(config, task_name)
     what = f"finetune {task_name} on {label}"
+    params = {"checkpoint": checkpoint, "output": folder, "checkpoint_name": label}
 
     def work() -> None:
         if not config.finetune.deployment:
-            _stage_flow("finetune")(job_config, checkpoint=checkpoint, output=output, checkpoint_name=label)
+            _stage_flow("finetune")(job_config, **params)
             return
         from prefect.context import TaskRunContext
         from prefect.deployments import run_deployment
 
         ctx = TaskRunContext.get()
+        output = storage.join(folder, task_name)
         # One launch per attempt: a re-sent request returns the same child run, a retry makes a new one.
         key = f"{output}#{ctx.task_run.id}#{ctx.task_run.run_count}" if ctx else output
         child = run_deployment(
-            config.finetune.deployment,
-            parameters={"config": job_config.model_dump(mode="json"), "checkpoint": checkpoint,
-                        "output": output, "checkpoint_name": label},
+            config.finetune.deployment, parameters={"config": job_config.model_dump(mode="json"), **params},
             flow_run_name=f"finetune-{task_name}-{label}", idempotency_key=key, poll_interval=2,
         )
         if not child.state or not child.state.is_completed():
             raise RuntimeError(f"{what}: deployment run {child.name} ended "
                                f"{child.state.name if child.state else 'without a state'}")
 
-    return run_once(what, output, work)
+    return run_once(what, storage.join(folder, task_name), work, version=version)
 
 
 # --------------------------------------------------------------------------- the DAG
 
 
 def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> list[dict[str, Any]]:
-    """One isolated job per checkpoint x task (called inside a flow); failures become rows."""
+    """One isolated job per checkpoint x task (called inside a flow) into
+    ``finetune/<checkpoint name>/<task>``; failures become rows. Then ``finetune/`` and each
+    checkpoint's folder get their index (``bertpipe stats <storage_root>/finetune``)."""
+    from bert_core.finetune import get_task
+    from bert_core.finetune.report import write_index
+
     jobs = []
     for label, checkpoint in checkpoints.items():
         ident = checkpoint_identity(checkpoint)
-        for task_name in config.finetune.tasks:
-            output = finetune_folder(finetune_job_config(config, task_name), ident)
-            jobs.append((label, task_name, output, checkpoint))
+        for task_name in (get_task(t).name for t in config.finetune.tasks):
+            jobs.append((label, task_name, finetune_folder(config, label), checkpoint,
+                         finetune_version(config, task_name, ident)))
     submit = config.finetune.deployment is not None
     states = []
-    for label, task_name, output, checkpoint in jobs:
-        args = (config, checkpoint, output, task_name, label)
+    for label, task_name, folder, checkpoint, version in jobs:
+        args = (config, checkpoint, folder, task_name, label, version)
         # Deployed jobs run in parallel on the pool; in-process jobs one after another (shared CPU).
         states.append(finetune_job.submit(*args) if submit else
                       finetune_job(*args, return_state=True))
     results = []
-    for (label, task_name, output, _), st in zip(jobs, states, strict=True):
+    for (label, task_name, folder, _, _), st in zip(jobs, states, strict=True):
         if submit:
             st.wait()
         state = st.state if submit else st
@@ -154,7 +161,10 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
             results.append({"checkpoint": label, "task": task_name, **value})
         else:
             results.append({"checkpoint": label, "task": task_name, "status": "failed",
-                            "output": output, "error": state.message or state.name})
+                            "output": storage.join(folder, task_name), "error": state.message or state.name})
+    for folder in dict.fromkeys(folder for _, _, folder, _, _ in jobs):
+        write_index(folder)
+    write_index(storage.join(config.storage_root, "finetune"))
     return results
 
 
@@ -234,7 +244,12 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
         checkpoints["random-init"] = storage.join(config.storage_root, "models", f"random-init-{version}")
         stages["random-init"] = unwrap(random_init_model(config, vocab, checkpoints["random-init"]))
     for extra in config.finetune.extra_checkpoints:
-        checkpoints[extra.rstrip("/").rsplit("/", 1)[-1]] = extra
+        name = checkpoint_name(extra)
+        if name in checkpoints:
+            raise ConfigError(f"finetune.extra_checkpoints: {extra} would share the folder finetune/{name} "
+                              f"with {checkpoints[name]}; fine-tuning folders are named by the "
+                              "checkpoint's folder name, so give it a folder of another name")
+        checkpoints[name] = extra
     results = fan_out_finetune(config, checkpoints)
     stages["finetune"] = {"status": _overall(results), "output": storage.join(
         config.storage_root, "finetune")}

@@ -2,12 +2,16 @@
 
     from flows.versions import corpus_folder, is_done, run_once
 
-A stage writes into ``<storage_root>/<stage>/<version>``, where ``version = config_hash(stage
-config, identities of its inputs)``: the same settings on the same inputs always land in the
-same folder. The stage is done iff that folder holds its ``_MANIFEST.json`` (written last, so
-it is the proof that the write finished); a done stage is skipped and shows as ``Cached`` with
-"skipped (cached)". The cache key comes from the manifests, never from Prefect's run ids or
-result storage, so a re-run of a failed pipeline resumes where it stopped.
+A stage's ``version`` is ``config_hash(stage config, identities of its inputs)``: the same
+settings on the same inputs always have the same version. The data stages write into
+``<storage_root>/<stage>/<version>``; fine-tuning writes into folders a reader can name,
+``<storage_root>/finetune/<checkpoint name>/<task>``, and records the version in that folder's
+manifest. Either way one rule says whether work is done: the folder holds its ``_MANIFEST.json``
+(written last, so it is the proof that the write finished) and, where the folder is not named by
+its version, the manifest's ``version`` is the one wanted. A done stage is skipped and shows as
+``Cached`` with "skipped (cached)"; a folder holding another version (a changed config or
+checkpoint) is emptied and redone. The cache key comes from the manifests, never from Prefect's
+run ids or result storage, so a re-run of a failed pipeline resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -82,17 +86,33 @@ def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
                        manifest_identity(vocab))
 
 
-def finetune_folder(config: PipelineConfig, checkpoint_id: dict[str, Any]) -> str:
-    """``config`` is one job's config (one task); ``checkpoint_id`` from :func:`checkpoint_identity`."""
-    return stage_folder(config.storage_root, "finetune", config.finetune, checkpoint_id)
+def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
+    """The config one fine-tune job sees: its one task; fan-out settings cleared."""
+    ft = config.finetune.model_copy(update={"tasks": [task_name], "extra_checkpoints": [],
+                                            "deployment": None})
+    return config.model_copy(update={"finetune": ft})
+
+
+def finetune_folder(config: PipelineConfig, checkpoint_name: str) -> str:
+    """``<storage_root>/finetune/<checkpoint name>``: every task's results on one checkpoint."""
+    return storage.join(config.storage_root, "finetune", checkpoint_name)
+
+
+def finetune_version(config: PipelineConfig, task_name: str, checkpoint_id: dict[str, Any]) -> str:
+    """The version of one task fine-tuned on one checkpoint (``checkpoint_id`` from
+    :func:`checkpoint_identity`): its settings, grid, seeds and data, and the checkpoint."""
+    return config_hash(finetune_job_config(config, task_name).finetune, checkpoint_id)
 
 
 # --------------------------------------------------------------------------- done or not
 
 
-def is_done(folder: str) -> bool:
-    """The one test of finished work: the folder holds its ``_MANIFEST.json``."""
-    return storage.has_manifest(folder)
+def is_done(folder: str, version: str | None = None) -> bool:
+    """The one test of finished work: the folder holds its ``_MANIFEST.json``, and, given a
+    ``version``, that manifest records it."""
+    if not storage.has_manifest(folder):
+        return False
+    return version is None or storage.read_manifest(folder).get("version") == version
 
 
 def cached(output: str) -> State:
@@ -105,17 +125,26 @@ def unwrap(out: Any) -> dict[str, Any]:
     return out.result() if isinstance(out, State) else out
 
 
-def run_once(what: str, output: str, work: Callable[[], Any]) -> State | dict[str, Any]:
-    """Inside a task: skip ``work`` when ``output`` is done, else run it and check it finished."""
+def run_once(what: str, output: str, work: Callable[[], Any],
+             version: str | None = None) -> State | dict[str, Any]:
+    """Inside a task: skip ``work`` when ``output`` is done (at ``version``, when given), else run
+    it and check it finished. A finished ``output`` of another version is removed first: its
+    results belong to another config or checkpoint and must not be read as these."""
     logger = get_run_logger()
-    if is_done(output):
+    if is_done(output, version):
         logger.info("%s: %s, %s has a manifest", what, SKIPPED, output)
         return cached(output)
+    if version is not None and storage.has_manifest(output):
+        old = storage.read_manifest(output).get("version")
+        logger.info("%s: %s holds version %s, this config and checkpoint are %s; redoing",
+                    what, output, old, version)
+        storage.remove(output)
     logger.info("%s: running into %s", what, output)
     work()
-    if not is_done(output):
-        raise RuntimeError(f"{what}: the work returned but {output} has no {storage.MANIFEST}; "
-                           "it did not finish its write, see the child flow run's logs")
+    if not is_done(output, version):
+        raise RuntimeError(f"{what}: the work returned but {output} has no {storage.MANIFEST}"
+                           f"{'' if version is None else f' of version {version}'}; it did not "
+                           "finish its write, see the child flow run's logs")
     return {"status": "completed", "output": output}
 
 

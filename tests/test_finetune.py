@@ -130,18 +130,42 @@ def test_seeds_summary_keeps_every_value_and_failures(tiny_checkpoint, tmp_path)
     data = tmp_path / "data"
     shutil.copytree(FIXTURES / "MRPC", data / "MRPC")  # swag has no data here: it must fail alone
     cfg = FinetuneConfig(**TINY)
-    manifest = run_many(["mrpc", "swag"], [1, 2], str(data), tiny_checkpoint, cfg, str(tmp_path / "o"))
-    assert manifest["stage"] == "finetune" and manifest["counts"] == {"jobs": 4, "succeeded": 2, "failed": 2}
+    from bert_core import storage
+
+    # an earlier run's results are replaced, never mixed in; a folder that is not ours stays
+    stale = tmp_path / "o" / "mrpc" / "lr9e-9-bs8-ep1" / "seed=1"
+    stale.mkdir(parents=True)
+    (stale / "metrics.json").write_text("{}")
+    storage.write_manifest(str(tmp_path / "o" / "mrpc"), stage="finetune", config={}, task="mrpc")
+    (tmp_path / "o" / "swag").mkdir()
+    (tmp_path / "o" / "swag" / "notes.txt").write_text("mine")
+    index = run_many(["mrpc", "swag"], [1, 2], str(data), tiny_checkpoint, cfg, str(tmp_path / "o"),
+                     versions={"mrpc": "v1", "swag": "v2"})
+    assert index["stage"] == "finetune-index"
+    assert index["counts"] == {"checkpoints": 1, "tasks": 2, "jobs": 4, "succeeded": 2, "failed": 2}
+    assert {(f["task"], f["seed"]) for f in index["failures"]} == {("swag", 1), ("swag", 2)}
+    assert not stale.parent.exists() and (tmp_path / "o" / "swag" / "notes.txt").exists()
+
+    # the task with a finished job has its folder and manifest; the one whose every job failed has none
+    manifest = storage.read_manifest(str(tmp_path / "o" / "mrpc"))
+    assert manifest["stage"] == "finetune" and manifest["task"] == "mrpc" and manifest["version"] == "v1"
+    assert manifest["counts"] == {"jobs": 2, "succeeded": 2, "failed": 0}
+    assert manifest["checkpoint_name"] == Path(tiny_checkpoint).name and manifest["config"]["tasks"] == ["mrpc"]
     summary = manifest["stats"]["summary"]
     f1 = summary["mrpc"]["metrics"]["dev/f1"]
     assert f1["n"] == 2 and set(f1["values"]) == {"1", "2"}
     assert summary["mrpc"]["selected"] == SETTING and summary["mrpc"]["final_label"] == "dev (also used for selection)"
-    assert summary["swag"]["failed_seeds"] == [1, 2] and "swag" in summary["swag"]["errors"]["1"] and "FileNotFoundError" in summary["swag"]["errors"]["1"]
-    assert summary["swag"]["selected"] is None and summary["swag"]["final"] is None
-    from bert_core import storage
-
+    assert not storage.has_manifest(str(tmp_path / "o" / "swag"))
+    swag = index["stats"]["swag"]
+    assert swag["failed_seeds"] == [1, 2] and swag["selected"] is None and swag["final"] is None
+    assert index["stats"]["mrpc"]["selected"] == SETTING and index["stats"]["mrpc"]["version"] == "v1"
     # one metrics.json per finished job, and report.md
-    assert len(storage.shard_uris(str(tmp_path / "o"))) == 3 and (tmp_path / "o" / "report.md").exists()
+    assert len(storage.shard_uris(str(tmp_path / "o" / "mrpc"))) == 3
+    assert (tmp_path / "o" / "mrpc" / "report.md").exists()
+    failed = summarize([r for r in (
+        {"task": "swag", "setting": {"name": SETTING}, "seed": s, "ok": False, "error": "FileNotFoundError: swag"}
+        for s in (1, 2))])["summary"]["swag"]
+    assert failed["failed_seeds"] == [1, 2] and "FileNotFoundError" in failed["errors"]["1"]
     setting = {"name": "lr1e-4-bs8-ep1"}
     results = [{"task": "rte", "setting": setting, "seed": s, "ok": True, "metrics": {"flat": {"dev/accuracy": v}}}
                for s, v in ((1, 0.5), (2, 0.7), (3, 0.9))]
@@ -217,10 +241,15 @@ def test_prefect_flow_fans_out_and_survives_a_failure(prefect_server, tiny_check
     out = finetune(cfg, checkpoint=tiny_checkpoint, output=str(tmp_path / "o"))
     from bert_core import storage
 
-    manifest = storage.read_manifest(out)
-    assert manifest["counts"] == {"jobs": 4, "succeeded": 2, "failed": 2}
-    assert {(f["task"], f["seed"]) for f in manifest["failures"]} == {("swag", 1), ("swag", 2)}
+    index = storage.read_manifest(out)
+    assert index["counts"] == {"checkpoints": 1, "tasks": 2, "jobs": 4, "succeeded": 2, "failed": 2}
+    assert {(f["task"], f["seed"]) for f in index["failures"]} == {("swag", 1), ("swag", 2)}
     ckpt = Path(tiny_checkpoint).name
+    # the task folder records the version the pipeline would look for
+    from flows.versions import checkpoint_identity, finetune_version
+
+    wnli = storage.read_manifest(f"{out}/wnli")
+    assert wnli["version"] == finetune_version(cfg, "wnli", checkpoint_identity(tiny_checkpoint))
 
     async def latest_table():
         async with get_client() as client:
@@ -236,12 +265,14 @@ def test_prefect_flow_fans_out_and_survives_a_failure(prefect_server, tiny_check
     assert "±" in wnli[0]["dev mean ± sd (0-100)"] and wnli[0]["final split"] == "dev (also used for selection)"
     assert any(r["task"] == "swag" and r["failed seeds"] == "1,2" for r in rows)
 
-    async def task_run_names():
+    async def run_names():
         async with get_client() as client:
-            return {t.name for t in await client.read_task_runs()}
+            return ({t.name for t in await client.read_task_runs()},
+                    {r.name for r in await client.read_flow_runs()})
 
-    names = asyncio.run(task_run_names())
+    names, flow_runs = asyncio.run(run_names())
     assert {f"finetune-{t}-{ckpt}-{SETTING}-seed{s}" for t in ("wnli", "swag") for s in (1, 2)} <= names
+    assert f"finetune-wnli+swag-{ckpt}" in flow_runs
 
 
 def test_conlleval_reads_our_prediction_format():

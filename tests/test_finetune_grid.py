@@ -110,10 +110,13 @@ def test_prefect_flow_runs_the_grid_and_selects_the_rate_that_learns(sentiment_d
 
     # names and folders say what each job is
     assert {f"finetune-sentiment-tiny-bert-{s}-seed{seed}" for s in (WINNER, LOSER) for seed in (1, 2)} <= task_runs
-    manifest = storage.read_manifest(output)
+    manifest = storage.read_manifest(f"{output}/sentiment")
     assert manifest["counts"] == {"jobs": 4, "succeeded": 4, "failed": 0}
     assert {s["path"] for s in manifest["shards"]} == {"report.md"} | {
-        f"sentiment/{s}/seed={seed}/metrics.json" for s in (WINNER, LOSER) for seed in (1, 2)}
+        f"{s}/seed={seed}/metrics.json" for s in (WINNER, LOSER) for seed in (1, 2)}
+    index = storage.read_manifest(output)
+    assert index["stage"] == "finetune-index" and list(index["stats"]) == ["sentiment"]
+    assert index["stats"]["sentiment"]["selected"] == WINNER
 
     # selection: the rate that learns, on dev; reported on test
     summary = manifest["stats"]["summary"]["sentiment"]
@@ -138,7 +141,7 @@ def test_prefect_flow_runs_the_grid_and_selects_the_rate_that_learns(sentiment_d
     assert chosen["final split"] == "test" and chosen["final mean ± sd (0-100)"].startswith(
         f"{summary['final']['mean']:.1f} ± ")
     assert rows[0]["final mean ± sd (0-100)"] == "" and "±" in rows[0]["dev mean ± sd (0-100)"]
-    report = (tmp_path / "finetune" / "tiny-bert" / "report.md").read_text()
+    report = (tmp_path / "finetune" / "tiny-bert" / "sentiment" / "report.md").read_text()
     assert f"| sentiment | accuracy | {WINNER} | test |" in report
     assert f"| sentiment | {LOSER} |  |" in report and f"| sentiment | {WINNER} | ✓ |" in report
     assert "0-100" in report
@@ -159,16 +162,23 @@ def test_cli_grid_selection_report_and_stats(sentiment_data, tiny_checkpoint, tm
     assert r.exit_code == 0, r.output
     chosen = [line for line in r.stdout.splitlines() if "✓" in line]
     assert len(chosen) == 1 and WINNER in chosen[0] and LOSER in r.stdout
-    manifest = storage.read_manifest(str(out))
+    manifest = storage.read_manifest(str(out / "sentiment"))
     summary = manifest["stats"]["summary"]["sentiment"]
     assert summary["selected"] == WINNER and summary["final_split"] == "test"
     accuracy = final_split_accuracy(out / "sentiment" / WINNER / "seed=1", sentiment_data)
     assert summary["final"]["mean"] == pytest.approx(100 * accuracy)
     dev = manifest["stats"]["grid"]["sentiment"]
     assert dev[WINNER]["metrics"]["dev/accuracy"]["mean"] > dev[LOSER]["metrics"]["dev/accuracy"]["mean"] + 0.2
-    report = (out / "report.md").read_text()
+    report = (out / "sentiment" / "report.md").read_text()
     assert f"| sentiment | accuracy | {WINNER} | test | {100 * accuracy:.1f} ± 0.0 (n=1) |" in report
     assert f"| sentiment | {LOSER} |  |" in report and f"| sentiment | {WINNER} | ✓ |" in report
+    # the checkpoint's folder lists its tasks; a task's folder shows its whole grid
     r = runner.invoke(app, ["stats", str(out)])
     assert r.exit_code == 0, r.output
-    assert "succeeded" in r.output
+    assert "jobs 2, succeeded 2, failed 0" in r.output and "0-100" in r.output
+    [row] = [line for line in r.output.splitlines() if line.startswith("tiny-bert ")]
+    assert "sentiment" in row and WINNER in row and f"{100 * accuracy:.1f} ± 0.0 (n=1)" in row
+    assert manifest["version"] in row
+    r = runner.invoke(app, ["stats", str(out / "sentiment")])
+    assert r.exit_code == 0, r.output
+    assert [line for line in r.output.splitlines() if "✓" in line] == chosen

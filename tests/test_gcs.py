@@ -187,7 +187,7 @@ def test_whole_pipeline_writes_to_the_bucket(gcs, samples_dir, tmp_path, monkeyp
     ft = storage.read_manifest(job["output"])
     assert ft["config"]["tasks"] == ["sentiment"] and stages["model"]["output"] in json.dumps(ft)
     selected = ft["stats"]["summary"]["sentiment"]["selected"]  # the setting chosen on dev
-    metrics = json.loads(storage.read_text(f"{job['output']}/sentiment/{selected}/seed=1/metrics.json"))
+    metrics = json.loads(storage.read_text(f"{job['output']}/{selected}/seed=1/metrics.json"))
     assert 0.0 <= metrics["main"] <= 1.0
     # the second run resumes from the bucket's manifests: nothing is redone
     assert {v["status"] for v in second["stages"].values()} == {SKIPPED}

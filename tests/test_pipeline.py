@@ -41,7 +41,6 @@ def test_version_folders_are_pinned():
     stages are found by, so a change here re-runs every stage of every existing storage root."""
     from bert_core import storage
     from flows import versions
-    from flows.pipeline import finetune_job_config
 
     root = "memory://pin"  # part of every identity, so part of the pinned names
     storage.write_text(f"{root}/raw/books/a.txt", "One sentence here. Another one there.\n")
@@ -63,12 +62,48 @@ def test_version_folders_are_pinned():
     version = versions.pretrain_version(cfg, instances, vocab)
     run = finished(storage.join(root, "runs", "pretrain", version), "pretrain")
     checkpoint = versions.checkpoint_identity(storage.join(run, "hf"))
-    finetune = {t: versions.finetune_folder(finetune_job_config(cfg, t), checkpoint).rsplit("/", 1)[1]
-                for t in ("sentiment", "squad", "ner")}
+    finetune = {t: versions.finetune_version(cfg, t, checkpoint) for t in ("sentiment", "squad", "ner")}
     assert [corpus, vocab, instances] == [f"{root}/corpus/43c8ea87d3aa", f"{root}/vocab/8c845d48f8de",
                                           f"{root}/instances/0a3594d2ad33"]
     assert version == "09ae15bc3f6b"
     assert finetune == {"sentiment": "f5db287f01d8", "squad": "0062cd3ebde6", "ner": "5cf14873ab54"}
+    # fine-tuning folders are named for a reader; the version is in their manifest
+    assert versions.finetune_folder(cfg, "minilm") == f"{root}/finetune/minilm"
+
+
+def test_a_folder_of_another_version_is_redone_not_reused(tmp_path):
+    """The one "already done" rule for folders named by what they hold (finetune/<checkpoint>/<task>):
+    done only when the manifest records the wanted version; another version is removed, then redone."""
+    from prefect import flow
+    from prefect.testing.utilities import prefect_test_harness
+
+    from bert_core import storage
+    from flows.versions import SKIPPED, is_done, run_once, unwrap
+
+    folder = str(tmp_path / "finetune" / "minilm" / "sentiment")
+    calls = []
+
+    def work(version: str, stale: bool = False):
+        def write() -> None:
+            calls.append(version)
+            storage.write_text(f"{folder}/lr1e-4-bs16-ep1/seed=1/metrics.json", version)
+            if stale:
+                storage.write_text(f"{folder}/lr9e-9-bs16-ep1/seed=1/metrics.json", "old grid")
+            storage.write_manifest(folder, stage="finetune", config={}, version=version)
+        return write
+
+    @flow
+    def runs() -> list:
+        return [unwrap(run_once("ft", folder, work("a", stale=True), version="a")),
+                unwrap(run_once("ft", folder, work("a"), version="a")),
+                unwrap(run_once("ft", folder, work("b"), version="b"))]
+
+    with prefect_test_harness(server_startup_timeout=120):
+        first, again, changed = runs()
+    assert [first["status"], again["status"], changed["status"]] == ["completed", SKIPPED, "completed"]
+    assert calls == ["a", "b"]  # the same version is reused, another one redone
+    assert is_done(folder, "b") and not is_done(folder, "a") and is_done(folder)
+    assert not (tmp_path / "finetune" / "minilm" / "sentiment" / "lr9e-9-bs16-ep1").exists()  # old results gone
 
 
 def pipeline_config(samples: Path, root: Path):
@@ -152,6 +187,25 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
             assert storage.read_manifest(out)["stage"] == stage
         assert [(j["checkpoint"], j["status"]) for j in first["finetune_jobs"]] == [
             ("pretrained", "completed"), ("random-init", "completed"), ("minilm", "completed")]
+        # fine-tuning folders are named by checkpoint and task; the root's index lists them all
+        finetune = tmp_path / "data" / "finetune"
+        for j in first["finetune_jobs"]:
+            assert j["output"] == str(finetune / j["checkpoint"] / "sentiment")
+            manifest = storage.read_manifest(j["output"])
+            assert manifest["checkpoint_name"] == j["checkpoint"] and manifest["version"]
+            selected = manifest["stats"]["summary"]["sentiment"]["selected"]
+            assert (Path(j["output"]) / selected / "seed=1" / "metrics.json").exists()
+        index = storage.read_manifest(str(finetune))
+        assert index["stage"] == "finetune-index" and list(index["stats"]) == [
+            "minilm/sentiment", "pretrained/sentiment", "random-init/sentiment"]
+        from typer.testing import CliRunner
+
+        from flows.cli import app
+
+        shown = CliRunner().invoke(app, ["stats", str(finetune)])
+        assert shown.exit_code == 0 and "checkpoints 3, tasks 3" in shown.output, shown.output
+        assert {line.split()[0] for line in shown.output.splitlines()[3:6]} == {
+            "minilm", "pretrained", "random-init"}
 
         second = bert_pipeline(cfg)
         assert {v["status"] for v in second["stages"].values()} == {SKIPPED}
@@ -173,6 +227,8 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
                 assert {t.state.name for t in tasks1.values()} == {"Completed"}
                 assert {t.state.name for t in tasks2.values()} == {"Cached"}
                 assert all(SKIPPED in t.state.message for t in tasks2.values())
+                assert {r.name for n, r in runs if n == "finetune"} == {
+                    "finetune-sentiment-pretrained", "finetune-sentiment-random-init", "finetune-sentiment-minilm"}
             _eventually(check_runs)
 
             stages = _artifact(client, "pipeline-stages")

@@ -6,8 +6,9 @@ A setting is one point of ``learning_rates`` x ``batch_sizes`` x ``epochs`` (the
 {5e-5, 3e-5, 2e-5} x {16, 32} x {2, 3, 4}); a job is one (task, setting, seed). Names say what a
 job is, so the UI, the logs and the folders read alike::
 
-    finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2          (task run / flow run name)
-    <output>/sst2/lr3e-5-bs32-ep3/seed=2/metrics.json   (its folder)
+    finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2                    (task run / flow run name)
+    finetune/minilm/sst2/lr3e-5-bs32-ep3/seed=2/metrics.json      (its folder: <output>/<task>/...,
+                                                                   <output> the checkpoint's folder)
 """
 
 from __future__ import annotations

@@ -1,8 +1,16 @@
 """Many fine-tuning jobs (tasks x settings x seeds) -> the selected setting per task, the grid
-table and the run's manifest.
+table, one manifest per task folder and an index over them.
 
     bertpipe finetune --task mrpc --task rte --seeds 1,2,3 --data glue_data \
         --checkpoint runs/demo/hf --output finetune/demo
+    bertpipe stats finetune/demo          (the index: every task's selected setting and score)
+    bertpipe stats finetune/demo/mrpc     (one task: the whole grid)
+
+Folders, for a checkpoint's folder ``<output>`` (in the pipeline ``finetune/<checkpoint name>``)::
+
+    <output>/_MANIFEST.json                             index (stage "finetune-index")
+    <output>/<task>/_MANIFEST.json, report.md           the task (stage "finetune", its version)
+    <output>/<task>/<setting>/seed=<s>/metrics.json     one job (``grid.job_dir``)
 
 The paper's protocol: every setting of the grid runs every seed; per task, the setting with the
 best mean dev score over seeds is selected, and that setting's mean ± sd over seeds is reported on
@@ -11,7 +19,7 @@ selection)"). Every seed's value is kept beside mean and sd, and a failed job is
 hidden or fatal to the rest. Scores are stored as the metric returns them and put on one 0-100
 scale when reported (accuracy, F1, EM, Matthews corr. and correlations x100).
 :func:`run_many` is the plain sequential loop (the CLI); ``flows/finetune.py`` runs the same jobs
-as Prefect tasks and calls :func:`write_run_manifest` the same way.
+as Prefect tasks and calls :func:`write_results` the same way.
 """
 
 from __future__ import annotations
@@ -137,7 +145,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     line = "  ".join(c.ljust(widths[c]) for c in cols)
     out = [line, "  ".join("-" * widths[c] for c in cols)]
     out += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
-    return "\n".join(out)
+    return "\n".join(x.rstrip() for x in out)
 
 
 def markdown(stats: dict[str, Any], title: str) -> str:
@@ -169,48 +177,171 @@ def job_result(task: str, setting: dict[str, Any], seed: int, fn: Callable[[], d
                 "traceback": traceback.format_exc()}
 
 
-def write_run_manifest(
-    output: str, cfg: FinetuneConfig, checkpoint: str, data_dir: str, results: list[dict[str, Any]]
+def clear_task(folder: str) -> None:
+    """Before a task's jobs run into ``folder``: a previous run's results there (vouched for as
+    ours by a fine-tuning manifest) are removed, so the folder holds this run alone and a run
+    whose every job fails leaves no manifest behind."""
+    if storage.has_manifest(folder) and storage.read_manifest(folder).get("stage") == "finetune":
+        storage.remove(folder)
+
+
+def write_results(
+    output: str, cfg: FinetuneConfig, checkpoint: str, data_dir: str, results: list[dict[str, Any]],
+    checkpoint_name: str | None = None, versions: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``<output>/report.md`` then ``<output>/_MANIFEST.json`` (stage="finetune"): every job's
-    metrics.json, the grid and the selection. With every job failed there is no finished work
-    to vouch for: that raises instead."""
+    """Per task with a finished job, ``<output>/<task>/report.md`` then its ``_MANIFEST.json``
+    (stage "finetune": the task's grid, selection, jobs and ``versions[task]``); then the index
+    ``<output>/_MANIFEST.json`` (:func:`write_index`). A task whose every job failed gets no
+    manifest (nothing finished to vouch for) and shows in the index as failed; with every job of
+    every task failed this raises instead. Returns the index."""
+    from bert_core.finetune.grid import checkpoint_name as name_of
+
     if not any(r["ok"] for r in results):
         raise RuntimeError("every fine-tuning job failed: " + "; ".join(
             f"{r['task']} {r['setting']['name']} seed={r['seed']}: {r['error']}" for r in results))
+    name = checkpoint_name or name_of(checkpoint)
+    failed: dict[str, dict[str, Any]] = {}
+    for task in dict.fromkeys(r["task"] for r in results):
+        mine = [r for r in results if r["task"] == task]
+        if any(r["ok"] for r in mine):
+            write_task_manifest(storage.join(output, task), task, cfg, checkpoint, name, data_dir, mine,
+                                (versions or {}).get(task))
+        else:
+            failed[task] = index_entry(task, name, storage.to_uri(checkpoint), None, summarize(mine),
+                                       _counts(mine))
+    return write_index(output, failed=failed, failures=_failures(results))
+
+
+def _counts(results: list[dict[str, Any]]) -> dict[str, int]:
+    return {"jobs": len(results), "succeeded": sum(r["ok"] for r in results),
+            "failed": sum(not r["ok"] for r in results)}
+
+
+def _failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"task": r["task"], "setting": r["setting"]["name"], "seed": r["seed"], "error": r["error"]}
+            for r in results if not r["ok"]]
+
+
+def write_task_manifest(
+    folder: str, task: str, cfg: FinetuneConfig, checkpoint: str, checkpoint_name: str, data_dir: str,
+    results: list[dict[str, Any]], version: str | None,
+) -> dict[str, Any]:
+    """``<folder>/report.md`` then ``<folder>/_MANIFEST.json`` for one task's jobs on one checkpoint."""
     stats = summarize(results)
-    report_uri = storage.join(output, "report.md")
-    storage.write_text(report_uri, markdown(stats, f"Fine-tuning {storage.to_uri(checkpoint)}"))
+    report_uri = storage.join(folder, "report.md")
+    storage.write_text(report_uri, markdown(stats, f"Fine-tuning {storage.to_uri(checkpoint)} "
+                                                   f"({checkpoint_name}) on {task}"))
     shards = [storage.shard_entry(report_uri) | {"path": "report.md"}]
     for r in results:
         if r["ok"]:
-            path = f"{r['task']}/{r['setting']['name']}/seed={r['seed']}/metrics.json"
-            shards.append(storage.shard_entry(storage.join(output, path), task=r["task"],
+            path = f"{r['setting']['name']}/seed={r['seed']}/metrics.json"
+            shards.append(storage.shard_entry(storage.join(folder, path), task=task,
                                               setting=r["setting"]["name"], seed=r["seed"])
                           | {"path": path})
-    inputs = []
-    if storage.has_manifest(checkpoint):
-        inputs.append(storage.read_manifest(checkpoint))
-    counts = {"jobs": len(results), "succeeded": sum(r["ok"] for r in results),
-              "failed": sum(not r["ok"] for r in results)}
+    inputs = [storage.read_manifest(checkpoint)] if storage.has_manifest(checkpoint) else []
     return storage.write_manifest(
-        output, stage="finetune", config=cfg, inputs=inputs, shards=shards, counts=counts,
-        stats=stats, checkpoint=storage.to_uri(checkpoint), data_dir=storage.to_uri(data_dir),
-        failures=[{"task": r["task"], "setting": r["setting"]["name"], "seed": r["seed"],
-                   "error": r["error"]} for r in results if not r["ok"]],
+        folder, stage="finetune", config=cfg.model_copy(update={"tasks": [task]}), inputs=inputs,
+        shards=shards, counts=_counts(results), stats=stats, task=task, version=version,
+        checkpoint=storage.to_uri(checkpoint), checkpoint_name=checkpoint_name,
+        data_dir=storage.to_uri(data_dir), failures=_failures(results),
     )
+
+
+def index_entry(task: str, checkpoint_name: str, checkpoint: str, version: str | None,
+                stats: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+    """One task folder as an index lists it: where it came from and the selected setting's score."""
+    s = stats["summary"][task]
+    return {"checkpoint_name": checkpoint_name, "checkpoint": checkpoint, "task": task,
+            "version": version, "selected": s["selected"], "metric": get_task(task).metric,
+            "final_label": s["final_label"], "final": s["final"], "failed_seeds": s["failed_seeds"],
+            "counts": counts}
+
+
+def write_index(folder: str, failed: dict[str, dict[str, Any]] | None = None,
+                failures: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """``<folder>/_MANIFEST.json`` (stage "finetune-index") over the task folders below it: one
+    level down for a checkpoint's folder (``<task>``), two for the fine-tuning root
+    (``<checkpoint>/<task>``). Its stats map each task folder's relative path to
+    :func:`index_entry`; ``failed`` adds the entries of task folders whose every job failed in
+    this run. ``bertpipe stats <folder>`` prints it."""
+    entries: dict[str, dict[str, Any]] = {}
+    inputs = []
+    for depth, pattern in ((1, "*"), (2, "*/*")):
+        for uri in storage.glob(storage.join(folder, pattern, storage.MANIFEST)):
+            rel = "/".join(uri.split("/")[-1 - depth:-1])
+            m = storage.read_manifest(storage.join(folder, rel))
+            if m.get("stage") != "finetune" or "task" not in m:
+                continue  # a checkpoint folder's own index, or a folder this index does not know
+            inputs.append(m)
+            entries[rel] = index_entry(m["task"], m.get("checkpoint_name") or rel.split("/")[0],
+                                       m.get("checkpoint"), m.get("version"), m["stats"], m["counts"])
+    entries.update(failed or {})
+    counts = {"checkpoints": len({e["checkpoint_name"] for e in entries.values()}), "tasks": len(entries)}
+    for key in ("jobs", "succeeded", "failed"):
+        counts[key] = sum(e["counts"][key] for e in entries.values())
+    return storage.write_manifest(folder, stage="finetune-index", config={}, inputs=inputs,
+                                  counts=counts, stats=dict(sorted(entries.items())),
+                                  failures=list(failures))
+
+
+def task_stats(folder: str, tasks: Iterable[str]) -> dict[str, Any]:
+    """``{"grid", "summary"}`` of ``tasks`` read from their folders under ``folder`` (a task
+    whose every job failed has no manifest and is left out)."""
+    out: dict[str, Any] = {"grid": {}, "summary": {}}
+    for task in tasks:
+        sub = storage.join(folder, task)
+        if storage.has_manifest(sub):
+            stats = storage.read_manifest(sub)["stats"]
+            out["grid"].update(stats["grid"])
+            out["summary"].update(stats["summary"])
+    return out
+
+
+def index_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per task folder of an index: the selected setting's final score (0-100)."""
+    rows = []
+    for e in manifest["stats"].values():
+        final = e["final"]
+        rows.append({
+            "checkpoint": e["checkpoint_name"], "task": e["task"], "metric": e["metric"],
+            "selected": e["selected"] or "none (all failed)", "final split": e["final_label"],
+            "final (0-100)": "-" if final is None else
+            f"{final['mean']:.1f} ± {final['sd']:.1f} (n={final['n']})",
+            "jobs ok/failed": f"{e['counts']['succeeded']}/{e['counts']['failed']}",
+            "version": e["version"] or "-",
+        })
+    return rows
+
+
+def format_manifest(manifest: dict[str, Any]) -> str:
+    """What ``bertpipe stats`` prints for a fine-tuning folder: an index lists every task folder
+    below it, a task folder its whole grid."""
+    order = ("checkpoints", "tasks", "jobs", "succeeded", "failed")  # JSON brings keys back sorted
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(
+        manifest.get("counts", {}).items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    head = f"{manifest['stage']} at {manifest['uri']} ({manifest['created']}): {counts}"
+    if manifest["stage"] == "finetune-index":
+        return "\n".join([head, format_table(index_rows(manifest)), SCALE_NOTE])
+    lines = [head, f"checkpoint {manifest.get('checkpoint_name')}: {manifest.get('checkpoint')}, "
+                   f"version {manifest.get('version') or '-'}", format_table(table_rows(manifest["stats"]))]
+    lines += [f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}"
+              for f in manifest.get("failures", [])]
+    return "\n".join(lines)
 
 
 def run_many(
     tasks: list[str], seeds: list[int], data_dir: str, checkpoint: str, cfg: FinetuneConfig,
-    output: str, log: Callable[[str], None] | None = None,
+    output: str, log: Callable[[str], None] | None = None, checkpoint_name: str | None = None,
+    versions: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Every (task, setting, seed) one after another in this process; returns the manifest."""
+    """Every (task, setting, seed) one after another in this process; returns the index of
+    ``output`` (:func:`write_results`)."""
     from bert_core.finetune.grid import settings
     from bert_core.finetune.train import run_job
 
     results = []
     for task in tasks:
+        clear_task(storage.join(output, task))
         for setting in settings(cfg):
             job_cfg = cfg.at(setting.learning_rate, setting.batch_size, setting.num_train_epochs)
             for seed in seeds:
@@ -222,4 +353,4 @@ def run_many(
                 if log and not r["ok"]:
                     log(f"{what} FAILED: {r['error']}")
                 results.append(r)
-    return write_run_manifest(output, cfg, checkpoint, data_dir, results)
+    return write_results(output, cfg, checkpoint, data_dir, results, checkpoint_name, versions)
