@@ -2,26 +2,35 @@
 pipeline (arm A) against the same architecture and vocab from random init (arm B), with the
 sample MiniLM (arm C) as the strong reference.
 
-    python -m benchmarks.bench_quality                                 # budgets 0,7,15,30 minutes
-    python -m benchmarks.bench_quality --budgets 0,1 --seeds 2 --lrs 3e-4,1e-3 --epochs 2 \
-        --select-seeds 1 --train-examples 1500 --dev-examples 500 --instances DIR   # a quick look
+    python -m benchmarks.bench_quality                      # the chosen recipe at 0, 15, 30 CPU-minutes
+    python -m benchmarks.bench_quality --search             # every recipe at one budget, scored on dev
+    python -m benchmarks.bench_quality --budgets 0,2 --seeds 2 --lrs 1e-3 --epochs 2 --no-reference  # a look
 
 - **Data**: every sample sentiment sentence (``samples/tasks/sentiment``, read by the product's
   ``read_sentiment``, neutral ratings rejected as there), split once by ``--split-seed`` into
-  train / dev / test. The test split is scored only with the chosen setting's final seeds.
-- **Pre-training** (arm A, one run per budget): the product path, ``bertpipe pretrain`` (DeepSpeed,
-  2 CPU ranks), one phase at 128 tokens with ``--set`` overrides; ``max_steps`` is the budget in
-  minutes times the steps per minute measured by a short calibration run of the same command.
-  Instances come from the real stages (``bertpipe corpus/vocab/instances`` on the samples, as
-  ``bench_parity`` builds them); the last ``seq128`` shard is held out of pre-training and gives
-  the eval masked-LM accuracy. Budget 0 is arm B: the same model config, seeded random init.
+  train / dev / test. The test split is scored only with the chosen setting's final seeds; the
+  recipe search never looks at it.
+- **Recipes** (:data:`RECIPES`): what pre-training is made of, as the product's own settings:
+  the instances stage (sequence length, next-sentence pairs or packed sentences, static or dynamic
+  masking, whole-word masking) and the model and optimizer. ``--search`` pre-trains every recipe
+  for the same budget and fine-tunes it on the small dev grid; the recipe with the best dev score
+  is :data:`CHOSEN`, the one the main run and the ``demo`` preset use.
+- **Pre-training** (arm A, one run per budget): the product path end to end: ``bertpipe corpus``,
+  ``vocab`` and ``instances`` on the samples (the instances stage carves the held-out eval split by
+  document), then ``bertpipe pretrain`` (DeepSpeed, 2 CPU ranks). The budget is CPU-minutes of
+  training steps summed over the ranks (``cpu_seconds`` in the run's metrics; a short calibration
+  run of the same command gives the CPU cost of a step); start-up, evaluation and export come on
+  top and are reported. The eval masked-LM accuracy is the run's own, on the whole eval split.
+  Budget 0 is arm B: the same model config, seeded random init.
 - **Fine-tuning**: the product's loop (``bert_core.finetune.train.train_and_predict``), the
   paper's protocol per arm: a learning-rate x epochs grid, each setting scored on dev as the mean
   over ``--select-seeds`` seeds, then ``--seeds`` fresh seeds at the best setting scored on test
-  (mean ± sd). The gain of each budget over arm B has a 95% Welch confidence interval
-  (Welch–Satterthwaite degrees of freedom).
+  (mean ± sd, 0-100). The gain of each budget over arm B has a 95% Welch confidence interval
+  (Welch–Satterthwaite degrees of freedom). ``--jobs`` fine-tunes that many runs side by side
+  (one thread each).
 
-Writes ``bench-results/quality.json`` and prints a table with the machine.
+Writes ``bench-results/quality.json`` (``--search``: ``quality-search.json``, one entry per
+recipe and budget, kept across runs) and prints a table with the machine.
 """
 
 from __future__ import annotations
@@ -30,23 +39,78 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
 from itertools import product
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.bench_parity import build_instances, evaluate
 from benchmarks.common import machine, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
-SEQ = 128
+
+
+# --------------------------------------------------------------------------- recipes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a small BERT is pre-trained: product settings of the instances stage and of pre-training."""
+
+    about: str
+    seq: int = 128
+    next_sentence_prediction: bool = True
+    masking: str = "static"
+    whole_word_mask: bool = False
+    model: dict = field(default_factory=lambda: {"size": "tiny"})
+    global_batch: int = 32
+    learning_rate: float = 1e-3
+    warmup_fraction: float = 0.1
+
+    def instance_sets(self) -> list[str]:
+        length = {"max_seq_length": self.seq, "max_predictions_per_seq": math.ceil(self.seq * 0.15)}
+        return [f"instances.lengths=[{json.dumps(length)}]",
+                f"instances.next_sentence_prediction={str(self.next_sentence_prediction).lower()}",
+                f"instances.masking={self.masking}",
+                f"instances.whole_word_mask={str(self.whole_word_mask).lower()}",
+                f"pretrain.phases=[{json.dumps({'max_seq_length': self.seq})}]"]
+
+    def pretrain_sets(self, steps: int, ranks: int) -> list[str]:
+        phase = {"max_seq_length": self.seq, "max_steps": steps, "global_batch_size": self.global_batch,
+                 "micro_batch_size": self.global_batch // ranks, "learning_rate": self.learning_rate,
+                 "warmup_steps": max(1, round(steps * self.warmup_fraction))}
+        return [self.instance_sets()[0], f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.procs_per_node={ranks}",
+                f"pretrain.checkpoint_every={steps}", f"pretrain.log_every={max(1, min(50, steps // 10))}",
+                "pretrain.eval_every=0", *(f"model.{k}={v}" for k, v in self.model.items())]
+
+
+TINY_WIDE = {"size": "custom", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 1024}
+
+RECIPES: dict[str, Recipe] = {
+    "paper": Recipe("the paper's objective at the demo's old settings: MLM + NSP pairs, static masks, seq 128"),
+    "mlm-only": Recipe("RoBERTa: no next-sentence pairs, whole sentences packed to 128", next_sentence_prediction=False),
+    "mlm-only-seq64": Recipe("packed sentences at 64 tokens, twice the sequences a step",
+                             seq=64, next_sentence_prediction=False, global_batch=64),
+    "mlm-only-seq64-lr3e-3": Recipe("as mlm-only-seq64 with a 3x higher peak rate and pre-LN",
+                                    seq=64, next_sentence_prediction=False, global_batch=64, learning_rate=3e-3,
+                                    model={"size": "tiny", "pre_layer_norm": True}),
+    "mlm-only-seq64-dynamic": Recipe("as mlm-only-seq64 with masks drawn anew each epoch",
+                                     seq=64, next_sentence_prediction=False, global_batch=64, masking="dynamic"),
+    "mlm-only-seq64-wwm": Recipe("as mlm-only-seq64 with whole-word masking",
+                                 seq=64, next_sentence_prediction=False, global_batch=64, whole_word_mask=True),
+    "mlm-only-seq64-wide": Recipe("as mlm-only-seq64 with hidden 256 (2 layers, 4 heads)",
+                                  seq=64, next_sentence_prediction=False, global_batch=64, model=TINY_WIDE),
+}
+CHOSEN = "mlm-only-seq64"
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -87,9 +151,19 @@ def best_setting(dev_means: dict[tuple[float, float], float]) -> tuple[float, fl
     return max(dev_means, key=lambda s: (dev_means[s], -list(dev_means).index(s)))
 
 
-def steps_for(minutes: float, sequences_per_second: float, global_batch: int) -> int:
-    """Optimizer steps that fit ``minutes`` at the measured throughput (at least 1)."""
-    return max(1, int(minutes * 60 * sequences_per_second / global_batch))
+def cpu_per_step(rows: list[dict]) -> float:
+    """CPU seconds (all ranks) one training step costs, from the train rows past the first quarter."""
+    rows = [r for r in rows if r.get("kind", "train") == "train" and "cpu_seconds" in r]
+    late = [r for r in rows if r["step"] > rows[-1]["step"] // 4] or rows
+    first, last = (late[0], late[-1]) if len(late) > 1 else (rows[0], rows[-1])
+    if last["step"] == first["step"]:
+        raise ValueError("the calibration run logged one step only; give it more steps")
+    return (last["cpu_seconds"] - first["cpu_seconds"]) / (last["step"] - first["step"])
+
+
+def steps_in_budget(cpu_minutes: float, seconds_per_step: float) -> int:
+    """Optimizer steps whose CPU cost fits ``cpu_minutes`` (at least 1)."""
+    return max(1, int(cpu_minutes * 60 / seconds_per_step))
 
 
 # --------------------------------------------------------------------------- data
@@ -113,76 +187,83 @@ def encode(tokenizer, examples: list, max_seq_length: int) -> list[dict]:
             for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], examples, strict=True)]
 
 
-def held_out_view(instances: Path, work: Path) -> tuple[Path, Path]:
-    """An instances folder of all ``seq128`` shards but the last (for pre-training), and the last."""
-    view = work / "instances-train"
-    folder = instances / f"seq{SEQ}"
-    manifest = json.loads((folder / "_MANIFEST.json").read_text())
-    *kept, last = manifest["shards"]
-    if not kept:
-        raise SystemExit(f"{folder}: one shard only; build instances with num_shards >= 3 to hold one out")
-    shutil.rmtree(view, ignore_errors=True)
-    (view / f"seq{SEQ}").mkdir(parents=True)
-    for entry in kept:
-        (view / f"seq{SEQ}" / entry["path"]).symlink_to((folder / entry["path"]).resolve())
-    manifest["shards"] = kept
-    manifest.setdefault("counts", {})["instances"] = sum(int(e.get("count") or 0) for e in kept)
-    (view / f"seq{SEQ}" / "_MANIFEST.json").write_text(json.dumps(manifest, indent=1))
-    shutil.copy(instances / "_MANIFEST.json", view / "_MANIFEST.json")
-    return view, folder / last["path"]
+def bertpipe(args: list[str], log: Path) -> float:
+    """Run a ``bertpipe`` command as a user types it; its CPU seconds (the whole process tree)."""
+    print("  $ bertpipe " + " ".join(args), flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(log, "w") as out:
+        code = subprocess.run([sys.executable, "-m", "flows.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+                              cwd=ROOT).returncode
+    if code != 0:
+        raise SystemExit(f"bertpipe {args[0]} failed (exit {code}); see {log}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def corpus_and_vocab(sample_dir: Path, work: Path) -> tuple[Path, Path]:
+    """The corpus and vocab stages on the samples with the demo preset, built once."""
+    corpus, vocab = work / "corpus", work / "vocab"
+    if not (corpus / "_MANIFEST.json").exists():
+        bertpipe(["corpus", "--wikipedia", str(sample_dir / "wikipedia" / "*.xml.bz2"),
+                  "--books", str(sample_dir / "books" / "*.txt"), "--books", str(sample_dir / "plays" / "*.md"),
+                  "--output", str(corpus)], work / "corpus.log")
+    if not (vocab / "_MANIFEST.json").exists():
+        bertpipe(["vocab", "--corpus", str(corpus), "--output", str(vocab)], work / "vocab.log")
+    return corpus, vocab
+
+
+def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path:
+    """The instances stage with the recipe's settings, built once per distinct setting."""
+    sets = recipe.instance_sets()
+    key = "-".join([f"seq{recipe.seq}", "nsp" if recipe.next_sentence_prediction else "packed", recipe.masking,
+                    "wwm" if recipe.whole_word_mask else "wordpiece"])
+    out = work / f"instances-{key}"
+    if not (out / "_MANIFEST.json").exists():
+        cmd = ["instances", "--corpus", str(corpus), "--vocab", str(vocab), "--output", str(out)]
+        for s in sets:
+            cmd += ["--set", s]
+        bertpipe(cmd, work / f"instances-{key}.log")
+    return out
 
 
 # --------------------------------------------------------------------------- pre-training
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pretrain_sets(args: argparse.Namespace, steps: int) -> list[str]:
-    phase = {"max_seq_length": SEQ, "max_steps": steps, "global_batch_size": args.global_batch,
-             "micro_batch_size": args.global_batch // 2, "learning_rate": args.pretrain_lr,
-             "warmup_steps": max(1, steps // 10)}
-    return [f"pretrain.phases=[{json.dumps(phase)}]", f"model.size={args.model_size}",
-            f"pretrain.master_port={free_port()}", f"pretrain.checkpoint_every={max(steps, 1)}",
-            f"pretrain.log_every={max(1, min(50, steps // 10))}"]
-
-
-def pretrain(view: Path, run: Path, sets: list[str]) -> dict:
-    """``bertpipe pretrain`` as a user types it; progress from its metrics.jsonl. Returns its rows."""
-    shutil.rmtree(run, ignore_errors=True)
-    run.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "flows.cli", "pretrain", "--instances", str(view), "--output", str(run)]
-    for s in sets:
-        cmd += ["--set", s]
-    print("  $ bertpipe " + " ".join(cmd[3:]), flush=True)
-    started = time.perf_counter()
-    with open(run.parent / f"{run.name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        while proc.poll() is None:
-            time.sleep(15)
-            rows = _metrics(run)
-            if rows:
-                r = rows[-1]
-                print(f"    step {r['step']}/{r['max_steps']} loss {r['loss']:.3f} mlm acc {r['mlm_acc']:.3f} "
-                      f"({r['seq_per_s']:.0f} seq/s)", flush=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"bertpipe pretrain failed (exit {proc.returncode}); see {run.parent / run.name}.log")
-    rows = _metrics(run)
-    return {"rows": rows, "wall_seconds": time.perf_counter() - started,
-            "train_seconds": rows[-1]["time"] - rows[0]["time"] if len(rows) > 1 else 0.0}
-
-
-def _metrics(run: Path) -> list[dict]:
+def read_rows(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
 
 
-def random_init(view: Path, folder: Path, args: argparse.Namespace) -> Path:
+def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int) -> dict:
+    """``bertpipe pretrain`` with the recipe's settings for ``steps``: CPU seconds, rows, final eval."""
+    shutil.rmtree(run, ignore_errors=True)
+    cmd = ["pretrain", "--instances", str(instances), "--output", str(run)]
+    for s in recipe.pretrain_sets(steps, ranks):
+        cmd += ["--set", s]
+    started = time.perf_counter()
+    cpu = bertpipe(cmd, run.parent / f"{run.name}.log")
+    rows = read_rows(run)
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    train = [r for r in rows if r.get("kind", "train") == "train"]
+    return {"steps": steps, "cpu_minutes": cpu / 60, "wall_minutes": (time.perf_counter() - started) / 60,
+            "train_cpu_minutes": (train[-1]["cpu_seconds"] - train[0]["cpu_seconds"]) / 60 if len(train) > 1 else 0.0,
+            "last_loss": train[-1]["loss"] if train else None, "rows": rows,
+            "eval": {k: evals[-1][k] for k in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "instances")}
+            if evals else None}
+
+
+def calibrate(recipe: Recipe, instances: Path, work: Path, name: str, steps: int, ranks: int) -> float:
+    """CPU seconds one training step of the recipe costs, from a short run of the same command."""
+    done = pretrain(recipe, instances, work / f"calibration-{name}", steps, ranks)
+    per_step = cpu_per_step(done["rows"])
+    print(f"  calibration: {per_step:.2f} CPU-s a step ({done['cpu_minutes'] * 60:.0f} CPU-s for {steps} steps "
+          f"with start-up)", flush=True)
+    return per_step
+
+
+def random_init(recipe: Recipe, instances: Path, folder: Path) -> Path:
     """Arm B: the model config pre-training would build, seeded random weights, the same vocab."""
     import torch
 
@@ -192,68 +273,71 @@ def random_init(view: Path, folder: Path, args: argparse.Namespace) -> Path:
     from bert_core.pretrain.data import read_vocab, vocab_file_of
     from bert_core.pretrain.loop import model_config
 
-    cfg = load_config("demo", None, pretrain_sets(args, 1))
-    vocab_file = vocab_file_of(str(view))
+    cfg = load_config("demo", None, recipe.pretrain_sets(1, 1))
+    vocab_file = vocab_file_of(str(instances))
     torch.manual_seed(cfg.pretrain.seed)
     model = BertForPreTraining(model_config(cfg, len(read_vocab(vocab_file))))
     save_pretrained(model, str(folder), vocab_file=vocab_file, lowercase=cfg.vocab.lowercase)
     return folder
 
 
-def mlm_accuracy(checkpoint: Path, held_out: Path, rows: int) -> dict[str, float]:
-    import pyarrow.parquet as pq
-
-    from bert_core.model.bert import BertForPreTraining
-
-    model = BertForPreTraining.from_pretrained(str(checkpoint))
-    return evaluate("ours", model, pq.read_table(held_out).slice(0, rows), SEQ)
-
-
 # --------------------------------------------------------------------------- fine-tuning
 
 
-def finetune(checkpoint: Path, data: dict[str, list], split: str, lr: float, epochs: float, seed: int,
-             args: argparse.Namespace, pad_id: int) -> float:
-    """Accuracy on ``split`` after fine-tuning on train with the product's loop."""
+def finetune(checkpoint: str, data: dict[str, list], split: str, lr: float, epochs: float, seed: int,
+             batch_size: int, max_seq_length: int, pad_id: int) -> float:
+    """Accuracy (0-100) on ``split`` after fine-tuning on train with the product's loop."""
+    import torch
+
     from bert_core.config import FinetuneConfig
     from bert_core.finetune.data import TaskData
     from bert_core.finetune.glue import glue_metrics
     from bert_core.finetune.train import train_and_predict
 
-    cfg = FinetuneConfig(learning_rate=lr, num_train_epochs=epochs, batch_size=args.batch_size,
-                         max_seq_length=args.max_seq_length, threads=args.threads)
+    torch.set_num_threads(1)
+    cfg = FinetuneConfig(learning_rate=lr, num_train_epochs=epochs, batch_size=batch_size,
+                         max_seq_length=max_seq_length, threads=1)
     task = TaskData(kind="classification", num_labels=2, train=data["train"], evals={split: data[split]},
                     finish=lambda s, o: ({}, {}))
-    out = train_and_predict(task, str(checkpoint), cfg, seed, pad_id)
+    out = train_and_predict(task, checkpoint, cfg, seed, pad_id)
     pred = np.stack(out["outputs"][split]).argmax(-1)
-    return glue_metrics("sentiment", [f["label"] for f in data[split]], pred)["accuracy"]
+    return 100 * glue_metrics("sentiment", [f["label"] for f in data[split]], pred)["accuracy"]
 
 
-def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float], args: argparse.Namespace) -> dict:
+def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float], epochs: list[float],
+            args: argparse.Namespace, pool: ProcessPoolExecutor, final: bool = True) -> dict:
     """Grid on dev (mean over the selection seeds), then the final seeds at the best setting on test."""
     from bert_core.vocab.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(str(checkpoint))
     data = {k: encode(tokenizer, v, args.max_seq_length) for k, v in split.items()}
-    grid: dict[tuple[float, float], list[float]] = {}
+    common = (args.batch_size, args.max_seq_length, tokenizer.pad_id)
+    dev_data = {"train": data["train"], "dev": data["dev"]}
     started = time.perf_counter()
-    for lr, epochs in product(lrs, args.epochs):
-        grid[(lr, epochs)] = [finetune(checkpoint, data, "dev", lr, epochs, seed, args, tokenizer.pad_id)
-                              for seed in range(1, args.select_seeds + 1)]
-        print(f"  {name}: lr {lr:g} x {epochs:g} epochs -> dev {statistics.fmean(grid[(lr, epochs)]):.4f}",
-              flush=True)
-    lr, epochs = best_setting({s: statistics.fmean(v) for s, v in grid.items()})
-    scores = [finetune(checkpoint, data, "test", lr, epochs, 1000 + seed, args, tokenizer.pad_id)
-              for seed in range(1, args.seeds + 1)]
-    mean, sd = mean_sd(scores)
-    minutes = (time.perf_counter() - started) / 60
-    print(f"  {name}: chose lr {lr:g} x {epochs:g} epochs; test {mean:.4f} ± {sd:.4f} over {len(scores)} seeds "
-          f"({minutes:.1f} min of fine-tuning)", flush=True)
-    return {"arm": name, "checkpoint": str(checkpoint),
-            "grid": [{"learning_rate": s[0], "epochs": s[1], "dev_scores": v, "dev_mean": statistics.fmean(v)}
-                     for s, v in grid.items()],
-            "selected": {"learning_rate": lr, "epochs": epochs}, "test_scores": scores, "mean": mean, "sd": sd,
-            "finetune_minutes": minutes}
+    grid_points = list(product(lrs, epochs))
+    select_seeds = args.select_seeds if len(grid_points) > 1 or not final else 0  # one point: nothing to choose
+    futures = {(lr, ep): [pool.submit(finetune, str(checkpoint), dev_data, "dev", lr, ep, seed, *common)
+                          for seed in range(1, select_seeds + 1)] for lr, ep in grid_points}
+    grid = {s: [f.result() for f in fs] for s, fs in futures.items()}
+    for (lr, ep), scores in filter(lambda item: item[1], grid.items()):
+        print(f"  {name}: lr {lr:g} x {ep:g} epochs -> dev {statistics.fmean(scores):.1f}", flush=True)
+    lr, ep = best_setting({s: statistics.fmean(v) if v else 0.0 for s, v in grid.items()})
+    entry = {"arm": name, "checkpoint": str(checkpoint),
+             "grid": [{"learning_rate": s[0], "epochs": s[1], "dev_scores": v,
+                       "dev_mean": statistics.fmean(v) if v else None}
+                      for s, v in grid.items()],
+             "selected": {"learning_rate": lr, "epochs": ep},
+             "dev_mean": statistics.fmean(grid[(lr, ep)]) if grid[(lr, ep)] else None}
+    if final:
+        test_data = {"train": data["train"], "test": data["test"]}
+        scores = list(pool.map(finetune, *zip(*[(str(checkpoint), test_data, "test", lr, ep, 1000 + seed, *common)
+                                               for seed in range(1, args.seeds + 1)], strict=True)))
+        entry["test_scores"] = scores
+        entry["mean"], entry["sd"] = mean_sd(scores)
+        print(f"  {name}: chose lr {lr:g} x {ep:g} epochs; test {entry['mean']:.1f} ± {entry['sd']:.1f} "
+              f"over {len(scores)} seeds", flush=True)
+    entry["finetune_minutes"] = (time.perf_counter() - started) / 60
+    return entry
 
 
 # --------------------------------------------------------------------------- main
@@ -263,43 +347,67 @@ def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+def search(args, split, corpus, vocab, work, pool) -> int:
+    """Every recipe at one budget, fine-tuned on the dev grid; results kept across runs."""
+    out_file = RESULTS / "quality-search.json"
+    results = json.loads(out_file.read_text()) if out_file.exists() else {"entries": []}
+    budget = args.search_budget
+    for name in args.recipes or list(RECIPES):
+        recipe = RECIPES[name]
+        print(f"\n== recipe {name}: {recipe.about}", flush=True)
+        instances = instances_for(recipe, corpus, vocab, work)
+        if budget == 0:  # the recipe's model from random init: what the budgets are measured against
+            checkpoint = random_init(recipe, instances, work / f"random-init-{name}")
+            per_step, steps, done = math.nan, 0, {"eval": {"mlm_acc": 0.0}, "last_loss": None}
+        else:
+            per_step = calibrate(recipe, instances, work, name, args.calibration_steps, args.ranks)
+            steps = steps_in_budget(budget, per_step)
+            done = pretrain(recipe, instances, work / f"search-{name}", steps, args.ranks)
+            checkpoint = work / f"search-{name}" / "hf"
+            print(f"  pre-trained {steps} steps: eval MLM accuracy {done['eval']['mlm_acc']:.3f}", flush=True)
+        arm = run_arm(name, checkpoint, split, args.lrs, args.epochs, args, pool, final=False)
+        entry = {"recipe": name, **asdict(recipe), "budget_cpu_minutes": budget, "steps": steps,
+                 "cpu_seconds_per_step": per_step, "eval_mlm": done["eval"], "last_loss": done["last_loss"],
+                 "grid": arm["grid"], "selected": arm["selected"], "dev_mean": arm["dev_mean"],
+                 "machine": machine()}
+        results["entries"] = [e for e in results["entries"]
+                              if (e["recipe"], e["budget_cpu_minutes"]) != (name, budget)] + [entry]
+        out_file.write_text(json.dumps(results, indent=1))
+    print(f"\n{'recipe':>24} | {'CPU-min':>7} | {'steps':>6} | {'eval MLM acc':>12} | {'best dev':>8}")
+    for e in sorted(results["entries"], key=lambda e: (e["budget_cpu_minutes"], -e["dev_mean"])):
+        print(f"{e['recipe']:>24} | {e['budget_cpu_minutes']:>7g} | {e['steps']:>6} | "
+              f"{e['eval_mlm']['mlm_acc']:>12.3f} | {e['dev_mean']:>8.1f}")
+    print(f"wrote {out_file}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", default=None, help="sample folder (default: benchmarks.common.samples())")
-    parser.add_argument("--instances", help="an instances stage folder (default: built from the samples)")
-    parser.add_argument("--budgets", type=floats, default=[0, 7, 15, 30],
-                        help="minutes of pre-training per arm; 0 = random init (arm B)")
-    parser.add_argument("--pretrain-minutes", type=float,
-                        help="one pre-trained arm of this budget (same as --budgets 0,M)")
-    parser.add_argument("--steps-per-minute", type=float, help="skip the calibration run")
+    parser.add_argument("--recipe", default=CHOSEN, choices=list(RECIPES), help="pre-training recipe of arm A")
+    parser.add_argument("--budgets", type=floats, default=[0, 15, 30],
+                        help="CPU-minutes of pre-training per arm (all ranks); 0 = random init (arm B)")
+    parser.add_argument("--search", action="store_true", help="score recipes on dev at --search-budget")
+    parser.add_argument("--recipes", type=lambda t: t.split(","), help="recipes for --search (default: all)")
+    parser.add_argument("--search-budget", type=float, default=8.0, help="CPU-minutes per recipe in --search")
+    parser.add_argument("--ranks", type=int, default=2, help="pre-training ranks (CPU processes)")
     parser.add_argument("--calibration-steps", type=int, default=40)
-    parser.add_argument("--model-size", default="tiny", choices=["tiny", "mini", "small"])
-    parser.add_argument("--global-batch", type=int, default=32)
-    parser.add_argument("--pretrain-lr", type=float, default=1e-3)
-    parser.add_argument("--eval-rows", type=int, default=2048, help="held-out instances scored for MLM accuracy")
-    parser.add_argument("--lrs", type=floats, default=[1e-4, 3e-4, 1e-3], help="grid for arms A and B")
-    parser.add_argument("--reference-lrs", type=floats, default=[3e-5, 5e-5, 1e-4], help="grid for MiniLM")
-    parser.add_argument("--epochs", type=floats, default=[2, 3])
+    parser.add_argument("--lrs", type=floats, default=[3e-4, 1e-3], help="fine-tuning grid for arms A and B")
+    parser.add_argument("--epochs", type=floats, default=[3, 6])
+    parser.add_argument("--reference-lrs", type=floats, default=[1e-4], help="grid for MiniLM")
+    parser.add_argument("--reference-epochs", type=floats, default=[2])
     parser.add_argument("--select-seeds", type=int, default=2, help="seeds per grid point, scored on dev")
     parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen setting, scored on test")
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
     parser.add_argument("--dev-size", type=int, default=1000)
     parser.add_argument("--test-size", type=int, default=1500)
     parser.add_argument("--split-seed", type=int, default=20240601)
-    parser.add_argument("--train-examples", type=int, help="subsample train (for a quick look)")
-    parser.add_argument("--dev-examples", type=int, help="subsample dev (for a quick look)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="fine-tuning runs side by side")
     args = parser.parse_args(argv)
-    if args.pretrain_minutes is not None:
-        args.budgets = [0.0, args.pretrain_minutes]
-    budgets = sorted(set(args.budgets) | {0.0})
     if args.test_size < 1000:
         parser.error("--test-size must be at least 1000")
-    import torch
-
-    torch.set_num_threads(args.threads)
     sample_dir = Path(args.samples) if args.samples else samples()
     work = RESULTS / "quality-data"
     work.mkdir(parents=True, exist_ok=True)
@@ -308,74 +416,70 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}", flush=True)
 
     split = sentiment_split(sample_dir / "tasks" / "sentiment", args.dev_size, args.test_size, args.split_seed)
-    split["train"] = split["train"][: args.train_examples or None]
-    split["dev"] = split["dev"][: args.dev_examples or None]
     positive = sum(e.label == "positive" for e in split["test"]) / len(split["test"])
     print(f"sentiment: {len(split['train'])} train / {len(split['dev'])} dev / {len(split['test'])} test "
-          f"(test majority class {max(positive, 1 - positive):.3f})", flush=True)
-
-    instances = Path(args.instances) if args.instances else build_instances(sample_dir, work)
-    view, held_out = held_out_view(instances, work)
-    print(f"instances: {instances} (pre-training reads all seq{SEQ} shards but {held_out.name})", flush=True)
-
-    spm = args.steps_per_minute
-    if spm is None and any(b > 0 for b in budgets):
-        print(f"calibration: {args.calibration_steps} steps", flush=True)
-        cal = pretrain(view, work / "calibration", pretrain_sets(args, args.calibration_steps))
-        late = [r["seq_per_s"] for r in cal["rows"] if r["step"] > args.calibration_steps // 4] or \
-            [r["seq_per_s"] for r in cal["rows"]]
-        spm = steps_for(1, statistics.median(late), args.global_batch)
-        print(f"calibration: {statistics.median(late):.0f} seq/s -> {spm:g} steps a minute "
-              f"({cal['wall_seconds']:.0f} s with start-up)", flush=True)
-
-    arms = []
-    for budget in budgets:
-        print(f"\n== budget {budget:g} min", flush=True)
-        entry: dict = {"budget_minutes": budget}
-        if budget == 0:
-            checkpoint = random_init(view, work / "random-init", args)
-        else:
-            steps = max(1, int(budget * spm))
-            done = pretrain(view, work / f"pretrain-{budget:g}min", pretrain_sets(args, steps))
-            checkpoint = work / f"pretrain-{budget:g}min" / "hf"
-            entry["pretrain"] = {"steps": steps, "train_minutes": done["train_seconds"] / 60,
-                                 "wall_minutes": done["wall_seconds"] / 60,
-                                 "last_loss": done["rows"][-1]["loss"] if done["rows"] else None,
-                                 "path": "bertpipe pretrain (DeepSpeed, 2 CPU ranks)"}
-        entry["eval_mlm"] = mlm_accuracy(checkpoint, held_out, args.eval_rows)
-        print(f"  eval MLM accuracy {entry['eval_mlm']['mlm_acc']:.4f} (loss {entry['eval_mlm']['mlm_loss']:.3f})",
-              flush=True)
-        name = "B (random init)" if budget == 0 else f"A ({budget:g} min)"
-        arms.append(entry | run_arm(name, checkpoint, split, args.lrs, args))
-    if not args.no_reference:
-        print("\n== reference: sample MiniLM", flush=True)
-        arms.append({"budget_minutes": None} |
-                    run_arm("C (MiniLM)", sample_dir / "models" / "minilm", split, args.reference_lrs, args))
+          f"(test majority class {100 * max(positive, 1 - positive):.1f})", flush=True)
+    corpus, vocab = corpus_and_vocab(sample_dir, work)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        if args.search:
+            return search(args, split, corpus, vocab, work, pool)
+        recipe = RECIPES[args.recipe]
+        print(f"recipe {args.recipe}: {recipe.about}", flush=True)
+        instances = instances_for(recipe, corpus, vocab, work)
+        budgets = sorted(set(args.budgets) | {0.0})
+        per_step = calibrate(recipe, instances, work, args.recipe, args.calibration_steps, args.ranks) \
+            if any(budgets) else math.nan
+        arms = []
+        for budget in budgets:
+            print(f"\n== budget {budget:g} CPU-minutes", flush=True)
+            entry: dict = {"budget_cpu_minutes": budget}
+            if budget == 0:
+                checkpoint = random_init(recipe, instances, work / "random-init")
+                entry["eval_mlm"] = None
+            else:
+                steps = steps_in_budget(budget, per_step)
+                run = work / f"pretrain-{args.recipe}-{budget:g}"
+                done = pretrain(recipe, instances, run, steps, args.ranks)
+                checkpoint = run / "hf"
+                entry["pretrain"] = {k: v for k, v in done.items() if k not in ("rows", "eval")}
+                entry["eval_mlm"] = done["eval"]
+                print(f"  {steps} steps, {done['train_cpu_minutes']:.1f} CPU-min of steps "
+                      f"({done['cpu_minutes']:.1f} with start-up, eval and export); "
+                      f"eval MLM accuracy {done['eval']['mlm_acc']:.3f}", flush=True)
+            name = "B (random init)" if budget == 0 else f"A ({budget:g} CPU-min)"
+            arms.append(entry | run_arm(name, checkpoint, split, args.lrs, args.epochs, args, pool))
+        if not args.no_reference:
+            print("\n== reference: sample MiniLM", flush=True)
+            arms.append({"budget_cpu_minutes": None, "eval_mlm": None} |
+                        run_arm("C (MiniLM)", sample_dir / "models" / "minilm", split, args.reference_lrs,
+                                args.reference_epochs, args, pool))
 
     base = arms[0]
-    curve = [{"budget_minutes": a["budget_minutes"], "eval_mlm_acc": a["eval_mlm"]["mlm_acc"],
-              **welch_interval(a["test_scores"], base["test_scores"])} for a in arms if a["budget_minutes"]]
+    curve = [{"budget_cpu_minutes": a["budget_cpu_minutes"], "eval_mlm_acc": a["eval_mlm"]["mlm_acc"],
+              **welch_interval(a["test_scores"], base["test_scores"])} for a in arms if a["budget_cpu_minutes"]]
     top = curve[-1] if curve else {"gain": math.nan, "ci_low": math.nan, "ci_high": math.nan, "df": math.nan}
 
     print(f"\nmachine: {info['cpu']} ({info['cores']} cores, torch {info['torch']}, python {info['python']})")
-    print(f"{'arm':>16} | {'budget':>6} | {'eval MLM acc':>12} | {'setting':>14} | {'test accuracy':>16} | "
-          f"{'gain over B [95% CI]':>26}")
+    print(f"recipe {args.recipe}; sentiment test accuracy (0-100) over {args.seeds} seeds, n = {len(split['test'])}")
+    print(f"{'arm':>18} | {'CPU-min':>7} | {'eval MLM acc':>12} | {'setting':>13} | {'test accuracy':>13} | "
+          f"{'gain over B [95% CI]':>22}")
     for a in arms:
-        gain = next((c for c in curve if c["budget_minutes"] == a["budget_minutes"]), None)
-        mlm = f"{a['eval_mlm']['mlm_acc']:.4f}" if "eval_mlm" in a else "-"
+        gain = next((c for c in curve if c["budget_cpu_minutes"] == a["budget_cpu_minutes"]), None)
+        mlm = f"{100 * a['eval_mlm']['mlm_acc']:.1f}" if a.get("eval_mlm") else "-"
         setting = f"{a['selected']['learning_rate']:g} x {a['selected']['epochs']:g}"
-        cell = f"{gain['gain']:+.4f} [{gain['ci_low']:+.4f}, {gain['ci_high']:+.4f}]" if gain else "-"
-        budget = "-" if a["budget_minutes"] is None else f"{a['budget_minutes']:g}"
-        print(f"{a['arm']:>16} | {budget:>6} | {mlm:>12} | {setting:>14} | "
-              f"{a['mean']:.4f} ± {a['sd']:.4f} | {cell:>26}")
+        cell = f"{gain['gain']:+.1f} [{gain['ci_low']:+.1f}, {gain['ci_high']:+.1f}]" if gain else "-"
+        budget = "-" if a["budget_cpu_minutes"] is None else f"{a['budget_cpu_minutes']:g}"
+        print(f"{a['arm']:>18} | {budget:>7} | {mlm:>12} | {setting:>13} | "
+              f"{a['mean']:>6.1f} ± {a['sd']:<4.1f} | {cell:>22}")
     minutes = (time.perf_counter() - started) / 60
     print(f"total {minutes:.1f} min")
 
-    rows = [{"measure": f"sentiment test accuracy gain of {c['budget_minutes']:g} min pre-training over random init",
-             "ours": round(c["gain"], 4), "reference": 0.0, "ratio": None, "unit": "accuracy"} for c in curve]
-    result = {"machine": info, "settings": {k: v for k, v in vars(args).items()},
-              "split": {k: len(v) for k, v in split.items()}, "test_majority": max(positive, 1 - positive),
-              "steps_per_minute": spm, "arms": arms, "curve": curve, "gain": top["gain"],
+    rows = [{"measure": f"sentiment test accuracy gain of {c['budget_cpu_minutes']:g} CPU-min pre-training "
+             "over random init", "ours": round(c["gain"], 2), "reference": 0.0, "ratio": None,
+             "unit": "accuracy points"} for c in curve]
+    result = {"machine": info, "settings": vars(args), "recipe": {"name": args.recipe, **asdict(recipe)},
+              "split": {k: len(v) for k, v in split.items()}, "test_majority": 100 * max(positive, 1 - positive),
+              "cpu_seconds_per_step": per_step, "arms": arms, "curve": curve, "gain": top["gain"],
               "ci_low": top["ci_low"], "ci_high": top["ci_high"], "df": top["df"], "rows": rows,
               "minutes": minutes}
     (RESULTS / "quality.json").write_text(json.dumps(result, indent=1, default=str))

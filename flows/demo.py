@@ -93,9 +93,12 @@ def eval_lines(run: str) -> list[str]:
     lines = []
     for i, phase in enumerate(storage.read_manifest(run)["stats"].get("phases", []), start=1):
         ev = phase.get("eval")
-        if ev:
+        if ev and ev.get("nsp_loss"):
             lines.append(f"  phase {i} held-out: MLM accuracy {100 * ev['mlm_acc']:.1f}, NSP accuracy "
                          f"{100 * ev['nsp_acc']:.1f} (loss {ev['mlm_loss']:.3f} + {ev['nsp_loss']:.3f}, "
+                         f"{ev.get('instances', '?')} instances)")
+        elif ev:  # masked LM only (packed sentences, no next-sentence pairs)
+            lines.append(f"  phase {i} held-out: MLM accuracy {100 * ev['mlm_acc']:.1f} (loss {ev['mlm_loss']:.3f}, "
                          f"{ev.get('instances', '?')} instances)")
     return lines
 

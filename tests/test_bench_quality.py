@@ -7,7 +7,15 @@ import math
 import pytest
 from scipy import stats
 
-from benchmarks.bench_quality import best_setting, mean_sd, split_indices, steps_for, welch_interval
+from benchmarks.bench_quality import (
+    RECIPES,
+    best_setting,
+    cpu_per_step,
+    mean_sd,
+    split_indices,
+    steps_in_budget,
+    welch_interval,
+)
 
 
 def test_split_is_disjoint_complete_and_fixed_by_seed():
@@ -49,6 +57,23 @@ def test_mean_sd_and_best_setting():
     assert best_setting(dev) == (3e-4, 2.0)  # a tie goes to the first listed
 
 
-def test_steps_for_budget():
-    assert steps_for(7, 160.0, 32) == 2100
-    assert steps_for(0.001, 1.0, 256) == 1
+def test_steps_in_budget_and_cpu_per_step():
+    assert steps_in_budget(30, 0.5) == 3600
+    assert steps_in_budget(0.001, 10.0) == 1
+    # start-up CPU before step 1 is not a step's cost; the late rows give the slope
+    rows = [{"kind": "train", "step": s, "cpu_seconds": 20.0 + 0.5 * s} for s in (1, 10, 20, 30, 40)]
+    rows.insert(3, {"kind": "eval", "step": 20, "mlm_acc": 0.1})
+    assert cpu_per_step(rows) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="one step"):
+        cpu_per_step([{"step": 1, "cpu_seconds": 3.0}])
+
+
+def test_recipes_are_product_settings():
+    from bert_core.config import load_config
+
+    for name, recipe in RECIPES.items():
+        cfg = load_config("demo", None, recipe.instance_sets() + recipe.pretrain_sets(100, 2))
+        assert cfg.instances.lengths[0].max_seq_length == recipe.seq, name
+        assert cfg.instances.next_sentence_prediction == recipe.next_sentence_prediction, name
+        assert cfg.pretrain.phases[0].micro_batch_size * 2 == recipe.global_batch, name
+        assert cfg.pretrain.phases[0].warmup_steps == round(100 * recipe.warmup_fraction), name

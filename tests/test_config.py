@@ -49,7 +49,7 @@ def test_config_file_overrides_preset(tmp_path):
 @pytest.mark.parametrize(
     "assignment, words",
     [
-        ("pretrain.phases.0.global_batch_size=33", ["global_batch_size=33", "multiple of 32"]),
+        ("pretrain.phases.0.global_batch_size=33", ["global_batch_size=33", "multiple of 64"]),
         ("instances.lengths.0.max_predictions_per_seq=500", ["max_predictions_per_seq=500", "max_seq_length - 3"]),
         ("model.num_attention_heads=3", ["num_attention_heads=3", "divisible"]),
         ("pretrain.phases.0.max_seq_length=256", ["has no instances", "instances.lengths"]),

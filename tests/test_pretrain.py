@@ -91,13 +91,13 @@ def comm_op() -> None:
 def test_ds_config_from_pretrain_config():
     cfg = load_config("demo", None, ["pretrain.procs_per_node=2"]).pretrain
     ds = ds_config(cfg, 0, "/runs/x")
-    assert ds["train_batch_size"] == 32 and ds["train_micro_batch_size_per_gpu"] == 16
+    assert ds["train_batch_size"] == 64 and ds["train_micro_batch_size_per_gpu"] == 32
     assert ds["gradient_accumulation_steps"] == 1
     assert ds["optimizer"] == {"type": "AdamW", "params": {
-        "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01,
+        "lr": 3e-3, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01,
         "torch_adam": True, "adam_w_mode": True}}
     assert ds["scheduler"]["params"]["warmup_type"] == "linear"
-    assert ds["scheduler"]["params"]["total_num_steps"] == 60
+    assert ds["scheduler"]["params"]["total_num_steps"] == 200
     assert ds["gradient_clipping"] == 1.0 and ds["csv_monitor"]["output_path"] == "/runs/x/monitor/"
     assert "bf16" not in ds and "fp16" not in ds
     no_warmup = load_config("demo", None, ["pretrain.phases.1.warmup_steps=0"]).pretrain
@@ -183,7 +183,7 @@ def test_launcher_argv_shapes():
     assert launcher_argv(pinned, [])[3:5] == ["--master_port", "29600"]
     pods = load_config("demo", None, ["pretrain.launcher=no_ssh", "pretrain.nodes=4",
                                       "pretrain.master_addr=10.0.0.1",
-                                      "pretrain.phases.0.global_batch_size=128",
+                                      "pretrain.phases.0.global_batch_size=256",
                                       "pretrain.phases.1.global_batch_size=64"]).pretrain
     argv = launcher_argv(pods, [], node_rank=3, hostfile="/h")
     assert argv[:11] == ["deepspeed", "--hostfile", "/h", "--no_ssh", "--node_rank", "3",
@@ -192,7 +192,7 @@ def test_launcher_argv_shapes():
     with pytest.raises(ValueError, match="node-rank"):
         launcher_argv(pods, [], node_rank=None)
     ssh = load_config("demo", None, ["pretrain.launcher=hostfile", "pretrain.hostfile=/etc/hosts.ds",
-                                     "pretrain.nodes=2", "pretrain.phases.0.global_batch_size=64",
+                                     "pretrain.nodes=2", "pretrain.phases.0.global_batch_size=128",
                                      "pretrain.phases.1.global_batch_size=32"]).pretrain
     assert launcher_argv(ssh, [])[1:7] == ["--hostfile", "/etc/hosts.ds", "--num_nodes", "2", "--num_gpus", "2"]
 

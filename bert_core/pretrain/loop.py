@@ -22,7 +22,7 @@ Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
   save (full or read-only disk) never becomes the resume point;
 - rank 0 appends ``RUN/metrics.jsonl`` every ``log_every`` steps: phase, step, loss, mlm_acc,
   nsp_acc (means over all ranks), lr, seq_per_s, tokens_per_s (non-padding), mfu (with
-  ``peak_flops_per_rank``);
+  ``peak_flops_per_rank``), cpu_seconds (summed over all ranks since they started);
 - every ``eval_every`` steps and at the end of each phase all ranks evaluate the whole eval split
   of the phase's length (``seq{L}/eval/``, ``bert_core.pretrain.evaluate``): rank 0 appends a
   ``"kind": "eval"`` row (masked LM / NSP loss and accuracy) and writes ``Eval/*`` events to
@@ -464,6 +464,8 @@ def run_phase(
             tokens_per_s = sums[5].item() / seconds
             # The encoder runs on the real tokens only, so MFU counts useful FLOPs of real tokens.
             mean_len = sums[5].item() / sums[4].item()
+            cpu = torch.tensor([time.process_time()], dtype=torch.float64)
+            dist.all_reduce(cpu)  # CPU seconds of every rank since it started: the run's compute cost
             row = {
                 "kind": "train", "phase": phase_index + 1, "step": step, "max_steps": phase.max_steps,
                 "loss": loss, "mlm_acc": sums[1].item() / sums[3].item(),
@@ -471,7 +473,7 @@ def run_phase(
                 "seq_per_s": sums[4].item() / seconds, "tokens_per_s": tokens_per_s,
                 "mfu": (flops_per_token(mcfg, round(mean_len)) * tokens_per_s
                         / (pre.peak_flops_per_rank * world_size)) if pre.peak_flops_per_rank else None,
-                "epoch": loader.epoch, "time": time.time(),
+                "epoch": loader.epoch, "cpu_seconds": cpu.item(), "time": time.time(),
             }
             if metrics:
                 metrics.append(row)

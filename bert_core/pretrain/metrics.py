@@ -4,7 +4,8 @@
 
 A row has a ``kind``. A ``"train"`` row (rows without a kind are train rows) holds ``phase``,
 ``step``, ``max_steps``, ``loss``, ``mlm_acc``, ``nsp_acc`` (means over all ranks), ``lr``,
-``seq_per_s``, ``tokens_per_s`` (non-padding tokens), ``mfu``, ``epoch`` and ``time``. An
+``seq_per_s``, ``tokens_per_s`` (non-padding tokens), ``mfu``, ``epoch``, ``cpu_seconds`` (process CPU
+time of all ranks since they started: what a budget in CPU-minutes counts) and ``time``. An
 ``"eval"`` row (``bert_core.pretrain.evaluate``, the whole eval split) holds ``phase``, ``step``,
 ``max_steps``, ``loss`` (= ``mlm_loss`` + ``nsp_loss``), ``mlm_loss``, ``mlm_acc``, ``nsp_loss``,
 ``nsp_acc``, ``instances``, ``predictions``, ``seconds`` and ``time``, and follows the train row
