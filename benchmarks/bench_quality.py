@@ -344,6 +344,27 @@ def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float
 # --------------------------------------------------------------------------- main
 
 
+SAME_RUN = ("recipe", "lrs", "epochs", "select_seeds", "seeds", "dev_size", "test_size", "split_seed",
+            "batch_size", "max_seq_length")
+SAME_REFERENCE = ("reference_lrs", "reference_epochs", "select_seeds", "seeds", "dev_size", "test_size",
+                  "split_seed", "batch_size", "max_seq_length")
+
+
+def reusable_arms(args: argparse.Namespace) -> dict[float | None, dict]:
+    """Arms of the last ``quality.json`` whose results this run would compute again, by budget
+    (``None``: the reference). Fine-tuning is seeded and CPU results repeat, so an arm of the same
+    recipe, split, grid and seeds is the same arm; a pre-trained arm also needs the same budget."""
+    path = RESULTS / "quality.json"
+    if not path.exists():
+        return {}
+    last = json.loads(path.read_text())
+    same = all(last["settings"].get(k) == getattr(args, k) for k in SAME_RUN)
+    same_reference = all(last["settings"].get(k) == getattr(args, k) for k in SAME_REFERENCE)
+    return {a["budget_cpu_minutes"]: a for a in last["arms"]
+            if (a["budget_cpu_minutes"] is None and same_reference) or (a["budget_cpu_minutes"] is not None and same)}
+
+
+
 def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -396,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lrs", type=floats, default=[3e-4, 1e-3], help="fine-tuning grid for arms A and B")
     parser.add_argument("--epochs", type=floats, default=[3, 6])
     parser.add_argument("--reference-lrs", type=floats, default=[1e-4], help="grid for MiniLM")
-    parser.add_argument("--reference-epochs", type=floats, default=[2])
+    parser.add_argument("--reference-epochs", type=floats, default=[1])
     parser.add_argument("--select-seeds", type=int, default=2, help="seeds per grid point, scored on dev")
     parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen setting, scored on test")
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
@@ -406,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=64)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="fine-tuning runs side by side")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take arms from the last quality.json that ran with the same recipe, split and grids")
     args = parser.parse_args(argv)
     if args.test_size < 1000:
         parser.error("--test-size must be at least 1000")
@@ -431,8 +454,14 @@ def main(argv: list[str] | None = None) -> int:
         per_step = calibrate(recipe, instances, work, args.recipe, args.calibration_steps, args.ranks) \
             if any(budgets) else math.nan
         arms = []
+        earlier = reusable_arms(args) if args.reuse else {}
         for budget in budgets:
             print(f"\n== budget {budget:g} CPU-minutes", flush=True)
+            if budget in earlier:
+                print(f"  {earlier[budget]['arm']}: reused from the last run, test {earlier[budget]['mean']:.1f}",
+                      flush=True)
+                arms.append(earlier[budget])
+                continue
             entry: dict = {"budget_cpu_minutes": budget}
             if budget == 0:
                 checkpoint = random_init(recipe, instances, work / "random-init")
@@ -449,7 +478,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"eval MLM accuracy {done['eval']['mlm_acc']:.3f}", flush=True)
             name = "B (random init)" if budget == 0 else f"A ({budget:g} CPU-min)"
             arms.append(entry | run_arm(name, checkpoint, split, args.lrs, args.epochs, args, pool))
-        if not args.no_reference:
+        if not args.no_reference and None in earlier:
+            print(f"\n== reference: sample MiniLM reused from the last run, test {earlier[None]['mean']:.1f}")
+            arms.append(earlier[None])
+        elif not args.no_reference:
             print("\n== reference: sample MiniLM", flush=True)
             arms.append({"budget_cpu_minutes": None, "eval_mlm": None} |
                         run_arm("C (MiniLM)", sample_dir / "models" / "minilm", split, args.reference_lrs,

@@ -349,6 +349,7 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     """``bertpipe pretrain`` (deepspeed --num_gpus 2) is killed mid-run; the Prefect flow resumes it."""
     run = str(tmp_path / "run")
     sets = tiny_sets()
+    shm_before = set(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
     cli = [str(Path(sys.executable).with_name("bertpipe")), "pretrain", "--preset", "demo",
            "--instances", instances, "--output", run, *[a for s in sets for a in ("--set", s)]]
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -382,6 +383,8 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     table = json.loads(table) if isinstance(table, str) else table
     assert [(r["phase"], r["step"]) for r in table] == ALL_STEPS
     assert "data:image/png;base64," in artifacts["pretrain-report"].data
+    # the CPU all-reduce buffers (RAM in /dev/shm) are gone, after the kill as after the resume
+    assert set(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*")) <= shm_before
 
     resume_step = max(s for s in range(0, killed_at + 1, 4))  # the last checkpoint before the kill
     ref = {(r["phase"], r["step"]): r["loss"] for r in read_metrics(reference_run[0])}

@@ -50,6 +50,7 @@ import re
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bert_core import storage
@@ -556,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
 
     deepspeed.init_distributed(dist_backend="gloo" if pre.accelerator == "cpu" else "nccl")
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    if pre.accelerator == "cpu":
+        dist.barrier()  # every rank has mapped every rank's buffer
+        release_shm_buffer(rank)
     if world_size != pre.world_size:
         print(f"{CONFIG_ERROR_PREFIX} the launcher started {world_size} ranks but pretrain.nodes x "
               f"procs_per_node = {pre.world_size}; launch with the config's sizes", file=sys.stderr, flush=True)
@@ -580,6 +584,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         return _exit_on(err, rank)
     return 0
+
+
+def shm_buffer_path(rank: int, env: dict[str, str] | None = None) -> Path:
+    """The shared-memory file DeepSpeed's CPU all-reduce creates for ``rank`` on this node."""
+    env = os.environ if env is None else env
+    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR')}_{env.get('MASTER_PORT')}_{rank}"
+    return Path("/dev/shm") / name
+
+
+def release_shm_buffer(rank: int) -> None:
+    """Unlink this rank's all-reduce buffer once every rank has mapped it.
+
+    DeepSpeed never unlinks it, so each CPU run would leave its buffers (tens of MB a rank) in
+    ``/dev/shm``, which is RAM, until the machine restarts. The mappings stay valid after the
+    unlink, and the file is gone however the run ends.
+    """
+    shm_buffer_path(rank).unlink(missing_ok=True)
 
 
 def _exit_on(err: Exception, rank: int) -> int:
