@@ -8,13 +8,20 @@ Steps: ``ListWorkItems`` (the corpus shards its manifest lists, a shard shared b
 items when there are fewer shards than workers), ``CountWords`` (BERT's basic tokenization per
 document; each worker sums counts in memory up to a bound and spills them to partial
 ``word<TAB>count`` files by word bucket; per bucket the partial files are summed and written
-sorted by count descending, then word). Only file names travel between steps, so no step, and
-not the local runner's process, holds the corpus or its distinct words. The driver then streams
-the sorted bucket files in one merged order and trains WordPiece with HF ``tokenizers``, feeding
-each word repeated by its count (why, what it costs and why it is reproducible:
-``bert_core/vocab/training.py``); the trainer's own word table is the only distinct-word table
-held. Finally the vocab is measured on the same stream of counts (UNK rate, pieces per word,
-top tokens) and the manifest is written last.
+sorted by count descending, then word, beside its count of counts: how many words have each
+count). Only file names travel between steps, so no step, and not the local runner's process,
+holds the corpus or its distinct words. The driver then streams the sorted bucket files in one
+merged order and trains WordPiece with HF ``tokenizers``, feeding each word repeated by its
+count (why, what it costs and why it is reproducible: ``bert_core/vocab/training.py``).
+
+The trainer holds every distinct word it is given, so it is given at most ``vocab.max_words``:
+the summed count of counts (a few thousand numbers) gives the smallest count ``t`` that at most
+``max_words`` words reach, and only the words counted ``t`` times or more are streamed (they
+come first in the merged order). A corpus of at most ``max_words`` distinct words is trained on
+all of them, so its vocab is the same as without the bound; otherwise the manifest says how many
+distinct words (and occurrences) were left out and from which count on. Finally the vocab is
+measured on the stream of all the counts (UNK rate, pieces per word, top tokens) and the
+manifest is written last.
 
 ``--vocab-file`` uses an existing ``vocab.txt`` (e.g. bert-base-uncased's, shipped with the
 sample MiniLM model) instead: it is validated (one token per line, no duplicates, ``[PAD]`` = 0,
@@ -23,7 +30,9 @@ with a corpus, its coverage is measured too.
 
 Output: ``vocab.txt`` (id = line number), ``tokenizer.json`` (transformers-loadable),
 ``_MANIFEST.json`` (stage "vocab"; ``config`` = VocabConfig with ``strip_accents`` resolved;
-``counts``: vocab size, documents, sentences, words; ``stats``: see
+``counts``: vocab size, documents, sentences, words, and the words the trainer was given or not:
+``distinct_words_trained``, ``distinct_words_left_out``, ``words_left_out`` (occurrences),
+``min_word_count`` (``t``); ``stats``: see
 :func:`bert_core.vocab.training.vocab_stats`). The bytes of ``vocab.txt`` and ``tokenizer.json``
 depend only on the documents and the config, never on the runner or the number of workers.
 """
@@ -48,7 +57,7 @@ from beam_jobs.job import (
 from bert_core import storage
 from bert_core.config import VocabConfig
 from bert_core.vocab.tokenization import Tokenizer, check_vocab_file
-from bert_core.vocab.wordcount import iter_counts
+from bert_core.vocab.wordcount import iter_counts, min_count_for, read_count_of_counts
 
 NAMESPACE = "build_vocab"
 COUNTERS = ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")
@@ -134,19 +143,27 @@ class CountPartWords(beam.DoFn):
 
 
 def _merge_bucket(element: tuple[int, Iterable[str]], scratch: str) -> int:
-    """One bucket's partial counts -> ``counts-BBBBB.tsv``, sorted in training order."""
-    from bert_core.vocab.wordcount import count_key, merge_count_files, write_counts
+    """One bucket's partial counts -> ``counts-BBBBB.tsv``, sorted in training order, and
+    ``hist-BBBBB.tsv``, its count of counts."""
+    from bert_core.vocab.wordcount import (
+        count_key,
+        merge_count_files,
+        write_count_of_counts,
+        write_counts,
+    )
 
     bucket, uris = element
     counts = merge_count_files(sorted(uris))
     write_counts(storage.join(scratch, f"counts-{bucket:05d}.tsv"), sorted(counts.items(), key=count_key))
+    write_count_of_counts(storage.join(scratch, f"hist-{bucket:05d}.tsv"), counts.values())
     return bucket
 
 
 class CountWords(beam.PTransform):
     """Work items ``(shard, part, parts)`` -> ``counts-BBBBB.tsv`` files in ``scratch``, one per
-    word bucket, each sorted by count descending then word (what :func:`iter_counts` merges);
-    the output PCollection holds the bucket numbers written."""
+    word bucket, each sorted by count descending then word (what :func:`iter_counts` merges),
+    and their counts of counts ``hist-BBBBB.tsv``; the output PCollection holds the bucket
+    numbers written."""
 
     def __init__(self, lowercase: bool, strip_accents: bool, scratch: str, buckets: int):
         super().__init__()
@@ -189,6 +206,16 @@ def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int
 # --------------------------------------------------------------------------- entry point
 
 
+def left_out(count_of_counts: dict[int, int], min_count: int) -> dict[str, int]:
+    """The manifest's account of the ``max_words`` bound: distinct words given to the trainer and
+    left out, occurrences left out, and the smallest count given."""
+    below = {count: words for count, words in count_of_counts.items() if count < min_count}
+    return {"distinct_words_trained": sum(count_of_counts.values()) - sum(below.values()),
+            "distinct_words_left_out": sum(below.values()),
+            "words_left_out": sum(count * words for count, words in below.items()),
+            "min_word_count": min_count}
+
+
 def build_vocab(
     corpus: str | None,
     output: str,
@@ -221,8 +248,14 @@ def build_vocab(
         else:
             if not has_words:
                 raise ValueError(f"corpus {corpus} has no words to train a vocab on; check the corpus stage's counts")
+            count_of_counts = read_count_of_counts(scratch)
+            min_count = min_count_for(count_of_counts, cfg.max_words)
+            if min_count > max(count_of_counts):
+                raise ValueError(f"vocab.max_words={cfg.max_words} keeps no word of corpus {corpus}: the "
+                                 f"{count_of_counts[max(count_of_counts)]} most frequent words tie; raise it")
+            counters |= left_out(count_of_counts, min_count)
             # the sorted counts stream from the scratch files at each pass, never held here
-            vocab = train_wordpiece(lambda: iter_counts(scratch), cfg.vocab_size, cfg.min_frequency,
+            vocab = train_wordpiece(lambda: iter_counts(scratch, min_count), cfg.vocab_size, cfg.min_frequency,
                                     cfg.limit_alphabet, cfg.num_unused)
             tokenizer = Tokenizer(vocab, cfg.lowercase, cfg.do_strip_accents, cfg.max_input_chars_per_word)
         tokenizer.save(output)

@@ -36,7 +36,8 @@ How it stays streaming, bounded and deterministic:
 
 - Random-next B segments come from the document's *pool* (keyed ``(split, bucket)``), not from
   the whole corpus, so a worker holds one pool, never the corpus; the eval threshold and how
-  many pools each split has, and how big, follow from the documents read (Parquet footers,
+  many pools each split has, and how big (in documents and in tokens,
+  ``instances.max_pool_tokens``), follow from the documents and text read (Parquet footers,
   before the pipeline: ``bert_core.instances.sharding.split_pools``), so no step waits for a
   count.
 - Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
@@ -96,6 +97,7 @@ from bert_core.instances.sharding import (
     EVAL,
     MIN_DOCS_PER_BUCKET,
     assign_shards,
+    estimated_tokens,
     eval_threshold,
     every_shard,
     make_layout,
@@ -139,7 +141,7 @@ class TokenizeDocuments(beam.DoFn):
     sentences without tokens are dropped later, with the marks (as the reference drops empty
     lines)."""
 
-    SPILL_BYTES = 16 << 20
+    SPILL_BYTES = 4 << 20
     REJECTS_PER_FILE = 100_000
 
     def __init__(self, vocab: str, lowercase: bool, seed: int, threshold: float, pools: dict[str, int],
@@ -271,14 +273,14 @@ class CreateInstanceShards(beam.PTransform):
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
                  documents_read: int, lowercase: bool = True,
-                 min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET) -> None:
+                 min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET, tokens_read: int = 0) -> None:
         super().__init__()
         self.config, self.vocab, self.vocab_ids = config, vocab, vocab_ids
         self.output, self.lowercase = output, lowercase
         # Known up front (Parquet footers), the eval threshold and the pool counts need no side
         # input: tokenized documents go straight into the pool shuffle.
         self.threshold = eval_threshold(documents_read, config)
-        self.pools = split_pools(documents_read, self.threshold, config, min_docs_per_bucket)
+        self.pools = split_pools(documents_read, self.threshold, config, min_docs_per_bucket, tokens_read)
 
     def expand(self, docs):
         cfg = self.config
@@ -332,7 +334,8 @@ def build_pipeline(p: beam.Pipeline, shards: list[str], output: str, config: Ins
             | "ListParts" >> beam.Create(read_parts(shards, workers))
             | "ReadSentences" >> beam.FlatMap(read_part))
     out = docs | "CreateInstanceShards" >> CreateInstanceShards(
-        config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket)
+        config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket,
+        estimated_tokens(shards))
     _ = (
         out["results"]
         | "GatherResults" >> beam.combiners.ToList()

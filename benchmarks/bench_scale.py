@@ -3,6 +3,8 @@
     python -m benchmarks.bench_scale                    # sizes 1,10,30 (long: run it alone)
     python -m benchmarks.bench_scale --sizes 1,3        # a quick look
     python -m benchmarks.bench_scale --distinct DIR     # distinct text fetched there already
+    python -m benchmarks.bench_scale --stages vocab,instances --keep DIR --reuse
+                                                        # later stages again on kept corpora
 
 Each stage runs as the product runs it (``python -m beam_jobs.clean_corpus``, ``build_vocab``,
 ``create_instances``), demo preset, ``--workers 2`` on the local runner, one after another on
@@ -21,7 +23,9 @@ distinct.
 Measured per stage and size: wall time, CPU-seconds of the process tree (the larger of what
 ``wait4`` reports for the driver and its reaped children and the sum over every process seen in
 the tree), peak RSS of the whole process tree (driver and workers; the sum of RSS over the tree,
-sampled every 0.2 s), throughput in MB of input text per second. Results go to
+sampled every 0.2 s; a child with its parent's command line is a fork that has not yet run its
+own program, such as ``git`` for a manifest's code version, and shares its parent's pages, so
+it is not counted again), throughput in MB of input text per second. Results go to
 ``bench-results/scale.json`` and ``bench-results/scale.png`` (peak RSS and wall time against
 corpus size, one line per stage); the table printed ends with the peak-RSS ratio of the largest
 size to the smallest per stage, against the goal of a flat memory profile (:data:`RSS_GOAL`).
@@ -67,9 +71,17 @@ def tree_usage(pid: int, cpu_seen: dict[int, float]) -> int:
     except psutil.Error:
         return 0
     rss = 0
+    cmdlines: dict[int, list[str]] = {}
+    for proc in procs:
+        try:
+            cmdlines[proc.pid] = proc.cmdline()
+        except psutil.Error:
+            continue
     for proc in procs:
         try:
             with proc.oneshot():
+                if proc.pid != pid and cmdlines.get(proc.pid) == cmdlines.get(proc.ppid()):
+                    continue  # forked, not yet exec'd (e.g. to run git): the parent's own pages
                 rss += proc.memory_info().rss
                 times = proc.cpu_times()
                 cpu_seen[proc.pid] = times.user + times.system
@@ -172,6 +184,26 @@ def rows_for(table, nbytes: int) -> int:
     return table.num_rows
 
 
+ROW_GROUP_BYTES = 8 << 20  # text per row group of a copied shard, as the corpus stage writes them
+
+
+def write_documents(table, uri: str) -> None:
+    """A documents table -> one shard in row groups of about ROW_GROUP_BYTES of text, like the
+    corpus stage's shards (one row group of the whole table would make every reader hold it)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from bert_core import storage
+
+    sizes = np.array([sum(len(s.encode()) for s in sentences or ()) for sentences in
+                      table.column("sentences").to_pylist()], dtype=np.int64)
+    group_of_row = np.cumsum(sizes) // ROW_GROUP_BYTES
+    with storage.open_file(uri, "wb") as f, pq.ParquetWriter(f, table.schema) as writer:
+        for group in np.unique(group_of_row):
+            rows = np.flatnonzero(group_of_row == group)
+            writer.write_table(table.slice(int(rows[0]), len(rows)))
+
+
 def read_shards(folder: str) -> list:
     import pyarrow.parquet as pq
 
@@ -189,7 +221,6 @@ def topped_up(corpus: str, target_bytes: int, out: Path) -> tuple[str, int, int]
     ``target_bytes`` of text: (folder, text bytes, distinct text bytes). No copies needed: the
     folder itself."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from bert_core import storage
 
@@ -210,8 +241,7 @@ def topped_up(corpus: str, target_bytes: int, out: Path) -> tuple[str, int, int]
                 table = table.set_column(table.schema.get_field_index("doc_id"), "doc_id",
                                          pa.array(ids, type=table.schema.field("doc_id").type))
             name = str(out / f"docs-c{copy:03d}-{i:05d}.parquet")
-            with storage.open_file(name, "wb") as f:
-                pq.write_table(table, f)
+            write_documents(table, name)
             shards.append(storage.shard_entry(name, table.num_rows))
             documents += table.num_rows
             total += size
@@ -228,23 +258,34 @@ def topped_up(corpus: str, target_bytes: int, out: Path) -> tuple[str, int, int]
 
 
 def run_size(size: int, samples: Path, distinct: list[Path], work: Path, base_doc_bytes: int | None,
-             stages: tuple[str, ...]) -> tuple[list[dict], int]:
+             stages: tuple[str, ...], reuse: bool = False) -> tuple[list[dict], int]:
+    """Every stage at one size in ``work``; with ``reuse``, the corpus stage's documents (and
+    their topped-up copy) already in ``work`` are read again instead of being made anew."""
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     common = ["--preset", "demo", "--workers", str(WORKERS)]
-    inputs = raw_inputs(size, samples, distinct, work)
-    print(f"x{size}: {inputs['input_mb']} MB of input, {inputs['distinct_mb']} MB distinct "
-          f"(sample unit {inputs['unit_mb']} MB)", file=sys.stderr, flush=True)
     rows = []
     corpus = str(work / "corpus")
-    argv = [sys.executable, "-m", "beam_jobs.clean_corpus", *common, "--wikipedia", inputs["wikipedia"],
-            *[a for b in inputs["books"] for a in ("--books", b)], "--output", corpus]
-    result = measure(argv, work / "clean.log", env)
-    rows.append({"stage": "clean", "size": size, "input_mb": inputs["input_mb"],
-                 "distinct_mb": inputs["distinct_mb"], **result})
+    if not (reuse and (work / "corpus" / "_MANIFEST.json").exists()):
+        inputs = raw_inputs(size, samples, distinct, work)
+        print(f"x{size}: {inputs['input_mb']} MB of input, {inputs['distinct_mb']} MB distinct "
+              f"(sample unit {inputs['unit_mb']} MB)", file=sys.stderr, flush=True)
+        argv = [sys.executable, "-m", "beam_jobs.clean_corpus", *common, "--wikipedia", inputs["wikipedia"],
+                *[a for b in inputs["books"] for a in ("--books", b)], "--output", corpus]
+        result = measure(argv, work / "clean.log", env)
+        rows.append({"stage": "clean", "size": size, "input_mb": inputs["input_mb"],
+                     "distinct_mb": inputs["distinct_mb"], **result})
     clean_bytes = sum(text_bytes(t) for t in read_shards(corpus))
     base = base_doc_bytes or clean_bytes // size
     print(f"x{size}: the corpus stage kept {clean_bytes / 1e6:.2f} MB of text", file=sys.stderr, flush=True)
-    docs, doc_bytes, distinct_doc_bytes = topped_up(corpus, size * base, work / "corpus-topped")
+    topped = work / "corpus-topped"
+    if reuse and (topped / "_MANIFEST.json").exists():
+        docs, doc_bytes, distinct_doc_bytes = str(topped), sum(text_bytes(t) for t in read_shards(str(topped))), \
+            clean_bytes
+    else:
+        shutil.rmtree(topped, ignore_errors=True)
+        docs, doc_bytes, distinct_doc_bytes = topped_up(corpus, size * base, topped)
+    for stage in ("vocab", "instances"):
+        shutil.rmtree(work / stage, ignore_errors=True)
     vocab = str(work / "vocab")
     if "vocab" in stages or "instances" in stages:
         argv = [sys.executable, "-m", "beam_jobs.build_vocab", *common, "--corpus", docs, "--output", vocab]
@@ -340,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-distinct", action="store_true", help="Copies only, no distinct text.")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--keep", type=Path, default=None, help="Keep the work folders here.")
+    parser.add_argument("--reuse", action="store_true",
+                        help="With --keep: read the documents a kept run's corpus stage wrote instead of "
+                             "running it again (its row is left out).")
     parser.add_argument("--base-documents-mb", type=float, default=None,
                         help="MB of text the corpus stage keeps at x1 (printed by an x1 run); needed "
                              "to size the later stages' inputs when --sizes leaves out 1.")
@@ -369,10 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix=f"bench-scale-x{size}-") as tmp:
             work = args.keep / f"x{size}" if args.keep else Path(tmp)
-            if work.exists():
+            reuse = args.reuse and args.keep is not None
+            if work.exists() and not reuse:
                 shutil.rmtree(work)
-            work.mkdir(parents=True)
-            got, base = run_size(size, samples, distinct, work, base, stages)
+            work.mkdir(parents=True, exist_ok=True)
+            got, base = run_size(size, samples, distinct, work, base, stages, reuse)
             rows += got
     load_end = os.getloadavg()
     ratios = rss_ratios(rows)

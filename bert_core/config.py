@@ -84,6 +84,8 @@ class CorpusConfig(_Model):
 
 # --------------------------------------------------------------------------- vocab
 
+MAX_WORDS = 300_000  # distinct words the WordPiece trainer is given (it holds about 1 KB a word)
+
 
 class VocabConfig(_Model):
     """Stage 2: a WordPiece vocab trained with HF tokenizers (or an existing vocab.txt)."""
@@ -98,6 +100,12 @@ class VocabConfig(_Model):
     )
     min_frequency: int = Field(2, ge=1, description="A merge must occur this often to be learnt.")
     limit_alphabet: int = Field(1000, ge=1, description="Most frequent characters kept as the alphabet.")
+    max_words: int = Field(
+        MAX_WORDS, ge=1, description="Most distinct words given to the WordPiece trainer, which holds "
+        "each of them (its memory): beyond this, the least frequent words are left out (all words "
+        "of the count at the cut), and the manifest counts them. A corpus with fewer distinct "
+        "words gets the same vocab as without the bound."
+    )
     num_unused: int = Field(
         100, ge=0, description="[unusedN] slots reserved after [PAD] for later task tokens."
     )
@@ -160,6 +168,11 @@ class InstanceConfig(_Model):
     random_doc_buckets: int = Field(
         64, ge=1, description="Documents are hashed into this many buckets; a random-next B "
         "segment comes from another document of the same bucket (bounded memory)."
+    )
+    max_pool_tokens: int = Field(
+        1 << 23, ge=1000, description="Tokens a bucket averages at most (estimated from the "
+        "corpus's Parquet footers): more buckets for a corpus of long documents, since a worker "
+        "holds one bucket's tokens (2 bytes each for a vocab under 65,536)."
     )
     eval_fraction: float = Field(
         0.01, ge=0, le=0.5, description="Share of documents held out as the eval split "

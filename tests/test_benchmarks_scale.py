@@ -135,3 +135,42 @@ def test_rows_for_counts_text_bytes_per_row() -> None:
     table = pa.table({"doc_id": ["a", "b", "c"], "sentences": [["12345"], ["1234567890", "12345"], ["1"]]})
     assert text_bytes(table) == 21
     assert [rows_for(table, n) for n in (1, 5, 6, 20, 21, 99)] == [1, 1, 2, 2, 3, 3]
+
+
+def test_copied_documents_are_written_in_row_groups_like_the_corpus_stage(tmp_path: Path, monkeypatch) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks import bench_scale
+
+    monkeypatch.setattr(bench_scale, "ROW_GROUP_BYTES", 100)
+    table = pa.table({"doc_id": [str(i) for i in range(10)], "sentences": [["x" * 30, "y" * 10]] * 10})
+    bench_scale.write_documents(table, str(tmp_path / "docs.parquet"))
+    shard = pq.ParquetFile(tmp_path / "docs.parquet")
+    assert shard.metadata.num_row_groups == 5  # 40 bytes a row, a new group at every 100 bytes of text
+    assert shard.read().equals(table)
+
+
+def test_a_fork_that_has_not_exec_ed_is_counted_once() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.bench_scale import tree_usage
+
+    code = ("import os, time\nblock = bytearray(64 << 20)\nblock[::4096] = b'x' * len(block[::4096])\n"
+            "if os.fork() == 0:\n    time.sleep(30)\nelse:\n    time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        import psutil
+
+        while len(psutil.Process(proc.pid).children()) < 1:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        parent = psutil.Process(proc.pid).memory_info().rss
+        assert tree_usage(proc.pid, {}) < parent * 1.2  # the child shares the parent's pages
+    finally:
+        for child in psutil.Process(proc.pid).children():
+            child.kill()
+        proc.kill()
+        proc.wait()

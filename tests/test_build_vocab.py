@@ -138,6 +138,57 @@ def test_counts_fed_as_repeats_reproduce_raw_text_training(one_worker, sentences
     assert len(shortcut & theirs) / len(shortcut | theirs) < jaccard
 
 
+def test_min_count_for_keeps_at_most_max_words() -> None:
+    from bert_core.vocab.wordcount import min_count_for
+
+    count_of_counts = {100: 1, 10: 3, 2: 5, 1: 20}  # 29 distinct words
+    assert min_count_for(count_of_counts, 29) == 1  # all fit: no bound
+    assert min_count_for(count_of_counts, 1000) == 1
+    assert min_count_for(count_of_counts, 28) == 2  # the 20 words seen once tie: all go
+    assert min_count_for(count_of_counts, 9) == 2
+    assert min_count_for(count_of_counts, 8) == 3  # 4 words kept, never a part of a tie
+    assert min_count_for(count_of_counts, 1) == 11
+    assert min_count_for(count_of_counts, 0) == 101  # nothing kept: build_vocab refuses it
+
+
+def test_max_words_bound_leaves_the_vocab_unchanged_when_the_corpus_fits(corpus, one_worker, sentences_by_doc,
+                                                                          tmp_path) -> None:
+    distinct = len(count_words(s for d in sentences_by_doc for s in d["sentences"] if s))
+    out = str(tmp_path / "fits")
+    build_vocab(corpus, out, SMALL.model_copy(update={"max_words": distinct}), workers=2)
+    for name in ("vocab.txt", "tokenizer.json"):
+        assert digest(out, name) == digest(one_worker, name), name
+    counts = storage.read_manifest(out)["counts"]
+    assert counts["distinct_words_trained"] == distinct
+    assert counts["distinct_words_left_out"] == counts["words_left_out"] == 0
+    assert counts["min_word_count"] == 1
+    assert storage.read_manifest(one_worker)["counts"]["distinct_words_left_out"] == 0
+
+
+def test_max_words_bound_trains_on_the_most_frequent_words_and_counts_the_rest(corpus, sentences_by_doc,
+                                                                                tmp_path) -> None:
+    from bert_core.vocab.training import train_wordpiece
+    from bert_core.vocab.wordcount import count_key
+
+    words = count_words(s for d in sentences_by_doc for s in d["sentences"] if s)
+    cfg = SMALL.model_copy(update={"max_words": 3000})
+    out = str(tmp_path / "bounded")
+    build_vocab(corpus, out, cfg, workers=2)
+    manifest = storage.read_manifest(out)
+    counts, t = manifest["counts"], manifest["counts"]["min_word_count"]
+    kept = sorted(((w, c) for w, c in words.items() if c >= t), key=count_key)
+    # the largest set of the most frequent words that fits, ties at the cut left out together
+    assert len(kept) <= 3000 < sum(1 for c in words.values() if c >= t - 1)
+    assert counts["distinct_words_trained"] == len(kept)
+    assert counts["distinct_words_left_out"] == len(words) - len(kept) > 0
+    assert counts["words_left_out"] == sum(c for c in words.values() if c < t)
+    assert counts["words"] == manifest["stats"]["words"] == sum(words.values())  # stats: every word
+    # exactly the vocab the trainer gives on the kept words alone
+    vocab = train_wordpiece(lambda: kept, cfg.vocab_size, cfg.min_frequency, cfg.limit_alphabet, cfg.num_unused)
+    lines = Path(out, "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert lines == sorted(vocab, key=vocab.__getitem__)
+
+
 def test_cased_vocab_keeps_case_and_accents(tmp_path) -> None:
     docs = [{"doc_id": f"wiki:{i}", "source": "wikipedia", "title": "t",
              "sentences": ["Émile Zola wrote in Paris.", "THE END of Émile's story, in Paris again."] * 3}

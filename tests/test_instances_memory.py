@@ -230,3 +230,38 @@ def test_no_shuffle_or_side_input_holds_documents_or_instances(samples_dir, tmp_
     assert not any(r in name for name in names for r in READERS), sources
     for step in ("/TokenizeDocuments", "/CreateInstances", "/WriteShards", "/MakeLayout"):
         assert any(step in name for name in names), (step, sources)  # the walk reaches each of them
+
+
+def test_pools_are_bounded_in_tokens_as_well_as_documents(samples_dir, tmp_path) -> None:
+    import pyarrow as pa
+
+    from beam_jobs.create_instances import CreateInstanceShards
+    from bert_core.instances.sharding import (
+        BYTES_PER_TOKEN,
+        estimated_tokens,
+        num_random_doc_buckets,
+    )
+
+    cfg = InstanceConfig(eval_fraction=0)
+    assert num_random_doc_buckets(5_000, cfg) == num_random_doc_buckets(5_000, cfg, n_tokens=10**6) == 5
+    # long documents: the token bound wins over the floor of MIN_DOCS_PER_BUCKET documents a pool
+    assert num_random_doc_buckets(5_000, cfg, n_tokens=40 * cfg.max_pool_tokens) == 40
+    assert num_random_doc_buckets(300, cfg, n_tokens=cfg.max_pool_tokens + 1) == 2
+    assert num_random_doc_buckets(3, cfg, n_tokens=10**12) == 3  # never more pools than documents
+
+    # the estimate comes from the Parquet footers: about the text's bytes over BYTES_PER_TOKEN
+    lines = (samples_dir / "news" / "lee_background.cor").read_text(encoding="utf-8").splitlines()
+    shard = str(tmp_path / "docs-00000-of-00001.parquet")
+    sentences = [[line] for line in lines]
+    pq.write_table(pa.table({"doc_id": [f"news:{i}" for i in range(len(lines))],
+                             "sentences": pa.array(sentences, pa.list_(pa.string()))}), shard)
+    text = sum(len(line.encode()) for line in lines)
+    assert 0.95 < estimated_tokens([shard]) * BYTES_PER_TOKEN / text < 1.2
+
+    vocab = str(samples_dir / "models" / "minilm" / "vocab.txt")
+    ids = VocabIds.from_tokenizer(load_tokenizer(vocab, True))
+    tokens = estimated_tokens([shard])
+    small = cfg.model_copy(update={"max_pool_tokens": tokens // 4 + 1})
+    assert CreateInstanceShards(cfg, vocab, ids, str(tmp_path), len(lines), tokens_read=tokens).pools == {"train": 1}
+    assert CreateInstanceShards(small, vocab, ids, str(tmp_path), len(lines), tokens_read=tokens).pools == {
+        "train": 4}

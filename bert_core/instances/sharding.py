@@ -5,9 +5,13 @@
 Random-next B segments come from the document's *pool* (``stable_hash(doc_id) % pools``), not
 from the whole corpus, so a worker holds one pool, never the corpus. :func:`num_random_doc_buckets`
 takes ``instances.random_doc_buckets``, raised so that no pool averages more than
-MAX_DOCS_PER_BUCKET documents (bounded memory whatever the corpus size) and lowered so that none
-averages fewer than MIN_DOCS_PER_BUCKET (a tiny corpus gets one pool, so its B segments are not
-drawn from a handful of documents).
+MAX_DOCS_PER_BUCKET documents and lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a
+tiny corpus gets one pool, so its B segments are not drawn from a handful of documents); then
+raised again, over that floor, so that no pool averages more than ``instances.max_pool_tokens``
+tokens: what a worker holds is tokens, and a corpus of long documents (books, manuals) would
+otherwise put millions of tokens in a pool of a thousand documents. The tokens are estimated
+before the pipeline from the Parquet footers (:func:`estimated_tokens`), so no step waits for a
+count.
 
 A pool's instances (per length) are sorted by their 64-bit key and cut into *pieces* by
 ``key % pools`` (:func:`pieces_by_group`). Pieces are ordered by ``(key % pools, pool)``; a
@@ -37,7 +41,8 @@ from bert_core.instances.batch import InstanceBatch
 from bert_core.instances.pairs import stable_hash
 
 MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
-MAX_DOCS_PER_BUCKET = 20_000  # ~0.5 GB of tokenized Wikipedia articles held by one worker
+MAX_DOCS_PER_BUCKET = 20_000  # documents a pool averages at most (and max_pool_tokens tokens)
+BYTES_PER_TOKEN = 3  # text bytes per WordPiece token, on the low side (English: ~4) so pools err small
 INSTANCES_PER_SHARD = 100_000  # when num_shards = 0 (automatic)
 MAX_EVAL_FRACTION = 0.5  # min_eval_documents never takes more than half of a small corpus
 EVAL_SHARDS = 1  # shards of an eval set: fixed, so the eval rows never depend on the workers
@@ -62,13 +67,31 @@ def is_eval_document(doc_id: str, seed: int, threshold: float) -> bool:
 
 
 def split_pools(documents_read: int, threshold: float, config: InstanceConfig,
-                min_docs: int = MIN_DOCS_PER_BUCKET) -> dict[str, int]:
-    """How many random-next pools each split's (expected) documents are hashed into."""
+                min_docs: int = MIN_DOCS_PER_BUCKET, tokens_read: int = 0) -> dict[str, int]:
+    """How many random-next pools each split's (expected) documents and tokens are hashed into."""
     n_eval = math.ceil(threshold * documents_read)
-    pools = {TRAIN: num_random_doc_buckets(documents_read - n_eval, config, min_docs)}
+    eval_tokens = math.ceil(threshold * tokens_read)
+    pools = {TRAIN: num_random_doc_buckets(documents_read - n_eval, config, min_docs,
+                                           n_tokens=tokens_read - eval_tokens)}
     if threshold > 0:
-        pools[EVAL] = num_random_doc_buckets(n_eval, config, min_docs)
+        pools[EVAL] = num_random_doc_buckets(n_eval, config, min_docs, n_tokens=eval_tokens)
     return pools
+
+
+def estimated_tokens(shards: Iterable[str]) -> int:
+    """Tokens of the documents shards, estimated from their Parquet footers (no data read): the
+    uncompressed bytes of the ``sentences`` column over BYTES_PER_TOKEN."""
+    import pyarrow.parquet as pq
+
+    text = 0
+    for uri in shards:
+        with storage.open_file(uri, "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            text += sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
+                        if group.column(c).path_in_schema.split(".")[0] == "sentences")
+    return text // BYTES_PER_TOKEN
 
 
 def pool_of(doc_id: str, seed: int, threshold: float, pools: dict[str, int]) -> tuple[str, int]:
@@ -85,10 +108,15 @@ def set_folder(output: str, length_split: Set) -> str:
 
 
 def num_random_doc_buckets(n_docs: int, config: InstanceConfig,
-                           min_docs: int = MIN_DOCS_PER_BUCKET, max_docs: int = MAX_DOCS_PER_BUCKET) -> int:
-    """How many random-next pools ``n_docs`` documents are hashed into."""
+                           min_docs: int = MIN_DOCS_PER_BUCKET, max_docs: int = MAX_DOCS_PER_BUCKET,
+                           n_tokens: int = 0) -> int:
+    """How many random-next pools ``n_docs`` documents of ``n_tokens`` tokens are hashed into:
+    the memory bound (``config.max_pool_tokens`` tokens a pool) wins over the floor of
+    ``min_docs`` documents a pool, and no pool is meant to be empty."""
     wanted = max(config.random_doc_buckets, math.ceil(n_docs / max_docs))
-    return max(1, min(wanted, n_docs // min_docs))
+    by_documents = max(1, min(wanted, n_docs // min_docs))
+    by_tokens = min(math.ceil(n_tokens / config.max_pool_tokens), n_docs)
+    return max(by_documents, by_tokens)
 
 
 def num_shards(total: int, config: InstanceConfig) -> int:

@@ -86,6 +86,7 @@ _ASCII_PUNCT = r"!-/:-@\[-`{-~"
 _ASCII_WORDS = re.compile(rf"[^ \t\n\r{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]", re.ASCII)
 SENTENCE_END = -1  # marks the end of a sentence in encode_document_bytes (never a vocab id)
 WORD_CACHE_SIZE = 1 << 19  # words remembered (Zipf: the first ones seen are the frequent ones)
+CHUNK_CACHE_SIZE = 1 << 17  # chunks remembered: a chunk costs more than a word, and misses fall back on words
 
 
 class _WordPieceCache(dict):
@@ -111,7 +112,7 @@ class _ChunkCache(dict):
     values of a whole document is one memcpy per chunk (no Python int per token). A miss splits
     the chunk into words and looks each up in the word cache."""
 
-    def __init__(self, words: _WordPieceCache, limit: int = WORD_CACHE_SIZE) -> None:
+    def __init__(self, words: _WordPieceCache, limit: int = CHUNK_CACHE_SIZE) -> None:
         super().__init__()
         self._word_ids, self._limit = words.__getitem__, limit
 

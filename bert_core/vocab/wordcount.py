@@ -15,9 +15,10 @@ whitespace, so ``"word word word"`` splits back into three copies of it (see
 from __future__ import annotations
 
 import heapq
+import itertools
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -95,14 +96,51 @@ def merge_count_files(uris: Iterable[str]) -> Counter[str]:
     return counts
 
 
-def iter_counts(scratch: str) -> Iterator[tuple[str, int]]:
-    """All ``(word, count)`` pairs of the ``counts-*.tsv`` files in ``scratch``, each file already
-    sorted by :func:`count_key`, merged into that order as a stream: memory is one line per file,
-    never the distinct-word table."""
+def iter_counts(scratch: str, min_count: int = 1) -> Iterator[tuple[str, int]]:
+    """All ``(word, count)`` pairs of the ``counts-*.tsv`` files in ``scratch`` with a count of at
+    least ``min_count``, each file already sorted by :func:`count_key`, merged into that order as
+    a stream: memory is one line per file, never the distinct-word table. The order puts the
+    kept words first, so the stream stops at the first word below ``min_count``."""
     files = storage.glob(storage.join(scratch, "counts-*.tsv"))
-    return heapq.merge(*(iter_count_file(uri) for uri in files), key=count_key)
+    merged = heapq.merge(*(iter_count_file(uri) for uri in files), key=count_key)
+    return merged if min_count <= 1 else itertools.takewhile(lambda pair: pair[1] >= min_count, merged)
 
 
 def read_counts(scratch: str) -> list[tuple[str, int]]:
     """All ``(word, count)`` pairs, sorted by count descending then word (tests, small tools)."""
     return list(iter_counts(scratch))
+
+
+# --------------------------------------------------------------------------- count of counts
+
+
+def write_count_of_counts(uri: str, counts: Iterable[int]) -> None:
+    """How many words have each count (``count<TAB>words`` lines): a table of at most a few
+    thousand lines whatever the corpus, since a corpus of N words has fewer than sqrt(2N)
+    distinct counts."""
+    with storage.open_file(uri, "wb") as f:
+        for count, words in sorted(Counter(counts).items()):
+            f.write(f"{count}\t{words}\n".encode())
+
+
+def read_count_of_counts(scratch: str) -> Counter[int]:
+    """The ``hist-*.tsv`` files of ``scratch`` summed: words per count over the whole corpus."""
+    total: Counter[int] = Counter()
+    for uri in storage.glob(storage.join(scratch, "hist-*.tsv")):
+        with storage.open_file(uri, "rb") as f:
+            for line in f:
+                count, words = line.split(b"\t")
+                total[int(count)] += int(words)
+    return total
+
+
+def min_count_for(count_of_counts: Mapping[int, int], max_words: int) -> int:
+    """The smallest count ``t`` such that at most ``max_words`` words have a count of ``t`` or
+    more (1 when the corpus has at most ``max_words`` distinct words). Words that tie at the
+    cut are all left out, so the kept words never depend on their order."""
+    kept = 0
+    for count in sorted(count_of_counts, reverse=True):
+        kept += count_of_counts[count]
+        if kept > max_words:
+            return count + 1
+    return 1
