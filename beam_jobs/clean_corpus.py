@@ -25,6 +25,13 @@ pass between steps as sorted runs in temporary files under the output (``_spill/
 alone (no Flatten of documents); the verdicts meet the documents by shard (``CoGroupByKey`` of
 file names, no side inputs) and a shard is written as one merge of sorted streams, a Parquet row
 group at a time. The only side input is the job's summary (counts and histograms).
+
+On the local runner ``--workers`` is an upper bound: the job starts one worker process per
+64 MB of input (``.bz2``/``.gz``/``.zst`` counted at four times their size) and runs a smaller
+input in the driver process: each worker process has Beam's start-up to pay (its imports, the
+harness, a bundle processor per stage) and its gRPC traffic, more than a second core saves on a
+small input (``benchmarks/bench_clean.py`` measures both ways).
+``--bytes-per-worker 0`` starts every worker whatever the input size.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton, TaggedOutput
 
-from beam_jobs.job import LOCAL_RUNNER, job_parser, parse_job_args, run_pipeline
+from beam_jobs.job import LOCAL_RUNNER, is_local, job_parser, parse_job_args, run_pipeline
 from beam_jobs.job import counters as job_counters
 from bert_core import storage
 from bert_core.config import CorpusConfig
@@ -64,6 +71,10 @@ SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
 SPILL_CHARS = 4 << 20  # characters of records a worker holds (per kind) before it spills them
 ROW_GROUP_CHARS = 8 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
 LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
+# On the local runner, one worker process per this many bytes of (uncompressed) input, up to
+# ``workers``; below it the job runs in the driver process (see the module docstring).
+LOCAL_BYTES_PER_WORKER = 64 << 20
+COMPRESSED = (".bz2", ".gz", ".zst")  # counted four times their size (about what text shrinks to)
 
 
 def _count_reject(reject: D.Reject) -> D.Reject:
@@ -580,13 +591,26 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
     )
 
 
+def local_workers(workers: int, files: list[str], bytes_per_worker: int = LOCAL_BYTES_PER_WORKER) -> int:
+    """Worker processes for the local runner: one per ``bytes_per_worker`` of input (compressed
+    files count four times their size), at least one, at most ``workers``; every one of
+    ``workers`` if ``bytes_per_worker`` is 0."""
+    if bytes_per_worker <= 0:
+        return max(1, workers)
+    text_bytes = sum(storage.size(f) * (4 if f.endswith(COMPRESSED) else 1) for f in files)
+    return max(1, min(workers, -(-text_bytes // bytes_per_worker)))
+
+
 def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,
-          beam_args: Iterable[str] = (), counters: dict[str, int] | None = None) -> dict[str, Any]:
+          beam_args: Iterable[str] = (), counters: dict[str, int] | None = None,
+          bytes_per_worker: int = LOCAL_BYTES_PER_WORKER) -> dict[str, Any]:
     """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
 
     ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, or
-    DataflowRunner, FlinkRunner, ... with ``beam_args``). ``counters``, if given, receives the
-    job's Beam counters (``rejected_<reason>``, ``slow_path_paragraphs``).
+    DataflowRunner, FlinkRunner, ... with ``beam_args``). On the local runner ``workers`` is an
+    upper bound: :func:`local_workers` starts one process per ``bytes_per_worker`` of input
+    (0: all of them). ``counters``, if given, receives the job's Beam counters
+    (``rejected_<reason>``, ``slow_path_paragraphs``).
     """
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")
@@ -602,6 +626,8 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
     storage.remove(storage.join(output, SPILL_DIR))
     inputs = {"wikipedia": wiki_files, "books": book_files, "text": text_files}
+    if is_local(runner):
+        workers = local_workers(workers, wiki_files + book_files + text_files, bytes_per_worker)
 
     try:
         result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards), workers, runner, beam_args)
@@ -622,12 +648,16 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--books", action="append", default=[], help="Book glob (repeatable).")
     parser.add_argument("--text", action="append", default=[], help="JSON lines / Parquet glob (repeatable).")
     parser.add_argument("--output", required=True, help="Output folder URI.")
+    parser.add_argument("--bytes-per-worker", type=int, default=LOCAL_BYTES_PER_WORKER,
+                        help="Local runner: one worker process per this many input bytes, up to "
+                        "--workers (0: start them all).")
     args, cfg, beam_args = parse_job_args(parser, argv)
     corpus = cfg.corpus
     if args.wikipedia or args.books or args.text:
         corpus = CorpusConfig.model_validate({**corpus.model_dump(), "wikipedia": args.wikipedia,
                                               "books": args.books, "text": args.text})
-    return clean(corpus, args.output, cfg.workers, cfg.beam_runner, beam_args)
+    return clean(corpus, args.output, cfg.workers, cfg.beam_runner, beam_args,
+                 bytes_per_worker=args.bytes_per_worker)
 
 
 if __name__ == "__main__":

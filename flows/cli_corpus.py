@@ -75,7 +75,7 @@ def corpus(
     with user_errors(InputError, code=2), user_errors(storage.OutputError):
         with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
                             f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
-                            f"{workers or cfg.workers} worker(s) ..."):
+                            f"up to {workers or cfg.workers} worker(s) ..."):
             manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=cfg.beam_runner,
                                beam_args=[*cfg.beam_args, *ctx.args])
     typer.echo(format_counts(manifest))

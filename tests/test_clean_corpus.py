@@ -13,7 +13,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from beam_jobs.clean_corpus import clean, run
+from beam_jobs.clean_corpus import clean, local_workers, run
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
@@ -143,7 +143,8 @@ def test_duplicates_name_the_document_they_duplicate(sample_run) -> None:
 
 @pytest.mark.slow
 def test_same_bytes_whatever_the_number_of_workers(samples_dir, books_dir, sample_run, tmp_path) -> None:
-    clean(sample_config(samples_dir, books_dir), str(tmp_path), workers=2)
+    # bytes_per_worker=0: two worker processes even for an input this small
+    clean(sample_config(samples_dir, books_dir), str(tmp_path), workers=2, bytes_per_worker=0)
     assert folder_digest(tmp_path) == folder_digest(sample_run)
     assert len(folder_digest(tmp_path)) == 6  # 3 document shards + 3 reject shards
     first = storage.read_manifest(str(sample_run))
@@ -346,3 +347,13 @@ def test_prefect_flow_publishes_counts(tiny_inputs, tmp_path) -> None:
     assert {"source": "wikipedia", "what": "rejected: redirect", "records": 1} in rows
     assert {"source": "books", "what": "kept", "records": 1} in rows
     assert "corpus-lengths" in artifacts
+
+
+def test_local_workers_follow_the_input_size(tmp_path) -> None:
+    small, big = tmp_path / "small.xml", tmp_path / "big.xml.bz2"
+    small.write_bytes(b"x" * 1000)
+    big.write_bytes(b"x" * 3000)
+    assert local_workers(4, [str(small)], bytes_per_worker=10_000) == 1
+    assert local_workers(4, [str(small), str(big)], bytes_per_worker=10_000) == 2  # 1,000 + 4 x 3,000
+    assert local_workers(2, [str(small), str(big)], bytes_per_worker=1_000) == 2  # at most workers
+    assert local_workers(3, [str(small)], bytes_per_worker=0) == 3

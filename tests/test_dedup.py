@@ -79,3 +79,14 @@ def test_verdicts_apply_as_one_merge_of_sorted_streams() -> None:
     assert rejects == {("book:b", D.DUPLICATE, "book:a"), ("book:c", D.DUPLICATE_DOC_ID, "book:c"),
                        ("book:e", D.NEAR_DUPLICATE, "book:a")}
     assert len(out) == len(docs)  # kept + rejected = read
+
+
+def test_normalize_is_the_casefolded_words_joined_by_spaces() -> None:
+    import re
+    import unicodedata
+
+    words = re.compile(r"[^\W_]+")  # letters and digits: the definition normalize() implements
+    for text in ["Straße – “Quoted” don’t snake_case 3.14 ½ K\u212a Ⅻ", "ÉTÉ\u00a0été\u2003l'été…",
+                 "plain ASCII, with-dashes_and (brackets)", "", "  __  ", "ﬁne ﬂow ｆｕｌｌ ①"]:
+        expected = " ".join(words.findall(unicodedata.normalize("NFKC", text).casefold()))
+        assert normalize(text) == expected

@@ -93,3 +93,12 @@ def test_real_excerpt_has_no_markup_residue(articles) -> None:
     anarchism = " ".join(cleaned["Anarchism"])
     assert anarchism.startswith("Anarchism is a political philosophy that advocates self-governed societies")
     assert "<ref" not in anarchism and "Category" not in anarchism and "thumb|" not in anarchism
+
+
+def test_prose_after_a_template_closed_on_a_line_starting_with_a_space() -> None:
+    # multi-line citations end on a line " }}</ref> ...": the space is inside the template's
+    # call, so the prose after it is no preformatted code; a real code line still goes
+    text = ("War.<ref>{{Cite book\n |last=Beevor\n |year=2006\n }}</ref> The CNT was affiliated "
+            "with the IWA.\n code line\nNext.")
+    assert wikitext_to_paragraphs(text) == ["War. The CNT was affiliated with the IWA.", "Next."]
+    assert wikitext_to_paragraphs("A fact.{{sfn|Smith\n  }} More prose.") == ["A fact. More prose."]

@@ -38,7 +38,9 @@ _SOFT_ABBREVIATIONS = frozenset("etc a.m p.m inc ltd co corp llc plc bc ad b.c a
 # Abbreviations before a number ("No. 5", "Fig. 3", "pp. 12"); elsewhere "no." ends a sentence.
 _NUMBER_ABBREVIATIONS = frozenset("no nos vol vols p pp ch chap sec fig figs eq eqs op art".split())
 
-_BOUNDARY = re.compile(r"([.!?\u2026]+)([\"'\u201d\u2019)\]]*)(\s+)")
+# The spaces are taken whole (possessive) so that the look-ahead, which skips a lowercase ASCII
+# letter or a ",;:" after them in the regex engine, cannot match fewer spaces instead.
+_BOUNDARY = re.compile(r"([.!?\u2026]+)([\"'\u201d\u2019)\]]*)(\s++)(?![a-z,;:])")
 _INITIAL = re.compile(r"^[A-Z]$")
 _DOTTED = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # U.S, e.g, a.m (final period not included)
 
@@ -50,7 +52,9 @@ def _is_abbreviation(word: str, next_word: str) -> bool:
         return not next_word[:1].isupper()
     if low in _NUMBER_ABBREVIATIONS:
         return next_word[:1].isdigit()
-    return low in _ABBREVIATIONS or bool(_INITIAL.match(word)) or bool(_DOTTED.match(word))
+    return (low in _ABBREVIATIONS
+            or (len(word) <= 2 and _INITIAL.match(word) is not None)
+            or ("." in word and _DOTTED.match(word) is not None))
 
 
 def split_sentences(paragraph: str) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # Elements dropped with their content: citations, maths, code, galleries, ... (not prose).
@@ -32,8 +33,12 @@ _COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.S)
 _OPEN_TAG = re.compile(rf"<({_DROP_ELEMENTS})\b[^<>]*?(/?)\s*>", re.I)
 _CLOSE_TAGS: dict[str, re.Pattern[str]] = {}
 
-# Balanced-brace tokens: templates/parser functions {{ }}, tables {| |} at a line start.
-_BRACES = re.compile(r"\{\{|\}\}|^[ \t:]*\{\||^[ \t]*\|\}", re.M)
+# Balanced-brace tokens: templates/parser functions {{ }}, tables {| |}. A table token counts
+# only at a line start (after spaces, and colons for "{|"), which the scan checks itself: a
+# pattern that starts with a literal is found by a fast search, one that starts with "^" is
+# tried at every character.
+_BRACES = re.compile(r"\{\{|\}\}|\{\||\|\}")
+_TABLE_INDENT = {"{|": " \t:", "|}": " \t"}
 _LINK_TOKENS = re.compile(r"\[\[|\]\]")
 _DROP_NAMESPACES = {"file", "image", "category", "media", "template", "module"}
 # Sister-project prefixes whose links show their text inline (kept, unlike interlanguage links).
@@ -42,16 +47,21 @@ _SISTER = {"s", "w", "q", "n", "b", "v", "d", "m", "c", "wikt", "wikipedia", "wp
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]+)*$")
 
 _HEADING = re.compile(r"^=+.*=+\s*$")
-_PRE_LINE = re.compile(r"^ (?![ \t]*[{<\[|:*#]).*$", re.M)
+# A line starting with a space is preformatted (code), unless markup follows the space: a
+# table, a link, a list, or the "}}" that closes a template spanning lines (" }}</ref> The
+# text goes on": the space is inside the template's call, and the prose after it is no code).
+_PRE_LINE = re.compile(r"^ (?![ \t]*(?:[{<\[|:*#]|\}\})).*$", re.M)
 _MAGIC = re.compile(r"__[A-Z]+__")
 _EXT_LINK = re.compile(r"\[(?:https?:|ftp:|//|mailto:)[^\s\]]*\s*([^\]]*)\]")
 _BARE_URL = re.compile(r"\bhttps?://\S+")
 _BOLD_ITALIC = re.compile(r"'{2,5}")
 _TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>")
 _EMPTY_BRACKETS = re.compile(r"\(\s*[,;]?\s*\)|\[\s*\]")
+_SPACE_BEFORE_MARK = re.compile(r" (?=[,.;:!?])")
 
 # What "markup" means for the residue check.
 MARKUP = ("{{", "}}", "[[", "]]", "<ref", "{|", "|-", "==", "''")
+_MARKUP_RE = re.compile("|".join(map(re.escape, MARKUP)))
 
 
 @dataclass
@@ -91,21 +101,39 @@ def _drop_elements(text: str) -> str:
     return "".join(out)
 
 
+def _brace_tokens(text: str) -> Iterator[tuple[str, int, int]]:
+    """``(token, start, end)`` of every ``{{``, ``}}`` and line-start ``{|``/``|}`` in order;
+    a table token's span starts at its line start (the indent goes with it)."""
+    pos = 0
+    while m := _BRACES.search(text, pos):
+        tok, start = m.group(), m.start()
+        indent = _TABLE_INDENT.get(tok)
+        if indent is not None:
+            line = text.rfind("\n", 0, start) + 1
+            if text[line:start].strip(indent):
+                pos = start + 1  # not at a line start; a "}}" may begin at the "}"
+                continue
+            start = line
+        yield tok, start, m.end()
+        pos = m.end()
+
+
 def _strip_balanced_braces(text: str) -> str:
     """Remove every ``{{...}}`` and line-start ``{|...|}`` span, nesting included.
 
     An opener that never closes removes text up to the next blank line only (a stray ``{{`` in
     an article must not swallow the rest of it).
     """
+    if "{" not in text and "}" not in text:
+        return text
     out: list[str] = []
     stack: list[tuple[str, int]] = []  # (kind, start offset) of open spans
     last = 0
-    for m in _BRACES.finditer(text):
-        tok = m.group().strip(" \t:")
+    for tok, start, end in _brace_tokens(text):
         if tok in ("{{", "{|"):
             if not stack:
-                out.append(text[last : m.start()])
-            stack.append((tok, m.start()))
+                out.append(text[last:start])
+            stack.append((tok, start))
         elif stack:
             want = "{{" if tok == "}}" else "{|"
             # close the innermost span of the same kind; a mismatched closer is ignored
@@ -114,10 +142,10 @@ def _strip_balanced_braces(text: str) -> str:
                     del stack[i:]
                     break
             if not stack:
-                last = m.end()
+                last = end
         else:  # a closer with nothing open: residue, drop the token itself
-            out.append(text[last : m.start()])
-            last = m.end()
+            out.append(text[last:start])
+            last = end
     if stack:
         start = stack[0][1]
         blank = text.find("\n\n", start)
@@ -150,6 +178,8 @@ def _link_text(inner: str) -> str | None:
 def _replace_links(text: str) -> str:
     """``[[a|b]]`` -> b, ``[[a]]`` -> a; file/category/interlanguage links removed whole
     (their captions may hold nested links, hence the balanced scan)."""
+    if "[[" not in text and "]]" not in text:
+        return text
     out: list[str] = []
     starts: list[int] = []
     pieces: list[list[str]] = [out]
@@ -179,8 +209,7 @@ def prescan(wikitext: str) -> str:
     non-text links."""
     text = _COMMENT.sub("", wikitext)
     if "\n " in text or text.startswith(" "):
-        # A line starting with a space is preformatted (code), unless markup follows the space
-        # (" {| table"); judged on the raw text, as removals later leave harmless spaces.
+        # judged on the raw text, as removals later leave harmless spaces at line starts
         text = _PRE_LINE.sub("", text)
     if "<" in text:
         text = _drop_elements(text)
@@ -201,7 +230,7 @@ def _paragraph_lines(text: str) -> list[str]:
         indented = stripped.startswith(":")
         is_text = bool(stripped) and not (
             stripped[0] in "*#:;|!"
-            or _HEADING.match(stripped)
+            or (stripped[0] == "=" and _HEADING.match(stripped))
             or stripped.startswith("----")
         )
         if is_text:
@@ -232,16 +261,48 @@ def _inline(paragraph: str) -> str:
         text = _TAG.sub("", text)
     if "&" in text:
         text = html.unescape(text)
-    text = " ".join(text.split())
-    if "(" in text or "[" in text:
-        text = _EMPTY_BRACKETS.sub("", text)  # "(; born 1920)" leftovers of removed templates
-    for mark in ",.;:!?":  # "word ." left where a template or reference was cut
-        text = text.replace(" " + mark, mark)
+    text = _single_spaced(text)
+    cut = 0
+    if _has_empty_brackets(text):  # "(; born 1920)" leftovers of removed templates
+        text, cut = _EMPTY_BRACKETS.subn("", text)
+    if " " in text:  # "word ." left where a template or reference was cut
+        text = _SPACE_BEFORE_MARK.sub("", text)
+    return " ".join(text.split()) if cut else text
+
+
+def _single_spaced(text: str) -> str:
+    """``" ".join(text.split())``, without the split when the text already is: every
+    whitespace character but the space is unprintable, so a printable text with no double or
+    edge spaces has nothing to change."""
+    if text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
+        return text
     return " ".join(text.split())
 
 
+def _has_empty_brackets(text: str) -> bool:
+    """Whether :data:`_EMPTY_BRACKETS` matches: ``(``, spaces, an optional ``,`` or ``;``,
+    spaces, ``)``; or ``[``, spaces, ``]`` (a few ``find`` calls, cheaper than the regex
+    search on a paragraph with brackets and none empty)."""
+    for opener, closer, marks in (("(", ")", ",;"), ("[", "]", "")):
+        i = text.find(opener)
+        while i >= 0:
+            j = _skip_spaces(text, i + 1)
+            if marks and text[j : j + 1] in (",", ";"):
+                j = _skip_spaces(text, j + 1)
+            if text[j : j + 1] == closer:
+                return True
+            i = text.find(opener, i + 1)
+    return False
+
+
+def _skip_spaces(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
+
+
 def has_markup(text: str) -> bool:
-    return any(m in text for m in MARKUP)
+    return _MARKUP_RE.search(text) is not None
 
 
 def _slow_paragraph(raw: str) -> str:
