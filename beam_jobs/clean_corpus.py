@@ -47,7 +47,15 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsSingleton, TaggedOutput
 
-from beam_jobs.job import LOCAL_RUNNER, is_local, job_parser, parse_job_args, run_pipeline
+from beam_jobs.job import (
+    LOCAL_BYTES_PER_WORKER,
+    LOCAL_RUNNER,
+    is_local,
+    job_parser,
+    local_workers,
+    parse_job_args,
+    run_pipeline,
+)
 from beam_jobs.job import counters as job_counters
 from bert_core import storage
 from bert_core.config import CorpusConfig
@@ -71,10 +79,6 @@ SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
 SPILL_CHARS = 4 << 20  # characters of records a worker holds (per kind) before it spills them
 ROW_GROUP_CHARS = 8 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
 LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
-# On the local runner, one worker process per this many bytes of (uncompressed) input, up to
-# ``workers``; below it the job runs in the driver process (see the module docstring).
-LOCAL_BYTES_PER_WORKER = 64 << 20
-COMPRESSED = (".bz2", ".gz", ".zst")  # counted four times their size (about what text shrinks to)
 
 
 def _count_reject(reject: D.Reject) -> D.Reject:
@@ -589,16 +593,6 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
         | "Once" >> beam.Create([None])
         | "WriteManifest" >> beam.Map(_finish, output, cfg, inputs, num_shards, summary=AsSingleton(summary))
     )
-
-
-def local_workers(workers: int, files: list[str], bytes_per_worker: int = LOCAL_BYTES_PER_WORKER) -> int:
-    """Worker processes for the local runner: one per ``bytes_per_worker`` of input (compressed
-    files count four times their size), at least one, at most ``workers``; every one of
-    ``workers`` if ``bytes_per_worker`` is 0."""
-    if bytes_per_worker <= 0:
-        return max(1, workers)
-    text_bytes = sum(storage.size(f) * (4 if f.endswith(COMPRESSED) else 1) for f in files)
-    return max(1, min(workers, -(-text_bytes // bytes_per_worker)))
 
 
 def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,

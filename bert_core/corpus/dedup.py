@@ -32,7 +32,6 @@ import numpy as np
 
 from bert_core.corpus import documents as D
 
-_WORD = re.compile(r"[^\W_]+")  # what a word is (letters and digits); normalize() applies it faster
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _SPACES = re.compile(b"  +")
 # ASCII letters lowercased, digits kept, every other ASCII byte a space; bytes above 127 kept.
@@ -50,7 +49,7 @@ def normalize(text: str) -> str:
     the casefolded words (maximal runs of letters and digits) joined by single spaces."""
     if not unicodedata.is_normalized("NFKC", text):  # the check is much cheaper than the work
         text = unicodedata.normalize("NFKC", text)
-    # The same as " ".join(_WORD.findall(text.casefold())), done with C string methods: a
+    # The same as " ".join(re.findall(r"[^\W_]+", text.casefold())), done with C string methods: a
     # regex over every character of a corpus is several times slower. Characters beyond ASCII
     # that are not letters or digits become spaces one kind at a time; the ASCII ones through
     # a byte table (UTF-8 leaves every byte of a wider character above 127, untouched).
