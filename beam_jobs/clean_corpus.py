@@ -89,6 +89,13 @@ def _count_reject(reject: D.Reject) -> D.Reject:
 # --------------------------------------------------------------------------- reading
 
 
+def _spread(items, label: str, spread: bool):
+    """Work items reshuffled, which spreads them over the workers (the local runner deals them
+    out; ``Create`` is asked not to reshuffle: once is enough). With one worker process there is
+    nothing to spread, and the shuffle would only add a stage."""
+    return items | label >> beam.Reshuffle() if spread else items
+
+
 class ReadPagesFn(beam.DoFn):
     """One dump work item -> documents (sentences) and rejects; plus one READ count per item."""
 
@@ -176,23 +183,21 @@ class ReadRecordsFn(beam.DoFn):
 
 
 class ReadWikipediaDump(beam.PTransform):
-    """Dump files -> {"docs", "rejects", "read"} (work items reshuffled across workers)."""
+    """Dump files -> {"docs", "rejects", "read"} (work items reshuffled across workers unless
+    ``spread`` is false: see :func:`_spread`)."""
 
-    def __init__(self, files: list[str]):
+    def __init__(self, files: list[str], spread: bool = True):
         super().__init__()
-        self.files = files
+        self.files, self.spread = files, spread
 
     def expand(self, pbegin):
         from bert_core.corpus.dumps import plan_reads
 
         # a single-stream .bz2 is split by bz2 block too, so one big file uses every worker
         items = [item for f in self.files for item in plan_reads(f)]
+        listed = pbegin | "ListWorkItems" >> beam.Create(items, reshuffle=False)
         out = (
-            pbegin
-            # Create would reshuffle too (more than one element): once is enough, and the shuffle
-            # is what spreads the items over the workers (the local runner deals them out)
-            | "ListWorkItems" >> beam.Create(items, reshuffle=False)
-            | "SpreadWorkItems" >> beam.Reshuffle()
+            _spread(listed, "SpreadWorkItems", self.spread)
             | "ParsePages" >> beam.ParDo(ReadPagesFn()).with_outputs(REJECTS, READ, main="docs")
         )
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
@@ -201,16 +206,15 @@ class ReadWikipediaDump(beam.PTransform):
 class ReadBooks(beam.PTransform):
     """Book files -> {"docs", "rejects", "read"}."""
 
-    def __init__(self, files: list[str]):
+    def __init__(self, files: list[str], spread: bool = True):
         super().__init__()
-        self.files = files
+        self.files, self.spread = files, spread
 
     def expand(self, pbegin):
         ids = book_ids(self.files)
+        listed = pbegin | "ListBooks" >> beam.Create(sorted(ids.items()), reshuffle=False)
         out = (
-            pbegin
-            | "ListBooks" >> beam.Create(sorted(ids.items()), reshuffle=False)
-            | "SpreadBooks" >> beam.Reshuffle()
+            _spread(listed, "SpreadBooks", self.spread)
             | "ReadBooks" >> beam.ParDo(ReadBookFn()).with_outputs(REJECTS, READ, main="docs")
         )
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
@@ -220,17 +224,16 @@ class ReadTextRecords(beam.PTransform):
     """Text record files -> {"docs", "rejects", "read"}: one work item per Parquet row group
     and per JSON lines file, reshuffled across workers."""
 
-    def __init__(self, files: list[str], cfg: CorpusConfig):
+    def __init__(self, files: list[str], cfg: CorpusConfig, spread: bool = True):
         super().__init__()
-        self.files, self.cfg = files, cfg
+        self.files, self.cfg, self.spread = files, cfg, spread
 
     def expand(self, pbegin):
         from bert_core.corpus.records import plan_records
 
+        listed = pbegin | "ListRecordItems" >> beam.Create(plan_records(self.files, self.cfg), reshuffle=False)
         out = (
-            pbegin
-            | "ListRecordItems" >> beam.Create(plan_records(self.files, self.cfg), reshuffle=False)
-            | "SpreadRecordItems" >> beam.Reshuffle()
+            _spread(listed, "SpreadRecordItems", self.spread)
             | "ReadRecords" >> beam.ParDo(ReadRecordsFn(self.cfg)).with_outputs(REJECTS, READ, main="docs")
         )
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
@@ -248,7 +251,7 @@ def _doc_bucket(doc: D.Document, n: int) -> int:
 
 
 def _doc_weight(doc: D.Document) -> int:
-    return sum(len(s) for s in doc["sentences"])
+    return sum(map(len, doc["sentences"]))
 
 
 def _reject_bucket(reject: D.Reject, n: int) -> int:
@@ -325,41 +328,61 @@ def spill_rejects(output: str, n: int) -> SpillFn:
 # --------------------------------------------------------------------------- cleaning
 
 
-class FilterFn(beam.DoFn):
-    def __init__(self, cfg: CorpusConfig):
-        self.cfg = cfg
+class CleanFn(beam.DoFn):
+    """Per document: the filters, then the duplicate fingerprints (the exact-duplicate key and,
+    for near duplicates, its LSH band entries), each record spilled at once by its own
+    :class:`SpillFn`. Main output: the documents' runs; tagged: the runs of filter rejects,
+    exact keys and band entries.
 
-    def process(self, doc: D.Document) -> Iterator[Any]:
-        result = D.apply_filters(doc, self.cfg)
-        yield TaggedOutput(REJECTS, result) if D.is_reject(result) else result
-
-
-class FingerprintFn(beam.DoFn):
-    """Per document: the exact-duplicate key and, for near duplicates, its LSH band entries.
-
-    Only these small records are compared to find duplicates; the documents themselves go to
-    their output shard once (through spill files), where the verdicts are applied.
+    One step for all of it: every step the documents pass through costs the runner an
+    operation to set up and a hop per element. Only the small fingerprints are compared to find duplicates;
+    the documents themselves go to their output shard once (through spill files), where the
+    verdicts are applied.
     """
 
-    def __init__(self, cfg: CorpusConfig):
+    def __init__(self, cfg: CorpusConfig, output: str, num_buckets: int):
         self.cfg = cfg
+        self.spills = {
+            None: spill_docs(output, num_buckets),
+            REJECTS: spill_rejects(output, num_buckets),
+            EXACT: SpillFn(output, "exact", num_buckets, _key_bucket),
+            BANDS: SpillFn(output, "bands", num_buckets, _key_bucket, _band_key, _band_weight),
+        }
 
     def setup(self) -> None:
         from bert_core.corpus.dedup import MinHasher
 
         self.hasher = MinHasher(self.cfg.minhash_num_perm, self.cfg.near_dup_threshold)
 
+    def start_bundle(self) -> None:
+        for spill in self.spills.values():
+            spill.start_bundle()
+
     def process(self, doc: D.Document) -> Iterator[Any]:
         from bert_core.corpus.dedup import normalize, normalized_hash
 
+        doc = D.apply_filters(doc, self.cfg)  # too-short sentences dropped, or a reject
+        if D.is_reject(doc):
+            yield from self._spill(REJECTS, doc)
+            return
+        yield from self._spill(None, doc)
         text = normalize(" ".join(doc["sentences"]))
         if self.cfg.dedup_exact:
-            yield TaggedOutput(EXACT, (normalized_hash(text), (doc["doc_id"], doc["origin"])))
+            yield from self._spill(EXACT, (normalized_hash(text), (doc["doc_id"], doc["origin"])))
         if self.cfg.dedup_near and doc["source"] in NEAR_DEDUP_SOURCES:
             # 32-bit values: half the bytes to spill, same estimate
             sig = self.hasher.signature(text, normalized=True).astype("uint32")
             for key in self.hasher.band_keys(sig):
-                yield TaggedOutput(BANDS, (key, (doc["doc_id"], sig)))
+                yield from self._spill(BANDS, (key, (doc["doc_id"], sig)))
+
+    def finish_bundle(self) -> Iterator[Any]:
+        for tag, spill in self.spills.items():
+            for run in spill.finish_bundle():
+                yield run if tag is None else TaggedOutput(tag, run)
+
+    def _spill(self, tag: str | None, record: Any) -> Iterator[Any]:
+        for run in self.spills[tag].process(record):
+            yield run if tag is None else TaggedOutput(tag, run)
 
 
 class CleanDocuments(beam.PTransform):
@@ -378,19 +401,16 @@ class CleanDocuments(beam.PTransform):
 
     def expand(self, pcolls):
         cfg, output, n = self.cfg, self.output, self.num_shards
-        out = pcolls["docs"] | "ApplyFilters" >> beam.ParDo(FilterFn(cfg)).with_outputs(REJECTS, main="docs")
-        prints = out.docs | "Fingerprint" >> beam.ParDo(FingerprintFn(cfg)).with_outputs(EXACT, BANDS)
+        out = pcolls["docs"] | "CleanAndSpill" >> beam.ParDo(CleanFn(cfg, output, n)).with_outputs(
+            REJECTS, EXACT, BANDS, main="docs")
         return {
-            "docs": out.docs | "SpillDocuments" >> beam.ParDo(spill_docs(output, n)),
+            "docs": out.docs,
             "rejects": (
-                (pcolls["rejects"] | "SpillReadRejects" >> beam.ParDo(spill_rejects(output, n)),
-                 out[REJECTS] | "SpillFilterRejects" >> beam.ParDo(spill_rejects(output, n)))
+                (pcolls["rejects"] | "SpillReadRejects" >> beam.ParDo(spill_rejects(output, n)), out[REJECTS])
                 | "AllRejectRuns" >> beam.Flatten()
             ),
-            "exact": prints[EXACT] | "SpillContentKeys" >> beam.ParDo(
-                SpillFn(output, "exact", n, _key_bucket)),
-            "bands": prints[BANDS] | "SpillBands" >> beam.ParDo(
-                SpillFn(output, "bands", n, _key_bucket, _band_key, _band_weight)),
+            "exact": out[EXACT],
+            "bands": out[BANDS],
         }
 
 
@@ -563,17 +583,19 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
 # --------------------------------------------------------------------------- entry points
 
 
-def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int) -> None:
+def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int,
+                   spread: bool = True) -> None:
     """The job's graph: read -> clean (each source alone) -> find duplicates -> write shards ->
-    manifest. Between steps only run file names and small summaries travel."""
+    manifest. Between steps only run file names and small summaries travel. ``spread``: reshuffle
+    the work items over the workers (needless with one worker process)."""
     wiki_files, book_files, text_files = inputs["wikipedia"], inputs["books"], inputs["text"]
     parts = []
     if wiki_files:
-        parts.append(("Wikipedia", p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files)))
+        parts.append(("Wikipedia", p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files, spread)))
     if book_files:
-        parts.append(("Books", p | "ReadBooksFiles" >> ReadBooks(book_files)))
+        parts.append(("Books", p | "ReadBooksFiles" >> ReadBooks(book_files, spread)))
     if text_files:
-        parts.append(("Text", p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg)))
+        parts.append(("Text", p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg, spread)))
     runs = [part | f"Clean{name}" >> CleanDocuments(cfg, output, num_shards) for name, part in parts]
     by_kind = {kind: [r[kind] for r in runs] | f"All{kind.capitalize()}Runs" >> beam.Flatten()
                for kind in ("docs", "rejects", "exact", "bands")}
@@ -586,7 +608,8 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
     summary = (
         (read | "TagRead" >> beam.Map(lambda x: ("read", x)), written)
         | "AllSummaries" >> beam.Flatten()
-        | "Summarize" >> beam.CombineGlobally(SummaryFn())
+        # every shard gives a partial summary, so no default for an empty input is needed
+        | "Summarize" >> beam.CombineGlobally(SummaryFn()).without_defaults()
     )
     _ = (
         p
@@ -622,9 +645,11 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     inputs = {"wikipedia": wiki_files, "books": book_files, "text": text_files}
     if is_local(runner):
         workers = local_workers(workers, wiki_files + book_files + text_files, bytes_per_worker)
+    spread = workers > 1 or not is_local(runner)
 
     try:
-        result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards), workers, runner, beam_args)
+        result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards, spread), workers, runner,
+                              beam_args)
     finally:
         storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
     if counters is not None:

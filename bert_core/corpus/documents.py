@@ -70,7 +70,7 @@ def make_reject(source: str, record_id: str, reason: str, detail: str, duplicate
 def apply_filters(doc: Document, cfg: CorpusConfig) -> Document | Reject:
     """The document with too-short sentences removed, or a reject naming the filter."""
     sentences = [s for s in doc["sentences"] if len(s) >= cfg.min_chars_per_sentence]
-    chars = sum(len(s) for s in sentences)
+    chars = sum(map(len, sentences))
     if not sentences:
         return make_reject(doc["source"], doc["doc_id"], NO_TEXT,
                            f"{doc['title']!r}: no text left after removing markup, lists and tables")
@@ -147,7 +147,7 @@ class ShardWriter:
             self.text.write((lines if self.empty else "\n" + lines).encode("utf-8"))
         self.empty = False
         self.rows.append(doc)
-        self.chars += sum(len(s) for s in doc["sentences"])
+        self.chars += sum(map(len, doc["sentences"]))
         if self.chars >= self.row_group_chars:
             self._write_row_group()
 
@@ -208,7 +208,7 @@ def bin_of(value: int, edges: tuple[int, ...]) -> str:
 
 
 def length_stats(doc: Document) -> dict[str, int]:
-    return {"sentences": len(doc["sentences"]), "chars": sum(len(s) for s in doc["sentences"])}
+    return {"sentences": len(doc["sentences"]), "chars": sum(map(len, doc["sentences"]))}
 
 
 def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list[str]],
