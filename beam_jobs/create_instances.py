@@ -157,11 +157,14 @@ class TokenizeDocuments(beam.DoFn):
     def start_bundle(self) -> None:
         self.buffers: dict[tuple[str, int], list[tuple[str, bytes]]] = {}
         self.sizes: dict[tuple[str, int], int] = {}
+        self.buffered = 0
         self.rejects: list[dict] = []
 
     def process(self, doc: tuple[str, list[str] | None]) -> Iterator[Any]:
         doc_id, sentences = doc
-        sentences = [s for s in sentences or [] if isinstance(s, str)]  # a null sentence is no text
+        sentences = sentences or []
+        if None in sentences:
+            sentences = [s for s in sentences if isinstance(s, str)]  # a null sentence is no text
         marked = self.tokenizer.encode_document_bytes(sentences)
         if len(marked) // 4 == len(sentences):  # nothing but the end marks
             self.rejected.inc()
@@ -176,14 +179,15 @@ class TokenizeDocuments(beam.DoFn):
         pool = pool_of(doc_id, self.seed, self.threshold, self.pools)
         self.buffers.setdefault(pool, []).append((doc_id, marked))
         self.sizes[pool] = self.sizes.get(pool, 0) + len(marked)
-        if sum(self.sizes.values()) >= self.SPILL_BYTES:
+        self.buffered += len(marked)
+        if self.buffered >= self.SPILL_BYTES:
             yield self.spill(max(self.sizes, key=self.sizes.__getitem__))
 
     def spill(self, pool: tuple[str, int]) -> tuple[tuple[str, int], tuple[str, int]]:
         docs = self.buffers.pop(pool)
-        del self.sizes[pool]
+        self.buffered -= self.sizes.pop(pool)
         split, b = pool
-        uri = storage.join(spill_folder(self.output, "documents"), unique_name(f"{split}-{b:05d}", "parquet"))
+        uri = storage.join(spill_folder(self.output, "documents"), unique_name(f"{split}-{b:05d}", "arrow"))
         write_documents(uri, docs)
         return pool, (uri, len(docs))
 
@@ -224,7 +228,7 @@ class CreateInstances(beam.DoFn):
         for spec in cfg.lengths:
             # one name per (length, split, pool): a retry rewrites the same rows
             uri = storage.join(spill_folder(self.output, "instances"),
-                               f"seq{spec.max_seq_length}-{split}-{b:05d}.parquet")
+                               f"seq{spec.max_seq_length}-{split}-{b:05d}.arrow")
             pieces = write_pool_instances(
                 uri, pool, doc_ids, groups, seed=cfg.seed, dupe_factor=dupe_factor,
                 max_seq_length=spec.max_seq_length, max_predictions_per_seq=spec.max_predictions_per_seq,

@@ -9,6 +9,7 @@ import random
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing import test_pipeline
@@ -53,7 +54,7 @@ def test_read_pool_is_from_marked_whatever_the_files(marked_docs, tokenizer, tmp
     random.Random(1).shuffle(shuffled)
     uris = []
     for i, part in enumerate((shuffled[:7], shuffled[7:8], shuffled[8:])):
-        uris.append(str(tmp_path / f"d{i}.parquet"))
+        uris.append(str(tmp_path / f"d{i}.arrow"))
         write_documents(uris[-1], part)
     pool, doc_ids = read_pool(uris[::-1], tokenizer.vocab_size)
     want = DocumentPool.from_marked([m for _, m in marked_docs])
@@ -70,11 +71,12 @@ def test_spilled_pieces_are_the_pieces_of_the_whole_batch(marked_docs, tokenizer
     kwargs = dict(seed=3, dupe_factor=2, max_seq_length=64, max_predictions_per_seq=10, masked_lm_prob=0.15,
                   short_seq_prob=0.1, vocab=vocab)
     whole = create_instance_batch(pool, doc_ids, **kwargs)
-    uri = str(tmp_path / "seq64-train-00000.parquet")
+    uri = str(tmp_path / "seq64-train-00000.arrow")
     pieces = write_pool_instances(uri, pool, doc_ids, 3, window=37, **kwargs)  # many windows
     want = dict(pieces_by_group(whole, 3))
     assert [g for g, _, _ in pieces] == sorted(want) and pieces[-1][2] == len(whole) > 100
-    assert pq.ParquetFile(uri).metadata.num_row_groups == -(-len(whole) // 37)
+    with pa.ipc.open_file(uri) as spill:
+        assert spill.num_record_batches == -(-len(whole) // 37)
     for g, start, stop in pieces:
         rows = InstanceBatch.concat(list(RowRange(uri, start, stop).batches()))
         assert rows.rows() == want[g].rows()
@@ -167,7 +169,8 @@ def test_tokenized_documents_cross_the_shuffle_as_file_names(samples_dir, marked
     by_id = {}
     for (split, b), (uri, n) in files:
         assert uri.startswith(storage.join(output, "_spill", "documents")) and split == TRAIN
-        ids = pq.read_table(uri, columns=["doc_id"]).column(0).to_pylist()
+        with pa.ipc.open_file(uri) as spill:
+            ids = spill.read_all().column("doc_id").to_pylist()
         assert len(ids) == n
         for doc_id in ids:
             assert doc_id not in by_id

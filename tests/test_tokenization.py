@@ -206,3 +206,20 @@ def test_encode_document_is_encode_batch_end_to_end(vocab_file, book_and_news_li
         assert ids.tolist() == [i for w in want for i in w]
         assert lengths.tolist() == [len(w) for w in want]
     assert tok.encode_document(["Hello, world!"])[0].tolist() == [7592, 1010, 2088, 999]
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
+def test_encode_document_on_non_ascii_text_is_encode_batch(vocab_file, wiki_lines, lowercase) -> None:
+    """Printable non-ASCII documents go chunk by chunk (a non-ASCII chunk through the full
+    pipeline alone): the same ids as whole sentences through it, cache misses and hits alike."""
+    tok = Tokenizer.from_vocab_file(str(vocab_file), lowercase=lowercase)
+    printable = [line for line in wiki_lines if line.isprintable()]
+    docs = [printable[i:i + 7] for i in range(0, len(printable), 7)]
+    docs += [["ΟΔΟΣ ΑΣ, ΟΔΟΣ'Α A.Σ", "a \u0301b e\u0301 İstanbul ß ﬁ 中文字", "“Quoted” don’t — dash", "x" * 250 + "é"]]
+    assert len(printable) > 3000
+    for _ in range(2):
+        for sentences in docs:
+            ids, lengths = tok.encode_document(sentences)
+            want = tok.encode_batch(sentences)
+            assert ids.tolist() == [i for w in want for i in w]
+            assert lengths.tolist() == [len(w) for w in want]

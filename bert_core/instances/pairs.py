@@ -198,7 +198,7 @@ def pair_spans(
     max_num_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
     target_seq_length = _target_seq_length(max_num_tokens, short_seq_prob, rng)
     start, end = first[document_index], first[document_index + 1]
-    uniform = rng.random
+    uniform, random_bits = rng.random, rng.getrandbits
 
     # Segments are whole sentences, never an arbitrary split point, which would make the
     # next-sentence task too easy. A chunk is sentences chunk_start..i, where i is the first
@@ -229,7 +229,12 @@ def pair_spans(
         else:
             label = ACTUAL_NEXT
             b0, b1 = a1, off[i + 1]
-        a0, a1, b0, b1 = truncate_spans(a0, a1, b0, b1, max_num_tokens, rng)
+        if a1 - a0 + b1 - b0 > max_num_tokens:  # truncate_spans, inline (it runs for most pairs)
+            removed_a, removed_b = trim_counts(a1 - a0, b1 - b0, max_num_tokens)
+            front_a = bin(random_bits(removed_a)).count("1") if removed_a else 0
+            front_b = bin(random_bits(removed_b)).count("1") if removed_b else 0
+            a0, a1 = a0 + front_a, a1 - (removed_a - front_a)
+            b0, b1 = b0 + front_b, b1 - (removed_b - front_b)
         if a1 <= a0 or b1 <= b0:  # the reference asserts; only an empty sentence gets here
             raise ValueError(
                 f"document {document_index}: empty segment (a={a1 - a0}, b={b1 - b0}); "

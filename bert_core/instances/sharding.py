@@ -96,7 +96,7 @@ def estimated_tokens(shards: Iterable[str]) -> int:
 
 def pool_of(doc_id: str, seed: int, threshold: float, pools: dict[str, int]) -> tuple[str, int]:
     """``(split, pool)`` of a document: a B segment is drawn from the documents of its key."""
-    split = EVAL if is_eval_document(doc_id, seed, threshold) else TRAIN
+    split = EVAL if threshold > 0 and is_eval_document(doc_id, seed, threshold) else TRAIN
     return split, stable_hash("bucket", doc_id) % pools[split]
 
 

@@ -3,17 +3,20 @@ shuffle carries a file's name and size, never the documents or instances themsel
 
     (beam_jobs/create_instances.py writes and reads them; all under OUT/_spill/, removed at the end)
 
-    OUT/_spill/documents/<split>-<pool>-<uuid>.parquet   tokenized documents of one random-next
+    OUT/_spill/documents/<split>-<pool>-<uuid>.arrow     tokenized documents of one random-next
         pool: doc_id, ids (the bytes of a C int array, each sentence's ids followed by an end
         mark: ``Tokenizer.encode_document_bytes``), tokens and sentences (counts, marks and empty
         sentences left out)
-    OUT/_spill/instances/seq<L>-<split>-<pool>.parquet   a pool's instances of one length in the
-        contract's columns, ordered by piece ``key % groups``, then by key
+    OUT/_spill/instances/seq<L>-<split>-<pool>.arrow     a pool's instances of one length in the
+        contract's columns, ordered by piece ``key % groups``, then by key, in record batches of
+        a fixed number of rows (``rows_per_batch`` in the schema's metadata)
     OUT/_spill/rejects/<uuid>.jsonl                      rejected documents, sorted by id
 
 They sit under the job's output URL (fsspec), so workers need not share a disk. Why: a local
 runner keeps what crosses a shuffle in its own process, and Beam elements are charged by the
-element; a file per few megabytes costs neither.
+element; a file per few megabytes costs neither. They are Arrow IPC files, uncompressed: each is
+written once and read once, and Arrow's own layout costs a copy each way, where Parquet's
+encoding and compression cost more CPU than the rest of the job's steps around them.
 
 Memory: building a pool (:func:`read_pool`) holds its tokens (uint16 when the vocab fits) and
 sentence offsets plus one spill file; writing a pool's instances (:func:`write_pool_instances`)
@@ -65,77 +68,91 @@ def rows_per_window(max_seq_length: int, tokens: int = WINDOW_TOKENS) -> int:
 # --------------------------------------------------------------------------- documents
 
 
-def marked_counts(marked: bytes) -> tuple[int, int]:
-    """``(tokens, sentences)`` of a tokenized document: ids that are not end marks, and
-    sentences with at least one of them."""
-    ids = np.frombuffer(marked, dtype=np.intc)
+def marked_counts(docs: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Per tokenized document: ids that are not end marks, and sentences with at least one of
+    them (all documents decoded at once)."""
+    ids = np.frombuffer(b"".join(docs), dtype=np.intc)
+    doc_ends = np.cumsum([len(m) // ids.itemsize for m in docs], dtype=np.int64)
     ends = np.flatnonzero(ids == END_MARK)
-    lengths = np.diff(ends, prepend=-1) - 1
-    return int(len(ids) - len(ends)), int((lengths > 0).sum())
+    kept = (np.diff(ends, prepend=-1) > 1).astype(np.int64)  # a sentence with a token
+    marks_before = np.searchsorted(ends, doc_ends)  # marks (= sentences) up to each document's end
+    n_marks = np.diff(marks_before, prepend=0)
+    tokens = np.diff(doc_ends, prepend=0) - n_marks
+    kept_before = np.concatenate([[0], np.cumsum(kept)])[marks_before]
+    return tokens, np.diff(kept_before, prepend=0)
 
 
 def write_documents(uri: str, docs: Sequence[tuple[str, bytes]]) -> int:
     """Tokenized documents ``(doc_id, marked ids)`` -> one spill file; returns its bytes."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    counts = [marked_counts(m) for _, m in docs]
+    marked = [m for _, m in docs]
+    tokens, sentences = marked_counts(marked)
     table = pa.table({
         "doc_id": pa.array([d for d, _ in docs], pa.string()),
-        "ids": pa.array([m for _, m in docs], pa.large_binary()),
-        "tokens": pa.array([t for t, _ in counts], pa.int64()),
-        "sentences": pa.array([s for _, s in counts], pa.int64()),
+        "ids": pa.array(marked, pa.large_binary()),
+        "tokens": pa.array(tokens, pa.int64()),
+        "sentences": pa.array(sentences, pa.int64()),
     })
-    with storage.open_file(uri, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
-    return int(sum(len(m) for _, m in docs))
+    _write_ipc(uri, table)
+    return int(sum(map(len, marked)))
+
+
+def _write_ipc(uri: str, table: pa.Table) -> None:
+    import pyarrow as pa
+
+    with storage.open_file(uri, "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)
 
 
 def _read_columns(uri: str, columns: list[str]) -> pa.Table:
-    import pyarrow.parquet as pq
+    import pyarrow as pa
 
     with storage.open_file(uri, "rb") as f:
-        return pq.read_table(f, columns=columns)
+        return pa.ipc.open_file(f).read_all().select(columns)
 
 
 def read_pool(uris: Iterable[str], vocab_size: int) -> tuple[DocumentPool, list[str]]:
     """A random-next pool from its spill files: documents sorted by ``doc_id`` (the pool never
     depends on how its documents were gathered), sentences without tokens dropped (as
-    ``DocumentPool.from_marked``). Holds the pool and one file at a time, never two copies."""
+    ``DocumentPool.from_marked``). Holds the pool and one file at a time, never two copies; a
+    file's documents are decoded and placed at once (no Python step per document)."""
+    from bert_core.instances.batch import _ranges
+
     uris = list(uris)
-    index: list[tuple[str, int, int, int, int]] = []  # doc_id, file, row, tokens, sentences
-    for f, uri in enumerate(uris):
+    doc_ids: list[str] = []
+    n_tokens, n_sentences = [], []
+    for uri in uris:
         table = _read_columns(uri, ["doc_id", "tokens", "sentences"])
-        for row, (doc_id, n_tokens, n_sentences) in enumerate(zip(
-                table.column(0).to_pylist(), table.column(1).to_pylist(), table.column(2).to_pylist(),
-                strict=True)):
-            index.append((doc_id, f, row, n_tokens, n_sentences))
-    index.sort()
-    n_tokens = np.array([d[3] for d in index], dtype=np.int64)
-    n_sentences = np.array([d[4] for d in index], dtype=np.int64)
-    token_start = np.concatenate([[0], np.cumsum(n_tokens)])
-    sentence_start = np.concatenate([[0], np.cumsum(n_sentences)])
+        doc_ids += table.column(0).to_pylist()
+        n_tokens.append(table.column(1).to_numpy())
+        n_sentences.append(table.column(2).to_numpy())
+    order = sorted(range(len(doc_ids)), key=doc_ids.__getitem__)
+    rank = np.empty(len(order), dtype=np.int64)  # row (all files end to end) -> place in the pool
+    rank[order] = np.arange(len(order))
+    tokens_of = np.concatenate([np.zeros(0, np.int64), *n_tokens]).astype(np.int64)
+    sentences_of = np.concatenate([np.zeros(0, np.int64), *n_sentences]).astype(np.int64)
+    token_start = np.concatenate([[0], np.cumsum(tokens_of[order])]).astype(np.int64)
+    sentence_start = np.concatenate([[0], np.cumsum(sentences_of[order])]).astype(np.int64)
     tokens = np.empty(int(token_start[-1]), dtype=np.uint16 if vocab_size <= 1 << 16 else np.int32)
     lengths = np.empty(int(sentence_start[-1]), dtype=np.int64)
-    place = {(f, row): d for d, (_, f, row, _, _) in enumerate(index)}
-    for f, uri in enumerate(uris):
-        row = 0
+    row = 0
+    for uri in uris:
         for chunk in _read_columns(uri, ["ids"]).column(0).chunks:
-            # the column's own buffers, one document at a time: no Python bytes per document
+            # the column's own buffers, the whole chunk at once: no Python bytes per document
             ends = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
-            data = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)
-            for i in range(len(chunk)):
-                d = place[(f, row)]
-                ids = data[ends[i]:ends[i + 1]].view(np.intc)
-                is_mark = ids == END_MARK
-                sentence_lengths = np.diff(np.flatnonzero(is_mark), prepend=-1) - 1
-                tokens[token_start[d]:token_start[d + 1]] = ids[~is_mark]
-                lengths[sentence_start[d]:sentence_start[d + 1]] = sentence_lengths[sentence_lengths > 0]
-                row += 1
+            data = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)[ends[0]:ends[-1]]
+            ids = data.view(np.intc)
+            is_mark = ids == END_MARK
+            sentence_lengths = np.diff(np.flatnonzero(is_mark), prepend=-1) - 1
+            rows = slice(row, row + len(chunk))
+            row += len(chunk)
+            tokens[_ranges(token_start[rank[rows]], tokens_of[rows])] = ids[~is_mark]
+            lengths[_ranges(sentence_start[rank[rows]], sentences_of[rows])] = sentence_lengths[sentence_lengths > 0]
     # array('q'): 8 bytes a sentence instead of a list's ~36, and bisect still works on it
     offsets = array("q", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64).tobytes())
     pool = DocumentPool(tokens, offsets, sentence_start.tolist())
-    return pool, [d[0] for d in index]
+    return pool, [doc_ids[i] for i in order]
 
 
 # --------------------------------------------------------------------------- instances
@@ -169,8 +186,8 @@ def write_pool_instances(uri: str, pool: DocumentPool, doc_ids: Sequence[str], g
     -> one spill file, ordered by piece ``key % groups`` then key
     (``bert_core.instances.sharding.pieces_by_group``'s order); returns ``(g, first row, end
     row)`` of every non-empty piece. Pairs are decided first as integers, then assembled and
-    masked ``window`` rows at a time (0: WINDOW_TOKENS worth)."""
-    import pyarrow.parquet as pq
+    masked ``window`` rows at a time (0: WINDOW_TOKENS worth), a record batch each."""
+    import pyarrow as pa
 
     spans, keys = instance_spans(pool, doc_ids, seed=seed, dupe_factor=dupe_factor,
                                  max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
@@ -178,31 +195,31 @@ def write_pool_instances(uri: str, pool: DocumentPool, doc_ids: Sequence[str], g
     order, bounds = piece_bounds(keys, groups)
     spec = MaskingSpec(masked_lm_prob, max_predictions_per_seq, vocab, whole_word_mask)
     window = window or rows_per_window(max_seq_length)
-    with storage.open_file(uri, "wb") as f, pq.ParquetWriter(f, schema(), compression="zstd") as writer:
+    spill_schema = schema().with_metadata({"rows_per_batch": str(window)})
+    with storage.open_file(uri, "wb") as f, pa.ipc.new_file(f, spill_schema) as writer:
         for start in range(0, len(order), window):
             rows = order[start:start + window]
             batch = assemble(pool, spans[rows], keys[rows], vocab)
             if mask:
                 batch = mask_batch(batch, spec)
-            writer.write_table(batch.to_table(), row_group_size=window)
+            writer.write_table(batch.to_table())
     return [(g, int(bounds[g]), int(bounds[g + 1])) for g in range(groups) if bounds[g + 1] > bounds[g]]
 
 
 def read_rows(uri: str, start: int, stop: int) -> Iterator[InstanceBatch]:
-    """Rows ``start:stop`` of an instances spill file, a row group at a time."""
-    import pyarrow.parquet as pq
+    """Rows ``start:stop`` of an instances spill file, a record batch at a time (only the
+    batches that hold them are read)."""
+    import pyarrow as pa
 
     with storage.open_file(uri, "rb") as f:
-        spill = pq.ParquetFile(f)
-        first = 0
-        for i in range(spill.metadata.num_row_groups):
-            n = spill.metadata.row_group(i).num_rows
-            lo, hi = max(start, first), min(stop, first + n)
+        spill = pa.ipc.open_file(f)
+        per_batch = int(spill.schema.metadata[b"rows_per_batch"])
+        for i in range(start // per_batch, min(spill.num_record_batches, -(-stop // per_batch))):
+            first = i * per_batch
+            batch = spill.get_batch(i)
+            lo, hi = max(start, first), min(stop, first + batch.num_rows)
             if lo < hi:
-                yield InstanceBatch.from_table(spill.read_row_group(i).slice(lo - first, hi - lo))
-            first += n
-            if first >= stop:
-                break
+                yield InstanceBatch.from_table(pa.Table.from_batches([batch.slice(lo - first, hi - lo)]))
 
 
 class ShardWriter:

@@ -43,8 +43,11 @@ follow Zipf's law, so nearly every lookup hits; the word dict starts with every 
 entry of the vocab, and chunk values are packed int bytes, so a document is one
 ``b"".join`` (:meth:`Tokenizer.encode_document_bytes`). On the sample corpus: ~3.7M tokens per
 CPU-second with the caches warm, ~1.6M from cold, against ~0.27M for ``tokenizers`` on one
-thread, which had been half the instance job's CPU time. Other lines take the full pipeline. The parity
-tests run both paths (every book/news line is ASCII; the Wikipedia lines are not).
+thread, which had been half the instance job's CPU time. Other lines take the full pipeline,
+except in :meth:`Tokenizer.encode_document_bytes`: a document of printable text goes chunk by
+chunk there too, a non-ASCII chunk through the full pipeline once (printable text has no other
+whitespace than the space, and no normalization step looks across one). The parity tests run
+every path (every book/news line is ASCII; the Wikipedia lines are not).
 
 Offsets (:meth:`Tokenizer.encode_with_offsets`) are character offsets into the original text,
 through all of the normalization above (for SQuAD answer spans).
@@ -56,7 +59,6 @@ import json
 import re
 from array import array
 from collections.abc import Iterable, Sequence
-from itertools import chain
 from typing import Any
 
 from bert_core import storage
@@ -90,19 +92,20 @@ CHUNK_CACHE_SIZE = 1 << 17  # chunks remembered: a chunk costs more than a word,
 
 
 class _WordPieceCache(dict):
-    """word -> its WordPiece ids; a miss runs the ``tokenizers`` WordPiece model on the word (the
-    same model the full pipeline ends in, so unknown words, ``##`` pieces and
-    ``max_input_chars_per_word`` behave the same). Stops growing at WORD_CACHE_SIZE."""
+    """word -> its WordPiece ids as the bytes of a C int array; a miss runs the ``tokenizers``
+    WordPiece model on the word (the same model the full pipeline ends in, so unknown words,
+    ``##`` pieces and ``max_input_chars_per_word`` behave the same). Stops growing at
+    WORD_CACHE_SIZE."""
 
     def __init__(self, model: Any, limit: int = WORD_CACHE_SIZE) -> None:
         super().__init__()
         self._tokenize, self._limit = model.tokenize, limit
 
-    def __missing__(self, word: str) -> list[int]:
-        ids = [t.id for t in self._tokenize(word)]
+    def __missing__(self, word: str) -> bytes:
+        packed = array("i", [t.id for t in self._tokenize(word)]).tobytes()
         if len(self) < self._limit:
-            self[word] = ids
-        return ids
+            self[word] = packed
+        return packed
 
 
 class _ChunkCache(dict):
@@ -118,10 +121,33 @@ class _ChunkCache(dict):
 
     def __missing__(self, chunk: str) -> bytes:
         if chunk.isalnum():  # one word (ASCII letters and digits): no punctuation to split at
-            ids = self._word_ids(chunk)
+            packed = self._word_ids(chunk)
         else:
-            ids = list(chain.from_iterable(map(self._word_ids, _ASCII_WORDS.findall(chunk))))
-        packed = array("i", ids).tobytes()
+            packed = b"".join(map(self._word_ids, _ASCII_WORDS.findall(chunk)))
+        if len(self) < self._limit:
+            self[chunk] = packed
+        return packed
+
+
+class _PrintableChunkCache(dict):
+    """Space-delimited chunk of printable text, as written (not lowercased) -> its ids as the
+    bytes of a C int array. An ASCII chunk goes to the ASCII chunk cache (lowercased when
+    uncased); any other runs the full ``tokenizers`` pipeline on the chunk alone, which gives the
+    ids it has inside its sentence: in printable text the only whitespace is the space, and no
+    step of BERT's normalization (NFC, accents, case, CJK spacing, the Final_Sigma rule) looks
+    across a space. Stops growing at CHUNK_CACHE_SIZE."""
+
+    def __init__(self, ascii_chunks: _ChunkCache, backend: Any, lowercase: bool,
+                 limit: int = CHUNK_CACHE_SIZE) -> None:
+        super().__init__()
+        self._ascii_ids, self._encode, self._lowercase = ascii_chunks.__getitem__, backend.encode, lowercase
+        self._limit = limit
+
+    def __missing__(self, chunk: str) -> bytes:
+        if chunk.isascii():
+            packed = self._ascii_ids(chunk.lower() if self._lowercase else chunk)
+        else:
+            packed = array("i", self._encode(chunk, add_special_tokens=False).ids).tobytes()
         if len(self) < self._limit:
             self[chunk] = packed
         return packed
@@ -223,9 +249,11 @@ class Tokenizer:
         for token, token_id in self.vocab.items():
             if token.isascii() and token.isalnum() and len(token) <= limit and (
                     not self.lowercase or token == token.lower()):
-                words[token] = [token_id]
+                words[token] = array("i", [token_id]).tobytes()
         self._chunks = _ChunkCache(words)
         self._chunks["\x00"] = array("i", [SENTENCE_END]).tobytes()  # see encode_document; never real text
+        self._printable_chunks = _PrintableChunkCache(self._chunks, self._backend, self.lowercase)
+        self._printable_chunks["\x00"] = self._chunks["\x00"]
 
     # ------------------------------------------------------------------ construction
 
@@ -338,15 +366,19 @@ class Tokenizer:
         SENTENCE_END (-1). What the instance job carries (one bytes value per document; the
         marks are stripped for a whole pool at once, see ``DocumentPool.from_marked``).
 
-        A document of printable ASCII sentences (the common case) is one join, one ``lower``,
-        one ``split`` and one ``b"".join`` over the chunk cache, with a NUL chunk (which
-        printable text cannot contain) marking each sentence's end; anything else goes sentence
-        by sentence.
+        A document of printable sentences (the common case) is one join, one ``split`` and one
+        ``b"".join`` over a chunk cache, with a NUL chunk (which printable text cannot contain)
+        marking each sentence's end: the ASCII chunk cache after one ``lower`` when the document
+        is ASCII, else the printable chunk cache (:class:`_PrintableChunkCache`, whose misses on
+        non-ASCII chunks run the full pipeline on the chunk). Anything else goes sentence by
+        sentence.
         """
-        if all(map(str.isascii, sentences)) and all(map(str.isprintable, sentences)):
+        if all(map(str.isprintable, sentences)):
             if not sentences:
                 return b""
             text = " \x00 ".join(sentences) + " \x00"
+            if not text.isascii():
+                return b"".join(map(self._printable_chunks.__getitem__, text.split()))
             if self.lowercase:
                 text = text.lower()
             return b"".join(map(self._chunks.__getitem__, text.split()))
