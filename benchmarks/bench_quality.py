@@ -9,7 +9,9 @@ sample MiniLM (arm C) as the strong reference.
 - **Data**: every sample sentiment sentence (``samples/tasks/sentiment``, read by the product's
   ``read_sentiment``, neutral ratings rejected as there), split once by ``--split-seed`` into
   train / dev / test. The test split is scored only with the chosen setting's final seeds; the
-  recipe search never looks at it.
+  recipe search never looks at it. The pre-training text is the demo preset's corpus
+  (:data:`CORPUS_INPUTS`: the Wikipedia excerpt, the novel, the plays and the sample tweets, text
+  only); a run stops if any dev or test sentence is in it.
 - **Recipes** (:data:`RECIPES`): what pre-training is made of, as the product's own settings:
   the instances stage (sequence length, next-sentence pairs or packed sentences, static or dynamic
   masking, whole-word masking) and the model and optimizer. ``--search`` pre-trains every recipe
@@ -40,6 +42,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -104,6 +107,10 @@ RECIPES: dict[str, Recipe] = {
     "mlm-only-seq64-lr3e-3": Recipe("as mlm-only-seq64 with a 3x higher peak rate and pre-LN",
                                     seq=64, next_sentence_prediction=False, global_batch=64, learning_rate=3e-3,
                                     model={"size": "tiny", "pre_layer_norm": True}),
+    "mlm-only-seq64-lr3e-3-dynamic": Recipe("as mlm-only-seq64-lr3e-3 with masks drawn anew each epoch",
+                                            seq=64, next_sentence_prediction=False, global_batch=64,
+                                            learning_rate=3e-3, masking="dynamic",
+                                            model={"size": "tiny", "pre_layer_norm": True}),
     "mlm-only-seq64-dynamic": Recipe("as mlm-only-seq64 with masks drawn anew each epoch",
                                      seq=64, next_sentence_prediction=False, global_batch=64, masking="dynamic"),
     "mlm-only-seq64-wwm": Recipe("as mlm-only-seq64 with whole-word masking",
@@ -111,7 +118,7 @@ RECIPES: dict[str, Recipe] = {
     "mlm-only-seq64-wide": Recipe("as mlm-only-seq64 with hidden 256 (2 layers, 4 heads)",
                                   seq=64, next_sentence_prediction=False, global_batch=64, model=TINY_WIDE),
 }
-CHOSEN = "mlm-only-seq64-lr3e-3"
+CHOSEN = "mlm-only-seq64-lr3e-3-dynamic"
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -201,16 +208,46 @@ def bertpipe(args: list[str], log: Path) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+CORPUS_INPUTS = (("--wikipedia", "wikipedia/*.xml.bz2"), ("--books", "books/*.txt"), ("--books", "plays/*.md"),
+                 ("--text", "text/*.jsonl"))  # the demo preset's corpus
+
+
 def corpus_and_vocab(sample_dir: Path, work: Path) -> tuple[Path, Path]:
-    """The corpus and vocab stages on the samples with the demo preset, built once."""
+    """The corpus and vocab stages on the samples with the demo preset, built once per set of inputs
+    (a change of inputs removes the corpus and everything built from it)."""
     corpus, vocab = work / "corpus", work / "vocab"
+    args = [a for flag, pattern in CORPUS_INPUTS for a in (flag, str(sample_dir / pattern))]
+    stamp = work / "corpus-inputs.json"
+    if stamp.exists() and json.loads(stamp.read_text()) != [list(i) for i in CORPUS_INPUTS]:
+        for built in [corpus, vocab, *work.glob("instances-*")]:
+            shutil.rmtree(built, ignore_errors=True)
     if not (corpus / "_MANIFEST.json").exists():
-        bertpipe(["corpus", "--wikipedia", str(sample_dir / "wikipedia" / "*.xml.bz2"),
-                  "--books", str(sample_dir / "books" / "*.txt"), "--books", str(sample_dir / "plays" / "*.md"),
-                  "--output", str(corpus)], work / "corpus.log")
+        bertpipe(["corpus", *args, "--output", str(corpus)], work / "corpus.log")
+        stamp.write_text(json.dumps(CORPUS_INPUTS))
     if not (vocab / "_MANIFEST.json").exists():
         bertpipe(["vocab", "--corpus", str(corpus), "--output", str(vocab)], work / "vocab.log")
     return corpus, vocab
+
+
+def normalized(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def held_out_in_corpus(split: dict[str, list], corpus: Path) -> int:
+    """Dev and test examples whose text (of 4 words or more) or longest sentence (of 8 or more) is a
+    sentence of the pre-training corpus: text the arms are scored on must not be pre-trained on.
+    Shorter ones ("perfect.", "i love it!") are common phrases, not copies."""
+    import pyarrow.parquet as pq
+
+    seen = {normalized(s) for f in sorted(corpus.glob("docs-*.parquet"))
+            for doc in pq.read_table(f, columns=["sentences"]).column("sentences").to_pylist() for s in doc}
+    found = 0
+    for example in split["dev"] + split["test"]:
+        longest = normalized(max(re.split(r"(?<=[.!?])\s+", example.text_a), key=len))
+        whole = normalized(example.text_a)
+        keys = {k for k, words in ((whole, 4), (longest, 8)) if len(k.split()) >= words}
+        found += bool(keys & seen)
+    return found
 
 
 def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path:
@@ -344,7 +381,7 @@ def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float
 # --------------------------------------------------------------------------- main
 
 
-SAME_RUN = ("recipe", "lrs", "epochs", "select_seeds", "seeds", "dev_size", "test_size", "split_seed",
+SAME_RUN = ("recipe", "corpus_inputs", "lrs", "epochs", "select_seeds", "seeds", "dev_size", "test_size", "split_seed",
             "batch_size", "max_seq_length")
 SAME_REFERENCE = ("reference_lrs", "reference_epochs", "select_seeds", "seeds", "dev_size", "test_size",
                   "split_seed", "batch_size", "max_seq_length")
@@ -444,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sentiment: {len(split['train'])} train / {len(split['dev'])} dev / {len(split['test'])} test "
           f"(test majority class {100 * max(positive, 1 - positive):.1f})", flush=True)
     corpus, vocab = corpus_and_vocab(sample_dir, work)
+    leaked = held_out_in_corpus(split, corpus)
+    print(f"pre-training corpus: {', '.join(p for _, p in CORPUS_INPUTS)}; dev/test sentences in it: {leaked}",
+          flush=True)
+    if leaked:
+        raise SystemExit(f"{leaked} dev/test sentences are in the pre-training corpus; the arms would not be fair")
+    args.corpus_inputs = [p for _, p in CORPUS_INPUTS]
     with ProcessPoolExecutor(args.jobs) as pool:
         if args.search:
             return search(args, split, corpus, vocab, work, pool)

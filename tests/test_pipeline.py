@@ -44,7 +44,7 @@ def test_version_folders_are_pinned():
 
     root = "memory://pin"  # part of every identity, so part of the pinned names
     storage.write_text(f"{root}/raw/books/a.txt", "One sentence here. Another one there.\n")
-    cfg = load_config("demo", sets=[f"storage_root={root}", "corpus.wikipedia=[]",
+    cfg = load_config("demo", sets=[f"storage_root={root}", "corpus.wikipedia=[]", "corpus.text=[]",
                                     f"corpus.books=[{root}/raw/books/*.txt]"])
 
     def finished(folder: str, stage: str) -> str:
@@ -64,9 +64,9 @@ def test_version_folders_are_pinned():
     checkpoint = versions.checkpoint_identity(storage.join(run, "hf"))
     finetune = {t: versions.finetune_version(cfg, t, checkpoint) for t in ("sentiment", "squad", "ner")}
     assert [corpus, vocab, instances] == [f"{root}/corpus/43c8ea87d3aa", f"{root}/vocab/cdda87d05cf4",
-                                          f"{root}/instances/0c817ca76e27"]
-    assert version == "8a48d056956c"
-    assert finetune == {"sentiment": "7432c05604b8", "squad": "9b0ee8a258db", "ner": "6365aab55230"}
+                                          f"{root}/instances/b999c24aeb8c"]
+    assert version == "9a6e3f30a8e9"
+    assert finetune == {"sentiment": "71795a0830f0", "squad": "44f8733dc40d", "ner": "21699c0eb60e"}
     # fine-tuning folders are named for a reader; the version is in their manifest
     assert versions.finetune_folder(cfg, "minilm") == f"{root}/finetune/minilm"
 
@@ -109,7 +109,7 @@ def test_a_folder_of_another_version_is_redone_not_reused(tmp_path):
 def pipeline_config(samples: Path, root: Path):
     return load_config("demo", sets=[
         f"storage_root={root}",
-        "corpus.wikipedia=[]",
+        "corpus.wikipedia=[]", "corpus.text=[]",
         f"corpus.books=[{samples}/books/botchan.txt]",
         "vocab.vocab_size=1000",
         "instances.dupe_factor=1",

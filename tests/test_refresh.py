@@ -54,7 +54,7 @@ def test_refresh_takes_the_newest_finished_dump_and_cleans_it(site, samples_dir,
     newest, finished, *_ = candidate_dates(dt.datetime.now(dt.timezone.utc).date())
     _publish(site.root, dump, newest, "in-progress")  # still being written: skipped
     name = _publish(site.root, dump, finished, "done")
-    cfg = load_config("demo", sets=[f"storage_root={tmp_path / 'data'}", "corpus.books=[]", "workers=1"])
+    cfg = load_config("demo", sets=[f"storage_root={tmp_path / 'data'}", "corpus.books=[]", "corpus.text=[]", "workers=1"])
     with prefect_test_harness(server_startup_timeout=120):
         corpus = refresh_corpus(cfg, lang="en", base_url=site.url)
         raw = storage.join(str(tmp_path / "data"), "raw", "wikipedia", f"enwiki-{finished}")

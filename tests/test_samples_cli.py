@@ -62,3 +62,23 @@ def test_cli_help_and_config_show():
     assert out.returncode == 0 and "hidden_size: 768" in out.stdout
     out = bertpipe("config", "show", "--preset", "demo", "--set", "pretrain.phases.0.global_batch_size=33")
     assert out.returncode == 2 and "global_batch_size=33" in out.stderr
+
+
+def test_tweets_text_is_the_csv_text_without_labels_or_links(samples_dir):
+    """text/tweets.jsonl: every tweet of the CSV long enough once links are removed, in order,
+    TWEETS_PER_RECORD a record, one paragraph each; no sentiment label reaches the corpus."""
+    import csv
+    import json
+    import re
+
+    with (samples_dir / samples.TWEETS_CSV).open(encoding="utf-8", errors="replace", newline="") as f:
+        rows = list(csv.DictReader(f))
+    records = [json.loads(line) for line in (samples_dir / samples.TWEETS_TEXT).read_text().splitlines()]
+    tweets = [t for r in records for t in r["text"].split("\n\n")]
+    expected = [" ".join(re.sub(r"https?://\S+", " ", r["text"]).split()) for r in rows]
+    assert tweets == [t for t in expected if len(t) >= samples.MIN_TWEET_CHARS]
+    assert len(rows) == 38158 and 37000 < len(tweets) < len(rows)
+    assert not any("http://" in t or "https://" in t for t in tweets)
+    assert {len(r["text"].split("\n\n")) for r in records[:-1]} == {samples.TWEETS_PER_RECORD}
+    assert {tuple(sorted(r)) for r in records} == {("id", "text")}
+    assert len({r["id"] for r in records}) == len(records)
