@@ -175,7 +175,7 @@ def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(corpus, vocab_
         "workers=1", "instances.dupe_factor=3", "instances.num_shards=3", "instances.seed=7",
         "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10},"
         " {max_seq_length: 128, max_predictions_per_seq: 20}]",
-        "instances.next_sentence_prediction=true",
+        "instances.next_sentence_prediction=true", "instances.masking=static",
         "pretrain.phases=[{max_seq_length: 128, micro_batch_size: 16, global_batch_size: 32}]"])
     assert config.instances == CONFIG
     with prefect_test_harness(server_startup_timeout=120):
@@ -208,7 +208,7 @@ def test_run_takes_the_shared_job_options_and_passes_the_rest_to_beam(corpus, vo
     sets = ["instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10},"
             " {max_seq_length: 128, max_predictions_per_seq: 20}]",
             "instances.dupe_factor=3", "instances.num_shards=3", "instances.seed=7",
-            "instances.next_sentence_prediction=true",
+            "instances.next_sentence_prediction=true", "instances.masking=static",
             "pretrain.phases=[{max_seq_length: 128, micro_batch_size: 16, global_batch_size: 32}]"]
     argv = ["--corpus", corpus, "--vocab", vocab_file, "--output", out, "--preset", "demo", "--workers", "1"]
     for s in sets:
