@@ -10,7 +10,7 @@ sample MiniLM (arm C) as the strong reference.
   ``read_sentiment``, neutral ratings rejected as there), split once by ``--split-seed`` into
   train / dev / test. The test split is scored only with the chosen setting's final seeds; the
   recipe search never looks at it. The pre-training text is the demo preset's corpus
-  (:data:`CORPUS_INPUTS`: the Wikipedia excerpt, the novel, the plays and the sample tweets, text
+  (:func:`corpus_inputs`: the Wikipedia excerpt, the novel, the plays and the sample tweets, text
   only); a run stops if any dev or test sentence is in it.
 - **Recipes** (:data:`RECIPES`): what pre-training is made of, as the product's own settings:
   the instances stage (sequence length, next-sentence pairs or packed sentences, static or dynamic
@@ -208,22 +208,29 @@ def bertpipe(args: list[str], log: Path) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-CORPUS_INPUTS = (("--wikipedia", "wikipedia/*.xml.bz2"), ("--books", "books/*.txt"), ("--books", "plays/*.md"),
-                 ("--text", "text/*.jsonl"))  # the demo preset's corpus
+def corpus_inputs(sample_dir: Path | None = None) -> list[tuple[str, str]]:
+    """The demo preset's corpus as ``bertpipe corpus`` options: (flag, glob) pairs, the globs as the
+    preset names them, or under ``sample_dir`` when given."""
+    from bert_core.config import load_config
+    from flows.demo import demo_config
+
+    cfg = (demo_config(str(sample_dir), []) if sample_dir else load_config("demo")).corpus
+    return [(flag, p) for flag, globs in (("--wikipedia", cfg.wikipedia), ("--books", cfg.books),
+                                          ("--text", cfg.text)) for p in globs]
 
 
 def corpus_and_vocab(sample_dir: Path, work: Path) -> tuple[Path, Path]:
     """The corpus and vocab stages on the samples with the demo preset, built once per set of inputs
     (a change of inputs removes the corpus and everything built from it)."""
     corpus, vocab = work / "corpus", work / "vocab"
-    args = [a for flag, pattern in CORPUS_INPUTS for a in (flag, str(sample_dir / pattern))]
+    inputs = corpus_inputs(sample_dir)
     stamp = work / "corpus-inputs.json"
-    if stamp.exists() and json.loads(stamp.read_text()) != [list(i) for i in CORPUS_INPUTS]:
+    if stamp.exists() and json.loads(stamp.read_text()) != [list(i) for i in inputs]:
         for built in [corpus, vocab, *work.glob("instances-*")]:
             shutil.rmtree(built, ignore_errors=True)
     if not (corpus / "_MANIFEST.json").exists():
-        bertpipe(["corpus", *args, "--output", str(corpus)], work / "corpus.log")
-        stamp.write_text(json.dumps(CORPUS_INPUTS))
+        bertpipe(["corpus", *(a for i in inputs for a in i), "--output", str(corpus)], work / "corpus.log")
+        stamp.write_text(json.dumps(inputs))
     if not (vocab / "_MANIFEST.json").exists():
         bertpipe(["vocab", "--corpus", str(corpus), "--output", str(vocab)], work / "vocab.log")
     return corpus, vocab
@@ -482,11 +489,11 @@ def main(argv: list[str] | None = None) -> int:
           f"(test majority class {100 * max(positive, 1 - positive):.1f})", flush=True)
     corpus, vocab = corpus_and_vocab(sample_dir, work)
     leaked = held_out_in_corpus(split, corpus)
-    print(f"pre-training corpus: {', '.join(p for _, p in CORPUS_INPUTS)}; dev/test sentences in it: {leaked}",
+    args.corpus_inputs = [p for _, p in corpus_inputs()]
+    print(f"pre-training corpus: {', '.join(args.corpus_inputs)}; dev/test sentences in it: {leaked}",
           flush=True)
     if leaked:
         raise SystemExit(f"{leaked} dev/test sentences are in the pre-training corpus; the arms would not be fair")
-    args.corpus_inputs = [p for _, p in CORPUS_INPUTS]
     with ProcessPoolExecutor(args.jobs) as pool:
         if args.search:
             return search(args, split, corpus, vocab, work, pool)
