@@ -65,6 +65,9 @@ RESULTS = ROOT / "bench-results"
 # --------------------------------------------------------------------------- recipes
 
 
+PRETRAIN_SEED = 42  # the product's default; run k of an arm pre-trains (or initialises) with seed 42 + k
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How a small BERT is pre-trained: product settings of the instances stage and of pre-training."""
@@ -87,13 +90,13 @@ class Recipe:
                 f"instances.whole_word_mask={str(self.whole_word_mask).lower()}",
                 f"pretrain.phases=[{json.dumps({'max_seq_length': self.seq})}]"]
 
-    def pretrain_sets(self, steps: int, ranks: int) -> list[str]:
+    def pretrain_sets(self, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> list[str]:
         phase = {"max_seq_length": self.seq, "max_steps": steps, "global_batch_size": self.global_batch,
                  "micro_batch_size": self.global_batch // ranks, "learning_rate": self.learning_rate,
                  "warmup_steps": max(1, round(steps * self.warmup_fraction))}
         return [self.instance_sets()[0], f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.procs_per_node={ranks}",
                 f"pretrain.checkpoint_every={steps}", f"pretrain.log_every={max(1, min(50, steps // 10))}",
-                "pretrain.eval_every=0", *(f"model.{k}={v}" for k, v in self.model.items())]
+                "pretrain.eval_every=0", f"pretrain.seed={seed}", *(f"model.{k}={v}" for k, v in self.model.items())]
 
 
 TINY_WIDE = {"size": "custom", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -225,7 +228,7 @@ def corpus_and_vocab(sample_dir: Path, work: Path) -> tuple[Path, Path]:
     corpus, vocab = work / "corpus", work / "vocab"
     inputs = corpus_inputs(sample_dir)
     stamp = work / "corpus-inputs.json"
-    if stamp.exists() and json.loads(stamp.read_text()) != [list(i) for i in inputs]:
+    if not stamp.exists() or json.loads(stamp.read_text()) != [list(i) for i in inputs]:
         for built in [corpus, vocab, *work.glob("instances-*")]:
             shutil.rmtree(built, ignore_errors=True)
     if not (corpus / "_MANIFEST.json").exists():
@@ -281,11 +284,11 @@ def read_rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
 
 
-def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int) -> dict:
+def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> dict:
     """``bertpipe pretrain`` with the recipe's settings for ``steps``: CPU seconds, rows, final eval."""
     shutil.rmtree(run, ignore_errors=True)
     cmd = ["pretrain", "--instances", str(instances), "--output", str(run)]
-    for s in recipe.pretrain_sets(steps, ranks):
+    for s in recipe.pretrain_sets(steps, ranks, seed):
         cmd += ["--set", s]
     started = time.perf_counter()
     cpu = bertpipe(cmd, run.parent / f"{run.name}.log")
@@ -308,8 +311,9 @@ def calibrate(recipe: Recipe, instances: Path, work: Path, name: str, steps: int
     return per_step
 
 
-def random_init(recipe: Recipe, instances: Path, folder: Path) -> Path:
-    """Arm B: the model config pre-training would build, seeded random weights, the same vocab."""
+def random_init(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETRAIN_SEED) -> Path:
+    """Arm B: the model config pre-training would build, random weights drawn from ``seed`` as
+    pre-training draws its initial weights, the same vocab."""
     import torch
 
     from bert_core.config import load_config
@@ -318,7 +322,7 @@ def random_init(recipe: Recipe, instances: Path, folder: Path) -> Path:
     from bert_core.pretrain.data import read_vocab, vocab_file_of
     from bert_core.pretrain.loop import model_config
 
-    cfg = load_config("demo", None, recipe.pretrain_sets(1, 1))
+    cfg = load_config("demo", None, recipe.pretrain_sets(1, 1, seed))
     vocab_file = vocab_file_of(str(instances))
     torch.manual_seed(cfg.pretrain.seed)
     model = BertForPreTraining(model_config(cfg, len(read_vocab(vocab_file))))
@@ -349,40 +353,78 @@ def finetune(checkpoint: str, data: dict[str, list], split: str, lr: float, epoc
     return 100 * glue_metrics("sentiment", [f["label"] for f in data[split]], pred)["accuracy"]
 
 
-def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float], epochs: list[float],
-            args: argparse.Namespace, pool: ProcessPoolExecutor, final: bool = True) -> dict:
-    """Grid on dev (mean over the selection seeds), then the final seeds at the best setting on test."""
+def encoded(checkpoint: Path, split: dict[str, list], max_seq_length: int) -> tuple[dict[str, list], int]:
+    """Every part of the split in the checkpoint's vocab, and its padding id."""
     from bert_core.vocab.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(str(checkpoint))
-    data = {k: encode(tokenizer, v, args.max_seq_length) for k, v in split.items()}
-    common = (args.batch_size, args.max_seq_length, tokenizer.pad_id)
+    return {k: encode(tokenizer, v, max_seq_length) for k, v in split.items()}, tokenizer.pad_id
+
+
+def select_setting(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float], epochs: list[float],
+                   args: argparse.Namespace, pool: ProcessPoolExecutor, scored: bool = False) -> dict:
+    """The grid on dev, each point the mean over the selection seeds; the best point is ``selected``.
+    A grid of one point is scored only when ``scored``: otherwise there is nothing to choose."""
+    data, pad_id = encoded(checkpoint, split, args.max_seq_length)
     dev_data = {"train": data["train"], "dev": data["dev"]}
-    started = time.perf_counter()
     grid_points = list(product(lrs, epochs))
-    select_seeds = args.select_seeds if len(grid_points) > 1 or not final else 0  # one point: nothing to choose
-    futures = {(lr, ep): [pool.submit(finetune, str(checkpoint), dev_data, "dev", lr, ep, seed, *common)
+    select_seeds = args.select_seeds if len(grid_points) > 1 or scored else 0
+    futures = {(lr, ep): [pool.submit(finetune, str(checkpoint), dev_data, "dev", lr, ep, seed, args.batch_size,
+                                      args.max_seq_length, pad_id)
                           for seed in range(1, select_seeds + 1)] for lr, ep in grid_points}
     grid = {s: [f.result() for f in fs] for s, fs in futures.items()}
     for (lr, ep), scores in filter(lambda item: item[1], grid.items()):
         print(f"  {name}: lr {lr:g} x {ep:g} epochs -> dev {statistics.fmean(scores):.1f}", flush=True)
     lr, ep = best_setting({s: statistics.fmean(v) if v else 0.0 for s, v in grid.items()})
-    entry = {"arm": name, "checkpoint": str(checkpoint),
-             "grid": [{"learning_rate": s[0], "epochs": s[1], "dev_scores": v,
-                       "dev_mean": statistics.fmean(v) if v else None}
-                      for s, v in grid.items()],
-             "selected": {"learning_rate": lr, "epochs": ep},
-             "dev_mean": statistics.fmean(grid[(lr, ep)]) if grid[(lr, ep)] else None}
+    return {"grid": [{"learning_rate": s[0], "epochs": s[1], "dev_scores": v,
+                      "dev_mean": statistics.fmean(v) if v else None} for s, v in grid.items()],
+            "selected": {"learning_rate": lr, "epochs": ep},
+            "dev_mean": statistics.fmean(grid[(lr, ep)]) if grid[(lr, ep)] else None}
+
+
+def test_scores(checkpoint: Path, split: dict[str, list], selected: dict, args: argparse.Namespace,
+                pool: ProcessPoolExecutor) -> list[float]:
+    """Test accuracy of ``--seeds`` fresh fine-tuning seeds at the selected setting."""
+    data, pad_id = encoded(checkpoint, split, args.max_seq_length)
+    test_data = {"train": data["train"], "test": data["test"]}
+    jobs = [(str(checkpoint), test_data, "test", selected["learning_rate"], selected["epochs"], 1000 + seed,
+             args.batch_size, args.max_seq_length, pad_id) for seed in range(1, args.seeds + 1)]
+    return list(pool.map(finetune, *zip(*jobs, strict=True)))
+
+
+def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float], epochs: list[float],
+            args: argparse.Namespace, pool: ProcessPoolExecutor, final: bool = True) -> dict:
+    """Grid on dev (mean over the selection seeds), then the final seeds at the best setting on test."""
+    started = time.perf_counter()
+    entry = {"arm": name, "checkpoint": str(checkpoint)} | select_setting(name, checkpoint, split, lrs, epochs,
+                                                                            args, pool, scored=not final)
     if final:
-        test_data = {"train": data["train"], "test": data["test"]}
-        scores = list(pool.map(finetune, *zip(*[(str(checkpoint), test_data, "test", lr, ep, 1000 + seed, *common)
-                                               for seed in range(1, args.seeds + 1)], strict=True)))
+        scores = test_scores(checkpoint, split, entry["selected"], args, pool)
         entry["test_scores"] = scores
         entry["mean"], entry["sd"] = mean_sd(scores)
-        print(f"  {name}: chose lr {lr:g} x {ep:g} epochs; test {entry['mean']:.1f} ± {entry['sd']:.1f} "
-              f"over {len(scores)} seeds", flush=True)
+        print(f"  {name}: chose lr {entry['selected']['learning_rate']:g} x {entry['selected']['epochs']:g} epochs; "
+              f"test {entry['mean']:.1f} ± {entry['sd']:.1f} over {len(scores)} seeds", flush=True)
     entry["finetune_minutes"] = (time.perf_counter() - started) / 60
     return entry
+
+
+def runs_of(arm: dict) -> list[dict]:
+    """The pre-training runs of an arm (one per seed); an arm written before runs were recorded
+    is one run with the default seed."""
+    if "runs" in arm:
+        return arm["runs"]
+    return [{"seed": PRETRAIN_SEED, "checkpoint": arm.get("checkpoint"), "pretrain": arm.get("pretrain"),
+             "eval_mlm": arm.get("eval_mlm"), "test_scores": arm["test_scores"], "mean": arm["mean"]}]
+
+
+def gain_interval(arm: dict, base: dict) -> dict:
+    """The arm's gain over ``base`` with its 95% Welch interval. With two or more pre-training runs in
+    both arms the unit is the run (its mean over the fine-tuning seeds), so the interval carries the
+    spread between pre-training runs; with one run it can only be over fine-tuning seeds."""
+    a, b = runs_of(arm), runs_of(base)
+    if len(a) > 1 and len(b) > 1:
+        return welch_interval([r["mean"] for r in a], [r["mean"] for r in b]) | {"over": f"{len(a)} vs {len(b)} runs"}
+    return welch_interval(arm["test_scores"], base["test_scores"]) | {"over": "fine-tuning seeds of one run"}
 
 
 # --------------------------------------------------------------------------- main
@@ -464,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-epochs", type=floats, default=[1])
     parser.add_argument("--select-seeds", type=int, default=2, help="seeds per grid point, scored on dev")
     parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen setting, scored on test")
+    parser.add_argument("--pretrain-seeds", type=int, default=3,
+                        help="pre-training runs per budget (random inits for arm B), seeds 42, 43, ...")
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
     parser.add_argument("--dev-size", type=int, default=1000)
     parser.add_argument("--test-size", type=int, default=1500)
@@ -501,33 +545,53 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recipe {args.recipe}: {recipe.about}", flush=True)
         instances = instances_for(recipe, corpus, vocab, work)
         budgets = sorted(set(args.budgets) | {0.0})
-        per_step = calibrate(recipe, instances, work, args.recipe, args.calibration_steps, args.ranks) \
-            if any(budgets) else math.nan
+        per_step = math.nan
         arms = []
         earlier = reusable_arms(args) if args.reuse else {}
         for budget in budgets:
             print(f"\n== budget {budget:g} CPU-minutes", flush=True)
-            if budget in earlier:
-                print(f"  {earlier[budget]['arm']}: reused from the last run, test {earlier[budget]['mean']:.1f}",
-                      flush=True)
-                arms.append(earlier[budget])
-                continue
-            entry: dict = {"budget_cpu_minutes": budget}
-            if budget == 0:
-                checkpoint = random_init(recipe, instances, work / "random-init")
-                entry["eval_mlm"] = None
-            else:
-                steps = steps_in_budget(budget, per_step)
-                run = work / f"pretrain-{args.recipe}-{budget:g}"
-                done = pretrain(recipe, instances, run, steps, args.ranks)
-                checkpoint = run / "hf"
-                entry["pretrain"] = {k: v for k, v in done.items() if k not in ("rows", "eval")}
-                entry["eval_mlm"] = done["eval"]
-                print(f"  {steps} steps, {done['train_cpu_minutes']:.1f} CPU-min of steps "
-                      f"({done['cpu_minutes']:.1f} with start-up, eval and export); "
-                      f"eval MLM accuracy {done['eval']['mlm_acc']:.3f}", flush=True)
             name = "B (random init)" if budget == 0 else f"A ({budget:g} CPU-min)"
-            arms.append(entry | run_arm(name, checkpoint, split, args.lrs, args.epochs, args, pool))
+            entry: dict = {"budget_cpu_minutes": budget, "arm": name}
+            runs = runs_of(earlier[budget])[:args.pretrain_seeds] if budget in earlier else []
+            if runs:
+                entry |= {k: earlier[budget][k] for k in ("grid", "selected", "dev_mean")}
+                means = ", ".join(f"{r['mean']:.1f}" for r in runs)
+                print(f"  reused from the last run: {len(runs)} run(s), test {means}", flush=True)
+            if budget and not runs and math.isnan(per_step):
+                per_step = calibrate(recipe, instances, work, args.recipe, args.calibration_steps, args.ranks)
+            steps = 0 if budget == 0 else (runs[0]["pretrain"]["steps"] if runs else steps_in_budget(budget, per_step))
+            started = time.perf_counter()
+            for k in range(len(runs), args.pretrain_seeds):
+                seed = PRETRAIN_SEED + k
+                run: dict = {"seed": seed}
+                if budget == 0:
+                    checkpoint = random_init(recipe, instances, work / f"random-init-seed{seed}", seed)
+                    run["eval_mlm"] = None
+                else:
+                    folder = work / f"pretrain-{args.recipe}-{budget:g}-seed{seed}"
+                    done = pretrain(recipe, instances, folder, steps, args.ranks, seed)
+                    checkpoint = folder / "hf"
+                    run["pretrain"] = {k: v for k, v in done.items() if k not in ("rows", "eval")}
+                    run["eval_mlm"] = done["eval"]
+                    print(f"  seed {seed}: {steps} steps, {done['train_cpu_minutes']:.1f} CPU-min of steps "
+                          f"({done['cpu_minutes']:.1f} with start-up, eval and export); "
+                          f"eval MLM accuracy {done['eval']['mlm_acc']:.3f}", flush=True)
+                run["checkpoint"] = str(checkpoint)
+                if "selected" not in entry:  # the setting is chosen on dev with the arm's first run
+                    entry |= select_setting(name, checkpoint, split, args.lrs, args.epochs, args, pool)
+                run["test_scores"] = test_scores(checkpoint, split, entry["selected"], args, pool)
+                run["mean"] = statistics.fmean(run["test_scores"])
+                print(f"  seed {seed}: lr {entry['selected']['learning_rate']:g} x "
+                      f"{entry['selected']['epochs']:g} epochs -> test {run['mean']:.1f}", flush=True)
+                runs.append(run)
+            entry["runs"] = runs
+            entry["test_scores"] = [x for r in runs for x in r["test_scores"]]
+            entry["mean"], entry["sd"] = mean_sd(entry["test_scores"])
+            entry["sd_between_runs"] = mean_sd([r["mean"] for r in runs])[1]
+            mlm = [r["eval_mlm"]["mlm_acc"] for r in runs if r.get("eval_mlm")]
+            entry["eval_mlm"] = {"mlm_acc": statistics.fmean(mlm), "per_run": mlm} if mlm else None
+            entry["finetune_minutes"] = (time.perf_counter() - started) / 60
+            arms.append(entry)
         if not args.no_reference and None in earlier:
             print(f"\n== reference: sample MiniLM reused from the last run, test {earlier[None]['mean']:.1f}")
             arms.append(earlier[None])
@@ -539,21 +603,23 @@ def main(argv: list[str] | None = None) -> int:
 
     base = arms[0]
     curve = [{"budget_cpu_minutes": a["budget_cpu_minutes"], "eval_mlm_acc": a["eval_mlm"]["mlm_acc"],
-              **welch_interval(a["test_scores"], base["test_scores"])} for a in arms if a["budget_cpu_minutes"]]
+              **gain_interval(a, base)} for a in arms if a["budget_cpu_minutes"]]
     top = curve[-1] if curve else {"gain": math.nan, "ci_low": math.nan, "ci_high": math.nan, "df": math.nan}
 
     print(f"\nmachine: {info['cpu']} ({info['cores']} cores, torch {info['torch']}, python {info['python']})")
-    print(f"recipe {args.recipe}; sentiment test accuracy (0-100) over {args.seeds} seeds, n = {len(split['test'])}")
-    print(f"{'arm':>18} | {'CPU-min':>7} | {'eval MLM acc':>12} | {'setting':>13} | {'test accuracy':>13} | "
-          f"{'gain over B [95% CI]':>22}")
+    print(f"recipe {args.recipe}; sentiment test accuracy (0-100), n = {len(split['test'])}: mean over runs x "
+          f"{args.seeds} fine-tuning seeds ± sd between runs (within one run for C); the interval is over runs")
+    print(f"{'arm':>18} | {'CPU-min':>7} | {'runs':>4} | {'eval MLM acc':>12} | {'setting':>13} | "
+          f"{'test accuracy':>13} | {'gain over B [95% CI]':>22}")
     for a in arms:
         gain = next((c for c in curve if c["budget_cpu_minutes"] == a["budget_cpu_minutes"]), None)
         mlm = f"{100 * a['eval_mlm']['mlm_acc']:.1f}" if a.get("eval_mlm") else "-"
         setting = f"{a['selected']['learning_rate']:g} x {a['selected']['epochs']:g}"
         cell = f"{gain['gain']:+.1f} [{gain['ci_low']:+.1f}, {gain['ci_high']:+.1f}]" if gain else "-"
         budget = "-" if a["budget_cpu_minutes"] is None else f"{a['budget_cpu_minutes']:g}"
-        print(f"{a['arm']:>18} | {budget:>7} | {mlm:>12} | {setting:>13} | "
-              f"{a['mean']:>6.1f} ± {a['sd']:<4.1f} | {cell:>22}")
+        runs, sd = len(a.get("runs", [])) or "-", a.get("sd_between_runs", a["sd"])
+        print(f"{a['arm']:>18} | {budget:>7} | {runs:>4} | {mlm:>12} | {setting:>13} | "
+              f"{a['mean']:>6.1f} ± {sd:<4.1f} | {cell:>22}")
     minutes = (time.perf_counter() - started) / 60
     print(f"total {minutes:.1f} min")
 

@@ -99,3 +99,26 @@ def test_held_out_sentences_in_the_corpus_are_found(tmp_path):
              "test": [example("Sadly. The battery died after two days and support never answered."),
                       example("The battery died after two days.")]}
     assert held_out_in_corpus(split, tmp_path) == 2
+
+
+def test_gain_interval_is_over_pre_training_runs_when_each_arm_has_several():
+    from benchmarks.bench_quality import gain_interval, runs_of
+
+    def arm(run_scores):
+        runs = [{"seed": 42 + k, "test_scores": s, "mean": sum(s) / len(s)} for k, s in enumerate(run_scores)]
+        return {"runs": runs, "test_scores": [x for s in run_scores for x in s]}
+
+    # tight seeds within each run, runs far apart: the interval over runs is the wide one
+    a = arm([[80.0, 80.2], [76.0, 76.2], [79.0, 79.2]])
+    b = arm([[77.0, 77.2], [76.5, 76.7], [77.5, 77.7]])
+    over_runs = gain_interval(a, b)
+    assert over_runs["over"] == "3 vs 3 runs"
+    ci = stats.ttest_ind([80.1, 76.1, 79.1], [77.1, 76.6, 77.6], equal_var=False).confidence_interval(0.95)
+    assert (over_runs["ci_low"], over_runs["ci_high"]) == pytest.approx((ci.low, ci.high))
+    pooled = welch_interval(a["test_scores"], b["test_scores"])
+    assert over_runs["ci_high"] - over_runs["ci_low"] > pooled["ci_high"] - pooled["ci_low"]
+
+    # an arm written before runs were recorded is one run with the default seed
+    legacy = {"checkpoint": "x", "test_scores": [78.0, 79.0], "mean": 78.5}
+    assert runs_of(legacy)[0]["seed"] == 42 and runs_of(legacy)[0]["mean"] == 78.5
+    assert gain_interval(legacy, {"test_scores": [77.0, 77.5], "mean": 77.25})["over"] == "fine-tuning seeds of one run"

@@ -581,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             export(config, args, engine.module, vocab_file, stats)
         dist.barrier()
+        # Gloo's worker threads are joined here rather than torn down by the interpreter's exit,
+        # which can abort a rank that has finished ("terminate called without an active exception").
+        dist.destroy_process_group()
     except Exception as err:
         return _exit_on(err, rank)
     return 0
