@@ -27,11 +27,13 @@ file names, no side inputs) and a shard is written as one merge of sorted stream
 group at a time. The only side input is the job's summary (counts and histograms).
 
 On the local runner ``--workers`` is an upper bound: the job starts one worker process per
-64 MB of input (``.bz2``/``.gz``/``.zst`` counted at four times their size) and runs a smaller
-input in the driver process: each worker process has Beam's start-up to pay (its imports, the
-harness, a bundle processor per stage) and its gRPC traffic, more than a second core saves on a
-small input (``benchmarks/bench_clean.py`` measures both ways).
-``--bytes-per-worker 0`` starts every worker whatever the input size.
+4 MB of input (``.bz2``/``.gz``/``.zst`` counted at four times their size), so a tiny input runs
+in the driver process (a worker process has Beam's start-up to pay: its imports, the harness, a
+bundle processor per stage) and any real corpus starts every worker: the number of processes,
+and with it the job's memory, does not change as the corpus grows. ``--workers 1`` runs the
+job in one process, which costs the fewest CPU-seconds (no gRPC traffic between processes;
+``benchmarks/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
+whatever the input size.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ BANDS = "bands"
 NEAR_DEDUP_SOURCES = (D.BOOKS, D.TEXT)
 SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
 SPILL_CHARS = 4 << 20  # characters of records a worker holds (per kind) before it spills them
-ROW_GROUP_CHARS = 8 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
+ROW_GROUP_CHARS = 2 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
 LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
 
 

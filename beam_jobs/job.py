@@ -87,9 +87,10 @@ def is_local(runner: str) -> bool:
 
 
 # On the local runner, one worker process per this many bytes of (uncompressed) input, up to
-# ``workers``: each worker process has Beam's start-up to pay, more than a second core saves on
-# a small input.
-LOCAL_BYTES_PER_WORKER = 64 << 20
+# ``workers``: a worker process costs Beam's start-up (about a CPU-second and a hundred MB), more
+# than a second core saves on a tiny input. Any real corpus starts every worker, so the number of
+# processes, and with it the memory, does not change as the corpus grows.
+LOCAL_BYTES_PER_WORKER = 4 << 20
 COMPRESSED = (".bz2", ".gz", ".zst")  # counted four times their size (about what text shrinks to)
 
 
@@ -131,6 +132,34 @@ def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
     finally:
         gc.set_threshold(*old)
         gc.unfreeze()
+
+
+@contextmanager
+def arrow_returns_memory(local: bool) -> Iterator[None]:
+    """On the local runner, Arrow buffers come from the system allocator while a job runs, in
+    this process and in the worker processes it starts (they read ``ARROW_DEFAULT_MEMORY_POOL``
+    when they import pyarrow). pyarrow's default, mimalloc, keeps the pages of freed buffers
+    (Parquet pages, compression scratch) for reuse, so a worker's resident memory stays at the
+    largest it has been; the system allocator gives them back. Restored afterwards."""
+    if not local:
+        yield
+        return
+    import pyarrow as pa
+
+    old_pool, old_env = pa.default_memory_pool(), os.environ.get(ARROW_POOL_VARIABLE)
+    os.environ[ARROW_POOL_VARIABLE] = "system"
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(old_pool)
+        if old_env is None:
+            os.environ.pop(ARROW_POOL_VARIABLE, None)
+        else:
+            os.environ[ARROW_POOL_VARIABLE] = old_env
+
+
+ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 
 
 class _DropChatter(logging.Filter):
@@ -186,7 +215,8 @@ def harness_chatter_dropped(enabled: bool = True) -> Iterator[None]:
 def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: str = LOCAL_RUNNER,
                  beam_args: Iterable[str] = ()) -> PipelineResult:
     """Build the graph with ``build(pipeline)``, run it to the end, return the result."""
-    with fewer_gc_passes(), harness_chatter_dropped(is_local(runner) and workers > 1):
+    with fewer_gc_passes(), arrow_returns_memory(is_local(runner)), \
+            harness_chatter_dropped(is_local(runner) and workers > 1):
         p = beam.Pipeline(options=pipeline_options(workers, runner, beam_args))
         build(p)
         result = p.run()

@@ -131,6 +131,7 @@ def test_a_big_shard_is_written_a_row_group_at_a_time(samples_dir, tmp_path, mon
     """With a small row-group budget the shard has several row groups and the same rows."""
     cfg = CorpusConfig(wikipedia=[str(samples_dir / SAMPLE_DUMP)], books=[], num_shards=1)
     whole = tmp_path / "whole"
+    monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 1 << 30)
     clean_corpus.clean(cfg, str(whole), workers=1)
     monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 200_000)
     monkeypatch.setattr(clean_corpus, "SPILL_CHARS", 300_000)  # several runs per shard to merge
