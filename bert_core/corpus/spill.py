@@ -2,24 +2,32 @@
 
     from bert_core.corpus.spill import write_run, merge_runs
     write_run(uri, records, key)                 # sorted by key, one pickle per record
-    for record in merge_runs(uris, key): ...      # all runs in key order, one record per run held
+    for record in merge_runs(uris, key): ...      # all runs in key order, one record per open run
 
 The corpus job (``beam_jobs/clean_corpus.py``) moves documents, fingerprints, duplicate verdicts
 and rejects between its steps this way and shuffles only the file names: Beam's local runner
 keeps every shuffled element in its own process, so shuffling the records themselves would make
 its memory grow with the corpus. Reading a run back holds one record at a time, so a step that
-merges runs (e.g. writes one output shard) holds one record per run, never the shard. The files
-are the job's own temporary files under its output URL (fsspec), never user input.
+merges runs (e.g. writes one output shard) holds one record per open run, never the shard.
+
+A merge reads at most ``MERGE_FAN_IN`` runs at once, however many there are (a shard of a big
+corpus has thousands): more runs are first merged in consecutive groups into intermediate runs
+next to them, until few enough remain, so open files and memory stay bounded. The files are the
+job's own temporary files under its output URL (fsspec), never user input.
 """
 
 from __future__ import annotations
 
 import heapq
 import pickle
+import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bert_core import storage
+
+MERGE_FAN_IN = 64  # runs a merge reads at once (plus the intermediate run it writes)
 
 
 def write_run(uri: str, records: Iterable[Any], key: Callable[[Any], Any] | None = None) -> None:
@@ -43,10 +51,69 @@ def read_run(uri: str) -> Iterator[Any]:
                 return
 
 
-def merge_runs(uris: Iterable[str], key: Callable[[Any], Any]) -> Iterator[Any]:
+def merge_runs(uris: Iterable[str], key: Callable[[Any], Any], *, fan_in: int = MERGE_FAN_IN) -> Iterator[Any]:
     """The records of every run (each sorted by ``key``) in ``key`` order; ties keep the order
-    of ``uris``."""
-    return heapq.merge(*(read_run(uri) for uri in uris), key=key)
+    of ``uris``. At most ``fan_in`` runs are read at once (:func:`fewer_runs`)."""
+    check_fan_in(fan_in)
+    return _merge(list(uris), key, fan_in)
+
+
+def _merge(uris: list[str], key: Callable[[Any], Any], fan_in: int) -> Iterator[Any]:
+    def merge_into(group: list[str], out: str) -> None:
+        write_run(out, _merge_group(group, key))  # already in key order
+
+    with fewer_runs(uris, fan_in, merge_into, "pkl") as few:
+        yield from _merge_group(few, key)
+
+
+def check_fan_in(fan_in: int) -> None:
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be at least 2 (runs merged at once), got {fan_in}")
+
+
+@contextmanager
+def fewer_runs(uris: list[str], fan_in: int, merge_into: Callable[[list[str], str], Any],
+               ext: str) -> Iterator[list[str]]:
+    """At most ``fan_in`` sorted runs holding the records of ``uris``, in the same order of ties.
+
+    While there are more, consecutive groups of ``fan_in`` runs are merged by
+    ``merge_into(group, out)`` into intermediate runs (``merged-<uuid>.<ext>`` in the folder of
+    the first run), which are removed once merged in turn and when the block ends, however it
+    ends. The input runs are never removed."""
+    first = storage.to_uri(uris[0]) if uris else ""
+    folder = first[:first.rfind("/") + 1]  # the first run's folder, ending in "/" (or "proto://")
+    intermediate: set[str] = set()  # the runs written here and not removed yet
+    try:
+        while len(uris) > fan_in:
+            merged = []
+            for start in range(0, len(uris), fan_in):
+                group = uris[start:start + fan_in]
+                if len(group) == 1:
+                    merged.append(group[0])
+                    continue
+                out = f"{folder}merged-{uuid.uuid4().hex}.{ext}"
+                intermediate.add(out)
+                merge_into(group, out)
+                merged.append(out)
+                for uri in intermediate.intersection(group):
+                    storage.remove(uri, recursive=False)
+                    intermediate.discard(uri)
+            uris = merged
+        yield uris
+    finally:
+        for uri in intermediate:
+            storage.remove(uri, recursive=False)
+
+
+def _merge_group(uris: list[str], key: Callable[[Any], Any]) -> Iterator[Any]:
+    """One ``heapq.merge`` of runs (stable: ties keep the order of ``uris``); each run's file is
+    closed when the merge ends or is closed."""
+    runs = [read_run(uri) for uri in uris]
+    try:
+        yield from heapq.merge(*runs, key=key)
+    finally:
+        for run in runs:
+            run.close()
 
 
 def group_sorted(records: Iterable[Any], key: Callable[[Any], Any]) -> Iterator[tuple[Any, list[Any]]]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bert_core import storage
+from bert_core.corpus.spill import MERGE_FAN_IN, check_fan_in, fewer_runs
 from bert_core.instances.batch import InstanceBatch, assemble, instance_spans, mask_batch, schema
 from bert_core.instances.masking import MaskingSpec
 from bert_core.instances.pairs import DocumentPool, VocabIds
@@ -273,10 +274,18 @@ def write_rejects(uri: str, rejects: list[dict]) -> int:
     return len(rejects)
 
 
-def merge_rejects(uris: Iterable[str], out: str) -> int:
-    """Sorted reject spill files -> one file sorted by id, streamed (a line per input held);
-    returns how many."""
-    files = [storage.open_file(uri, "rb") for uri in sorted(uris)]
+def merge_rejects(uris: Iterable[str], out: str, *, fan_in: int = MERGE_FAN_IN) -> int:
+    """Sorted reject spill files -> one file sorted by id (ties in the order of the sorted
+    names), streamed (a line per input held); returns how many. At most ``fan_in`` files are read
+    at once (:func:`bert_core.corpus.spill.fewer_runs`)."""
+    check_fan_in(fan_in)
+    with fewer_runs(sorted(uris), fan_in, _merge_lines, "jsonl") as few:
+        return _merge_lines(few, out)
+
+
+def _merge_lines(uris: list[str], out: str) -> int:
+    """Reject files sorted by id -> ``out``, in one ``heapq.merge``; returns how many lines."""
+    files = [storage.open_file(uri, "rb") for uri in uris]
     count = 0
     try:
         lines = [((str(json.loads(line)["id"]), line) for line in f) for f in files]
