@@ -39,7 +39,6 @@ depend only on the documents and the config, never on the runner or the number o
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -136,7 +135,7 @@ class CountPartWords(beam.DoFn):
             by_bucket.setdefault(word_bucket(word, self.buckets), []).append((word, count))
         for bucket, pairs in sorted(by_bucket.items()):
             # a unique name: a retried bundle's files are simply never referenced
-            uri = storage.join(self.scratch, SPILL, f"{bucket:05d}-{uuid.uuid4().hex}.tsv")
+            uri = storage.join(self.scratch, SPILL, storage.unique_name(f"{bucket:05d}", "tsv"))
             write_counts(uri, pairs)
             yield bucket, uri
         self.counts = Counter()

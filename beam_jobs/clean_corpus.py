@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import uuid
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -313,7 +312,7 @@ class SpillFn(beam.DoFn):
 
         for bucket, records in sorted(self.buffers.items()):
             # a unique name: a retried bundle's files are simply never referenced
-            uri = storage.join(self.output, SPILL_DIR, f"{self.kind}-{bucket:05d}-{uuid.uuid4().hex}.pkl")
+            uri = storage.join(self.output, SPILL_DIR, storage.unique_name(f"{self.kind}-{bucket:05d}", "pkl"))
             write_run(uri, records, self.key)
             yield bucket, uri
         self.buffers, self.size = {}, 0
@@ -498,7 +497,7 @@ def _write_shard(element, output: str, num_shards: int, text_format: str) -> Ite
             if D.is_reject(record):
                 late.append(record)
                 if len(late) >= LATE_REJECTS:
-                    late_runs.append(storage.join(output, SPILL_DIR, f"late-{index:05d}-{uuid.uuid4().hex}.pkl"))
+                    late_runs.append(storage.join(output, SPILL_DIR, storage.unique_name(f"late-{index:05d}", "pkl")))
                     write_run(late_runs[-1], late, D.reject_sort_key)
                     late = []
             else:

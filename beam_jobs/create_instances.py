@@ -110,7 +110,6 @@ from bert_core.instances.spill import (
     ShardWriter,
     read_pool,
     spill_folder,
-    unique_name,
     write_documents,
     write_pool_instances,
     write_rejects,
@@ -187,12 +186,12 @@ class TokenizeDocuments(beam.DoFn):
         docs = self.buffers.pop(pool)
         self.buffered -= self.sizes.pop(pool)
         split, b = pool
-        uri = storage.join(spill_folder(self.output, "documents"), unique_name(f"{split}-{b:05d}", "arrow"))
+        uri = storage.join(spill_folder(self.output, "documents"), storage.unique_name(f"{split}-{b:05d}", "arrow"))
         write_documents(uri, docs)
         return pool, (uri, len(docs))
 
     def spill_rejects(self) -> beam.pvalue.TaggedOutput:
-        uri = storage.join(spill_folder(self.output, "rejects"), unique_name("rejects", "jsonl"))
+        uri = storage.join(spill_folder(self.output, "rejects"), storage.unique_name("rejects", "jsonl"))
         count = write_rejects(uri, self.rejects)
         self.rejects = []
         return beam.pvalue.TaggedOutput("rejects", (uri, count))

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import subprocess
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -106,6 +107,12 @@ def remove(uri: str, recursive: bool = True) -> None:
     path = split_protocol(uri)[1]
     if fs.exists(path):
         fs.rm(path, recursive=recursive)
+
+
+def unique_name(prefix: str, ext: str) -> str:
+    """A temporary file name no other worker or retry picks (``prefix-<uuid4 hex>.ext``): a step
+    passes on the names it wrote, so a retried bundle's files are simply never read."""
+    return f"{prefix}-{uuid.uuid4().hex}.{ext}"
 
 
 def _with_protocol(uri: str, path: str) -> str:

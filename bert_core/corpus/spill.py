@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import heapq
 import pickle
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -91,7 +90,7 @@ def fewer_runs(uris: list[str], fan_in: int, merge_into: Callable[[list[str], st
                 if len(group) == 1:
                     merged.append(group[0])
                     continue
-                out = f"{folder}merged-{uuid.uuid4().hex}.{ext}"
+                out = folder + storage.unique_name("merged", ext)
                 intermediate.add(out)
                 merge_into(group, out)
                 merged.append(out)

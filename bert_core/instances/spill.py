@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import uuid
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,11 +54,6 @@ ROW_GROUP_TOKENS = 1 << 20  # a shard's row groups: a fixed number of rows per l
 
 def spill_folder(output: str, kind: str) -> str:
     return storage.join(output, SPILL, kind)
-
-
-def unique_name(prefix: str, ext: str) -> str:
-    """A name no other worker or retry picks: only the names a step passes on are ever read."""
-    return f"{prefix}-{uuid.uuid4().hex}.{ext}"
 
 
 def rows_per_window(max_seq_length: int, tokens: int = WINDOW_TOKENS) -> int:
