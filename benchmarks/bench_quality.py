@@ -2,7 +2,7 @@
 pipeline (arm A) against the same architecture and vocab from random init (arm B), with the
 sample MiniLM (arm C) as the strong reference.
 
-    python -m benchmarks.bench_quality                      # the chosen recipe at 0, 15, 30 CPU-minutes
+    python -m benchmarks.bench_quality                      # the chosen recipe at 0, 15, 30 CPU-minutes, 3 runs each
     python -m benchmarks.bench_quality --search             # every recipe at one budget, scored on dev
     python -m benchmarks.bench_quality --budgets 0,2 --seeds 2 --lrs 1e-3 --epochs 2 --no-reference  # a look
 
@@ -18,19 +18,23 @@ sample MiniLM (arm C) as the strong reference.
   for the same budget and fine-tunes it on the small dev grid (one seed a point, so a point or
   two of difference is noise); :data:`CHOSEN`, the recipe of the main run and of the ``demo``
   preset, is one the search ranks at the top.
-- **Pre-training** (arm A, one run per budget): the product path end to end: ``bertpipe corpus``,
+- **Pre-training** (arm A, ``--pretrain-seeds`` runs per budget, seeds 42, 43, ...): the product
+  path end to end: ``bertpipe corpus``,
   ``vocab`` and ``instances`` on the samples (the instances stage carves the held-out eval split by
   document), then ``bertpipe pretrain`` (DeepSpeed, 2 CPU ranks). The budget is CPU-minutes of
   training steps summed over the ranks (``cpu_seconds`` in the run's metrics; a short calibration
   run of the same command gives the CPU cost of a step); start-up, evaluation and export come on
-  top and are reported. The eval masked-LM accuracy is the run's own, on the whole eval split.
-  Budget 0 is arm B: the same model config, seeded random init.
+  top and are reported; every run of a budget takes the first run's step count. The eval
+  masked-LM accuracy is each run's own, on the whole eval split. Budget 0 is arm B: the same
+  model config, random init drawn from the same seeds.
 - **Fine-tuning**: the product's loop (``bert_core.finetune.train.train_and_predict``), the
-  paper's protocol per arm: a learning-rate x epochs grid, each setting scored on dev as the mean
-  over ``--select-seeds`` seeds, then ``--seeds`` fresh seeds at the best setting scored on test
-  (mean ± sd, 0-100). The gain of each budget over arm B has a 95% Welch confidence interval
-  (Welch–Satterthwaite degrees of freedom). ``--jobs`` fine-tunes that many runs side by side
-  (one thread each).
+  paper's protocol per arm: a learning-rate x epochs grid on the arm's first run, each setting
+  scored on dev as the mean over ``--select-seeds`` seeds, then ``--seeds`` fresh seeds at the
+  best setting on every run, scored on test (0-100). A run's score is the mean of its seeds. The
+  gain of each budget over arm B has a 95% Welch confidence interval (Welch–Satterthwaite degrees
+  of freedom) over runs, so it carries the spread between pre-training runs as well as between
+  fine-tuning seeds; with one run per arm it can only be over fine-tuning seeds, and says so.
+  ``--jobs`` fine-tunes that many runs side by side (one thread each).
 
 Writes ``bench-results/quality.json`` (``--search``: ``quality-search.json``, one entry per
 recipe and budget, kept across runs) and prints a table with the machine.
