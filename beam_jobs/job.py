@@ -134,32 +134,39 @@ def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
         gc.unfreeze()
 
 
+# What the local runner's worker processes start with, so that their allocators give freed
+# memory back: pyarrow's default pool (mimalloc) keeps the pages of freed buffers (Parquet pages,
+# compression scratch) for reuse, and glibc's malloc serves blocks of up to 32 MB from a heap it
+# seldom trims, so without these a worker's resident memory stays at the largest it has been.
+WORKER_MEMORY_ENV = {
+    "ARROW_DEFAULT_MEMORY_POOL": "system",  # read when pyarrow is first imported
+    "MALLOC_MMAP_THRESHOLD_": str(256 << 10),  # glibc: blocks from 256 KB are mapped, unmapped on free
+    "MALLOC_TRIM_THRESHOLD_": str(256 << 10),  # glibc: free heap top beyond 256 KB goes back at once
+}
+
+
 @contextmanager
-def arrow_returns_memory(local: bool) -> Iterator[None]:
-    """On the local runner, Arrow buffers come from the system allocator while a job runs, in
-    this process and in the worker processes it starts (they read ``ARROW_DEFAULT_MEMORY_POOL``
-    when they import pyarrow). pyarrow's default, mimalloc, keeps the pages of freed buffers
-    (Parquet pages, compression scratch) for reuse, so a worker's resident memory stays at the
-    largest it has been; the system allocator gives them back. Restored afterwards."""
+def memory_returned(local: bool) -> Iterator[None]:
+    """On the local runner, the worker processes a job starts get :data:`WORKER_MEMORY_ENV`, and
+    this process takes Arrow buffers from the system allocator while the job runs. Restored
+    afterwards, since a Prefect flow process lives on."""
     if not local:
         yield
         return
     import pyarrow as pa
 
-    old_pool, old_env = pa.default_memory_pool(), os.environ.get(ARROW_POOL_VARIABLE)
-    os.environ[ARROW_POOL_VARIABLE] = "system"
+    old_pool, old_env = pa.default_memory_pool(), {k: os.environ.get(k) for k in WORKER_MEMORY_ENV}
+    os.environ.update(WORKER_MEMORY_ENV)
     pa.set_memory_pool(pa.system_memory_pool())
     try:
         yield
     finally:
         pa.set_memory_pool(old_pool)
-        if old_env is None:
-            os.environ.pop(ARROW_POOL_VARIABLE, None)
-        else:
-            os.environ[ARROW_POOL_VARIABLE] = old_env
-
-
-ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
+        for key, value in old_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class _DropChatter(logging.Filter):
@@ -215,7 +222,7 @@ def harness_chatter_dropped(enabled: bool = True) -> Iterator[None]:
 def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: str = LOCAL_RUNNER,
                  beam_args: Iterable[str] = ()) -> PipelineResult:
     """Build the graph with ``build(pipeline)``, run it to the end, return the result."""
-    with fewer_gc_passes(), arrow_returns_memory(is_local(runner)), \
+    with fewer_gc_passes(), memory_returned(is_local(runner)), \
             harness_chatter_dropped(is_local(runner) and workers > 1):
         p = beam.Pipeline(options=pipeline_options(workers, runner, beam_args))
         build(p)
