@@ -134,15 +134,12 @@ def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
         gc.unfreeze()
 
 
-# What the local runner's worker processes start with, so that their allocators give freed
-# memory back: pyarrow's default pool (mimalloc) keeps the pages of freed buffers (Parquet pages,
-# compression scratch) for reuse, and glibc's malloc serves blocks of up to 32 MB from a heap it
-# seldom trims, so without these a worker's resident memory stays at the largest it has been.
-WORKER_MEMORY_ENV = {
-    "ARROW_DEFAULT_MEMORY_POOL": "system",  # read when pyarrow is first imported
-    "MALLOC_MMAP_THRESHOLD_": str(256 << 10),  # glibc: blocks from 256 KB are mapped, unmapped on free
-    "MALLOC_TRIM_THRESHOLD_": str(256 << 10),  # glibc: free heap top beyond 256 KB goes back at once
-}
+# What the local runner's worker processes start with: pyarrow's default pool (mimalloc) keeps
+# the pages of freed buffers (Parquet pages, compression scratch) for reuse, which holds a worker's
+# resident memory at the largest it has been; the system allocator gives them back. glibc's own
+# retention is left alone: lowering MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ returns
+# more memory but spends much more CPU on page faults (see the README's memory section).
+WORKER_MEMORY_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}  # read when pyarrow is first imported
 
 
 @contextmanager
