@@ -386,7 +386,7 @@ def select_setting(name: str, checkpoint: Path, split: dict[str, list], lrs: lis
             "dev_mean": statistics.fmean(grid[(lr, ep)]) if grid[(lr, ep)] else None}
 
 
-def test_scores(checkpoint: Path, split: dict[str, list], selected: dict, args: argparse.Namespace,
+def final_scores(checkpoint: Path, split: dict[str, list], selected: dict, args: argparse.Namespace,
                 pool: ProcessPoolExecutor) -> list[float]:
     """Test accuracy of ``--seeds`` fresh fine-tuning seeds at the selected setting."""
     data, pad_id = encoded(checkpoint, split, args.max_seq_length)
@@ -403,7 +403,7 @@ def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float
     entry = {"arm": name, "checkpoint": str(checkpoint)} | select_setting(name, checkpoint, split, lrs, epochs,
                                                                             args, pool, scored=not final)
     if final:
-        scores = test_scores(checkpoint, split, entry["selected"], args, pool)
+        scores = final_scores(checkpoint, split, entry["selected"], args, pool)
         entry["test_scores"] = scores
         entry["mean"], entry["sd"] = mean_sd(scores)
         print(f"  {name}: chose lr {entry['selected']['learning_rate']:g} x {entry['selected']['epochs']:g} epochs; "
@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 run["checkpoint"] = str(checkpoint)
                 if "selected" not in entry:  # the setting is chosen on dev with the arm's first run
                     entry |= select_setting(name, checkpoint, split, args.lrs, args.epochs, args, pool)
-                run["test_scores"] = test_scores(checkpoint, split, entry["selected"], args, pool)
+                run["test_scores"] = final_scores(checkpoint, split, entry["selected"], args, pool)
                 run["mean"] = statistics.fmean(run["test_scores"])
                 print(f"  seed {seed}: lr {entry['selected']['learning_rate']:g} x "
                       f"{entry['selected']['epochs']:g} epochs -> test {run['mean']:.1f}", flush=True)
