@@ -321,6 +321,11 @@ class PretrainConfig(_Model):
 # --------------------------------------------------------------------------- fine-tuning
 
 
+# Which checkpoints and tasks run, and where: set for the whole fan-out, never per checkpoint.
+FAN_OUT_FIELDS = frozenset({"tasks", "extra_checkpoints", "random_init_baseline", "deployment",
+                            "by_checkpoint"})
+
+
 class FinetuneConfig(_Model):
     """Stage 5: fine-tuning, one job per task x setting x seed. A setting is one point of the
     grid ``learning_rates`` x ``batch_sizes`` x ``epochs`` (the paper's by default); the best
@@ -366,6 +371,12 @@ class FinetuneConfig(_Model):
         None, description="Send each fine-tune job to this deployment ('flow/deployment') with "
         "run_deployment instead of running it in the pipeline's process."
     )
+    by_checkpoint: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Settings that differ for one checkpoint, keyed by its "
+        "folder name under finetune/ (pretrained, random-init, or an extra checkpoint's), e.g. "
+        "{minilm: {learning_rates: [1e-4], epochs: [1]}}: each model at the grid that suits its size, "
+        "in the pipeline's fan-out."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:
@@ -382,6 +393,31 @@ class FinetuneConfig(_Model):
             if any(v <= 0 for v in grid) or len(set(grid)) != len(grid):
                 raise ValueError(f"finetune.{name}={grid}: give distinct values above 0")
         return self
+
+    @model_validator(mode="after")
+    def _check_by_checkpoint(self) -> FinetuneConfig:
+        for name, settings in self.by_checkpoint.items():
+            fan_out = sorted(set(settings) & FAN_OUT_FIELDS)
+            if fan_out:
+                raise ValueError(f"finetune.by_checkpoint.{name} sets {', '.join(fan_out)}: that is "
+                                 "fan-out for every checkpoint; set it in finetune itself")
+            self.for_checkpoint(name)  # the merged settings validate as a whole
+        return self
+
+    def for_checkpoint(self, name: str) -> FinetuneConfig:
+        """The settings the checkpoint ``name`` is fine-tuned with: these, with its
+        ``by_checkpoint`` entry laid over them."""
+        settings = self.by_checkpoint.get(name)
+        if not settings:
+            return self
+        try:
+            return FinetuneConfig.model_validate(
+                self.model_dump(exclude={"by_checkpoint"}) | settings)
+        except ValidationError as err:
+            e = err.errors()[0]
+            where = ".".join([f"finetune.by_checkpoint.{name}", *map(str, e["loc"])])
+            raise ValueError(f"{where}: "
+                             f"{e['msg'].removeprefix('Value error, ')}") from None
 
     @model_validator(mode="before")
     @classmethod

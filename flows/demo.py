@@ -86,6 +86,25 @@ def finetune_lines(jobs: list[dict]) -> list[str]:
     return lines
 
 
+def baseline_lines(cfg: PipelineConfig) -> list[str]:
+    """What the scores are read against: the sentiment test split's commoner class, and the
+    checkpoints fine-tuned at settings of their own."""
+    from collections import Counter
+
+    from bert_core.finetune.glue import read_sentiment
+
+    lines = []
+    if "sentiment" in cfg.finetune.tasks:
+        examples, _ = read_sentiment(storage.join(cfg.finetune.data_dir, "sentiment"), "test")
+        label, count = Counter(e.label for e in examples).most_common(1)[0]
+        lines.append(f"  sentiment: answering {label!r} to all {len(examples)} test sentences scores "
+                     f"{100 * count / len(examples):.1f}")
+    for name, settings in cfg.finetune.by_checkpoint.items():
+        own = ", ".join(f"{key}={value}" for key, value in settings.items())
+        lines.append(f"  {name} is fine-tuned with {own} (finetune.by_checkpoint)")
+    return lines
+
+
 def eval_lines(run: str) -> list[str]:
     """The held-out masked-LM and next-sentence accuracy at the end of each phase."""
     if not is_done(run):
@@ -128,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(eval_lines(summary["stages"]["pretrain"]["output"])))
     print("\nFine-tuning on the real sample tasks (0-100; mean ± sd over seeds on the final split; "
           "setting chosen on dev):")
-    print("\n".join(finetune_lines(summary["finetune_jobs"])))
+    print("\n".join(finetune_lines(summary["finetune_jobs"]) + baseline_lines(cfg)))
     results = summary["stages"]["finetune"]["output"]
     print(f"  every checkpoint x task x setting: .venv/bin/bertpipe stats {results}  "
           f"(folders {results}/<checkpoint>/<task>/<setting>/seed=<s>)")

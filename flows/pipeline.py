@@ -138,21 +138,25 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
     from bert_core.finetune import get_task
     from bert_core.finetune.report import write_index
 
+    for name in sorted(set(config.finetune.by_checkpoint) - set(checkpoints)):
+        print(f"finetune.by_checkpoint.{name}: unused, no checkpoint of that name is fine-tuned "
+              f"here ({', '.join(checkpoints)})")
     jobs = []
     for label, checkpoint in checkpoints.items():
         ident = checkpoint_identity(checkpoint)
+        job_config = config.model_copy(update={"finetune": config.finetune.for_checkpoint(label)})
         for task_name in (get_task(t).name for t in config.finetune.tasks):
-            jobs.append((label, task_name, finetune_folder(config, label), checkpoint,
-                         finetune_version(config, task_name, ident)))
+            jobs.append((job_config, label, task_name, finetune_folder(config, label), checkpoint,
+                         finetune_version(job_config, task_name, ident)))
     submit = config.finetune.deployment is not None
     states = []
-    for label, task_name, folder, checkpoint, version in jobs:
-        args = (config, checkpoint, folder, task_name, label, version)
+    for job_config, label, task_name, folder, checkpoint, version in jobs:
+        args = (job_config, checkpoint, folder, task_name, label, version)
         # Deployed jobs run in parallel on the pool; in-process jobs one after another (shared CPU).
         states.append(finetune_job.submit(*args) if submit else
                       finetune_job(*args, return_state=True))
     results = []
-    for (label, task_name, folder, _, _), st in zip(jobs, states, strict=True):
+    for (_, label, task_name, folder, _, _), st in zip(jobs, states, strict=True):
         if submit:
             st.wait()
         state = st.state if submit else st
@@ -162,7 +166,7 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
         else:
             results.append({"checkpoint": label, "task": task_name, "status": "failed",
                             "output": storage.join(folder, task_name), "error": state.message or state.name})
-    for folder in dict.fromkeys(folder for _, _, folder, _, _ in jobs):
+    for folder in dict.fromkeys(job[3] for job in jobs):
         write_index(folder)
     write_index(storage.join(config.storage_root, "finetune"))
     return results

@@ -89,7 +89,7 @@ def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
 def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
     """The config one fine-tune job sees: its one task; fan-out settings cleared."""
     ft = config.finetune.model_copy(update={"tasks": [task_name], "extra_checkpoints": [],
-                                            "deployment": None})
+                                            "deployment": None, "by_checkpoint": {}})
     return config.model_copy(update={"finetune": ft})
 
 

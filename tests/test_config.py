@@ -56,6 +56,9 @@ def test_config_file_overrides_preset(tmp_path):
         ("instances.masked_lm_prob=1.5", ["instances.masked_lm_prob"]),
         ("vocab.vocab_szie=10", ["vocab.vocab_szie", "Extra inputs"]),
         ("pretrain.precision=fp16", ["fp16 needs accelerator=gpu"]),
+        ("finetune.by_checkpoint={minilm: {learning_rates: [-1]}}", ["by_checkpoint.minilm", "above 0"]),
+        ("finetune.by_checkpoint={minilm: {lr: 1}}", ["by_checkpoint.minilm.lr", "Extra inputs"]),
+        ("finetune.by_checkpoint={minilm: {tasks: [ner]}}", ["by_checkpoint.minilm sets tasks", "every checkpoint"]),
     ],
 )
 def test_invalid_configs_name_the_field_and_the_fix(assignment, words):
@@ -63,6 +66,15 @@ def test_invalid_configs_name_the_field_and_the_fix(assignment, words):
         load_config("demo", sets=[assignment])
     for w in words:
         assert w in str(err.value)
+
+
+def test_a_checkpoint_takes_its_by_checkpoint_settings_over_the_rest():
+    ft = load_config("demo", sets=["finetune.max_train_examples=64", "finetune.by_checkpoint="
+                                   "{minilm: {learning_rates: [5.0e-5], epochs: [2]}}"]).finetune
+    minilm, tiny = ft.for_checkpoint("minilm"), ft.for_checkpoint("pretrained")
+    assert (minilm.learning_rates, minilm.epochs, minilm.max_train_examples) == ([5e-5], [2.0], 64)
+    assert (tiny.learning_rates, tiny.epochs) == (ft.learning_rates, ft.epochs)
+    assert minilm.by_checkpoint == {}
 
 
 def test_bad_inputs_to_the_loader():

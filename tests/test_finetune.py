@@ -220,6 +220,21 @@ def test_demo_data_dir_layout(samples_dir):
     assert {t[2:] for _, tags in train for t in tags if t != "O"} >= {"NP", "VP", "PP"}
 
 
+def test_demo_summary_reads_the_scores_against_the_commoner_class(samples_dir):
+    from collections import Counter
+
+    from bert_core.finetune.glue import read_sentiment
+    from flows.demo import baseline_lines, demo_config
+
+    cfg = demo_config(str(samples_dir), [])
+    test, _ = read_sentiment(str(samples_dir / "tasks" / "sentiment"), "test")
+    share = max(Counter(e.label for e in test).values()) / len(test)
+    assert len(test) >= 1000 and 0.5 < share < 0.8  # both classes are there, one more often
+    sentiment, minilm = baseline_lines(cfg)
+    assert f"all {len(test)} test sentences scores {100 * share:.1f}" in sentiment
+    assert minilm.startswith("  minilm is fine-tuned with learning_rates=") and "max_train_examples" in minilm
+
+
 @pytest.fixture(scope="module")
 def prefect_server():
     from prefect.testing.utilities import prefect_test_harness

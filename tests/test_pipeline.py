@@ -66,7 +66,7 @@ def test_version_folders_are_pinned():
     assert [corpus, vocab, instances] == [f"{root}/corpus/43c8ea87d3aa", f"{root}/vocab/cdda87d05cf4",
                                           f"{root}/instances/b999c24aeb8c"]
     assert version == "9a6e3f30a8e9"
-    assert finetune == {"sentiment": "71795a0830f0", "squad": "44f8733dc40d", "ner": "21699c0eb60e"}
+    assert finetune == {"sentiment": "1e4a5cdcc0d3", "squad": "703e24720cf5", "ner": "40a50a6f693d"}
     # fine-tuning folders are named for a reader; the version is in their manifest
     assert versions.finetune_folder(cfg, "minilm") == f"{root}/finetune/minilm"
 
@@ -124,6 +124,7 @@ def pipeline_config(samples: Path, root: Path):
         f"finetune.data_dir={samples}/tasks",
         "finetune.max_train_examples=32",
         f"finetune.extra_checkpoints=[{samples}/models/minilm]",
+        "finetune.by_checkpoint={minilm: {learning_rates: [5.0e-5], epochs: [1], max_train_examples: 32}}",
     ])
 
 
@@ -195,6 +196,11 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
             assert manifest["checkpoint_name"] == j["checkpoint"] and manifest["version"]
             selected = manifest["stats"]["summary"]["sentiment"]["selected"]
             assert (Path(j["output"]) / selected / "seed=1" / "metrics.json").exists()
+        # each checkpoint at its own grid: the preset's for the tiny models, by_checkpoint's for MiniLM
+        grids = {j["checkpoint"]: sorted(storage.read_manifest(j["output"])["stats"]["grid"]["sentiment"])
+                 for j in first["finetune_jobs"]}
+        assert grids == {"pretrained": ["lr1e-3-bs16-ep4", "lr3e-4-bs16-ep4"],
+                         "random-init": ["lr1e-3-bs16-ep4", "lr3e-4-bs16-ep4"], "minilm": ["lr5e-5-bs16-ep1"]}
         index = storage.read_manifest(str(finetune))
         assert index["stage"] == "finetune-index" and list(index["stats"]) == [
             "minilm/sentiment", "pretrained/sentiment", "random-init/sentiment"]
