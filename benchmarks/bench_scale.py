@@ -184,20 +184,18 @@ def rows_for(table, nbytes: int) -> int:
     return table.num_rows
 
 
-ROW_GROUP_BYTES = 8 << 20  # text per row group of a copied shard, as the corpus stage writes them
-
-
 def write_documents(table, uri: str) -> None:
-    """A documents table -> one shard in row groups of about ROW_GROUP_BYTES of text, like the
-    corpus stage's shards (one row group of the whole table would make every reader hold it)."""
+    """A documents table -> one shard in row groups of about ``ROW_GROUP_CHARS`` characters of
+    text, the corpus stage's own (one row group of the whole table would make every reader hold it)."""
     import numpy as np
     import pyarrow.parquet as pq
 
+    from beam_jobs.clean_corpus import ROW_GROUP_CHARS
     from bert_core import storage
 
-    sizes = np.array([sum(len(s.encode()) for s in sentences or ()) for sentences in
+    sizes = np.array([sum(map(len, sentences or ())) for sentences in
                       table.column("sentences").to_pylist()], dtype=np.int64)
-    group_of_row = np.cumsum(sizes) // ROW_GROUP_BYTES
+    group_of_row = np.cumsum(sizes) // ROW_GROUP_CHARS
     with storage.open_file(uri, "wb") as f, pq.ParquetWriter(f, table.schema) as writer:
         for group in np.unique(group_of_row):
             rows = np.flatnonzero(group_of_row == group)

@@ -141,13 +141,14 @@ def test_copied_documents_are_written_in_row_groups_like_the_corpus_stage(tmp_pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from beam_jobs import clean_corpus
     from benchmarks import bench_scale
 
-    monkeypatch.setattr(bench_scale, "ROW_GROUP_BYTES", 100)
+    monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 100)
     table = pa.table({"doc_id": [str(i) for i in range(10)], "sentences": [["x" * 30, "y" * 10]] * 10})
     bench_scale.write_documents(table, str(tmp_path / "docs.parquet"))
     shard = pq.ParquetFile(tmp_path / "docs.parquet")
-    assert shard.metadata.num_row_groups == 5  # 40 bytes a row, a new group at every 100 bytes of text
+    assert shard.metadata.num_row_groups == 5  # 40 characters a row, a new group at every 100
     assert shard.read().equals(table)
 
 
