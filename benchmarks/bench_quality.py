@@ -511,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-seeds", type=int, default=2, help="seeds per grid point, scored on dev")
     parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen setting, scored on test")
     parser.add_argument("--pretrain-seeds", type=int, default=3,
-                        help="pre-training runs per budget (random inits for arm B), seeds 42, 43, ...")
+                        help="pre-training runs per budget (random inits for arm B), seeds 42, 43, ...; "
+                        "a budget reused with --reuse keeps every run it has")
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
     parser.add_argument("--dev-size", type=int, default=1000)
     parser.add_argument("--test-size", type=int, default=1500)
@@ -556,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n== budget {budget:g} CPU-minutes", flush=True)
             name = "B (random init)" if budget == 0 else f"A ({budget:g} CPU-min)"
             entry: dict = {"budget_cpu_minutes": budget, "arm": name}
-            runs = runs_of(earlier[budget])[:args.pretrain_seeds] if budget in earlier else []
+            runs = runs_of(earlier[budget]) if budget in earlier else []  # reused runs are all kept
             if runs:
                 entry |= {k: earlier[budget][k] for k in ("grid", "selected", "dev_mean")}
                 means = ", ".join(f"{r['mean']:.1f}" for r in runs)
