@@ -348,9 +348,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     left.set(xlabel="corpus (MB of input text)", ylabel="peak RSS of the process tree (MB)", ylim=(0, None),
              title="memory")
     right.set(xlabel="corpus (MB of input text)", ylabel="wall time (s)", ylim=(0, None), title="time")
-    for ax in (left, right):
+    for ax, corner in ((left, "lower right"), (right, "upper left")):  # where no line runs
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left")
+        ax.legend(loc=corner)
     fig.suptitle(title + "\nfilled marker: distinct text only; hollow: the rest of the input is copies", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
