@@ -184,7 +184,7 @@ def test_cli_finetune_and_features(tiny_checkpoint, tmp_path):
     runner = CliRunner()
     r = runner.invoke(app, ["finetune", "--task", "sst2,wnli", "--data", str(FIXTURES), "--checkpoint",
                             tiny_checkpoint, "--output", str(tmp_path / "ft"), "--seeds", "4",
-                            "--learning-rates", "1e-4", "--set", "finetune.batch_size=8",
+                            "--learning-rates", "1e-4", "--epochs", "1", "--set", "finetune.batch_size=8",
                             "--set", "finetune.threads=1"])
     assert r.exit_code == 0, r.output
     assert "sst2" in r.stdout and "dev mean ± sd (0-100)" in r.stdout and "✓" in r.stdout
