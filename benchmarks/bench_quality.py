@@ -613,14 +613,17 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nmachine: {info['cpu']} ({info['cores']} cores, torch {info['torch']}, python {info['python']})")
     print(f"recipe {args.recipe}; sentiment test accuracy (0-100), n = {len(split['test'])}: mean over runs x "
-          f"{args.seeds} fine-tuning seeds ± sd between runs (within one run for C); the interval is over runs")
+          f"{args.seeds} fine-tuning seeds ± sd between runs (within one run for C); the interval is over runs, "
+          "or over fine-tuning seeds (*) for an arm of one run")
     print(f"{'arm':>18} | {'CPU-min':>7} | {'runs':>4} | {'eval MLM acc':>12} | {'setting':>13} | "
           f"{'test accuracy':>13} | {'gain over B [95% CI]':>22}")
     for a in arms:
         gain = next((c for c in curve if c["budget_cpu_minutes"] == a["budget_cpu_minutes"]), None)
         mlm = f"{100 * a['eval_mlm']['mlm_acc']:.1f}" if a.get("eval_mlm") else "-"
         setting = f"{a['selected']['learning_rate']:g} x {a['selected']['epochs']:g}"
-        cell = f"{gain['gain']:+.1f} [{gain['ci_low']:+.1f}, {gain['ci_high']:+.1f}]" if gain else "-"
+        seeds_only = gain and not gain["over"].endswith(" runs")
+        cell = (f"{gain['gain']:+.1f} [{gain['ci_low']:+.1f}, {gain['ci_high']:+.1f}]{'*' if seeds_only else ''}"
+                if gain else "-")
         budget = "-" if a["budget_cpu_minutes"] is None else f"{a['budget_cpu_minutes']:g}"
         runs, sd = len(a.get("runs", [])) or "-", a.get("sd_between_runs", a["sd"])
         print(f"{a['arm']:>18} | {budget:>7} | {runs:>4} | {mlm:>12} | {setting:>13} | "
