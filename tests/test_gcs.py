@@ -155,7 +155,7 @@ def test_whole_pipeline_writes_to_the_bucket(gcs, samples_dir, tmp_path, monkeyp
         "warmup_steps: 1}]",
         "pretrain.log_every=1", "pretrain.checkpoint_every=3",
         "finetune.tasks=[sentiment]", "finetune.seeds=[1]", f"finetune.data_dir={samples_dir}/tasks",
-        "finetune.max_train_examples=32", "finetune.extra_checkpoints=[]",
+        "finetune.max_train_examples=32", "finetune.epochs=[1]", "finetune.extra_checkpoints=[]",
         "finetune.random_init_baseline=false",
     ])
     with prefect_test_harness(server_startup_timeout=120):

@@ -123,6 +123,7 @@ def pipeline_config(samples: Path, root: Path):
         "finetune.seeds=[1]",
         f"finetune.data_dir={samples}/tasks",
         "finetune.max_train_examples=32",
+        "finetune.epochs=[1]",
         f"finetune.extra_checkpoints=[{samples}/models/minilm]",
         "finetune.by_checkpoint={minilm: {learning_rates: [5.0e-5], epochs: [1], max_train_examples: 32}}",
     ])
@@ -199,8 +200,8 @@ def test_pipeline_runs_every_stage_then_skips_them(samples_dir, tmp_path, monkey
         # each checkpoint at its own grid: the preset's for the tiny models, by_checkpoint's for MiniLM
         grids = {j["checkpoint"]: sorted(storage.read_manifest(j["output"])["stats"]["grid"]["sentiment"])
                  for j in first["finetune_jobs"]}
-        assert grids == {"pretrained": ["lr1e-3-bs16-ep4", "lr3e-4-bs16-ep4"],
-                         "random-init": ["lr1e-3-bs16-ep4", "lr3e-4-bs16-ep4"], "minilm": ["lr5e-5-bs16-ep1"]}
+        assert grids == {"pretrained": ["lr1e-3-bs16-ep1", "lr3e-4-bs16-ep1"],
+                         "random-init": ["lr1e-3-bs16-ep1", "lr3e-4-bs16-ep1"], "minilm": ["lr5e-5-bs16-ep1"]}
         index = storage.read_manifest(str(finetune))
         assert index["stage"] == "finetune-index" and list(index["stats"]) == [
             "minilm/sentiment", "pretrained/sentiment", "random-init/sentiment"]
