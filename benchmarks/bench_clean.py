@@ -17,7 +17,9 @@ which weighs most on the 1x run; "beyond start-up" rows divide the rest of the i
 rest of the CPU time. Both tools get the same file. Ours runs with one worker (``--workers 1``: one
 process, the per-core figure) and with two (``--workers 2``: the driver and two worker processes
 on the local FnApiRunner); wikiextractor with ``--processes 2``. Timed: wall clock of the whole command,
-start-up included. Also measured: peak RSS of the whole process tree (sum over processes,
+start-up included. Each command runs ``--repeats`` times (default 3) on each input, wikiextractor and
+ours in turn, so that a drift in the machine's speed reaches both sides of a pair alike; the rows
+give each figure's median, and the CPU ratio's median and range over the pairs. Also measured: peak RSS of the whole process tree (sum over processes,
 sampled every 0.1 s), the share of wikiextractor's sentences (split with our splitter,
 normalized) that we also keep, and sentences with wiki markup left in each output.
 
@@ -38,11 +40,14 @@ import json
 import os
 import re
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,6 +195,41 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int
     return seconds, peak[0], cpu, peak[1]
 
 
+Run = tuple[float, int, float, int]  # wall seconds, peak RSS bytes, CPU seconds, processes
+
+
+def median_run(runs: list[Run]) -> Run:
+    """Each figure's median over repeated runs of one command."""
+    return tuple(statistics.median(run[i] for run in runs) for i in range(4))  # type: ignore[return-value]
+
+
+def beyond_start_up(mb: float, cpu: float, start_up: float) -> float | None:
+    """MB per CPU-second beyond the fixed start-up, or None where start-up is nearly all of the
+    run (the difference of two medians would then be noise)."""
+    return round(mb / (cpu - start_up), 3) if cpu - start_up >= 0.25 * cpu else None
+
+
+def measured_in_turn(repeats: int, name: str, tmp: Path, reference: Callable[[Path], Run],
+                     ours: dict[int, Callable[[Path], Run]], keep: bool = False) -> tuple[list[Run], dict[int, list[Run]]]:
+    """``repeats`` rounds of wikiextractor, then ours with each worker count, on one dump, so
+    that a drift of the machine's speed reaches both sides of each pair alike. Each run writes to
+    a fresh folder; the first round's outputs are kept when ``keep`` (for the sentence checks):
+    ``wx-<name>-0`` and ``ours-<name>-<workers>-0``."""
+    refs: list[Run] = []
+    runs: dict[int, list[Run]] = {w: [] for w in ours}
+    for r in range(repeats):
+        out = tmp / f"wx-{name}-{r}"
+        refs.append(reference(out))
+        if not (keep and r == 0):
+            shutil.rmtree(out, ignore_errors=True)
+        for w, run in ours.items():
+            out = tmp / f"ours-{name}-{w}-{r}"
+            runs[w].append(run(out))
+            if not (keep and r == 0):
+                shutil.rmtree(out, ignore_errors=True)
+    return refs, runs
+
+
 def run_ours(dump: Path, out: Path, workers: int, *extra: str) -> tuple[float, int, float, int]:
     """Our job with ``--workers workers`` on the local runner (``--bytes-per-worker 0`` in ``extra``
     starts every worker however small the input)."""
@@ -281,6 +321,8 @@ def main() -> None:
                         help="Folder of benchmarks.distinct_text (default: fetched into the bertpipe cache).")
     parser.add_argument("--also-copies", type=int, default=0,
                         help="Also run the excerpt copied this many times under new page ids (e.g. 10).")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="Runs of each command on each input, ours and wikiextractor in turn (medians reported).")
     args = parser.parse_args()
     samples = samples_dir()
     python = wikiextractor_python()
@@ -293,56 +335,62 @@ def main() -> None:
         tiny = tmp / "enwiki-1page.xml.bz2"
         tiny_xml = xml[:end] + b"\n</mediawiki>\n"
         tiny.write_bytes(bz2.compress(tiny_xml))
-        start_ref = run_wikiextractor(python, tiny, tmp / "wx-tiny")
-        starts = {w: run_ours(tiny, tmp / f"ours-tiny-{w}", w, *FORCED) for w in WORKERS}
-        print("start-up (1-page dump): ours " + ", ".join(f"{run[0]:.1f} s ({run[2]:.1f} CPU s) with {w} worker(s)"
-                                                           for w, run in starts.items()) +
+        start_refs, starts = measured_in_turn(args.repeats, "1-page", tmp, lambda out: run_wikiextractor(python, tiny, out),
+                                              {w: (lambda out, w=w: run_ours(tiny, out, w, *FORCED)) for w in WORKERS})
+        start_ref = median_run(start_refs)
+        print("start-up (1-page dump, medians): ours " +
+              ", ".join(f"{median_run(runs)[0]:.1f} s ({median_run(runs)[2]:.1f} CPU s) with {w} worker(s)"
+                        for w, runs in starts.items()) +
               f"; wikiextractor {start_ref[0]:.1f} s ({start_ref[2]:.1f} CPU s)", flush=True)
-        for w, run in starts.items():
+        for w, runs in starts.items():
+            run = median_run(runs)
             rows.append({"measure": f"start-up: a 1-page dump, ours {w} worker(s)", "ours": round(run[0], 2),
                          "reference": round(start_ref[0], 2), "ratio": round(start_ref[0] / run[0], 3), "unit": "s"})
             rows.append({"measure": f"start-up CPU time: a 1-page dump, ours {w} worker(s)", "ours": round(run[2], 2),
                          "reference": round(start_ref[2], 2), "ratio": round(start_ref[2] / run[2], 3),
                          "unit": "CPU s"})
-        inputs = [(f"1x, {w} worker(s)", "enwiki excerpt 1x", dump1, len(xml) / 1e6, w) for w in WORKERS]
+        inputs = [("1x", "enwiki excerpt 1x", dump1, len(xml) / 1e6)]
         if args.large_mb:
             dump, mb = distinct_multistream(xml, args.large_mb, args.distinct, tmp)
-            label = f"enwiki excerpt + distinct text as pages ({mb:.0f} MB XML, no copies)"
-            inputs += [(f"distinct, {w} worker(s)", label, dump, mb, w) for w in WORKERS]
+            inputs.append(("distinct", f"enwiki excerpt + distinct text as pages ({mb:.0f} MB XML, no copies)", dump, mb))
         if args.also_copies:
             n = args.also_copies
-            inputs.append((f"{n}x copies, 1 worker", f"enwiki excerpt copied {n}x under new ids",
-                           repeated_multistream(xml, n, tmp), n * len(xml) / 1e6, 1))
+            inputs.append((f"{n}x copies", f"enwiki excerpt copied {n}x under new ids",
+                           repeated_multistream(xml, n, tmp), n * len(xml) / 1e6))
         tiny_mb = len(tiny_xml) / 1e6
-        refs: dict[Path, tuple[float, int, float, int]] = {}
-        for name, label, dump, mb, workers in inputs:
-            ours = run_ours(dump, tmp / f"ours-{name}", workers)
-            if dump not in refs:  # one wikiextractor run per input
-                refs[dump] = run_wikiextractor(python, dump, tmp / f"wx-{dump.name}")
-            ref = refs[dump]
-            start = starts[workers]
-            print(f"{name}: {label}: {mb:.1f} MB of XML  ours {ours[0]:.1f} s ({mb / ours[0]:.2f} MB/s, "
-                  f"{ours[3]} process(es), peak RSS {ours[1] / 1e6:.0f} MB)  wikiextractor {ref[0]:.1f} s "
-                  f"({mb / ref[0]:.2f} MB/s, peak RSS {ref[1] / 1e6:.0f} MB)  ratio {ref[0] / ours[0]:.2f}; "
-                  f"CPU s: ours {ours[2]:.1f}, wikiextractor {ref[2]:.1f}",
-                  flush=True)
-            rows.append({"measure": f"throughput, {name}, {label} (ours: {ours[3]} process(es), wikiextractor "
-                                    f"--processes {PROCESSES})",
-                         "ours": round(mb / ours[0], 3), "reference": round(mb / ref[0], 3),
-                         "ratio": round(ref[0] / ours[0], 3), "unit": "MB/s of XML"})
-            rows.append({"measure": f"CPU throughput (all processes, start-up included), {name}",
-                         "ours": round(mb / ours[2], 3), "reference": round(mb / ref[2], 3),
-                         "ratio": round(ref[2] / ours[2], 3), "unit": "MB of XML per CPU-second"})
-            per_mb = [(mb - tiny_mb) / max(run[2] - fixed[2], 1e-9)
-                      for run, fixed in ((ours, start), (ref, start_ref))]
-            rows.append({"measure": f"CPU throughput beyond start-up, {name}", "ours": round(per_mb[0], 3),
-                         "reference": round(per_mb[1], 3), "ratio": round(per_mb[0] / per_mb[1], 3),
-                         "unit": "MB of XML per CPU-second"})
-            rows.append({"measure": f"peak RSS of the process tree, {name}",
-                         "ours": round(ours[1] / 1e6, 1), "reference": round(ref[1] / 1e6, 1),
-                         "ratio": round(ours[1] / max(ref[1], 1), 3), "unit": "MB"})
-        ours_s = our_sentences(tmp / "ours-1x, 1 worker(s)")
-        ref_s = wikiextractor_sentences(tmp / f"wx-{dump1.name}")
+        for name, label, dump, mb in inputs:
+            refs, ours_by_workers = measured_in_turn(
+                args.repeats, name, tmp, lambda out, dump=dump: run_wikiextractor(python, dump, out),
+                {w: (lambda out, w=w, dump=dump: run_ours(dump, out, w)) for w in WORKERS}, keep=name == "1x")
+            ref = median_run(refs)
+            for workers, runs in ours_by_workers.items():
+                ours, start = median_run(runs), median_run(starts[workers])
+                case = f"{name}, {workers} worker(s)"
+                print(f"{case}: {label}: {mb:.1f} MB of XML, medians of {len(runs)} runs in turn: ours {ours[0]:.1f} s "
+                      f"({mb / ours[0]:.2f} MB/s, {ours[3]} process(es), peak RSS {ours[1] / 1e6:.0f} MB)  wikiextractor "
+                      f"{ref[0]:.1f} s ({mb / ref[0]:.2f} MB/s, peak RSS {ref[1] / 1e6:.0f} MB); CPU s: ours "
+                      f"{ours[2]:.1f}, wikiextractor {ref[2]:.1f}; CPU ratio pair by pair "
+                      + ", ".join(f"{r[2] / o[2]:.2f}" for o, r in zip(runs, refs, strict=True)), flush=True)
+                rows.append({"measure": f"throughput, {case}, {label} (ours: {ours[3]} process(es), wikiextractor "
+                                        f"--processes {PROCESSES})",
+                             "ours": round(mb / ours[0], 3), "reference": round(mb / ref[0], 3),
+                             "ratio": round(ref[0] / ours[0], 3), "unit": "MB/s of XML"})
+                pairs = sorted(r[2] / o[2] for o, r in zip(runs, refs, strict=True))
+                rows.append({"measure": f"CPU throughput (all processes, start-up included), {case}",
+                             "ours": round(mb / ours[2], 3), "reference": round(mb / ref[2], 3),
+                             "ratio": round(statistics.median(pairs), 3), "unit": "MB of XML per CPU-second",
+                             "ratio_range": [round(pairs[0], 3), round(pairs[-1], 3)]})
+                per_mb = [beyond_start_up(mb - tiny_mb, run[2], fixed[2])
+                          for run, fixed in ((ours, start), (ref, start_ref))]
+                rows.append({"measure": f"CPU throughput beyond start-up, {case}", "ours": per_mb[0],
+                             "reference": per_mb[1],
+                             "ratio": round(per_mb[0] / per_mb[1], 3) if None not in per_mb else None,
+                             "unit": "MB of XML per CPU-second"})
+                rows.append({"measure": f"peak RSS of the process tree, {case}",
+                             "ours": round(ours[1] / 1e6, 1), "reference": round(ref[1] / 1e6, 1),
+                             "ratio": round(ours[1] / max(ref[1], 1), 3), "unit": "MB"})
+        ours_s = our_sentences(tmp / "ours-1x-1-0")
+        ref_s = wikiextractor_sentences(tmp / "wx-1x-0")
         ours_set = {normalize(s) for s in ours_s}
         ref_set = {normalize(s) for s in ref_s if normalize(s)}
         share = len(ref_set & ours_set) / max(len(ref_set), 1)
@@ -365,8 +413,9 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     (out / "clean.json").write_text(json.dumps({"rows": rows}, indent=2))
     for r in rows:
+        spread = f" (pair by pair {r['ratio_range'][0]}-{r['ratio_range'][1]})" if "ratio_range" in r else ""
         print(f"{r['measure']:<60} ours {r['ours']!s:>10}  reference {r['reference']!s:>10}  "
-              f"ratio {r['ratio']!s:>6} {r['unit']}")
+              f"ratio {r['ratio']!s:>6}{spread} {r['unit']}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import numpy as np
 
 from bert_core.corpus import documents as D
 
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_ASCII = bytes(range(128))
 _SPACES = re.compile(b"  +")
 # ASCII letters lowercased, digits kept, every other ASCII byte a space; bytes above 127 kept.
 _ASCII_WORDS = bytes(
@@ -57,10 +57,14 @@ def normalize(text: str) -> str:
         text = text.encode("ascii").translate(_ASCII_WORDS)
     else:
         text = text.casefold()
-        for char in set(_NON_ASCII.findall(text)):
-            if not char.isalnum():
+        data = text.encode("utf-8")
+        wide = set(data.translate(None, _ASCII).decode("utf-8"))  # the characters beyond ASCII
+        marks = [char for char in wide if not char.isalnum()]
+        if marks:
+            for char in marks:
                 text = text.replace(char, " ")
-        text = text.encode("utf-8").translate(_ASCII_WORDS)
+            data = text.encode("utf-8")
+        text = data.translate(_ASCII_WORDS)
     return _SPACES.sub(b" ", text).strip(b" ").decode("utf-8")
 
 
