@@ -414,10 +414,7 @@ class FinetuneConfig(_Model):
             return FinetuneConfig.model_validate(
                 self.model_dump(exclude={"by_checkpoint"}) | settings)
         except ValidationError as err:
-            e = err.errors()[0]
-            where = ".".join([f"finetune.by_checkpoint.{name}", *map(str, e["loc"])])
-            raise ValueError(f"{where}: "
-                             f"{e['msg'].removeprefix('Value error, ')}") from None
+            raise ValueError("; ".join(error_lines(err, f"finetune.by_checkpoint.{name}"))) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -624,11 +621,13 @@ def validate(data: dict[str, Any], source: str = "config", model: type[BaseModel
     try:
         return (model or PipelineConfig).model_validate(data)
     except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            problems.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
-        raise ConfigError(f"invalid {source}: " + "; ".join(problems)) from None
+        raise ConfigError(f"invalid {source}: " + "; ".join(error_lines(err))) from None
+
+
+def error_lines(err: ValidationError, *prefix: str) -> list[str]:
+    """``field.path: why`` for each error of a validation, the path under ``prefix``."""
+    return [f"{'.'.join([*prefix, *map(str, e['loc'])]) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()]
 
 
 def config_hash(*parts: Any) -> str:

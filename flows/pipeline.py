@@ -30,7 +30,7 @@ process.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -131,6 +131,17 @@ def finetune_job(config: PipelineConfig, checkpoint: str, folder: str, task_name
 # --------------------------------------------------------------------------- the DAG
 
 
+class FinetuneJob(NamedTuple):
+    """The arguments of one :func:`finetune_job`, in its order."""
+
+    config: PipelineConfig  # with the checkpoint's own settings (``finetune.by_checkpoint``)
+    checkpoint: str
+    folder: str
+    task_name: str
+    label: str
+    version: str
+
+
 def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> list[dict[str, Any]]:
     """One isolated job per checkpoint x task (called inside a flow) into
     ``finetune/<checkpoint name>/<task>``; failures become rows. Then ``finetune/`` and each
@@ -146,27 +157,23 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
         ident = checkpoint_identity(checkpoint)
         job_config = config.model_copy(update={"finetune": config.finetune.for_checkpoint(label)})
         for task_name in (get_task(t).name for t in config.finetune.tasks):
-            jobs.append((job_config, label, task_name, finetune_folder(config, label), checkpoint,
-                         finetune_version(job_config, task_name, ident)))
+            jobs.append(FinetuneJob(job_config, checkpoint, finetune_folder(config, label), task_name, label,
+                                    finetune_version(job_config, task_name, ident)))
     submit = config.finetune.deployment is not None
-    states = []
-    for job_config, label, task_name, folder, checkpoint, version in jobs:
-        args = (job_config, checkpoint, folder, task_name, label, version)
-        # Deployed jobs run in parallel on the pool; in-process jobs one after another (shared CPU).
-        states.append(finetune_job.submit(*args) if submit else
-                      finetune_job(*args, return_state=True))
+    # Deployed jobs run in parallel on the pool; in-process jobs one after another (shared CPU).
+    states = [finetune_job.submit(*job) if submit else finetune_job(*job, return_state=True) for job in jobs]
     results = []
-    for (_, label, task_name, folder, _, _), st in zip(jobs, states, strict=True):
+    for job, st in zip(jobs, states, strict=True):
         if submit:
             st.wait()
         state = st.state if submit else st
         if state.is_completed():
             value = unwrap(state.result())
-            results.append({"checkpoint": label, "task": task_name, **value})
+            results.append({"checkpoint": job.label, "task": job.task_name, **value})
         else:
-            results.append({"checkpoint": label, "task": task_name, "status": "failed",
-                            "output": storage.join(folder, task_name), "error": state.message or state.name})
-    for folder in dict.fromkeys(job[3] for job in jobs):
+            results.append({"checkpoint": job.label, "task": job.task_name, "status": "failed",
+                            "output": storage.join(job.folder, job.task_name), "error": state.message or state.name})
+    for folder in dict.fromkeys(job.folder for job in jobs):
         write_index(folder)
     write_index(storage.join(config.storage_root, "finetune"))
     return results

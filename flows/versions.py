@@ -23,7 +23,7 @@ from prefect import get_run_logger
 from prefect.states import Completed, State
 
 from bert_core import storage
-from bert_core.config import PipelineConfig, config_hash
+from bert_core.config import FAN_OUT_FIELDS, FinetuneConfig, PipelineConfig, config_hash
 
 SKIPPED = "skipped (cached)"
 
@@ -87,9 +87,11 @@ def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
 
 
 def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
-    """The config one fine-tune job sees: its one task; fan-out settings cleared."""
-    ft = config.finetune.model_copy(update={"tasks": [task_name], "extra_checkpoints": [],
-                                            "deployment": None, "by_checkpoint": {}})
+    """The config one fine-tune job sees: its one task; the other fan-out settings at their
+    defaults, so that a job's version does not depend on what else the fan-out runs."""
+    fields = FinetuneConfig.model_fields
+    cleared = {name: fields[name].get_default(call_default_factory=True) for name in FAN_OUT_FIELDS}
+    ft = config.finetune.model_copy(update=cleared | {"tasks": [task_name]})
     return config.model_copy(update={"finetune": ft})
 
 

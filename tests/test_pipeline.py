@@ -66,7 +66,11 @@ def test_version_folders_are_pinned():
     assert [corpus, vocab, instances] == [f"{root}/corpus/43c8ea87d3aa", f"{root}/vocab/cdda87d05cf4",
                                           f"{root}/instances/b999c24aeb8c"]
     assert version == "9a6e3f30a8e9"
-    assert finetune == {"sentiment": "1e4a5cdcc0d3", "squad": "703e24720cf5", "ner": "40a50a6f693d"}
+    assert finetune == {"sentiment": "891bfdf2d593", "squad": "a2c1a1c7b32b", "ner": "8aed296f2d3c"}
+    # a job's version is its own settings, whatever else the fan-out runs beside it
+    alone = cfg.model_copy(deep=True)
+    alone.finetune.random_init_baseline, alone.finetune.extra_checkpoints = False, []
+    assert {t: versions.finetune_version(alone, t, checkpoint) for t in finetune} == finetune
     # fine-tuning folders are named for a reader; the version is in their manifest
     assert versions.finetune_folder(cfg, "minilm") == f"{root}/finetune/minilm"
 
