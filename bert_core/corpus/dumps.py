@@ -83,10 +83,11 @@ def plan_reads(uri: str, range_bytes: int = RANGE_BYTES, split_single_stream: bo
         if _is_utf16(_bz2_text_head(uri)):
             return [WorkItem(uri, "whole")]  # splits would cut UTF-16 code units apart
         # About one level-9 block of text (900 kB of XML, ~250 kB compressed) per item for a
-        # small file, so the 1.7 MB sample still spreads evenly over two workers; up to four for
-        # a big one, since an item decompresses one block more than it owns (to finish its last
-        # page) and 16 items are plenty to share out.
-        step = max(min(total // 16, range_bytes // 4), range_bytes // 16, 1)
+        # small file, so the 1.7 MB sample still spreads evenly over two workers; an eighth of a
+        # mid-sized file; about 16 blocks for a big one. An item decompresses one block more
+        # than it owns (to finish its last page), so the fewer the items, the less of that,
+        # and eight items, or thousands for a big dump, are plenty to share out.
+        step = max(min(total // 8, range_bytes), range_bytes // 16, 1)
         if split_single_stream and total > step and _bz2_head_ok(head):
             return [WorkItem(uri, "blocks", s, min(s + step, total), last=s + step >= total)
                     for s in range(0, total, step)]
@@ -290,6 +291,7 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
     """Pages of one work item, in file order, as ("page", dict) or ("reject", dict)."""
     pages = 0
     buf = b""
+    pos = 0  # buf[:pos] is read; pages are cut from buf in place and buf is trimmed once a block
     offset = item.start if item.kind == "range" else 0  # offset of buf[0] in the (decompressed) data
     seen_page = closed = False
     feed = _BlockFeed(item) if item.kind == "blocks" else None
@@ -300,14 +302,12 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
             if item.kind == "whole":
                 blocks = _peek_utf16(blocks)
             for block in blocks:
-                buf += block
+                buf, offset, pos = buf[pos:] + block, offset + pos, 0
                 while True:
-                    start = buf.find(_PAGE_OPEN)
+                    start = buf.find(_PAGE_OPEN, pos)
                     if start < 0:
-                        closed = closed or b"</mediawiki>" in buf
-                        keep = len(_PAGE_OPEN) - 1  # a tag may straddle two blocks
-                        offset += max(len(buf) - keep, 0)
-                        buf = buf[-keep:]
+                        closed = closed or buf.find(b"</mediawiki>", pos) >= 0
+                        pos = max(len(buf) - (len(_PAGE_OPEN) - 1), pos)  # a tag may straddle two blocks
                         break
                     bound = item.end if item.kind == "range" else feed.bound if feed else None
                     if bound is not None and offset + start >= bound:
@@ -320,37 +320,36 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
                         seen_page = True
                         pages += 1
                         yield "reject", _unclosed(buf[start:nested], where(offset + start))
-                        offset += nested
-                        buf = buf[nested:]
+                        pos = nested
                         continue
                     if end < 0:
                         if len(buf) - start > MAX_PAGE_BYTES:
                             seen_page = True
                             pages += 1
                             yield "reject", _unclosed(buf[start : start + 4096], where(offset + start))
-                            offset += len(buf)
-                            buf = b""
-                        elif start:
-                            offset += start
-                            buf = buf[start:]
+                            pos = len(buf)
+                        else:
+                            pos = start
                         break
                     stop = end + len(_PAGE_CLOSE)
                     seen_page = True
                     pages += 1
                     yield _page_record(buf[start:stop], where(offset + start))
-                    offset += stop
-                    buf = buf[stop:]
+                    pos = stop
     except _Truncated as err:
+        buf, offset = buf[pos:], offset + pos
         yield from _corrupt_blocks(feed)
         yield "reject", _truncated(buf, item, where, offset, pages, str(err))
         return
     except (OSError, EOFError, ValueError, UnicodeDecodeError) as err:
+        offset += pos
         yield from _corrupt_blocks(feed)
         yield "reject", D.make_reject(
             D.WIKIPEDIA, where(offset), D.UNREADABLE_FILE,
             f"{item.uri}: cannot read past decompressed byte {offset} ({type(err).__name__}: {err}); "
             f"{pages} pages were read before it. Check the file (e.g. `bzip2 -t`) or download it again")
         return
+    buf, offset = buf[pos:], offset + pos
     yield from _corrupt_blocks(feed)
     if feed and feed.stopped:
         return  # stopped at a later item's bad block, which that item reports
