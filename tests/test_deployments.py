@@ -38,6 +38,7 @@ def test_finetune_fan_out_runs_on_a_process_pool_worker(samples_dir, tmp_path):
     cfg = load_config("demo", sets=[
         f"storage_root={tmp_path / 'data'}", f"finetune.tasks={TASKS}", "finetune.seeds=[1]",
         f"finetune.data_dir={samples_dir}/tasks", "finetune.max_train_examples=16",
+        "finetune.learning_rates=[1e-4]", "finetune.epochs=[1]", "finetune.by_checkpoint={}",
         "finetune.deployment=finetune/local", "finetune.threads=1"])
     minilm = str(samples_dir / "models" / "minilm")
 
