@@ -295,7 +295,7 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
     offset = item.start if item.kind == "range" else 0  # offset of buf[0] in the (decompressed) data
     seen_page = closed = False
     feed = _BlockFeed(item) if item.kind == "blocks" else None
-    where = feed.where if feed else lambda pos: f"{item.uri}@{pos}"
+    where = feed.where if feed else lambda at: f"{item.uri}@{at}"
     try:
         with storage.open_file(item.uri, "rb") as raw:
             blocks = _blocks(item, raw, feed)
