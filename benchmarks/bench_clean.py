@@ -168,7 +168,10 @@ def _tree_rss(pid: int) -> tuple[int, int]:
     return total, count
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float, int]:
+Run = tuple[float, int, float, int]  # wall seconds, peak RSS bytes, CPU seconds, processes
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> Run:
     """(wall seconds, peak RSS of the process tree in bytes, CPU seconds of the tree, most
     processes seen at once) of one command. CPU time counts every reaped descendant and does
     not grow when other jobs share the cores, so it is the steadier measure on a busy machine."""
@@ -193,9 +196,6 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{err.decode()[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return seconds, peak[0], cpu, peak[1]
-
-
-Run = tuple[float, int, float, int]  # wall seconds, peak RSS bytes, CPU seconds, processes
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -230,7 +230,7 @@ def measured_in_turn(repeats: int, name: str, tmp: Path, reference: Callable[[Pa
     return refs, runs
 
 
-def run_ours(dump: Path, out: Path, workers: int, *extra: str) -> tuple[float, int, float, int]:
+def run_ours(dump: Path, out: Path, workers: int, *extra: str) -> Run:
     """Our job with ``--workers workers`` on the local runner (``--bytes-per-worker 0`` in ``extra``
     starts every worker however small the input)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -238,7 +238,7 @@ def run_ours(dump: Path, out: Path, workers: int, *extra: str) -> tuple[float, i
                   "--output", str(out), "--workers", str(workers), *extra], env)
 
 
-def run_wikiextractor(python: str, dump: Path, out: Path) -> tuple[float, int, float, int]:
+def run_wikiextractor(python: str, dump: Path, out: Path) -> Run:
     return timed([python, "-m", "wikiextractor.WikiExtractor", str(dump), "-o", str(out), "--json",
                   "--processes", str(PROCESSES), "-q"])
 
@@ -338,12 +338,11 @@ def main() -> None:
         start_refs, starts = measured_in_turn(args.repeats, "1-page", tmp, lambda out: run_wikiextractor(python, tiny, out),
                                               {w: (lambda out, w=w: run_ours(tiny, out, w, *FORCED)) for w in WORKERS})
         start_ref = median_run(start_refs)
+        start = {w: median_run(runs) for w, runs in starts.items()}
         print("start-up (1-page dump, medians): ours " +
-              ", ".join(f"{median_run(runs)[0]:.1f} s ({median_run(runs)[2]:.1f} CPU s) with {w} worker(s)"
-                        for w, runs in starts.items()) +
+              ", ".join(f"{run[0]:.1f} s ({run[2]:.1f} CPU s) with {w} worker(s)" for w, run in start.items()) +
               f"; wikiextractor {start_ref[0]:.1f} s ({start_ref[2]:.1f} CPU s)", flush=True)
-        for w, runs in starts.items():
-            run = median_run(runs)
+        for w, run in start.items():
             rows.append({"measure": f"start-up: a 1-page dump, ours {w} worker(s)", "ours": round(run[0], 2),
                          "reference": round(start_ref[0], 2), "ratio": round(start_ref[0] / run[0], 3), "unit": "s"})
             rows.append({"measure": f"start-up CPU time: a 1-page dump, ours {w} worker(s)", "ours": round(run[2], 2),
@@ -364,7 +363,7 @@ def main() -> None:
                 {w: (lambda out, w=w, dump=dump: run_ours(dump, out, w)) for w in WORKERS}, keep=name == "1x")
             ref = median_run(refs)
             for workers, runs in ours_by_workers.items():
-                ours, start = median_run(runs), median_run(starts[workers])
+                ours = median_run(runs)
                 case = f"{name}, {workers} worker(s)"
                 print(f"{case}: {label}: {mb:.1f} MB of XML, medians of {len(runs)} runs in turn: ours {ours[0]:.1f} s "
                       f"({mb / ours[0]:.2f} MB/s, {ours[3]} process(es), peak RSS {ours[1] / 1e6:.0f} MB)  wikiextractor "
@@ -381,7 +380,7 @@ def main() -> None:
                              "ratio": round(statistics.median(pairs), 3), "unit": "MB of XML per CPU-second",
                              "ratio_range": [round(pairs[0], 3), round(pairs[-1], 3)]})
                 per_mb = [beyond_start_up(mb - tiny_mb, run[2], fixed[2])
-                          for run, fixed in ((ours, start), (ref, start_ref))]
+                          for run, fixed in ((ours, start[workers]), (ref, start_ref))]
                 rows.append({"measure": f"CPU throughput beyond start-up, {case}", "ours": per_mb[0],
                              "reference": per_mb[1],
                              "ratio": round(per_mb[0] / per_mb[1], 3) if None not in per_mb else None,
