@@ -1,44 +1,30 @@
-"""Quality: does our pre-training help? Sentiment accuracy of a small BERT pre-trained by the
-pipeline (arm A) against the same architecture and vocab from random init (arm B), with the
-sample MiniLM (arm C) as the strong reference.
+"""Quality: does our pre-training pay, and most when labels are few? A pre-registered
+learning-curve protocol (the full text, with the results, is ``docs/quality.md``).
 
-    python -m benchmarks.bench_quality                      # the chosen recipe at 0, 15, 30 CPU-minutes, 3 runs each
-    python -m benchmarks.bench_quality --search             # every recipe at one budget, scored on dev
-    python -m benchmarks.bench_quality --budgets 0,2 --seeds 2 --lrs 1e-3 --epochs 2 --no-reference  # a look
+    nice -n 19 python -m benchmarks.bench_quality --work /work/quality-runs --reuse   # the protocol
+    python -m benchmarks.bench_quality --quick --work /tmp/q                           # bookkeeping on tiny data
 
-- **Data**: every sample sentiment sentence (``samples/tasks/sentiment``, read by the product's
-  ``read_sentiment``, neutral ratings rejected as there), split once by ``--split-seed`` into
-  train / dev / test. The test split is scored only with the chosen setting's final seeds; the
-  recipe search never looks at it. The pre-training text is the demo preset's corpus
-  (:func:`corpus_inputs`: the Wikipedia excerpt, the novel, the plays and the sample tweets, text
-  only); a run stops if any dev or test sentence is in it.
-- **Recipes** (:data:`RECIPES`): what pre-training is made of, as the product's own settings:
-  the instances stage (sequence length, next-sentence pairs or packed sentences, static or dynamic
-  masking, whole-word masking) and the model and optimizer. ``--search`` pre-trains every recipe
-  for the same budget and fine-tunes it on the small dev grid (one seed a point, so a point or
-  two of difference is noise); :data:`CHOSEN`, the recipe of the main run and of the ``demo``
-  preset, is one the search ranks at the top.
-- **Pre-training** (arm A, ``--pretrain-seeds`` runs per budget, seeds 42, 43, ...): the product
-  path end to end: ``bertpipe corpus``,
-  ``vocab`` and ``instances`` on the samples (the instances stage carves the held-out eval split by
-  document), then ``bertpipe pretrain`` (DeepSpeed, 2 CPU ranks). The budget is CPU-minutes of
-  training steps summed over the ranks (``cpu_seconds`` in the run's metrics; a short calibration
-  run of the same command gives the CPU cost of a step); start-up, evaluation and export come on
-  top and are reported; every run of a budget takes the first run's step count. The eval
-  masked-LM accuracy is each run's own, on the whole eval split. Budget 0 is arm B: the same
-  model config, random init drawn from the same seeds.
-- **Fine-tuning**: the product's loop (``bert_core.finetune.train.train_and_predict``), the
-  paper's protocol per arm: a learning-rate x epochs grid on the arm's first run, each setting
-  scored on dev as the mean over ``--select-seeds`` seeds, then ``--seeds`` fresh seeds at the
-  best setting on every run, scored on test (0-100). A run's score is the mean of its seeds. The
-  gain of each budget over arm B has a 95% Welch confidence interval (Welch–Satterthwaite degrees
-  of freedom) over runs, so it carries the spread between pre-training runs as well as between
-  fine-tuning seeds; with one run per arm it can only be over fine-tuning seeds, and says so.
-  ``--jobs`` fine-tunes that many runs side by side (one thread each).
+- **Tasks** (``benchmarks/quality_tasks.py``, files pinned by sha256): ``sentiment`` (binary) and
+  ``tweets3`` (negative / neutral / positive crowd-labelled tweets; their held-out set is removed
+  from the pre-training text). A run stops if any dev or test text is in the corpus.
+- **Arms**: A, the chosen recipe pre-trained by the product path (``bertpipe corpus``, ``vocab``,
+  ``instances``, ``pretrain``) for each budget of CPU-minutes (60 and 240), 3 runs (seeds 42-44);
+  B, the same model from random init (seeds 42-44); TF-IDF + logistic regression; C, the sample
+  MiniLM at one fixed setting.
+- **Learning curve**: 100, 300, 1,000 and all training examples; 5 stratified subsamples per
+  size, subsample k fine-tuned with seed 1 + k in every arm (paired).
+- **Fine-tuning**: the product's loop; each arm's setting chosen once per task on the full pool's
+  dev score (macro-F1) from learning rate {3e-4, 1e-3} x pooling {cls, mean} x layer-wise decay
+  {1.0, 0.8}, then fixed for every size and run; 6 epochs, at least 100 steps.
+- **Primary endpoint**: at 300 and at 1,000 labels, the mean over tasks of A - B (macro-F1), with
+  a 95% Welch interval over pre-training runs. Secondary: the full-label gain per task, a linear
+  probe per layer, held-out MLM accuracy on each task's text, and the regression check (A - B at
+  300 labels per task; negative = ``REGRESSION``).
+- **Bookkeeping**: every pre-training run and fine-tuning job is cached under ``--work`` by a
+  hash of its settings, so ``--reuse`` resumes a killed session without redoing finished work.
 
-Writes ``bench-results/quality.json`` (``--search``: ``quality-search.json``, one entry per
-recipe and budget, kept across runs) and prints a table with the machine.
-"""
+Writes ``bench-results/quality.json`` (every run, subsample and seed) and ``docs/quality.png``.
+
 
 from __future__ import annotations
 
@@ -215,22 +201,23 @@ def bertpipe(args: list[str], log: Path) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def corpus_inputs(sample_dir: Path | None = None) -> list[tuple[str, str]]:
+def corpus_inputs(sample_dir: Path | None = None, tweets: Path | None = None) -> list[tuple[str, str]]:
     """The demo preset's corpus as ``bertpipe corpus`` options: (flag, glob) pairs, the globs as the
-    preset names them, or under ``sample_dir`` when given."""
+    preset names them, or under ``sample_dir`` when given; ``tweets`` replaces the preset's text
+    (the sample tweets) with that file."""
     from bert_core.config import load_config
     from flows.demo import demo_config
 
     cfg = (demo_config(str(sample_dir), []) if sample_dir else load_config("demo")).corpus
+    text = [str(tweets)] if tweets else cfg.text
     return [(flag, p) for flag, globs in (("--wikipedia", cfg.wikipedia), ("--books", cfg.books),
-                                          ("--text", cfg.text)) for p in globs]
+                                          ("--text", text)) for p in globs]
 
 
-def corpus_and_vocab(sample_dir: Path, work: Path) -> tuple[Path, Path]:
-    """The corpus and vocab stages on the samples with the demo preset, built once per set of inputs
+def corpus_and_vocab(inputs: list[tuple[str, str]], work: Path) -> tuple[Path, Path]:
+    """The corpus and vocab stages with the demo preset on ``inputs``, built once per set of inputs
     (a change of inputs removes the corpus and everything built from it)."""
     corpus, vocab = work / "corpus", work / "vocab"
-    inputs = corpus_inputs(sample_dir)
     stamp = work / "corpus-inputs.json"
     if not stamp.exists() or json.loads(stamp.read_text()) != [list(i) for i in inputs]:
         for built in [corpus, vocab, *work.glob("instances-*")]:
