@@ -107,7 +107,7 @@ def measure(checkpoint: str, reference: str, sentences: list) -> dict:
     import torch.nn.functional as F
 
     from bert_core.finetune.glue import encode_pairs
-    from bert_core.model.bert import BertModel
+    from bert_core.model.bert import BertModel, Tokens
     from bert_core.vocab.tokenization import load_tokenizer
 
     model, ref = BertModel.from_pretrained(checkpoint).eval(), BertModel.from_pretrained(reference)
@@ -130,13 +130,12 @@ def measure(checkpoint: str, reference: str, sentences: list) -> dict:
         out = model(ids, torch.zeros_like(ids), mask, output_hidden_states=True)
         for layer, x in zip(model.encoder.layer, captured, strict=True):
             # the [CLS] row's attention over the real tokens, recomputed from the layer input
-            from bert_core.model.bert import Tokens
-
             tokens = Tokens(mask, *ids.shape, x.dtype)
             a = layer.attention.self
             H = x.shape[-1]
             h = layer.attention.output.LayerNorm(x) if layer.pre_layer_norm else x
-            w = torch.cat([a.query.weight, a.key.weight]); b = torch.cat([a.query.bias, a.key.bias])
+            w = torch.cat([a.query.weight, a.key.weight])
+            b = torch.cat([a.query.bias, a.key.bias])
             qk = tokens.pad(F.linear(h, w, b))  # [B, T, 2H]
             nh = a.num_heads
             q, k = qk.view(*ids.shape, 2, nh, H // nh).permute(2, 0, 3, 1, 4)
