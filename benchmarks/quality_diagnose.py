@@ -15,6 +15,10 @@ experiments on one instances folder, each answer a line of JSON.
    of each task, 3 stratified subsamples, in each fine-tuning variant of :data:`FINETUNE` at each
    learning rate, scored on dev (macro-F1 and accuracy). Jobs run ``--jobs`` at a time, one
    thread each, most telling first; each result is appended to ``out/finetune.jsonl`` as it ends.
+4. ``--compare A,B`` (after 1-3, on the same ``--out``): the 300-label comparison of checkpoints A
+   and B on test, 5 subsamples, at the setting both arms shared (pooler over [CLS], rate 1e-3,
+   10 epochs) and at each arm's own setting (its best mean dev macro-F1 at 300 labels in
+   ``finetune.jsonl``): ``out/compare.jsonl``.
 """
 
 from __future__ import annotations
@@ -160,6 +164,44 @@ def measure(checkpoint: str, reference: str, sentences: list) -> dict:
             "mean_similarity": similarity(mean), "pooler_similarity": similarity(out.pooler_output)}
 
 
+SHARED = {"variant": "cls", "learning_rate": 1e-3}  # the setting both arms shared
+
+
+def own_setting(rows: list[dict], checkpoint: str, task: str) -> dict:
+    """The variant and rate with the best mean dev macro-F1 at 300 labels."""
+    means: dict[tuple, list[float]] = {}
+    for r in rows:
+        if (r["size"], r["checkpoint"], r["task"]) == (300, checkpoint, task):
+            means.setdefault((r["variant"], r["learning_rate"]), []).append(r["macro_f1"])
+    variant, lr = max(means, key=lambda k: sum(means[k]) / len(means[k]))
+    return {"variant": variant, "learning_rate": lr}
+
+
+def compare(out: Path, samples: Path, names: list[str], jobs: int) -> int:
+    from benchmarks import quality_tasks as qt
+    from benchmarks.quality_finetune import encoded, finetune
+
+    rows = [json.loads(line) for line in (out / "finetune.jsonl").read_text().splitlines()]
+    work = []
+    for task_name, task in qt.TASKS.items():
+        parts = qt.load(task, samples)
+        for name in names:
+            for which, chosen in (("shared", SHARED), ("own", own_setting(rows, name, task_name))):
+                setting = FINETUNE[chosen["variant"]] | {"learning_rate": chosen["learning_rate"], "epochs": 10}
+                for k in range(5):
+                    train = qt.subsample(parts["train"], 300, k, task_name)
+                    data, pad = encoded(str(out / name), {"train": train, "test": parts["test"]}, task.labels, 64)
+                    key = {"task": task_name, "checkpoint": name, "which": which, **chosen, "subsample": k}
+                    work.append((key, (str(out / name), data, "test", len(task.labels), setting, 1 + k, pad)))
+    with ProcessPoolExecutor(max(1, jobs)) as pool, (out / "compare.jsonl").open("a") as log:
+        running = {pool.submit(finetune, *a): key for key, a in work}
+        for n, f in enumerate(as_completed(running), 1):
+            log.write(json.dumps(running[f] | f.result()) + "\n")
+            log.flush()
+            print(f"compare: {n}/{len(work)}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import quality_tasks as qt
     from benchmarks.quality_finetune import encoded, finetune
@@ -173,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain", default=",".join(PRETRAIN))
     parser.add_argument("--limit-jobs", type=int, default=None, help="only the first N fine-tuning jobs")
     parser.add_argument("--dev-limit", type=int, default=1000, help="dev examples scored per job")
+    parser.add_argument("--compare", default=None, help="two checkpoint names: the 300-label test comparison")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        return compare(out, Path(args.samples), args.compare.split(","), args.jobs)
     started = time.perf_counter()
     names = [n for n in args.pretrain.split(",") if n]
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
