@@ -381,6 +381,13 @@ class FinetuneConfig(_Model):
     n_best_size: int = 20
     max_answer_length: int = 30
     # execution
+    accelerator: Literal["cpu", "gpu"] = Field(
+        "cpu", description="cpu, or gpu: the job's model and batches on cuda:<LOCAL_RANK> (0 unless launched)."
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: forward and loss under bf16 autocast (fp32 weights and optimizer); "
+        "fp32 on a GPU multiplies in TF32."
+    )
     deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
     max_train_examples: int | None = Field(None, ge=1, description="Cap for quick runs.")
     threads: int = Field(2, ge=1)
