@@ -194,7 +194,7 @@ def load_run_config(uri: str) -> PipelineConfig:
 
 def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str | None = None):  # -> ModelConfig
     """The encoder's shape: the init checkpoint's own config.json if given, else ``config.model``
-    with the instances' vocab size."""
+    with the instances' vocab size (rounded up to ``pad_vocab_to_multiple`` rows)."""
     if init_checkpoint:
         from bert_core.model.checkpoint import model_config_from_hf
 
@@ -211,7 +211,7 @@ def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str |
             f"model.vocab_size={config.model.vocab_size} is smaller than the instances' vocab "
             f"({vocab_size} tokens); leave model.vocab_size unset"
         )
-    return config.model.model_copy(update={"vocab_size": config.model.vocab_size or vocab_size})
+    return config.model.for_vocab(vocab_size)
 
 
 def _log(rank: int, message: str) -> None:
@@ -399,6 +399,9 @@ def run_phase(
         model=model, model_parameters=groups, optimizer=optimizer,
         config=ds_config(pre, phase_index, run),
     )
+    if pre.compile:
+        # Batch shapes vary (padded length, real tokens, masked positions): compile for dynamic shapes.
+        engine.compile(compile_kwargs={"dynamic": True})
     loader = PretrainingLoader(
         instances, phase.max_seq_length, phase.micro_batch_size, rank=rank, world_size=world_size,
         seed=pre.seed + phase_index, workers=pre.loader_workers, vocab_file=config.vocab.vocab_file,
