@@ -19,7 +19,7 @@ import time
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, load_config
-from flows.samples import fetch
+from flows.tools.samples import fetch
 from flows.versions import is_done
 
 PRESET_SAMPLES = "samples/"

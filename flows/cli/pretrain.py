@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def pretrain(

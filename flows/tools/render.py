@@ -27,7 +27,7 @@ import yaml
 from bert_core import storage
 from bert_core.config import PipelineConfig
 
-INFRA_DIR = Path(__file__).resolve().parent.parent / "infra"
+INFRA_DIR = Path(__file__).resolve().parents[2] / "infra"
 PROCESS_POOL = "bertpipe-process"
 GPU_POOL = "bertpipe-k8s-gpu"
 # The corpus refresh runs on the 10th of each month: the dump of the 1st has finished its
@@ -232,7 +232,7 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
     header = (
         "# Prefect deployments of bertpipe: one per flow, a monthly corpus refresh, two work pools.\n"
         "# GENERATED from the demo preset: `bertpipe infra render --preset demo --out build/infra`\n"
-        "# (flows/render.py::prefect_yaml); edit that, not this file.\n"
+        "# (flows/tools/render.py::prefect_yaml); edit that, not this file.\n"
         "#   prefect work-pool create bertpipe-process --type process\n"
         "#   prefect work-pool create bertpipe-k8s-gpu --type kubernetes \\\n"
         "#       --base-job-template build/infra/k8s/gpu-base-job-template.json\n"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flows.render import PROCESS_POOL, load_prefect_yaml
+from flows.tools.render import PROCESS_POOL, load_prefect_yaml
 
 
 def _flow(entrypoint: str):
