@@ -47,22 +47,12 @@ def finetune_one(name: str, job: dict[str, Any], config: PipelineConfig, checkpo
     cfg = config.finetune
     if not cfg.deployment:
         return _run_here(job, cfg.data_dir, checkpoint, cfg, output, get_run_logger().info)
-    from prefect.context import TaskRunContext
-    from prefect.deployments import run_deployment
-
     from bert_core.finetune.grid import Setting, job_dir
+    from flows.dispatch import run_on_deployment
 
-    ctx = TaskRunContext.get()
-    # One launch per attempt: a re-sent request returns the same child run, a retry makes a new one.
-    key = f"{output}#{name}#{ctx.task_run.id}#{ctx.task_run.run_count}" if ctx else f"{output}#{name}"
-    child = run_deployment(
-        cfg.deployment, flow_run_name=name, idempotency_key=key, poll_interval=2,
-        parameters={"config": config.model_dump(mode="json"), "checkpoint": checkpoint,
-                    "output": output, "checkpoint_name": checkpoint_name, "job": job},
-    )
-    if not child.state or not child.state.is_completed():
-        raise RuntimeError(f"{name}: deployment run {child.name} ended "
-                           f"{child.state.name if child.state else 'without a state'}")
+    run_on_deployment(cfg.deployment, name, {"config": config.model_dump(mode="json"), "checkpoint": checkpoint,
+                                             "output": output, "checkpoint_name": checkpoint_name, "job": job},
+                      key=f"{output}#{name}")
     s = job["setting"]
     folder = job_dir(output, job["task"], Setting(s["learning_rate"], s["batch_size"], s["num_train_epochs"]),
                      job["seed"])

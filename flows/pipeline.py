@@ -16,7 +16,8 @@ before any work. With ``runs_root`` set, the run's ``hf/`` export is copied to
 ``<storage_root>/models/<version>/`` (with its own manifest), so every output a user keeps is in
 the bucket and fine-tuning reads the model from there.
 
-Retries are in the task decorator and only for infrastructure errors (flows/retry.py). Fine-tune
+Retries are in the task decorator and only for infrastructure errors (flows/retry.py);
+pre-training retries its launch, inside its own flow, ``pretrain.launch_retries`` times. Fine-tune
 jobs (one per checkpoint x task, each running every setting and seed) write
 ``<storage_root>/finetune/<checkpoint name>/<task>`` (``pretrained``, ``random-init``, and each
 extra checkpoint's folder name), done when its manifest records the job's version; the index
@@ -38,6 +39,7 @@ from prefect.cache_policies import NO_CACHE
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig
 from bert_core.finetune.grid import checkpoint_name
+from flows.dispatch import run_on_deployment
 from flows.retry import retry_on_infrastructure
 from flows.versions import (
     SKIPPED,
@@ -110,20 +112,9 @@ def finetune_job(config: PipelineConfig, checkpoint: str, folder: str, task_name
         if not config.finetune.deployment:
             _stage_flow("finetune")(job_config, **params)
             return
-        from prefect.context import TaskRunContext
-        from prefect.deployments import run_deployment
-
-        ctx = TaskRunContext.get()
-        output = storage.join(folder, task_name)
-        # One launch per attempt: a re-sent request returns the same child run, a retry makes a new one.
-        key = f"{output}#{ctx.task_run.id}#{ctx.task_run.run_count}" if ctx else output
-        child = run_deployment(
-            config.finetune.deployment, parameters={"config": job_config.model_dump(mode="json"), **params},
-            flow_run_name=f"finetune-{task_name}-{label}", idempotency_key=key, poll_interval=2,
-        )
-        if not child.state or not child.state.is_completed():
-            raise RuntimeError(f"{what}: deployment run {child.name} ended "
-                               f"{child.state.name if child.state else 'without a state'}")
+        run_on_deployment(config.finetune.deployment, f"finetune-{task_name}-{label}",
+                          {"config": job_config.model_dump(mode="json"), **params},
+                          key=storage.join(folder, task_name))
 
     return run_once(what, storage.join(folder, task_name), work, version=version)
 
@@ -220,7 +211,9 @@ def random_init_model(config: PipelineConfig, vocab: str, output: str):
 
 
 def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    return unwrap(run_stage(stage, config, output, inputs))
+    # Pre-training retries its launch inside its own flow (pretrain.launch_retries), only there.
+    run = run_stage.with_options(retries=0) if stage == "pretrain" else run_stage
+    return unwrap(run(stage, config, output, inputs))
 
 
 @flow(name="bert-pipeline", log_prints=True)

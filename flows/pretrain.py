@@ -9,8 +9,9 @@ logger, turns new ``metrics.jsonl`` rows into the live progress artifact ``pretr
 (steps done / steps of all phases) and refreshes the table ``pretrain-metrics`` (train and eval
 rows, told apart by ``kind``) at most every ``TABLE_EVERY_S`` seconds; at the end it publishes the
 loss and accuracy curves (train and eval on one plot) and each phase's final eval as
-``pretrain-report``. The launch is a task retried only for infrastructure failures (a killed
-rank, a rendezvous timeout): the retry resumes from the last checkpoint. A run folder with a
+``pretrain-report``. The launch is a task retried ``pretrain.launch_retries`` times, only for
+infrastructure failures (a killed rank, a rendezvous timeout): the retry resumes from the last
+checkpoint. A run folder with a
 ``_MANIFEST.json`` is finished and not redone (flows/versions.py).
 """
 
@@ -62,7 +63,7 @@ class MetricsWatcher:
         return rows
 
 
-@task(name="launch-deepspeed", retries=2, retry_delay_seconds=15, retry_condition_fn=retry_on_infrastructure)
+@task(name="launch-deepspeed", retry_delay_seconds=15, retry_condition_fn=retry_on_infrastructure)
 def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None,
            node_rank: int | None) -> str:
     from bert_core.pretrain.launch import launch_pretraining
@@ -93,7 +94,9 @@ def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoin
         logger.info("pretrain: %s, %s has a manifest; not redone", SKIPPED, output)
         MetricsWatcher(config, output).poll(final=True)
     else:
-        launch(config, instances, output, init_checkpoint, node_rank)
+        # The one retry site of pre-training: each retry resumes from the last checkpoint.
+        launch.with_options(retries=config.pretrain.launch_retries)(
+            config, instances, output, init_checkpoint, node_rank)
     if node_rank:  # another node's launcher: rank 0's node writes the manifest and the report
         return output
     manifest = storage.read_manifest(output)

@@ -82,8 +82,9 @@ def instances_folder(config: PipelineConfig, corpus: str, vocab: str) -> str:
 
 def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
     """The version of a pre-training run: its run folder and its published model share it."""
-    return config_hash(config.model, config.pretrain, manifest_identity(instances),
-                       manifest_identity(vocab))
+    # How often a failed launch is retried does not change what is trained.
+    pretrain = config.pretrain.model_dump(mode="json", exclude={"launch_retries"})
+    return config_hash(config.model, pretrain, manifest_identity(instances), manifest_identity(vocab))
 
 
 def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
