@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
-from flows.versions import finished_manifest
+from flows.versions import finished_manifest, output_run_name
 
 
 def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -33,7 +33,7 @@ def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-@flow(name="corpus", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="corpus", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
 def clean_corpus(config: PipelineConfig, output: str) -> str:
     """Clean ``config.corpus.wikipedia`` dumps, ``config.corpus.books`` and ``config.corpus.text``
     records into documents."""

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
-from flows.versions import finished_manifest
+from flows.versions import finished_manifest, output_run_name
 
 
 def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -35,7 +35,7 @@ def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-@flow(name="instances", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="instances", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
 def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
     """MLM + NSP instances from the corpus stage's documents and the vocab stage's vocab."""
     from beam_jobs.create_instances import create_instances as run_job

@@ -216,7 +216,18 @@ def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, An
     return unwrap(run(stage, config, output, inputs))
 
 
-@flow(name="bert-pipeline", log_prints=True)
+def pipeline_run_name() -> str:
+    """``demo-2026-11-26-1431``: the config's name and the UTC minute the run started."""
+    import datetime as dt
+
+    from prefect.runtime import flow_run
+
+    config = flow_run.parameters["config"]
+    name = config.name if isinstance(config, PipelineConfig) else config.get("name", "bert")
+    return f"{name}-{dt.datetime.now(dt.timezone.utc):%Y-%m-%d-%H%M}"
+
+
+@flow(name="bert-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Raw text to fine-tuned models; finished stages are skipped, failed jobs listed."""
     from flows.report import publish_pipeline_report

@@ -63,7 +63,15 @@ def download(lang: str, date: str, to: str, base_url: str | None) -> str:
     return to
 
 
-@flow(name="refresh-corpus", log_prints=True)
+def refresh_run_name() -> str:
+    """``enwiki-20240601``, or ``enwiki-latest`` when the newest finished dump is looked up."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"{p.get('lang', 'en')}wiki-{p.get('date') or 'latest'}"
+
+
+@flow(name="refresh-corpus", flow_run_name=refresh_run_name, log_prints=True)
 def refresh_corpus(
     config: PipelineConfig, lang: str = "en", date: str | None = None, base_url: str | None = None
 ) -> str:

@@ -157,3 +157,15 @@ def finished_manifest(what: str, output: str, work: Callable[[], dict[str, Any]]
         get_run_logger().info("%s: %s, %s has a manifest; not redone", what, SKIPPED, output)
         return storage.read_manifest(output)
     return work()
+
+
+# --------------------------------------------------------------------------- run names
+
+
+def output_run_name() -> str:
+    """A stage flow run's name in the UI: the last two parts of the folder it writes
+    (``corpus/<version>``, ``pretrain/<version>``), so a run says what it made."""
+    from prefect.runtime import flow_run
+
+    output = str(flow_run.parameters.get("output") or "")
+    return "/".join(output.rstrip("/").split("/")[-2:]) or flow_run.flow_name

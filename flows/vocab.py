@@ -15,10 +15,10 @@ from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
 from bert_core.vocab.training import report_markdown
-from flows.versions import finished_manifest
+from flows.versions import finished_manifest, output_run_name
 
 
-@flow(name="vocab", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="vocab", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
 def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
     """A WordPiece vocab trained on the corpus stage's documents (or ``config.vocab.vocab_file``)."""
     from beam_jobs.build_vocab import build_vocab as run_job
