@@ -1,21 +1,11 @@
-"""Prefect flow of the fine-tuning stage: tasks x settings x seeds from one checkpoint, the best
+"""Prefect flow of the fine-tuning stage: tasks x settings x seeds on one checkpoint, the best
 setting per task chosen on dev and reported on the final split.
 
-    bertpipe run --preset demo                      (as part of the whole DAG, flows/pipeline.py)
     bertpipe finetune --task mrpc --seeds 1,2,3 --data D --checkpoint C --output O --prefect
 
-``output`` is the checkpoint's folder (``<storage_root>/finetune/<checkpoint name>`` in the
-pipeline): each task writes ``<output>/<task>/`` with its report.md and manifest (its version
-from ``flows/versions.py``), and ``<output>/_MANIFEST.json`` indexes them
-(``bert_core/finetune/report.py``). The flow run is named ``finetune-<tasks>-<checkpoint name>``;
-each (task, setting, seed) is one Prefect task run named by what it is
-(``finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2``), at most ``finetune.max_parallel_jobs`` at once.
-With ``finetune.deployment`` set, each job runs as a child flow run of that deployment (this flow
-again, given ``job``) on its work pool, sent with ``run_deployment``; output is shared storage.
-A failing job does not stop the others: failures land in the grid and the manifest. The table
-artifact ``finetune-results`` shows every setting's dev mean ± sd (0-100) with the selected one
-marked and its final-split score; each ``<output>/<task>/report.md`` holds the same. The work itself is
-``bert_core.finetune.train.run_job``.
+Each (task, setting, seed) is a task run named by what it is, here or, with
+``finetune.deployment`` set, as a child flow run on that deployment's work pool. The work is
+``bert_core.finetune.train.run_job``; the ``finetune-results`` artifact shows the grid on 0-100.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Prefect flow of the instance stage: documents + vocab -> MLM/NSP instance shards per length.
+"""Prefect flow of the instance stage: documents + vocab -> MLM (and NSP) instance shards per length.
 
-    bertpipe run --preset demo          (as part of the whole DAG, flows/pipeline.py)
     bertpipe instances --corpus C --vocab V --output O    (the same work without Prefect)
 
-The work is ``beam_jobs.create_instances.create_instances``; this flow runs it, publishes the
-statistics as the table artifact ``instances-stats`` (one row per sequence length, with the
-instance count of its eval split, held out by document) and a length histogram as
-``instances-lengths``, and returns ``output``. A finished ``output`` (it has its manifest) is
-not redone (flows/versions.py).
+Runs ``beam_jobs.create_instances.create_instances`` and publishes its statistics
+(``instances-stats``) and length histogram (``instances-lengths``).
 """
 
 from __future__ import annotations

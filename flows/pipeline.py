@@ -1,31 +1,11 @@
 """The whole DAG as one Prefect flow: clean -> vocab -> instances -> pre-train -> fine-tune -> report.
 
     bertpipe run --preset demo --set pretrain.phases.0.max_steps=20
-    python -c "from flows.pipeline import bert_pipeline; from bert_core.config import load_config; bert_pipeline(load_config('demo'))"
 
-Each stage is a task that calls the stage's own flow (a child flow run in the UI) with an explicit
-output folder ``<storage_root>/<stage>/<version>`` (flows/versions.py: the version hashes the stage
-config and its input manifests). A folder with a ``_MANIFEST.json`` is finished work: the stage is
-skipped and shows as ``Cached`` with "skipped (cached)", so re-running a failed pipeline resumes
-where it stopped. Pre-training resumes from its latest checkpoint inside the pretrain stage itself.
-
-Pre-training writes its run folder under ``runs_root`` (default: ``storage_root``): DeepSpeed saves
-checkpoints with ``torch.save`` to a path, so with ``storage_root: gs://...`` the run folder is a
-local disk or a mount of the bucket (gcsfuse, NFS), and a pipeline that cannot have one fails
-before any work. With ``runs_root`` set, the run's ``hf/`` export is copied to
-``<storage_root>/models/<version>/`` (with its own manifest), so every output a user keeps is in
-the bucket and fine-tuning reads the model from there.
-
-Retries are in the task decorator and only for infrastructure errors (flows/retry.py);
-pre-training retries its launch, inside its own flow, ``pretrain.launch_retries`` times. Fine-tune
-jobs (one per checkpoint x task, each running every setting and seed) write
-``<storage_root>/finetune/<checkpoint name>/<task>`` (``pretrained``, ``random-init``, and each
-extra checkpoint's folder name), done when its manifest records the job's version; the index
-``<storage_root>/finetune/_MANIFEST.json`` lists them all (``bertpipe stats``). Jobs are isolated:
-a failed job is listed in the report and fails the run only after every other job has finished,
-so the next run redoes just that job. With ``finetune.deployment`` set, each job is sent to that
-deployment with ``run_deployment`` (a child flow run on a work pool) instead of running in this
-process.
+Each stage is a task that runs the stage's flow into ``<storage_root>/<stage>/<version>``
+(flows/versions.py), skipped when that folder is finished, so a re-run resumes where a failed one
+stopped. Fine-tune jobs (one per checkpoint x task) are isolated: a failed one is reported and
+fails the run only after the others finish.
 """
 
 from __future__ import annotations

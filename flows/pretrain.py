@@ -1,18 +1,11 @@
 """Prefect flow of the pre-training stage: instances -> DeepSpeed run folder (all phases).
 
-    bertpipe run --preset demo              (as part of the whole DAG, flows/pipeline.py)
     bertpipe pretrain --preset demo --instances I --output RUN    (the same launch without Prefect)
 
-The work is ``bert_core.pretrain.launch.launch_pretraining`` (the ``deepspeed`` launcher running
-``bert_core.pretrain.loop`` on every rank). While it runs, this flow logs rank 0's lines to the flow
-logger, turns new ``metrics.jsonl`` rows into the live progress artifact ``pretrain-progress``
-(steps done / steps of all phases) and refreshes the table ``pretrain-metrics`` (train and eval
-rows, told apart by ``kind``) at most every ``TABLE_EVERY_S`` seconds; at the end it publishes the
-loss and accuracy curves (train and eval on one plot) and each phase's final eval as
-``pretrain-report``. The launch is a task retried ``pretrain.launch_retries`` times, only for
-infrastructure failures (a killed rank, a rendezvous timeout): the retry resumes from the last
-checkpoint. A run folder with a
-``_MANIFEST.json`` is finished and not redone (flows/versions.py).
+Launches ``bert_core.pretrain.launch.launch_pretraining`` and mirrors the run's
+``metrics.jsonl`` into live artifacts (``pretrain-progress``, ``pretrain-metrics``), then the
+curves and each phase's eval (``pretrain-report``). The launch alone is retried, and only after
+an infrastructure failure; each retry resumes from the last checkpoint.
 """
 
 from __future__ import annotations

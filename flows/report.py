@@ -1,12 +1,6 @@
-"""The run report of flows/pipeline.py: stage table, results table and a markdown page with pictures.
-
-    from flows.report import publish_pipeline_report   # called at the end of bert_pipeline
-
-Artifact keys (stable, so the UI keeps one history each): ``pipeline-stages`` (stage, status,
-output), ``pipeline-finetune-results`` (checkpoint x task x metric: mean, sd, n, failed seeds) and
-``pipeline-report`` (markdown: the two tables, loss and accuracy curves from the run's
-``metrics.jsonl``, train and held-out eval on one plot, and the instance length histogram read
-from the instance shards). :func:`pretrain_curves` also draws ``pretrain-report`` (flows/pretrain.py).
+"""The run report of flows/pipeline.py: the stages, the fine-tuning results and a markdown page
+with the pre-training curves and instance lengths (``pipeline-stages``,
+``pipeline-finetune-results``, ``pipeline-report``).
 """
 
 from __future__ import annotations

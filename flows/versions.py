@@ -2,16 +2,9 @@
 
     from flows.versions import corpus_folder, is_done, run_once
 
-A stage's ``version`` is ``config_hash(stage config, identities of its inputs)``: the same
-settings on the same inputs always have the same version. The data stages write into
-``<storage_root>/<stage>/<version>``; fine-tuning writes into folders a reader can name,
-``<storage_root>/finetune/<checkpoint name>/<task>``, and records the version in that folder's
-manifest. Either way one rule says whether work is done: the folder holds its ``_MANIFEST.json``
-(written last, so it is the proof that the write finished) and, where the folder is not named by
-its version, the manifest's ``version`` is the one wanted. A done stage is skipped and shows as
-``Cached`` with "skipped (cached)"; a folder holding another version (a changed config or
-checkpoint) is emptied and redone. The cache key comes from the manifests, never from Prefect's
-run ids or result storage, so a re-run of a failed pipeline resumes where it stopped.
+A stage's ``version`` hashes its config and the manifests of its inputs. A folder is done when it
+holds its ``_MANIFEST.json`` (written last) and, where the folder is not named by its version, the
+manifest records the wanted one; done work is skipped ("skipped (cached)"), another version redone.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Prefect flow of the vocab stage: documents -> WordPiece ``vocab.txt`` + ``tokenizer.json``.
 
-    bertpipe run --preset demo                              (as part of the whole DAG, flows/pipeline.py)
     bertpipe vocab --corpus C --output O [--vocab-file F]   (the same work without Prefect)
 
-The work is ``beam_jobs.build_vocab.build_vocab``; this flow runs it with ``config.vocab``,
-publishes the markdown artifact ``vocab-report`` (size, casing, UNK rate, pieces per word, top
-tokens, token length histogram) and returns ``output``. A finished ``output`` (it has its
-manifest) is not redone (flows/versions.py).
+Runs ``beam_jobs.build_vocab.build_vocab`` and publishes the ``vocab-report`` artifact.
 """
 
 from __future__ import annotations
