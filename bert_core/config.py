@@ -22,13 +22,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from bert_core.failures import Refusal
+
 
 class _Model(BaseModel):
     # Unknown keys are typos; refuse them so a misspelt setting never silently does nothing.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, Refusal):
     """A config that cannot run. The message names the field and what to do."""
 
 
@@ -294,6 +296,10 @@ class PretrainConfig(_Model):
     weight_decay: float = Field(0.01, ge=0, description="Not applied to bias and LayerNorm.")
     gradient_clipping: float = Field(1.0, ge=0)
     seed: int = 42
+    launch_retries: int = Field(
+        2, ge=0, description="Relaunches after an infrastructure failure (each resumes from the last "
+        "checkpoint); config and data errors are never retried."
+    )
     # bookkeeping
     log_every: int = Field(10, ge=1, description="Steps between metrics.jsonl lines.")
     checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints.")

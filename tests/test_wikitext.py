@@ -14,7 +14,7 @@ from bert_core.corpus.wikitext import (
     prescan,
     wikitext_to_paragraphs,
 )
-from flows.samples import wikipedia_xml
+from flows.tools.samples import wikipedia_xml
 
 NS = "{http://www.mediawiki.org/xml/export-0.10/}"
 

@@ -42,7 +42,6 @@ of the ranks that lost it (see ``bert_core/pretrain/launch.py``); those print on
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import pickle
@@ -55,6 +54,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig, validate
+from bert_core.failures import is_comm_error, refusal
 from bert_core.pretrain.metrics import MetricsLog, eval_rows, read_metrics, train_rows
 
 CONFIG_ERROR_EXIT = 2
@@ -70,13 +70,9 @@ class CheckpointWriteError(PretrainConfigError):
     """A checkpoint could not be written (full or read-only disk): a retry fails the same way."""
 
 
-# Errors of the collectives when a peer rank died or the network failed: worth a retry.
-_COMM_ERROR = re.compile(r"Connection (closed by peer|reset|refused)|Broken pipe|timed out|"
-                         r"gloo|NCCL|DistNetworkError|DistBackendError", re.IGNORECASE)
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 # Operational settings a finished or resumed run may change without changing what it trains.
 _OPERATIONAL = {"launcher", "hostfile", "master_addr", "master_port", "monitor", "threads_per_rank",
-                "log_every", "checkpoint_every", "peak_flops_per_rank"}
+                "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries"}
 
 
 # --------------------------------------------------------------------------- run folder
@@ -233,32 +229,6 @@ def first_line(err: BaseException) -> str:
     # torch's weights-only refusal explains itself over many lines; the global it met says it all
     unsupported = [line for line in lines if "Unsupported global" in line]
     return ((unsupported or lines or [type(err).__name__])[0])[:240]
-
-
-def is_comm_error(err: BaseException) -> bool:
-    """A collective failed: a peer rank died or the network broke (the peer has its own story)."""
-    import torch.distributed as dist
-
-    return isinstance(err, getattr(dist, "DistError", ())) or bool(_COMM_ERROR.search(str(err)))
-
-
-def refusal(err: BaseException) -> str | None:
-    """The one-line message of an error a retry cannot fix (config, data, checkpoint, a full or
-    read-only disk); None for anything else."""
-    from bert_core.model.checkpoint import CheckpointError
-    from bert_core.pretrain.data import InstanceDataError
-
-    if isinstance(err, (ConfigError, CheckpointError, InstanceDataError, storage.UnfinishedWriteError,
-                        storage.ManifestError, FileNotFoundError)):
-        return " ".join(str(err).split())  # the launcher reads one line
-    cause: BaseException | None = err
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
-            where = cause.filename or "the run folder"
-            return (f"{where}: {cause.strerror}; free space or make it writable, then run again "
-                    "(it resumes from the last complete checkpoint)")
-        cause = cause.__cause__
-    return None
 
 
 def _free_space(folder: str) -> str:

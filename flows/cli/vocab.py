@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
 
 
 def vocab(

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from bert_core.config import ConfigError, validate
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
 
 
 def corpus(
