@@ -138,7 +138,7 @@ def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
 # the pages of freed buffers (Parquet pages, compression scratch) for reuse, which holds a worker's
 # resident memory at the largest it has been; the system allocator gives them back. glibc's own
 # retention is left alone: lowering MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ returns
-# more memory but spends much more CPU on page faults (see the README's memory section).
+# more memory but spends much more CPU on page faults (see docs/benchmarks.md, bench_scale).
 WORKER_MEMORY_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}  # read when pyarrow is first imported
 
 
