@@ -6,34 +6,9 @@
     python -m beam_jobs.clean_corpus --wikipedia ... --output ... [--preset demo] [--set corpus.num_shards=8] \\
         [--workers N] [-- beam args]
 
-Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
-split sentences), ``ReadBooks`` (one book = one document), ``ReadTextRecords`` (JSON lines and
-Parquet, one record = one document: ``bert_core/corpus/records.py``), then per source
-``CleanDocuments`` (filters, duplicate fingerprints), ``FindDuplicates`` (exact and
-near-duplicate verdicts), ``WriteDocuments`` (sorted, hash-assigned shards, the verdicts
-applied), then the manifest. Every record read ends as a kept document or one reject (with a
-reason, and the id it duplicates for duplicates); one Beam counter per reject reason. Output
-layout and schema: ``bert_core/corpus/documents.py``. Output bytes do not depend on
-``--workers``: shards are chosen by a stable hash of ``doc_id``, rows sorted by ``doc_id``,
-rejects sorted too, and which of a set of duplicates is kept depends only on ids, never on
-arrival order.
-
-Memory does not grow with the corpus, on the local runner too (which holds every element that
-passes between steps in its own process, and materializes a Flatten of several inputs): records
-pass between steps as sorted runs in temporary files under the output (``_spill/``,
-``bert_core/corpus/spill.py``) and only the file names are shuffled; each source is cleaned
-alone (no Flatten of documents); the verdicts meet the documents by shard (``CoGroupByKey`` of
-file names, no side inputs) and a shard is written as one merge of sorted streams, a Parquet row
-group at a time. The only side input is the job's summary (counts and histograms).
-
-On the local runner ``--workers`` is an upper bound: the job starts one worker process per
-4 MB of input (``.bz2``/``.gz``/``.zst`` counted at four times their size), so a tiny input runs
-in the driver process (a worker process has Beam's start-up to pay: its imports, the harness, a
-bundle processor per stage) and any real corpus starts every worker: the number of processes,
-and with it the job's memory, does not change as the corpus grows. ``--workers 1`` runs the
-job in one process, which costs the fewest CPU-seconds (no gRPC traffic between processes;
-``benchmarks/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
-whatever the input size.
+Every record read ends as a kept document or one reject with its reason; the output layout and
+schema are defined in ``bert_core/corpus/documents.py``, and the output bytes do not depend on the
+runner or ``--workers``.
 """
 
 from __future__ import annotations
@@ -63,6 +38,37 @@ from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.sentences import split_paragraphs
+
+# How the job works:
+#
+# Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
+# split sentences), ``ReadBooks`` (one book = one document), ``ReadTextRecords`` (JSON lines and
+# Parquet, one record = one document: ``bert_core/corpus/records.py``), then per source
+# ``CleanDocuments`` (filters, duplicate fingerprints), ``FindDuplicates`` (exact and
+# near-duplicate verdicts), ``WriteDocuments`` (sorted, hash-assigned shards, the verdicts
+# applied), then the manifest. Every record read ends as a kept document or one reject (with a
+# reason, and the id it duplicates for duplicates); one Beam counter per reject reason. Output
+# layout and schema: ``bert_core/corpus/documents.py``. Output bytes do not depend on
+# ``--workers``: shards are chosen by a stable hash of ``doc_id``, rows sorted by ``doc_id``,
+# rejects sorted too, and which of a set of duplicates is kept depends only on ids, never on
+# arrival order.
+#
+# Memory does not grow with the corpus, on the local runner too (which holds every element that
+# passes between steps in its own process, and materializes a Flatten of several inputs): records
+# pass between steps as sorted runs in temporary files under the output (``_spill/``,
+# ``bert_core/corpus/spill.py``) and only the file names are shuffled; each source is cleaned
+# alone (no Flatten of documents); the verdicts meet the documents by shard (``CoGroupByKey`` of
+# file names, no side inputs) and a shard is written as one merge of sorted streams, a Parquet row
+# group at a time. The only side input is the job's summary (counts and histograms).
+#
+# On the local runner ``--workers`` is an upper bound: the job starts one worker process per
+# 4 MB of input (``.bz2``/``.gz``/``.zst`` counted at four times their size), so a tiny input runs
+# in the driver process (a worker process has Beam's start-up to pay: its imports, the harness, a
+# bundle processor per stage) and any real corpus starts every worker: the number of processes,
+# and with it the job's memory, does not change as the corpus grows. ``--workers 1`` runs the
+# job in one process, which costs the fewest CPU-seconds (no gRPC traffic between processes;
+# ``benchmarks/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
+# whatever the input size.
 
 NAMESPACE = "clean_corpus"
 REJECTS = "rejects"

@@ -31,44 +31,6 @@ split is part of the random-next pool key, so no B segment crosses it either. Ev
 are made by the same algorithm and masking in one pass (dupe_factor 1: more passes would only
 repeat the same text) into ``sharding.EVAL_SHARDS`` shards, a number that does not depend on the
 workers. With ``eval_fraction: 0`` no eval folder is written.
-
-How it stays streaming, bounded and deterministic:
-
-- Random-next B segments come from the document's *pool* (keyed ``(split, bucket)``), not from
-  the whole corpus, so a worker holds one pool, never the corpus; the eval threshold and how
-  many pools each split has, and how big (in documents and in tokens,
-  ``instances.max_pool_tokens``), follow from the documents and text read (Parquet footers,
-  before the pipeline: ``bert_core.instances.sharding.split_pools``), so no step waits for a
-  count.
-- Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
-  64-bit key per instance that seeds its masking; see ``bert_core.instances.batch``) and the
-  documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
-  bundle order.
-- Balanced shards: a pool's instances (per length) are cut into *pieces* by ``key % pools``,
-  pieces get consecutive global ranks, and shard ``f`` takes a contiguous rank range, so shard
-  sizes differ by at most one and a shard holds a random share of every pool, written in rank
-  order (``bert_core/instances/sharding.py``; our loader shuffles each shard's rows every
-  epoch). Every shard index is written, empty ones too, so a loader can always split them
-  evenly.
-
-Memory: no shuffle and no side input carries text or instances. Workers write tokenized
-documents and instances to spill files under ``OUT/_spill/`` (``bert_core.instances.spill``,
-through fsspec, so workers need not share a disk) and pass on only their names and sizes: the
-pool shuffle ("GroupBuckets") carries a few file names per pool, the shard shuffle
-("GroupShards") a row range of a spill file per piece and shard, the layout a count per piece,
-the rejects a file name per bundle. A runner that keeps shuffled data in memory (the local
-FnApiRunner does) therefore holds kilobytes, whatever the corpus. A documents shard is read in
-parts (row ``i`` in part ``i % parts``) when there are fewer shards than workers, so even a
-one-shard corpus spreads over the workers without shuffling its documents. A worker holds at
-most one pool's tokens (uint16 when the vocab fits) and pairs (a few dozen bytes per instance),
-a window of assembled rows, or a row group of the shard it writes. ``OUT/_spill/`` is removed
-before the top-level manifest is written.
-
-Why this shape (speed): Beam charges per element and per shuffle, so elements are spill files
-of many tokenized documents of one pool and whole pieces, never one document or instance.
-Instances are made a pool at a time (pairs as token ranges, then numpy assembly and masking of
-a window of rows: ``bert_core.instances.spill.write_pool_instances``), shards are written from
-the arrays and their stats are counted without a Python loop per row.
 """
 
 from __future__ import annotations
@@ -115,6 +77,44 @@ from bert_core.instances.spill import (
     write_rejects,
 )
 from bert_core.vocab.tokenization import load_tokenizer
+
+# How it stays streaming, bounded and deterministic:
+#
+# - Random-next B segments come from the document's *pool* (keyed ``(split, bucket)``), not from
+#   the whole corpus, so a worker holds one pool, never the corpus; the eval threshold and how
+#   many pools each split has, and how big (in documents and in tokens,
+#   ``instances.max_pool_tokens``), follow from the documents and text read (Parquet footers,
+#   before the pipeline: ``bert_core.instances.sharding.split_pools``), so no step waits for a
+#   count.
+# - Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
+#   64-bit key per instance that seeds its masking; see ``bert_core.instances.batch``) and the
+#   documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
+#   bundle order.
+# - Balanced shards: a pool's instances (per length) are cut into *pieces* by ``key % pools``,
+#   pieces get consecutive global ranks, and shard ``f`` takes a contiguous rank range, so shard
+#   sizes differ by at most one and a shard holds a random share of every pool, written in rank
+#   order (``bert_core/instances/sharding.py``; our loader shuffles each shard's rows every
+#   epoch). Every shard index is written, empty ones too, so a loader can always split them
+#   evenly.
+#
+# Memory: no shuffle and no side input carries text or instances. Workers write tokenized
+# documents and instances to spill files under ``OUT/_spill/`` (``bert_core.instances.spill``,
+# through fsspec, so workers need not share a disk) and pass on only their names and sizes: the
+# pool shuffle ("GroupBuckets") carries a few file names per pool, the shard shuffle
+# ("GroupShards") a row range of a spill file per piece and shard, the layout a count per piece,
+# the rejects a file name per bundle. A runner that keeps shuffled data in memory (the local
+# FnApiRunner does) therefore holds kilobytes, whatever the corpus. A documents shard is read in
+# parts (row ``i`` in part ``i % parts``) when there are fewer shards than workers, so even a
+# one-shard corpus spreads over the workers without shuffling its documents. A worker holds at
+# most one pool's tokens (uint16 when the vocab fits) and pairs (a few dozen bytes per instance),
+# a window of assembled rows, or a row group of the shard it writes. ``OUT/_spill/`` is removed
+# before the top-level manifest is written.
+#
+# Why this shape (speed): Beam charges per element and per shuffle, so elements are spill files
+# of many tokenized documents of one pool and whole pieces, never one document or instance.
+# Instances are made a pool at a time (pairs as token ranges, then numpy assembly and masking of
+# a window of rows: ``bert_core.instances.spill.write_pool_instances``), shards are written from
+# the arrays and their stats are counted without a Python loop per row.
 
 NAMESPACE = "instances"
 

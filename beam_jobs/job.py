@@ -7,17 +7,6 @@ and reading the documents shards of a corpus.
 Every job's ``run(argv)`` takes the same ``--preset/--config/--set`` as ``bertpipe``, plus its
 own options; options it does not know (and everything after ``--``) go to Beam, after the
 config's ``beam_args``.
-
-The runner is named through Beam's ``PipelineOptions`` (``--runner``). The local default,
-:data:`LOCAL_RUNNER`, is Beam's in-process FnApiRunner (the engine the DirectRunner runs batch
-pipelines on), with ``direct_num_workers`` worker processes when ``workers > 1``. It is named
-directly because the DirectRunner tries the Prism runner first, which fetches a binary and so
-needs the network. Dataflow, Flink or Spark are settings: ``beam_runner`` and ``beam_args`` in
-the config (see ``infra/beam/``).
-
-While a job runs, Beam's own INFO messages and the harness start-up and shut-down lines of the
-local worker processes stay out of the terminal (:func:`harness_chatter_dropped`); warnings and
-errors of our code, and tracebacks, still show.
 """
 
 from __future__ import annotations
@@ -40,6 +29,17 @@ from apache_beam.runners.runner import PipelineResult
 from bert_core import storage
 from bert_core.config import PipelineConfig, load_config
 from bert_core.corpus.documents import read_sentences
+
+# The runner is named through Beam's ``PipelineOptions`` (``--runner``). The local default,
+# :data:`LOCAL_RUNNER`, is Beam's in-process FnApiRunner (the engine the DirectRunner runs batch
+# pipelines on), with ``direct_num_workers`` worker processes when ``workers > 1``. It is named
+# directly because the DirectRunner tries the Prism runner first, which fetches a binary and so
+# needs the network. Dataflow, Flink or Spark are settings: ``beam_runner`` and ``beam_args`` in
+# the config (see ``infra/beam/``).
+#
+# While a job runs, Beam's own INFO messages and the harness start-up and shut-down lines of the
+# local worker processes stay out of the terminal (:func:`harness_chatter_dropped`); warnings and
+# errors of our code, and tracebacks, still show.
 
 LOCAL_RUNNER = "FnApiRunner"
 

@@ -21,7 +21,7 @@ from bert_core.instances.stats import InstanceStats
 
 
 def prepare_output(output: str, config: InstanceConfig) -> None:
-    """Refuse another stage's folder; clear an earlier instances run of the same lengths (eval
+    """Refuse another stage's folder; clear an older instances run of the same lengths (eval
     splits included), so no old manifest vouches for shards being rewritten and no stale shard
     count is left behind."""
     if storage.has_manifest(output):
