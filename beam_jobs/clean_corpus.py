@@ -142,6 +142,8 @@ class ReadPagesFn(beam.DoFn):
                     continue
                 if stats.slow_paragraphs:
                     Metrics.counter(NAMESPACE, "slow_path_paragraphs").inc(stats.slow_paragraphs)
+                if stats.dropped_markup_sentences:
+                    Metrics.counter(NAMESPACE, "dropped_markup_sentences").inc(stats.dropped_markup_sentences)
                 yield D.make_document(doc_id, D.WIKIPEDIA, title, sentences, record["origin"])
         yield TaggedOutput(READ, (D.WIKIPEDIA, read))
 
@@ -634,7 +636,7 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     DataflowRunner, FlinkRunner, ... with ``beam_args``). On the local runner ``workers`` is an
     upper bound: :func:`local_workers` starts one process per ``bytes_per_worker`` of input
     (0: all of them). ``counters``, if given, receives the job's Beam counters
-    (``rejected_<reason>``, ``slow_path_paragraphs``).
+    (``rejected_<reason>``, ``slow_path_paragraphs``, ``dropped_markup_sentences``).
     """
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")

@@ -185,13 +185,6 @@ def write_rejects(uri: str, rejects: list[Reject]) -> int:
     return len(lines)
 
 
-def write_google_text(uri: str, docs: list[Document]) -> None:
-    """google-research/bert's input: one sentence per line, a blank line between documents."""
-    docs = sorted(docs, key=lambda d: d["doc_id"])
-    body = "\n".join("".join(s.replace("\n", " ") + "\n" for s in d["sentences"]) for d in docs)
-    storage.write_text(uri, body)
-
-
 # Histogram bin edges (lower bounds): log-ish so both a stub article and a novel fit.
 SENTENCE_BINS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 CHAR_BINS = (0, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
