@@ -52,7 +52,7 @@ from beam_jobs.job import (
 from bert_core import storage
 from bert_core.config import InstanceConfig
 from bert_core.corpus.documents import count_documents, read_sentences
-from bert_core.instances.batch import shard_name
+from bert_core.instances.batch import instance_shard_name
 from bert_core.instances.manifest import prepare_output, vocab_record, write_manifests
 from bert_core.instances.pairs import VocabIds
 from bert_core.instances.sharding import (
@@ -68,14 +68,14 @@ from bert_core.instances.sharding import (
     split_pools,
 )
 from bert_core.instances.spill import (
+    InstanceShardWriter,
     RowRange,
-    ShardWriter,
     read_pool,
-    spill_folder,
-    write_documents,
+    spill_rejects,
+    spill_tokenized_documents,
     write_pool_instances,
-    write_rejects,
 )
+from bert_core.spill import spill_folder
 from bert_core.vocab.tokenization import load_tokenizer
 
 # How it stays streaming, bounded and deterministic:
@@ -187,12 +187,12 @@ class TokenizeDocuments(beam.DoFn):
         self.buffered -= self.sizes.pop(pool)
         split, b = pool
         uri = storage.join(spill_folder(self.output, "documents"), storage.unique_name(f"{split}-{b:05d}", "arrow"))
-        write_documents(uri, docs)
+        spill_tokenized_documents(uri, docs)
         return pool, (uri, len(docs))
 
     def spill_rejects(self) -> beam.pvalue.TaggedOutput:
         uri = storage.join(spill_folder(self.output, "rejects"), storage.unique_name("rejects", "jsonl"))
-        count = write_rejects(uri, self.rejects)
+        count = spill_rejects(uri, self.rejects)
         self.rejects = []
         return beam.pvalue.TaggedOutput("rejects", (uri, count))
 
@@ -256,8 +256,8 @@ class WriteShards(beam.DoFn):
         # Rank order: piece after piece, each a key-ordered (pseudo-random) slice of one pool.
         # Not re-sorted: the loader shuffles the rows of a shard anyway (bert_core/pretrain/data.py).
         uri = storage.join(set_folder(self.output, length_split),
-                           shard_name(index, layout[length_split]["shards"]))
-        writer = ShardWriter(uri, length, self.mask_id)
+                           instance_shard_name(index, layout[length_split]["shards"]))
+        writer = InstanceShardWriter(uri, length, self.mask_id)
         for _, rows in ranked:
             for batch in rows.batches():
                 writer.write(batch)

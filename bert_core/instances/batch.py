@@ -197,8 +197,11 @@ def write_table(uri: str, table: pa.Table) -> None:
         pq.write_table(table, f, compression="zstd")
 
 
-def shard_name(index: int, shards: int) -> str:
-    return f"part-{index:05d}-of-{shards:05d}.parquet"
+def instance_shard_name(index: int, shards: int) -> str:
+    """``part-SSSSS-of-NNNNN.parquet``: the instances contract's shard names."""
+    from bert_core import storage
+
+    return storage.shard_name("part", index, shards, "parquet")
 
 
 def write_instance_shards(batch: InstanceBatch, folder: str, num_shards: int) -> list[dict]:
@@ -212,7 +215,7 @@ def write_instance_shards(batch: InstanceBatch, folder: str, num_shards: int) ->
     bounds = np.cumsum([0] + [q + (i < rem) for i in range(num_shards)])
     entries = []
     for i in range(num_shards):
-        uri = storage.join(folder, shard_name(i, num_shards))
+        uri = storage.join(folder, instance_shard_name(i, num_shards))
         write_table(uri, batch.slice(int(bounds[i]), int(bounds[i + 1])).to_table())
         entries.append(storage.shard_entry(uri, count=int(bounds[i + 1] - bounds[i])))
     return entries
