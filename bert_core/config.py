@@ -201,7 +201,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 
 
 class ModelConfig(_Model):
-    """The encoder. Field names equal transformers' BertConfig so config.json round-trips."""
+    """The encoder. Field names equal transformers' BertConfig so config.json reads back unchanged."""
 
     size: Literal["tiny", "mini", "small", "base", "large", "custom"] = Field(
         "base", description="Named size; fills the four size fields not given explicitly."
