@@ -139,7 +139,8 @@ class ParDo(ops.DaskBagOp):
         main_input = next(iter(self.applied.main_inputs.values()))
         window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
         views = [(type(si), si._view_options()) for si in self.applied.side_inputs]
-        whole = [dask.delayed(_concat)(bag.to_delayed()) for bag in side_bags]
+        # unoptimized: the same keys as the graph that computes the bag, so it is computed once
+        whole = [dask.delayed(_concat)(bag.to_delayed(optimize_graph=False)) for bag in side_bags]
         return input_bag.map_partitions(run_bundle, transform.fn, self.applied.full_label, window_fn,
                                         list(args), dict(kwargs), views, *whole)
 
