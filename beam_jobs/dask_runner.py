@@ -42,9 +42,9 @@ from apache_beam import DoFn, pvalue
 from apache_beam.metrics.execution import MetricKey, MetricResult, MetricsContainer
 from apache_beam.metrics.metric import MetricResults, MetricsFilter
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
+from apache_beam.runners.common import Receiver
 from apache_beam.runners.dask import dask_runner as stock
 from apache_beam.runners.dask import transform_evaluator as ops
-from apache_beam.runners.common import Receiver
 from apache_beam.runners.dask.overrides import dask_overrides
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms.sideinputs import SideInputMap

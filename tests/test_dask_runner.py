@@ -25,9 +25,7 @@ RUNNERS = [OURS, pytest.param(STOCK, marks=pytest.mark.xfail(strict=True, reason
 
 @pytest.fixture(scope="module")
 def address():
-    from dask.distributed import LocalCluster
-
-    from dask.distributed import Client
+    from dask.distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         yield cluster.scheduler_address
