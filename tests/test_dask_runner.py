@@ -5,7 +5,6 @@ then the three jobs on a cluster of two workers that share no disk, against the 
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from pathlib import Path
 
@@ -238,40 +237,74 @@ def stage_digests(folder: Path) -> dict[str, dict]:
     return found
 
 
+SETS = ["vocab.vocab_size=600", "instances.dupe_factor=1", "corpus.num_shards=2", "shared_storage=true"]
+
+
 def run_stages(root: Path, records: Path, runner_args: list[str]) -> dict[str, dict]:
     """corpus -> vocab -> instances through the jobs' command lines, with relative paths from
     ``root`` (the working directory); returns :func:`stage_digests` of each stage."""
     from beam_jobs import build_vocab, clean_corpus, create_instances
 
-    common = ["--preset", "demo", "--set", "vocab.vocab_size=600", "--set", "instances.dupe_factor=1",
-              "--set", "corpus.num_shards=2", "--set", "shared_storage=true", *runner_args]
+    common = ["--preset", "demo", *(a for s in SETS for a in ("--set", s)), *runner_args]
     clean_corpus.run(["--text", str(records.relative_to(root)), "--output", "corpus", *common])
     build_vocab.run(["--corpus", "corpus", "--output", "vocab", *common])
     create_instances.run(["--corpus", "corpus", "--vocab", "vocab", "--output", "instances", *common])
     return {stage: stage_digests(root / stage) for stage in ("corpus", "vocab", "instances")}
 
 
-@pytest.mark.slow
-def test_three_jobs_on_workers_that_share_no_disk_give_the_local_bytes(samples_dir, tmp_path, monkeypatch) -> None:
-    """Two workers, each with a private /tmp and the shared folder mounted in, started in /: the
-    jobs, given paths relative to the driver's working directory, write the local runner's
-    bytes, counts and statistics."""
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, samples_dir):
+    """Two workers, each with a private /tmp and the shared folder mounted in, started in /;
+    yields (shared folder with the records, scheduler file)."""
     from tests.dask_cluster import namespaced_cluster, namespaces_refused
 
     refused = namespaces_refused()
     if refused:
         pytest.skip(refused)
-    local, shared = tmp_path / "local", tmp_path / "shared"
-    for root in (local, shared):
-        root.mkdir()
-        write_records(samples_dir, root / "records.jsonl", 24)
-    monkeypatch.chdir(local)
-    expected = run_stages(local, local / "records.jsonl", ["--workers", "2"])
+    shared = tmp_path_factory.mktemp("cluster") / "shared"
+    shared.mkdir()
+    write_records(samples_dir, shared / "records.jsonl", 24)
     with namespaced_cluster(shared) as scheduler_file:
-        monkeypatch.chdir(shared)
-        got = run_stages(shared, shared / "records.jsonl",
-                         ["--runner", "dask", "--", f"--dask_scheduler_file={scheduler_file}"])
-    assert got == expected
-    assert expected["instances"]["."]["counts"]["instances_seq64"] > 0
+        yield shared, scheduler_file
+
+
+@pytest.fixture(scope="module")
+def local_run(samples_dir, tmp_path_factory) -> dict[str, dict]:
+    """The three stages on the local runner (2 worker processes), on the same records."""
+    local = tmp_path_factory.mktemp("local")
+    write_records(samples_dir, local / "records.jsonl", 24)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(local)
+        return run_stages(local, local / "records.jsonl", ["--workers", "2"])
+
+
+@pytest.mark.slow
+def test_three_jobs_on_workers_that_share_no_disk_give_the_local_bytes(cluster, local_run, monkeypatch) -> None:
+    """The jobs, given paths relative to the driver's working directory (the workers start in
+    /), write every worker's part under the shared folder: the local runner's bytes, counts and
+    statistics, and no temporary file left."""
+    shared, scheduler_file = cluster
+    monkeypatch.chdir(shared)
+    got = run_stages(shared, shared / "records.jsonl", ["--runner", "dask", "--", f"--dask_scheduler_file={scheduler_file}"])
+    assert got == local_run
+    assert local_run["instances"]["."]["counts"]["instances_seq64"] > 0
     assert not list(shared.rglob("_spill")) and not list(shared.rglob("_word_counts"))
-    print(json.dumps(expected["instances"]["."]["counts"]), file=sys.stderr)
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_its_data_stages_on_the_cluster(cluster, local_run) -> None:
+    """``beam_runner: dask`` in the config: the pipeline's corpus, vocab and instances stages
+    (Prefect flows) run on the cluster and give the local runner's bytes."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from bert_core.config import load_config
+    from flows.pipeline import data_stages
+
+    shared, scheduler_file = cluster
+    cfg = load_config("demo", sets=[*SETS, f"storage_root={shared / 'pipeline'}", "beam_runner=dask",
+                                    f"beam_args=[--dask_scheduler_file={scheduler_file}]", "corpus.wikipedia=[]",
+                                    "corpus.books=[]", f"corpus.text=[{shared / 'records.jsonl'}]"])
+    with prefect_test_harness(server_startup_timeout=120):
+        stages = data_stages(cfg)
+    assert {s["status"] for s in stages.values()} == {"completed"}
+    assert {name: stage_digests(Path(s["output"])) for name, s in stages.items()} == local_run
