@@ -1,6 +1,7 @@
 """beam_jobs/dask_runner.py on real Dask clusters: probes of Beam's model that Beam 2.77's own
 DaskRunner fails (each marked xfail on it, strict) and ours passes, on an in-process cluster;
-then the three jobs on a cluster of two workers that share no disk, against the local runner."""
+then the three jobs on a cluster of two workers that share no disk, against the local runner,
+and the same through Beam's portable worker protocol (PortableRunner, external worker pools)."""
 
 from __future__ import annotations
 
@@ -256,7 +257,7 @@ def run_stages(root: Path, records: Path, runner_args: list[str]) -> dict[str, d
 def cluster(tmp_path_factory, samples_dir):
     """Two workers, each with a private /tmp and the shared folder mounted in, started in /;
     yields (shared folder with the records, scheduler file)."""
-    from tests.dask_cluster import namespaced_cluster, namespaces_refused
+    from tests.clusters import namespaced_cluster, namespaces_refused
 
     refused = namespaces_refused()
     if refused:
@@ -308,3 +309,30 @@ def test_the_pipeline_runs_its_data_stages_on_the_cluster(cluster, local_run) ->
         stages = data_stages(cfg)
     assert {s["status"] for s in stages.values()} == {"completed"}
     assert {name: stage_digests(Path(s["output"])) for name, s in stages.items()} == local_run
+
+
+@pytest.mark.slow
+def test_three_jobs_through_the_portable_worker_protocol_give_the_local_bytes(samples_dir, local_run, tmp_path,
+                                                                             monkeypatch) -> None:
+    """PortableRunner against Beam's Python job service, the DoFns in SDK harnesses started by
+    two external worker pools, each pool in its own mount namespace (private /tmp, the shared
+    folder mounted in): the local runner's bytes, counts and statistics. The job service starts
+    one harness per job, and the pools take the jobs in turn, so each stage reads what a harness
+    in another namespace wrote."""
+    from tests.clusters import namespaces_refused, portable_cluster
+
+    refused = namespaces_refused()
+    if refused:
+        pytest.skip(refused)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    write_records(samples_dir, shared / "records.jsonl", 24)
+    with portable_cluster(shared) as (job_endpoint, pool):
+        monkeypatch.chdir(shared)
+        got = run_stages(shared, shared / "records.jsonl", [
+            "--runner", "PortableRunner", "--", f"--job_endpoint={job_endpoint}", "--environment_type=EXTERNAL",
+            f"--environment_config={pool}"])
+    assert got == local_run
+    for log in sorted((tmp_path / "portable-logs").glob("pool-*.log")):  # every pool ran a harness
+        assert "Starting worker with command" in log.read_text(), log
+    assert not list(shared.rglob("_spill")) and not list(shared.rglob("_word_counts"))
