@@ -217,6 +217,11 @@ class ModelConfig(_Model):
     initializer_range: float = Field(0.02, gt=0)
     layer_norm_eps: float = Field(1e-12, gt=0)
     pre_layer_norm: bool = Field(False, description="Pre-LN (stabler at large batch); paper is post-LN.")
+    pad_vocab_to_multiple: int = Field(
+        1, ge=1, description="Round the embedding rows up to a multiple of this (64 on GPUs: tensor-core "
+        "friendly shapes for the masked-LM decoder); the extra rows are no token's id, never an input "
+        "and never a label. Not a transformers field: config.json records the padded vocab_size."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -226,6 +231,12 @@ class ModelConfig(_Model):
             if size in MODEL_SIZES:
                 data = {**MODEL_SIZES[size], **data}  # explicit fields win
         return data
+
+    def for_vocab(self, vocab_size: int) -> ModelConfig:
+        """This shape for a vocab of ``vocab_size`` tokens: ``vocab_size`` rows unless set here,
+        rounded up to a multiple of ``pad_vocab_to_multiple``."""
+        rows, multiple = self.vocab_size or vocab_size, self.pad_vocab_to_multiple
+        return self.model_copy(update={"vocab_size": -(-rows // multiple) * multiple})
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -271,8 +282,12 @@ class PretrainConfig(_Model):
     )
     # numerics
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fp32 on CPU.")
-    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="LAMB for very large batches.")
+    zero_stage: int = Field(
+        0, ge=0, le=3, description="DeepSpeed ZeRO stage; bf16 needs >= 1 (fp32 gradient accumulation)."
+    )
+    optimizer: Literal["adamw", "lamb"] = Field(
+        "adamw", description="LAMB (per-layer trust ratio) for very large batches; needs zero_stage 0."
+    )
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-6
@@ -289,8 +304,10 @@ class PretrainConfig(_Model):
     monitor: Literal["tensorboard", "csv", "none"] = "csv"
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     peak_flops_per_rank: float | None = Field(
-        None, gt=0, description="Peak FLOP/s of one rank, for the MFU estimate (e.g. 312e12 A100 bf16)."
+        None, gt=0, description="Peak FLOP/s of one rank, for the MFU estimate (e.g. 312e12 A100 bf16); "
+        "None = from the device (H100/H200, A100 by name; none on CPU)."
     )
+    compile: bool = Field(False, description="Run the model through torch.compile.")
     threads_per_rank: int = Field(1, ge=1, description="OMP/torch threads per rank on CPU.")
 
     @property
@@ -315,6 +332,18 @@ class PretrainConfig(_Model):
             raise ValueError("launcher=hostfile needs pretrain.hostfile (a DeepSpeed hostfile path)")
         if self.accelerator == "cpu" and self.precision == "fp16":
             raise ValueError("precision=fp16 needs accelerator=gpu; use fp32 (or bf16) on CPU")
+        if self.optimizer == "lamb" and self.zero_stage > 0:
+            raise ValueError(
+                f"optimizer=lamb with zero_stage={self.zero_stage}: ZeRO hands the optimizer flat "
+                "partitions, so LAMB's trust ratio would be per partition, not per layer; use "
+                "zero_stage: 0 (with precision fp32 or fp16), or optimizer: adamw"
+            )
+        if self.precision == "bf16" and self.zero_stage == 0:
+            raise ValueError(
+                "precision=bf16 with zero_stage=0: DeepSpeed accumulates bf16 gradients in fp32 only "
+                "under ZeRO (its BF16_Optimizer at stage 1, which runs on one GPU too); set "
+                "zero_stage: 1, or precision: fp32"
+            )
         return self
 
 
@@ -352,6 +381,13 @@ class FinetuneConfig(_Model):
     n_best_size: int = 20
     max_answer_length: int = 30
     # execution
+    accelerator: Literal["cpu", "gpu"] = Field(
+        "cpu", description="cpu, or gpu: the job's model and batches on cuda:<LOCAL_RANK> (0 unless launched)."
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: forward and loss under bf16 autocast (fp32 weights and optimizer); "
+        "fp32 on a GPU multiplies in TF32."
+    )
     deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
     max_train_examples: int | None = Field(None, ge=1, description="Cap for quick runs.")
     threads: int = Field(2, ge=1)

@@ -102,14 +102,13 @@ def test_ds_config_from_pretrain_config():
     assert "bf16" not in ds and "fp16" not in ds
     no_warmup = load_config("demo", None, ["pretrain.phases.1.warmup_steps=0"]).pretrain
     assert ds_config(no_warmup, 1)["scheduler"]["params"]["warmup_num_steps"] == 1  # DeepSpeed refuses 0
-    gpu = load_config("bert-base-128", None, ["pretrain.accelerator=gpu", "pretrain.precision=bf16",
-                                              "pretrain.optimizer=lamb", "pretrain.zero_stage=2"]).pretrain
+    gpu = load_config("bert-base-128", None, ["pretrain.zero_stage=2"]).pretrain
     ds = ds_config(gpu, 0)
-    assert ds["optimizer"]["type"] == "Lamb" and ds["bf16"] == {"enabled": True}
+    assert ds["optimizer"]["params"]["fused"] is True and ds["bf16"] == {"enabled": True}
     assert ds["zero_optimization"] == {"stage": 2}
     assert ds["gradient_accumulation_steps"] == gpu.phases[0].global_batch_size // (
         gpu.phases[0].micro_batch_size * gpu.world_size)
-    # LAMB on CPU: no DeepSpeed optimizer section, the client optimizer is torch-optimizer's Lamb
+    # LAMB: no DeepSpeed optimizer section, the client optimizer is torch-optimizer's Lamb
     assert "optimizer" not in ds_config(load_config("demo", None, ["pretrain.optimizer=lamb"]).pretrain, 0)
 
 

@@ -154,7 +154,9 @@ def _resolve(argv: list[str]) -> list[str]:
     """Run the ``deepspeed`` script of this Python environment (the venv may not be on PATH)."""
     beside = Path(sys.executable).with_name("deepspeed")
     if argv and argv[0] == "deepspeed":
-        return [str(beside) if beside.exists() else (shutil.which("deepspeed") or "deepspeed"), *argv[1:]]
+        script = str(beside) if beside.exists() else shutil.which("deepspeed")
+        # Installed without its script (pip --target): the launcher's own module does the same.
+        return [*([script] if script else [sys.executable, "-m", "deepspeed.launcher.runner"]), *argv[1:]]
     return argv
 
 
