@@ -180,19 +180,28 @@ def test_an_empty_result_fails_in_one_line(tiny_corpus, address, tmp_path) -> No
     assert not storage.has_manifest(str(out))
 
 
-def test_a_local_output_on_a_remote_runner_is_refused_before_any_work(tiny_corpus, tmp_path) -> None:
-    from beam_jobs.build_vocab import run as vocab_run
-    from beam_jobs.job import NotSharedError
+def test_a_local_output_on_a_remote_runner_is_refused_before_any_work(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
 
     out = tmp_path / "vocab"
-    with pytest.raises(NotSharedError) as err:
-        vocab_run(["--corpus", "gs://bucket/corpus", "--output", str(out), "--", "--runner=dask",
-                   "--dask_scheduler_file=/nowhere.json"])
-    assert str(err.value) == (
+    refused = CliRunner().invoke(app, ["vocab", "--corpus", "gs://bucket/corpus", "--output", str(out),
+                                       "--runner", "dask", "--", "--dask_scheduler_file=/nowhere.json"])
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
         f"vocab: --output {out} is a local path, which the workers of DaskRunner do not share; give a "
         "URI every worker reaches (--output gs://BUCKET/PREFIX), or set shared_storage: true "
         "(--set shared_storage=true) where it is NFS, gcsfuse or one machine")
     assert not out.exists()
+
+
+def test_a_runner_among_the_beam_arguments_wins() -> None:
+    from beam_jobs.job import resolve_runner
+
+    assert resolve_runner("FnApiRunner", ["--runner=dask", "--x=1"]) == (OURS, ["--x=1"])
+    assert resolve_runner("dask", ["--runner", "PortableRunner"]) == ("PortableRunner", [])
+    assert resolve_runner("local", []) == ("FnApiRunner", [])
 
 
 @pytest.fixture(scope="module")
@@ -242,14 +251,18 @@ SETS = ["vocab.vocab_size=600", "instances.dupe_factor=1", "corpus.num_shards=2"
 
 
 def run_stages(root: Path, records: Path, runner_args: list[str]) -> dict[str, dict]:
-    """corpus -> vocab -> instances through the jobs' command lines, with relative paths from
-    ``root`` (the working directory); returns :func:`stage_digests` of each stage."""
-    from beam_jobs import build_vocab, clean_corpus, create_instances
+    """``bertpipe corpus``, ``vocab`` and ``instances``, as the docs give them, with paths
+    relative to ``root`` (the working directory); returns :func:`stage_digests` of each stage."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
 
     common = ["--preset", "demo", *(a for s in SETS for a in ("--set", s)), *runner_args]
-    clean_corpus.run(["--text", str(records.relative_to(root)), "--output", "corpus", *common])
-    build_vocab.run(["--corpus", "corpus", "--output", "vocab", *common])
-    create_instances.run(["--corpus", "corpus", "--vocab", "vocab", "--output", "instances", *common])
+    for argv in (["corpus", "--text", str(records.relative_to(root)), "--output", "corpus"],
+                 ["vocab", "--corpus", "corpus", "--output", "vocab"],
+                 ["instances", "--corpus", "corpus", "--vocab", "vocab", "--output", "instances"]):
+        done = CliRunner().invoke(app, [*argv, *common])
+        assert done.exit_code == 0, f"bertpipe {argv[0]}: {done.output}"
     return {stage: stage_digests(root / stage) for stage in ("corpus", "vocab", "instances")}
 
 
