@@ -78,14 +78,32 @@ class _Receivers(dict):
         return self[tag]
 
 
+class _Tracker:
+    """What Beam's metrics ask the current thread for: the step's metrics container. (Beam's own
+    StateSampler would do, but it starts a sampling thread per bundle and joins it at the end.)"""
+
+    def __init__(self, container: MetricsContainer):
+        self.state = _State(container)
+
+    def current_state(self) -> _State:
+        return self.state
+
+    def update_metric(self, typed_metric_name, value) -> None:
+        self.state.metrics_container.get_metric_cell(typed_metric_name).update(value)
+
+
+class _State:
+    def __init__(self, container: MetricsContainer):
+        self.metrics_container = container
+
+
 def run_bundle(items: Iterable[Any], fn: DoFn, label: str, window_fn, args: list, kwargs: dict,
                side_views: list[tuple[type, dict]], *side_values: list[Any]) -> list[tuple[str | None, Any]]:
     """One partition as one Beam bundle: setup, start_bundle, process each item, finish_bundle,
     teardown, with a metrics container of the step. Returns every output, ``finish_bundle``'s
     too, as ``(tag, value)``, then ``(METRICS, {counter name: value})``."""
     from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
-    from apache_beam.runners.worker.statesampler import StateSampler
-    from apache_beam.utils.counters import CounterFactory
+    from apache_beam.runners.worker import statesampler
 
     out: list[tuple[str | None, Any]] = []
     receivers = _Receivers(out)
@@ -99,18 +117,17 @@ def run_bundle(items: Iterable[Any], fn: DoFn, label: str, window_fn, args: list
         input_args=list(args), input_kwargs=dict(kwargs), user_state_context=None,
         bundle_finalizer_param=DoFn.BundleFinalizerParam())
     container = MetricsContainer(label)
-    sampler = StateSampler(label, CounterFactory())
-    sampler.start()
+    outer = statesampler.get_current_tracker()
+    statesampler.set_current_tracker(_Tracker(container))
     try:
-        with sampler.scoped_state(label, "process", metrics_container=container):
-            invoker.invoke_setup()
-            invoker.invoke_start_bundle()
-            for item in items:
-                invoker.invoke_process(ops.get_windowed_value(item, window_fn))
-            invoker.invoke_finish_bundle()
-            invoker.invoke_teardown()
+        invoker.invoke_setup()
+        invoker.invoke_start_bundle()
+        for item in items:
+            invoker.invoke_process(ops.get_windowed_value(item, window_fn))
+        invoker.invoke_finish_bundle()
+        invoker.invoke_teardown()
     finally:
-        sampler.stop()
+        statesampler.set_current_tracker(outer)
     counters = {key.metric: value for key, value in container.get_cumulative().counters.items()}
     out.append((METRICS, counters))
     return out
