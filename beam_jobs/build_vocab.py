@@ -4,30 +4,6 @@
     python -m beam_jobs.build_vocab --corpus CORPUS_URI --output VOCAB_URI [--preset demo] \\
         [--set vocab.vocab_size=30522] [--vocab-size N] [--cased] [--vocab-file VOCAB_TXT] [-- beam args]
 
-Steps: ``ListWorkItems`` (the corpus shards its manifest lists, a shard shared by several
-items when there are fewer shards than workers), ``CountWords`` (BERT's basic tokenization per
-document; each worker sums counts in memory up to a bound and spills them to partial
-``word<TAB>count`` files by word bucket; per bucket the partial files are summed and written
-sorted by count descending, then word, beside its count of counts: how many words have each
-count). Only file names travel between steps, so no step, and not the local runner's process,
-holds the corpus or its distinct words. The driver then streams the sorted bucket files in one
-merged order and trains WordPiece with HF ``tokenizers``, feeding each word repeated by its
-count (why, what it costs and why it is reproducible: ``bert_core/vocab/training.py``).
-
-The trainer holds every distinct word it is given, so it is given at most ``vocab.max_words``:
-the summed count of counts (a few thousand numbers) gives the smallest count ``t`` that at most
-``max_words`` words reach, and only the words counted ``t`` times or more are streamed (they
-come first in the merged order). A corpus of at most ``max_words`` distinct words is trained on
-all of them, so its vocab is the same as without the bound; otherwise the manifest says how many
-distinct words (and occurrences) were left out and from which count on. Finally the vocab is
-measured on the stream of all the counts (UNK rate, pieces per word, top tokens) and the
-manifest is written last.
-
-``--vocab-file`` uses an existing ``vocab.txt`` (e.g. bert-base-uncased's, shipped with the
-sample MiniLM model) instead: it is validated (one token per line, no duplicates, ``[PAD]`` = 0,
-``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]`` present, casing consistent with ``lowercase``) and copied;
-with a corpus, its coverage is measured too.
-
 Output: ``vocab.txt`` (id = line number), ``tokenizer.json`` (transformers-loadable),
 ``_MANIFEST.json`` (stage "vocab"; ``config`` = VocabConfig with ``strip_accents`` resolved;
 ``counts``: vocab size, documents, sentences, words, and the words the trainer was given or not:
@@ -61,6 +37,32 @@ from bert_core import storage
 from bert_core.config import VocabConfig
 from bert_core.vocab.tokenization import Tokenizer, check_vocab_file
 from bert_core.vocab.wordcount import iter_counts, min_count_for, read_count_of_counts
+
+# How the job works:
+#
+# Steps: ``ListWorkItems`` (the corpus shards its manifest lists, a shard shared by several
+# items when there are fewer shards than workers), ``CountWords`` (BERT's basic tokenization per
+# document; each worker sums counts in memory up to a bound and spills them to partial
+# ``word<TAB>count`` files by word bucket; per bucket the partial files are summed and written
+# sorted by count descending, then word, beside its count of counts: how many words have each
+# count). Only file names travel between steps, so no step, and not the local runner's process,
+# holds the corpus or its distinct words. The driver then streams the sorted bucket files in one
+# merged order and trains WordPiece with HF ``tokenizers``, feeding each word repeated by its
+# count (why, what it costs and why it is reproducible: ``bert_core/vocab/training.py``).
+#
+# The trainer holds every distinct word it is given, so it is given at most ``vocab.max_words``:
+# the summed count of counts (a few thousand numbers) gives the smallest count ``t`` that at most
+# ``max_words`` words reach, and only the words counted ``t`` times or more are streamed (they
+# come first in the merged order). A corpus of at most ``max_words`` distinct words is trained on
+# all of them, so its vocab is the same as without the bound; otherwise the manifest says how many
+# distinct words (and occurrences) were left out and from which count on. Finally the vocab is
+# measured on the stream of all the counts (UNK rate, pieces per word, top tokens) and the
+# manifest is written last.
+#
+# ``--vocab-file`` uses an existing ``vocab.txt`` (e.g. bert-base-uncased's, shipped with the
+# sample MiniLM model) instead: it is validated (one token per line, no duplicates, ``[PAD]`` = 0,
+# ``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]`` present, casing consistent with ``lowercase``) and copied;
+# with a corpus, its coverage is measured too.
 
 NAMESPACE = "build_vocab"
 COUNTERS = ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")

@@ -7,26 +7,6 @@ and reading the documents shards of a corpus.
 Every job's ``run(argv)`` takes the same ``--preset/--config/--set`` as ``bertpipe``, plus its
 own options; options it does not know (and everything after ``--``) go to Beam, after the
 config's ``beam_args``.
-
-The runner is named through Beam's ``PipelineOptions`` (``--runner``): ``--runner`` of the job,
-``beam_runner`` of the config, or a ``--runner=...`` among the Beam arguments, which wins
-(:func:`resolve_runner`). The local default, :data:`LOCAL_RUNNER`, is Beam's in-process
-FnApiRunner (the engine the DirectRunner runs batch pipelines on), with ``direct_num_workers``
-worker processes when ``workers > 1``. It is named directly because the DirectRunner tries the
-Prism runner first, which fetches a binary and so needs the network. ``dask`` names
-:class:`beam_jobs.dask_runner.DaskRunner` (a Dask distributed cluster); Dataflow, Flink or Spark
-are settings: ``beam_runner`` and ``beam_args`` in the config (see ``infra/beam/``).
-
-A worker is another machine. Every path a job is given is resolved on the driver before it
-reaches a DoFn; on a runner whose workers are not this machine's processes, a local path is
-refused before any work unless the config declares the storage shared
-(:func:`check_shared_storage`); a run that reads a non-empty input and produces nothing fails
-(:func:`check_produced`); and counters never fail a job on a runner that reports none
-(:func:`counters`).
-
-While a job runs, Beam's own INFO messages and the harness start-up and shut-down lines of the
-local worker processes stay out of the terminal (:func:`harness_chatter_dropped`); warnings and
-errors of our code, and tracebacks, still show.
 """
 
 from __future__ import annotations
@@ -49,6 +29,25 @@ from apache_beam.runners.runner import PipelineResult
 from bert_core import storage
 from bert_core.config import PipelineConfig, load_config
 from bert_core.corpus.documents import read_sentences
+
+# The runner is named through Beam's ``PipelineOptions`` (``--runner``). The local default,
+# :data:`LOCAL_RUNNER`, is Beam's in-process FnApiRunner (the engine the DirectRunner runs batch
+# pipelines on), with ``direct_num_workers`` worker processes when ``workers > 1``. It is named
+# directly because the DirectRunner tries the Prism runner first, which fetches a binary and so
+# needs the network. Dataflow, Flink or Spark are settings: ``beam_runner`` and ``beam_args`` in
+# the config (see ``infra/beam/``); ``dask`` names :class:`beam_jobs.dask_runner.DaskRunner` (a Dask
+# distributed cluster). A ``--runner=...`` among the Beam arguments wins (:func:`resolve_runner`).
+#
+# A worker is another machine. Every path a job is given is resolved on the driver before it
+# reaches a DoFn; on a runner whose workers are not this machine's processes, a local path is
+# refused before any work unless the config declares the storage shared
+# (:func:`check_shared_storage`); a run that reads a non-empty input and produces nothing fails
+# (:func:`check_produced`); and counters never fail a job on a runner that reports none
+# (:func:`counters`).
+#
+# While a job runs, Beam's own INFO messages and the harness start-up and shut-down lines of the
+# local worker processes stay out of the terminal (:func:`harness_chatter_dropped`); warnings and
+# errors of our code, and tracebacks, still show.
 
 LOCAL_RUNNER = "FnApiRunner"
 # Short names a user may give for a runner, and the runner each means.
@@ -212,7 +211,7 @@ def fewer_gc_passes(threshold: int = 100_000) -> Iterator[None]:
 # the pages of freed buffers (Parquet pages, compression scratch) for reuse, which holds a worker's
 # resident memory at the largest it has been; the system allocator gives them back. glibc's own
 # retention is left alone: lowering MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ returns
-# more memory but spends much more CPU on page faults (see the README's memory section).
+# more memory but spends much more CPU on page faults (see docs/benchmarks.md, bench_scale).
 WORKER_MEMORY_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}  # read when pyarrow is first imported
 
 

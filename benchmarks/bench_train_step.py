@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     samples = Path(args.samples)
     if not (samples / "models" / "minilm" / "vocab.txt").exists():
-        from flows.samples import fetch
+        from flows.tools.samples import fetch
 
         samples = fetch(samples, log=lambda m: print(m, file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:

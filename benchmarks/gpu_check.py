@@ -50,11 +50,11 @@ RAW_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_position
 class Plan:
     """What each stage runs: BERT-base on a GPU, or a tiny model on CPU for the dry run."""
 
-    def __init__(self, dry_run: bool) -> None:
+    def __init__(self, dry_run: bool, precision: str | None = None) -> None:
         self.dry_run = dry_run
         self.accelerator = "cpu" if dry_run else "gpu"
         self.size = "tiny" if dry_run else "base"
-        self.precision = "fp32" if dry_run else "bf16"
+        self.precision = precision or ("fp32" if dry_run else "bf16")
         self.steps, self.checkpoint_at = (4, 2) if dry_run else (30, 15)
         self.log_every = 1 if dry_run else 5
         self.micro_batch = 8 if dry_run else 128
@@ -442,7 +442,7 @@ def run_stage_inline(stage: str, work: Path, plan: Plan) -> None:
 
 def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> dict[str, Any]:
     argv = [sys.executable, "-m", "benchmarks.gpu_check", "--stage", stage, "--work", str(work),
-            "--out", str(out)] + (["--dry-run"] if plan.dry_run else [])
+            "--out", str(out), "--precision", plan.precision] + (["--dry-run"] if plan.dry_run else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
@@ -475,9 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="Every stage on CPU with a tiny model.")
     p.add_argument("--stages", default=",".join(STAGES), help="Comma-separated stages to run, in order.")
     p.add_argument("--budget-s", type=float, default=480, help="Skip stages that would start after this.")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="Default: bf16 on GPU, fp32 in the dry run.")
     p.add_argument("--stage", help=argparse.SUPPRESS)  # the child process's one stage
     args = p.parse_args(argv)
-    plan = Plan(args.dry_run)
+    plan = Plan(args.dry_run, args.precision)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work).resolve() if args.work else out.parent / "gpu-check-work"

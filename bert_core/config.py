@@ -22,13 +22,20 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from bert_core.failures import Refusal
+
 
 class _Model(BaseModel):
     # Unknown keys are typos; refuse them so a misspelt setting never silently does nothing.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ConfigError(ValueError):
+# A setting added after stages were first stored: it enters a stage's version only when set away
+# from its default, so the stages stored before it keep their versions (config_hash).
+VERSIONED_WHEN_SET = {"versioned": "when set"}
+
+
+class ConfigError(ValueError, Refusal):
     """A config that cannot run. The message names the field and what to do."""
 
 
@@ -199,7 +206,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 
 
 class ModelConfig(_Model):
-    """The encoder. Field names equal transformers' BertConfig so config.json round-trips."""
+    """The encoder. Field names equal transformers' BertConfig so config.json reads back unchanged."""
 
     size: Literal["tiny", "mini", "small", "base", "large", "custom"] = Field(
         "base", description="Named size; fills the four size fields not given explicitly."
@@ -218,7 +225,7 @@ class ModelConfig(_Model):
     layer_norm_eps: float = Field(1e-12, gt=0)
     pre_layer_norm: bool = Field(False, description="Pre-LN (stabler at large batch); paper is post-LN.")
     pad_vocab_to_multiple: int = Field(
-        1, ge=1, description="Round the embedding rows up to a multiple of this (64 on GPUs: tensor-core "
+        1, ge=1, json_schema_extra=VERSIONED_WHEN_SET, description="Round the embedding rows up to a multiple of this (64 on GPUs: tensor-core "
         "friendly shapes for the masked-LM decoder); the extra rows are no token's id, never an input "
         "and never a label. Not a transformers field: config.json records the padded vocab_size."
     )
@@ -294,6 +301,10 @@ class PretrainConfig(_Model):
     weight_decay: float = Field(0.01, ge=0, description="Not applied to bias and LayerNorm.")
     gradient_clipping: float = Field(1.0, ge=0)
     seed: int = 42
+    launch_retries: int = Field(
+        2, ge=0, description="Relaunches after an infrastructure failure (each resumes from the last "
+        "checkpoint); config and data errors are never retried."
+    )
     # bookkeeping
     log_every: int = Field(10, ge=1, description="Steps between metrics.jsonl lines.")
     checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints.")
@@ -307,7 +318,8 @@ class PretrainConfig(_Model):
         None, gt=0, description="Peak FLOP/s of one rank, for the MFU estimate (e.g. 312e12 A100 bf16); "
         "None = from the device (H100/H200, A100 by name; none on CPU)."
     )
-    compile: bool = Field(False, description="Run the model through torch.compile.")
+    compile: bool = Field(False, json_schema_extra=VERSIONED_WHEN_SET,
+                          description="Run the model through torch.compile.")
     threads_per_rank: int = Field(1, ge=1, description="OMP/torch threads per rank on CPU.")
 
     @property
@@ -382,10 +394,10 @@ class FinetuneConfig(_Model):
     max_answer_length: int = 30
     # execution
     accelerator: Literal["cpu", "gpu"] = Field(
-        "cpu", description="cpu, or gpu: the job's model and batches on cuda:<LOCAL_RANK> (0 unless launched)."
+        "cpu", json_schema_extra=VERSIONED_WHEN_SET, description="cpu, or gpu: the job's model and batches on cuda:<LOCAL_RANK> (0 unless launched)."
     )
     precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="bf16: forward and loss under bf16 autocast (fp32 weights and optimizer); "
+        "fp32", json_schema_extra=VERSIONED_WHEN_SET, description="bf16: forward and loss under bf16 autocast (fp32 weights and optimizer); "
         "fp32 on a GPU multiplies in TF32."
     )
     deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
@@ -672,10 +684,18 @@ def error_lines(err: ValidationError, *prefix: str) -> list[str]:
             for e in err.errors()]
 
 
+def _versioned(config: BaseModel) -> dict[str, Any]:
+    """A config as a version sees it: without the VERSIONED_WHEN_SET fields left at their default."""
+    unset = {name for name, field in type(config).model_fields.items()
+             if field.json_schema_extra == VERSIONED_WHEN_SET
+             and getattr(config, name) == field.get_default(call_default_factory=True)}
+    return config.model_dump(mode="json", exclude=unset)
+
+
 def config_hash(*parts: Any) -> str:
     """Short stable hash of configs and input manifests: the `<version>` of a stage's output."""
     blob = json.dumps(
-        [p.model_dump(mode="json") if isinstance(p, BaseModel) else p for p in parts],
+        [_versioned(p) if isinstance(p, BaseModel) else p for p in parts],
         sort_keys=True,
         default=str,
     )

@@ -1,4 +1,4 @@
-"""infra/ templates rendered from the typed config (flows/render.py): they parse, and they say
+"""infra/ templates rendered from the typed config (flows/tools/render.py): they parse, and they say
 what the config says (node ranks, rendezvous address, GPUs, Beam options, deployments)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from bert_core.config import PipelineConfig, load_config
-from flows.render import (
+from flows.tools.render import (
     GPU_POOL,
     INFRA_DIR,
     PROCESS_POOL,

@@ -27,7 +27,6 @@ class TaskData:
     train: list[dict[str, Any]]
     evals: dict[str, list[dict[str, Any]]]
     finish: Finish
-    label_names: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # examples read/kept/rejected per split
     rejects: list[dict[str, Any]] = field(default_factory=list)
 

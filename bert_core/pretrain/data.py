@@ -42,6 +42,7 @@ import numpy as np
 
 from bert_core import storage
 from bert_core.config import ConfigError
+from bert_core.failures import Refusal
 from bert_core.instances.masking import MaskingSpec, mask_instances
 from bert_core.instances.pairs import VocabIds, stable_hash
 
@@ -53,7 +54,7 @@ PAD_MULTIPLE = 8
 COLUMNS = ["input_ids", "len_a", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
 
 
-class InstanceDataError(ValueError):
+class InstanceDataError(ValueError, Refusal):
     """Instance shards that cannot be trained on; the message names the shard and what to do."""
 
 

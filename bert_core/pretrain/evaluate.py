@@ -7,20 +7,6 @@ whole eval split of one sequence length, shared by all ranks.
 
 (``bert_core/pretrain/loop.py`` calls it every ``pretrain.eval_every`` steps and at the end of
 each phase; ``pytest tests/test_pretrain_eval.py`` checks it.)
-
-The eval split of ``<instances>/seq{L}/`` is ``seq{L}/eval/``: ``part-*.parquet`` shards and a
-``_MANIFEST.json``, with the columns of the training shards. Instances without it have no
-evaluation. Its rows, in manifest order, are cut into batches of ``batch_size`` rows whatever the
-number of ranks; rank ``r`` of ``W`` takes batches ``r, r + W, r + 2W, ...``. Each rank adds up,
-in float64, the masked LM loss and correct predictions over the real predictions and the NSP
-loss and correct predictions over the labelled rows; one all-reduce gives the totals. Every batch
-is the same for 1 or N ranks, so only the order of the final sums differs.
-
-With ``masking: dynamic`` the eval sequences are stored unmasked; each row is masked here with the
-key ``stable_hash(seed, "eval", shard, row)``, the same predictions at every evaluation.
-
-Evaluation runs the model in eval mode (no dropout) without gradients and touches neither the
-training loader nor a random generator, so a resumed run trains exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -43,6 +29,20 @@ from bert_core.pretrain.data import (
     model_inputs,
     to_device,
 )
+
+# The eval split of ``<instances>/seq{L}/`` is ``seq{L}/eval/``: ``part-*.parquet`` shards and a
+# ``_MANIFEST.json``, with the columns of the training shards. Instances without it have no
+# evaluation. Its rows, in manifest order, are cut into batches of ``batch_size`` rows whatever the
+# number of ranks; rank ``r`` of ``W`` takes batches ``r, r + W, r + 2W, ...``. Each rank adds up,
+# in float64, the masked LM loss and correct predictions over the real predictions and the NSP
+# loss and correct predictions over the labelled rows; one all-reduce gives the totals. Every batch
+# is the same for 1 or N ranks, so only the order of the final sums differs.
+#
+# With ``masking: dynamic`` the eval sequences are stored unmasked; each row is masked here with the
+# key ``stable_hash(seed, "eval", shard, row)``, the same predictions at every evaluation.
+#
+# Evaluation runs the model in eval mode (no dropout) without gradients and touches neither the
+# training loader nor a random generator, so a resumed run trains exactly as an uninterrupted one.
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -42,7 +42,6 @@ of the ranks that lost it (see ``bert_core/pretrain/launch.py``); those print on
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import pickle
@@ -55,6 +54,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig, validate
+from bert_core.failures import is_comm_error, refusal
 from bert_core.pretrain.metrics import MetricsLog, eval_rows, read_metrics, train_rows
 
 CONFIG_ERROR_EXIT = 2
@@ -70,13 +70,9 @@ class CheckpointWriteError(PretrainConfigError):
     """A checkpoint could not be written (full or read-only disk): a retry fails the same way."""
 
 
-# Errors of the collectives when a peer rank died or the network failed: worth a retry.
-_COMM_ERROR = re.compile(r"Connection (closed by peer|reset|refused)|Broken pipe|timed out|"
-                         r"gloo|NCCL|DistNetworkError|DistBackendError", re.IGNORECASE)
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 # Operational settings a finished or resumed run may change without changing what it trains.
 _OPERATIONAL = {"launcher", "hostfile", "master_addr", "master_port", "monitor", "threads_per_rank",
-                "log_every", "checkpoint_every", "peak_flops_per_rank"}
+                "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries"}
 
 
 # --------------------------------------------------------------------------- run folder
@@ -194,7 +190,7 @@ def load_run_config(uri: str) -> PipelineConfig:
 
 def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str | None = None):  # -> ModelConfig
     """The encoder's shape: the init checkpoint's own config.json if given, else ``config.model``
-    with the instances' vocab size."""
+    with the instances' vocab size (rounded up to ``pad_vocab_to_multiple`` rows)."""
     if init_checkpoint:
         from bert_core.model.checkpoint import model_config_from_hf
 
@@ -211,7 +207,7 @@ def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str |
             f"model.vocab_size={config.model.vocab_size} is smaller than the instances' vocab "
             f"({vocab_size} tokens); leave model.vocab_size unset"
         )
-    return config.model.model_copy(update={"vocab_size": config.model.vocab_size or vocab_size})
+    return config.model.for_vocab(vocab_size)
 
 
 def _log(rank: int, message: str) -> None:
@@ -233,32 +229,6 @@ def first_line(err: BaseException) -> str:
     # torch's weights-only refusal explains itself over many lines; the global it met says it all
     unsupported = [line for line in lines if "Unsupported global" in line]
     return ((unsupported or lines or [type(err).__name__])[0])[:240]
-
-
-def is_comm_error(err: BaseException) -> bool:
-    """A collective failed: a peer rank died or the network broke (the peer has its own story)."""
-    import torch.distributed as dist
-
-    return isinstance(err, getattr(dist, "DistError", ())) or bool(_COMM_ERROR.search(str(err)))
-
-
-def refusal(err: BaseException) -> str | None:
-    """The one-line message of an error a retry cannot fix (config, data, checkpoint, a full or
-    read-only disk); None for anything else."""
-    from bert_core.model.checkpoint import CheckpointError
-    from bert_core.pretrain.data import InstanceDataError
-
-    if isinstance(err, (ConfigError, CheckpointError, InstanceDataError, storage.UnfinishedWriteError,
-                        storage.ManifestError, FileNotFoundError)):
-        return " ".join(str(err).split())  # the launcher reads one line
-    cause: BaseException | None = err
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
-            where = cause.filename or "the run folder"
-            return (f"{where}: {cause.strerror}; free space or make it writable, then run again "
-                    "(it resumes from the last complete checkpoint)")
-        cause = cause.__cause__
-    return None
 
 
 def _free_space(folder: str) -> str:
@@ -399,6 +369,9 @@ def run_phase(
         model=model, model_parameters=groups, optimizer=optimizer,
         config=ds_config(pre, phase_index, run),
     )
+    if pre.compile:
+        # Batch shapes vary (padded length, real tokens, masked positions): compile for dynamic shapes.
+        engine.compile(compile_kwargs={"dynamic": True})
     loader = PretrainingLoader(
         instances, phase.max_seq_length, phase.micro_batch_size, rank=rank, world_size=world_size,
         seed=pre.seed + phase_index, workers=pre.loader_workers, vocab_file=config.vocab.vocab_file,

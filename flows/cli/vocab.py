@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import (
+from flows.cli.options import (
     ConfigOpt,
     PresetOpt,
     RunnerOpt,

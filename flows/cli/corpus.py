@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from bert_core.config import ConfigError, validate
-from flows.cli_options import (
+from flows.cli.options import (
     ConfigOpt,
     PresetOpt,
     RunnerOpt,
