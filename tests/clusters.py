@@ -2,6 +2,7 @@
 
     with namespaced_cluster(shared, n_workers=2) as scheduler_file: ...   # Dask distributed
     with portable_cluster(shared, n_pools=2) as (job_endpoint, pool): ...  # Beam's Fn API
+    with two_hosts() as hosts: ... on_host(hosts[i], shared, argv) ...      # two network namespaces
 
 Dask: one ``dask scheduler`` and ``n_workers`` ``dask worker`` processes (one thread each).
 Beam's portable worker protocol: Beam's Python job service (``local_job_service_main``, the
@@ -12,6 +13,10 @@ scratch, and every local path of the driver under it), and ``shared`` mounted ba
 the same path, as network storage would be: what one worker writes under ``/tmp`` no other
 worker and not the driver sees; what it writes under ``shared`` they all do. Workers start in
 ``/``, so a relative path that reached one would name another folder than on the driver.
+
+Two hosts: two network namespaces joined by a veth pair, each with its own address (in a
+private range, only inside the namespaces), for the multi-node pre-training test; a command runs
+"on a host" in its namespace with its own mount namespace: private ``/tmp`` and ``/dev/shm``.
 
 Not a test module: the cluster tests import it. :func:`namespaces_refused` says why a machine
 cannot run it (no ``unshare``, or not permitted).
@@ -37,6 +42,7 @@ mount --make-rprivate /
 aside=$(mktemp -d /run/bertpipe-shared.XXXXXX)
 mount --bind "$SHARED" "$aside"
 mount -t tmpfs -o size=2g bertpipe-private /tmp
+[ -z "$PRIVATE_SHM" ] || mount -t tmpfs -o size=1g bertpipe-shm /dev/shm
 mkdir -p "$SHARED"
 mount --move "$aside" "$SHARED"
 rmdir "$aside" 2>/dev/null || true
@@ -188,3 +194,50 @@ def portable_cluster(shared: Path, n_pools: int = 2, timeout: float = 90) -> Ite
             server.stop(0)
         for proc in reversed(procs):
             stop_process_group(proc, timeout=20)
+
+
+def netns_refused() -> str | None:
+    """Why two network namespaces cannot be made here, or None when they can."""
+    refused = namespaces_refused()
+    if refused or shutil.which("ip") is None:
+        return refused or "no ip(8) on this machine"
+    name = f"bertpipe-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if made.returncode:
+        return f"network namespaces are not permitted here: {made.stderr.strip() or made.returncode}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+@contextlib.contextmanager
+def two_hosts(subnet: str = "10.213.7") -> Iterator[list[dict[str, str]]]:
+    """Two network namespaces joined by a veth pair, ``<subnet>.1`` and ``<subnet>.2``; yields
+    each host's namespace, interface and address; deletes both namespaces (and the pair)."""
+    tag = f"bp{os.getpid() % 100000}"
+    hosts = [{"netns": f"{tag}-h{i}", "ifname": f"{tag}h{i}", "addr": f"{subnet}.{i + 1}"} for i in range(2)]
+    made: list[str] = []
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    try:
+        for host in hosts:
+            ip("netns", "add", host["netns"])
+            made.append(host["netns"])
+        ip("link", "add", hosts[0]["ifname"], "type", "veth", "peer", "name", hosts[1]["ifname"])
+        for host in hosts:
+            ip("link", "set", host["ifname"], "netns", host["netns"])
+            ip("-n", host["netns"], "addr", "add", f"{host['addr']}/24", "dev", host["ifname"])
+            ip("-n", host["netns"], "link", "set", host["ifname"], "up")
+            ip("-n", host["netns"], "link", "set", "lo", "up")
+        yield hosts
+    finally:
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def on_host(host: dict[str, str], shared: Path, argv: list[str]) -> list[str]:
+    """``argv`` run on ``host``: in its network namespace, in a mount namespace of its own with
+    private /tmp and /dev/shm, ``shared`` mounted back at its path."""
+    return ["ip", "netns", "exec", host["netns"], "env", f"SHARED={shared}", "PRIVATE_SHM=1",
+            *IN_OWN_NAMESPACE, *argv]

@@ -284,12 +284,12 @@ def cluster(tmp_path_factory, samples_dir):
 
 @pytest.fixture(scope="module")
 def local_run(samples_dir, tmp_path_factory) -> dict[str, dict]:
-    """The three stages on the local runner (2 worker processes), on the same records."""
+    """The three stages on the local runner (in this process), on the same records."""
     local = tmp_path_factory.mktemp("local")
     write_records(samples_dir, local / "records.jsonl", 24)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(local)
-        return run_stages(local, local / "records.jsonl", ["--workers", "2"])
+        return run_stages(local, local / "records.jsonl", ["--workers", "1"])
 
 
 @pytest.mark.slow
