@@ -32,7 +32,7 @@ def samples_dir(arg: str | None) -> Path:
                       str(Path.home() / ".cache" / "bertpipe" / "samples")):
         if candidate and (Path(candidate) / "models" / "minilm" / "config.json").exists():
             return Path(candidate)
-    from flows.samples import fetch
+    from flows.tools.samples import fetch
 
     return fetch(Path.home() / ".cache" / "bertpipe" / "samples")
 

@@ -11,7 +11,7 @@ def samples() -> Path:
     """The fetched sample data: ``$BERTPIPE_SAMPLES``, else fetched once into the cache."""
     if os.environ.get("BERTPIPE_SAMPLES"):
         return Path(os.environ["BERTPIPE_SAMPLES"])
-    from flows.samples import fetch
+    from flows.tools.samples import fetch
 
     base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
     return fetch(base / "samples", log=lambda m: None)

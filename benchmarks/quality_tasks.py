@@ -51,7 +51,7 @@ def read_sentiment_all(samples: Path) -> list:
 def read_tweets3(samples: Path) -> list:
     """The labelled tweets, each distinct text once, in the file's order."""
     from bert_core.finetune.glue import Example
-    from flows.samples import tweet_rows
+    from flows.tools.samples import tweet_rows
 
     labels: dict[str, set[str]] = {}
     first: dict[str, tuple[int, str]] = {}
@@ -154,7 +154,7 @@ def pretrain_tweets(samples: Path, held_out: list, out: Path) -> Path:
     held-out set."""
     from bert_core.corpus.sentences import split_sentences
     from bert_core.finetune.glue import Example
-    from flows.samples import TWEETS_PER_RECORD, tweet_rows
+    from flows.tools.samples import TWEETS_PER_RECORD, tweet_rows
 
     keys = set().union(*(held_out_keys(e) for e in held_out))
     stamp = hashlib.sha256("\n".join(["every sentence", *sorted(keys)]).encode()).hexdigest()

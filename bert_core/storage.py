@@ -26,6 +26,8 @@ from typing import IO, Any
 
 import fsspec
 
+from bert_core.failures import Refusal
+
 MANIFEST = "_MANIFEST.json"
 SCHEMA_VERSION = 1
 MANIFEST_SHA256 = "manifest_sha256"  # set by read_manifest: the sha256 of the bytes it read
@@ -33,7 +35,7 @@ MANIFEST_SHA256 = "manifest_sha256"  # set by read_manifest: the sha256 of the b
 _FILESYSTEMS: dict[tuple[int, str], fsspec.AbstractFileSystem] = {}
 
 
-class ManifestError(ValueError):
+class ManifestError(ValueError, Refusal):
     """A manifest, or a shard it lists, does not hold what the manifest promises."""
 
 
@@ -41,7 +43,7 @@ class OutputError(ValueError):
     """An output folder that cannot be written (under a file, read-only, no space)."""
 
 
-class UnfinishedWriteError(FileNotFoundError):
+class UnfinishedWriteError(FileNotFoundError, Refusal):
     """A folder has no manifest: whatever is in it is an unfinished write and must not be read."""
 
 
@@ -189,6 +191,11 @@ def code_version() -> str:
         return f"{ver}+g{sha}" if sha else ver
     except (OSError, subprocess.SubprocessError):
         return ver
+
+
+def shard_name(prefix: str, index: int, count: int, ext: str) -> str:
+    """``<prefix>-SSSSS-of-NNNNN.<ext>``: the name of shard ``index`` of ``count``, for every stage."""
+    return f"{prefix}-{index:05d}-of-{count:05d}.{ext}"
 
 
 def shard_entry(uri: str, count: int | None = None, **extra: Any) -> dict[str, Any]:

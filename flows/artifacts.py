@@ -1,17 +1,10 @@
 """Prefect UI artifacts for every stage: tables, markdown reports with pictures, live progress.
 
-    from flows.artifacts import publish_table, publish_markdown, progress, line_plot, png_data_url
     publish_table("corpus-counts", [{"reason": "too_short", "docs": 3}], "Rejected documents")
-    fig = line_plot({"loss": (steps, losses)}, title="Pre-training loss", xlabel="step")
-    publish_markdown("pretrain-report", f"![loss]({png_data_url(fig)})", "Loss curve")
+    publish_markdown("pretrain-report", f"![loss]({png_data_url(line_plot(series, 'Loss'))})")
 
-Keys are stable per stage (lowercase letters, digits and dashes, as Prefect requires) so the
-Artifacts page shows one history per key across runs. Pictures are PNGs embedded as
-``data:image/png;base64,...`` URLs: the Prefect UI renders them inside markdown artifacts without
-a file server or a bucket. Figures are drawn with matplotlib's Agg canvas directly (no pyplot,
-no global figure state), so this works in worker processes and threads.
-
-Called outside a flow or task run, the artifacts are still stored (just not linked to a run).
+Keys are stable per stage, so the UI keeps one history per key; pictures are PNGs embedded as
+``data:`` URLs, drawn without pyplot so that worker processes and threads can draw them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Prefect flow of the corpus stage: Wikipedia dumps + books + text records -> cleaned documents.
 
-    bertpipe run --preset demo                       (as part of the whole DAG, flows/pipeline.py)
     bertpipe corpus --wikipedia GLOB --books GLOB --text GLOB --output URI   (the same work without Prefect)
 
-The work is ``beam_jobs.clean_corpus.clean``; this flow runs it on ``config.corpus`` (its
-globs are the inputs), publishes the counts as the table artifact ``corpus-counts`` (one row per
-source and reject reason, kept + rejected = read) and the length histograms (bins in numeric
-order) as ``corpus-lengths``, and returns ``output``. A finished ``output`` (it has its
-manifest) is not redone (flows/versions.py).
+Runs ``beam_jobs.clean_corpus.clean`` and publishes its counts (``corpus-counts``: kept and
+rejected by reason) and length histograms (``corpus-lengths``).
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
-from flows.versions import finished_manifest
+from flows.versions import finished_manifest, output_run_name
 
 
 def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -33,7 +29,7 @@ def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-@flow(name="corpus", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="corpus", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
 def clean_corpus(config: PipelineConfig, output: str) -> str:
     """Clean ``config.corpus.wikipedia`` dumps, ``config.corpus.books`` and ``config.corpus.text``
     records into documents."""
@@ -43,7 +39,7 @@ def clean_corpus(config: PipelineConfig, output: str) -> str:
     logger = get_run_logger()
     manifest = finished_manifest("corpus", output, lambda: clean(
         config.corpus, output, workers=config.workers, runner=config.beam_runner,
-        beam_args=config.beam_args))
+        beam_args=config.beam_args, shared_storage=config.shared_storage))
     counts = manifest["counts"]
     logger.info("corpus: %s documents, %s sentences, %s rejects", counts["documents"],
                 counts["sentences"], counts["rejects"])

@@ -3,12 +3,9 @@
     python -m flows.demo --samples samples            # what `make demo` runs
     python -m flows.demo --samples samples --set pretrain.phases.0.max_steps=20
 
-Fetches the samples (cached after the first time), runs `bert_pipeline` with the `demo` preset
-(clean -> vocab -> instances 128/512 -> pre-train phase 1 and 2 on 2 CPU ranks -> fine-tune the
-fresh model and the sample MiniLM on the real sample tasks: sentiment, SQuAD and NER), and prints
-the stages, the pre-training loss curve's ends, and the fine-tuning scores. Running it again skips every
-finished stage. Without a Prefect server it runs on an ephemeral one whose database is the one
-`bertpipe server` opens afterwards, so the run can still be browsed in the UI.
+Runs ``bert_pipeline`` with the ``demo`` preset and prints the stages, the pre-training eval and
+the fine-tuning scores of every checkpoint beside the majority-class baseline. Without a Prefect
+server it runs on an ephemeral one that ``bertpipe server`` opens afterwards.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import time
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, load_config
-from flows.samples import fetch
+from flows.tools.samples import fetch
 from flows.versions import is_done
 
 PRESET_SAMPLES = "samples/"

@@ -1,21 +1,11 @@
-"""Prefect flow of the fine-tuning stage: tasks x settings x seeds from one checkpoint, the best
+"""Prefect flow of the fine-tuning stage: tasks x settings x seeds on one checkpoint, the best
 setting per task chosen on dev and reported on the final split.
 
-    bertpipe run --preset demo                      (as part of the whole DAG, flows/pipeline.py)
     bertpipe finetune --task mrpc --seeds 1,2,3 --data D --checkpoint C --output O --prefect
 
-``output`` is the checkpoint's folder (``<storage_root>/finetune/<checkpoint name>`` in the
-pipeline): each task writes ``<output>/<task>/`` with its report.md and manifest (its version
-from ``flows/versions.py``), and ``<output>/_MANIFEST.json`` indexes them
-(``bert_core/finetune/report.py``). The flow run is named ``finetune-<tasks>-<checkpoint name>``;
-each (task, setting, seed) is one Prefect task run named by what it is
-(``finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2``), at most ``finetune.max_parallel_jobs`` at once.
-With ``finetune.deployment`` set, each job runs as a child flow run of that deployment (this flow
-again, given ``job``) on its work pool, sent with ``run_deployment``; output is shared storage.
-A failing job does not stop the others: failures land in the grid and the manifest. The table
-artifact ``finetune-results`` shows every setting's dev mean ± sd (0-100) with the selected one
-marked and its final-split score; each ``<output>/<task>/report.md`` holds the same. The work itself is
-``bert_core.finetune.train.run_job``.
+Each (task, setting, seed) is a task run named by what it is, here or, with
+``finetune.deployment`` set, as a child flow run on that deployment's work pool. The work is
+``bert_core.finetune.train.run_job``; the ``finetune-results`` artifact shows the grid on 0-100.
 """
 
 from __future__ import annotations
@@ -47,22 +37,12 @@ def finetune_one(name: str, job: dict[str, Any], config: PipelineConfig, checkpo
     cfg = config.finetune
     if not cfg.deployment:
         return _run_here(job, cfg.data_dir, checkpoint, cfg, output, get_run_logger().info)
-    from prefect.context import TaskRunContext
-    from prefect.deployments import run_deployment
-
     from bert_core.finetune.grid import Setting, job_dir
+    from flows.dispatch import run_on_deployment
 
-    ctx = TaskRunContext.get()
-    # One launch per attempt: a re-sent request returns the same child run, a retry makes a new one.
-    key = f"{output}#{name}#{ctx.task_run.id}#{ctx.task_run.run_count}" if ctx else f"{output}#{name}"
-    child = run_deployment(
-        cfg.deployment, flow_run_name=name, idempotency_key=key, poll_interval=2,
-        parameters={"config": config.model_dump(mode="json"), "checkpoint": checkpoint,
-                    "output": output, "checkpoint_name": checkpoint_name, "job": job},
-    )
-    if not child.state or not child.state.is_completed():
-        raise RuntimeError(f"{name}: deployment run {child.name} ended "
-                           f"{child.state.name if child.state else 'without a state'}")
+    run_on_deployment(cfg.deployment, name, {"config": config.model_dump(mode="json"), "checkpoint": checkpoint,
+                                             "output": output, "checkpoint_name": checkpoint_name, "job": job},
+                      key=f"{output}#{name}")
     s = job["setting"]
     folder = job_dir(output, job["task"], Setting(s["learning_rate"], s["batch_size"], s["num_train_epochs"]),
                      job["seed"])

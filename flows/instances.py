@@ -1,13 +1,9 @@
-"""Prefect flow of the instance stage: documents + vocab -> MLM/NSP instance shards per length.
+"""Prefect flow of the instance stage: documents + vocab -> MLM (and NSP) instance shards per length.
 
-    bertpipe run --preset demo          (as part of the whole DAG, flows/pipeline.py)
     bertpipe instances --corpus C --vocab V --output O    (the same work without Prefect)
 
-The work is ``beam_jobs.create_instances.create_instances``; this flow runs it, publishes the
-statistics as the table artifact ``instances-stats`` (one row per sequence length, with the
-instance count of its eval split, held out by document) and a length histogram as
-``instances-lengths``, and returns ``output``. A finished ``output`` (it has its manifest) is
-not redone (flows/versions.py).
+Runs ``beam_jobs.create_instances.create_instances`` and publishes its statistics
+(``instances-stats``) and length histogram (``instances-lengths``).
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
-from flows.versions import finished_manifest
+from flows.versions import finished_manifest, output_run_name
 
 
 def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -35,7 +31,7 @@ def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-@flow(name="instances", log_prints=True, timeout_seconds=24 * 3600)
+@flow(name="instances", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
 def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
     """MLM + NSP instances from the corpus stage's documents and the vocab stage's vocab."""
     from beam_jobs.create_instances import create_instances as run_job
@@ -44,7 +40,8 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
     logger = get_run_logger()
     manifest = finished_manifest("instances", output, lambda: run_job(
         corpus, vocab, output, config.instances, lowercase=config.vocab.lowercase,
-        workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args))
+        workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args,
+        shared_storage=config.shared_storage))
     logger.info("instances: %s", manifest["counts"])
     publish_table("instances-stats", stats_rows(manifest),
                   f"MLM/NSP instance statistics of {manifest['uri']}")

@@ -1,30 +1,11 @@
 """The whole DAG as one Prefect flow: clean -> vocab -> instances -> pre-train -> fine-tune -> report.
 
     bertpipe run --preset demo --set pretrain.phases.0.max_steps=20
-    python -c "from flows.pipeline import bert_pipeline; from bert_core.config import load_config; bert_pipeline(load_config('demo'))"
 
-Each stage is a task that calls the stage's own flow (a child flow run in the UI) with an explicit
-output folder ``<storage_root>/<stage>/<version>`` (flows/versions.py: the version hashes the stage
-config and its input manifests). A folder with a ``_MANIFEST.json`` is finished work: the stage is
-skipped and shows as ``Cached`` with "skipped (cached)", so re-running a failed pipeline resumes
-where it stopped. Pre-training resumes from its latest checkpoint inside the pretrain stage itself.
-
-Pre-training writes its run folder under ``runs_root`` (default: ``storage_root``): DeepSpeed saves
-checkpoints with ``torch.save`` to a path, so with ``storage_root: gs://...`` the run folder is a
-local disk or a mount of the bucket (gcsfuse, NFS), and a pipeline that cannot have one fails
-before any work. With ``runs_root`` set, the run's ``hf/`` export is copied to
-``<storage_root>/models/<version>/`` (with its own manifest), so every output a user keeps is in
-the bucket and fine-tuning reads the model from there.
-
-Retries are in the task decorator and only for infrastructure errors (flows/retry.py). Fine-tune
-jobs (one per checkpoint x task, each running every setting and seed) write
-``<storage_root>/finetune/<checkpoint name>/<task>`` (``pretrained``, ``random-init``, and each
-extra checkpoint's folder name), done when its manifest records the job's version; the index
-``<storage_root>/finetune/_MANIFEST.json`` lists them all (``bertpipe stats``). Jobs are isolated:
-a failed job is listed in the report and fails the run only after every other job has finished,
-so the next run redoes just that job. With ``finetune.deployment`` set, each job is sent to that
-deployment with ``run_deployment`` (a child flow run on a work pool) instead of running in this
-process.
+Each stage is a task that runs the stage's flow into ``<storage_root>/<stage>/<version>``
+(flows/versions.py), skipped when that folder is finished, so a re-run resumes where a failed one
+stopped. Fine-tune jobs (one per checkpoint x task) are isolated: a failed one is reported and
+fails the run only after the others finish.
 """
 
 from __future__ import annotations
@@ -38,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig
 from bert_core.finetune.grid import checkpoint_name
+from flows.dispatch import run_on_deployment
 from flows.retry import retry_on_infrastructure
 from flows.versions import (
     SKIPPED,
@@ -110,20 +92,9 @@ def finetune_job(config: PipelineConfig, checkpoint: str, folder: str, task_name
         if not config.finetune.deployment:
             _stage_flow("finetune")(job_config, **params)
             return
-        from prefect.context import TaskRunContext
-        from prefect.deployments import run_deployment
-
-        ctx = TaskRunContext.get()
-        output = storage.join(folder, task_name)
-        # One launch per attempt: a re-sent request returns the same child run, a retry makes a new one.
-        key = f"{output}#{ctx.task_run.id}#{ctx.task_run.run_count}" if ctx else output
-        child = run_deployment(
-            config.finetune.deployment, parameters={"config": job_config.model_dump(mode="json"), **params},
-            flow_run_name=f"finetune-{task_name}-{label}", idempotency_key=key, poll_interval=2,
-        )
-        if not child.state or not child.state.is_completed():
-            raise RuntimeError(f"{what}: deployment run {child.name} ended "
-                               f"{child.state.name if child.state else 'without a state'}")
+        run_on_deployment(config.finetune.deployment, f"finetune-{task_name}-{label}",
+                          {"config": job_config.model_dump(mode="json"), **params},
+                          key=storage.join(folder, task_name))
 
     return run_once(what, storage.join(folder, task_name), work, version=version)
 
@@ -220,26 +191,43 @@ def random_init_model(config: PipelineConfig, vocab: str, output: str):
 
 
 def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    return unwrap(run_stage(stage, config, output, inputs))
+    # Pre-training retries its launch inside its own flow (pretrain.launch_retries), only there.
+    run = run_stage.with_options(retries=0) if stage == "pretrain" else run_stage
+    return unwrap(run(stage, config, output, inputs))
 
 
-@flow(name="bert-pipeline", log_prints=True)
+def pipeline_run_name() -> str:
+    """``demo-2026-11-26-1431``: the config's name and the UTC minute the run started."""
+    import datetime as dt
+
+    from prefect.runtime import flow_run
+
+    config = flow_run.parameters["config"]
+    name = config.name if isinstance(config, PipelineConfig) else config.get("name", "bert")
+    return f"{name}-{dt.datetime.now(dt.timezone.utc):%Y-%m-%d-%H%M}"
+
+
+def data_stages(config: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """The three Beam stages (corpus, vocab, instances) in their version folders, on
+    ``config.beam_runner``: each stage's status and output."""
+    stages: dict[str, dict[str, Any]] = {}
+    corpus = corpus_folder(config)
+    stages["corpus"] = _stage("corpus", config, corpus, {})
+    vocab = vocab_folder(config, corpus)
+    stages["vocab"] = _stage("vocab", config, vocab, {"corpus": corpus})
+    instances = instances_folder(config, corpus, vocab)
+    stages["instances"] = _stage("instances", config, instances, {"corpus": corpus, "vocab": vocab})
+    return stages
+
+
+@flow(name="bert-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Raw text to fine-tuned models; finished stages are skipped, failed jobs listed."""
     from flows.report import publish_pipeline_report
 
-    stages: dict[str, dict[str, Any]] = {}
     runs = runs_base(config)
-
-    corpus = corpus_folder(config)
-    stages["corpus"] = _stage("corpus", config, corpus, {})
-
-    vocab = vocab_folder(config, corpus)
-    stages["vocab"] = _stage("vocab", config, vocab, {"corpus": corpus})
-
-    instances = instances_folder(config, corpus, vocab)
-    stages["instances"] = _stage("instances", config, instances,
-                                {"corpus": corpus, "vocab": vocab})
+    stages = data_stages(config)
+    vocab, instances = stages["vocab"]["output"], stages["instances"]["output"]
 
     version = pretrain_version(config, instances, vocab)
     run = storage.join(runs, "pretrain", version)

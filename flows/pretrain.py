@@ -1,17 +1,11 @@
 """Prefect flow of the pre-training stage: instances -> DeepSpeed run folder (all phases).
 
-    bertpipe run --preset demo              (as part of the whole DAG, flows/pipeline.py)
     bertpipe pretrain --preset demo --instances I --output RUN    (the same launch without Prefect)
 
-The work is ``bert_core.pretrain.launch.launch_pretraining`` (the ``deepspeed`` launcher running
-``bert_core.pretrain.loop`` on every rank). While it runs, this flow logs rank 0's lines to the flow
-logger, turns new ``metrics.jsonl`` rows into the live progress artifact ``pretrain-progress``
-(steps done / steps of all phases) and refreshes the table ``pretrain-metrics`` (train and eval
-rows, told apart by ``kind``) at most every ``TABLE_EVERY_S`` seconds; at the end it publishes the
-loss and accuracy curves (train and eval on one plot) and each phase's final eval as
-``pretrain-report``. The launch is a task retried only for infrastructure failures (a killed
-rank, a rendezvous timeout): the retry resumes from the last checkpoint. A run folder with a
-``_MANIFEST.json`` is finished and not redone (flows/versions.py).
+Launches ``bert_core.pretrain.launch.launch_pretraining`` and mirrors the run's
+``metrics.jsonl`` into live artifacts (``pretrain-progress``, ``pretrain-metrics``), then the
+curves and each phase's eval (``pretrain-report``). The launch alone is retried, and only after
+an infrastructure failure; each retry resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -25,11 +19,18 @@ from bert_core import storage
 from bert_core.config import PipelineConfig
 from bert_core.pretrain.loop import check_run_config, steps_done, total_steps
 from flows.retry import retry_on_infrastructure
-from flows.versions import SKIPPED, is_done
+from flows.versions import SKIPPED, is_done, output_run_name
 
 TABLE_EVERY_S = 30.0
 METRIC_COLUMNS = ("kind", "phase", "step", "loss", "mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "lr",
                   "seq_per_s", "tokens_per_s", "mfu")
+NSP_COLUMNS = ("nsp_loss", "nsp_acc")
+
+
+def metric_columns(config: PipelineConfig) -> list[str]:
+    """The metrics table's columns: the next-sentence ones only where NSP is trained."""
+    nsp = config.instances.next_sentence_prediction
+    return [c for c in METRIC_COLUMNS if nsp or c not in NSP_COLUMNS]
 
 
 class MetricsWatcher:
@@ -39,6 +40,7 @@ class MetricsWatcher:
         from bert_core.pretrain.metrics import MetricsTail
 
         self.config, self.run = config, run
+        self.columns = metric_columns(config)
         self.tail = MetricsTail(run)
         self.seen = -1
         self.table_at = 0.0
@@ -56,13 +58,13 @@ class MetricsWatcher:
             progress("pretrain-progress", done / total, f"pre-training: step {done}/{total}{loss}")
             if rows and (final or time.monotonic() - self.table_at > TABLE_EVERY_S):
                 self.table_at = time.monotonic()
-                publish_table("pretrain-metrics", [{k: r.get(k) for k in METRIC_COLUMNS} | {"kind": kind(r)}
+                publish_table("pretrain-metrics", [{k: r.get(k) for k in self.columns} | {"kind": kind(r)}
                                                    for r in rows],
                               f"Pre-training metrics of {self.run}")
         return rows
 
 
-@task(name="launch-deepspeed", retries=2, retry_delay_seconds=15, retry_condition_fn=retry_on_infrastructure)
+@task(name="launch-deepspeed", retry_delay_seconds=15, retry_condition_fn=retry_on_infrastructure)
 def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None,
            node_rank: int | None) -> str:
     from bert_core.pretrain.launch import launch_pretraining
@@ -80,12 +82,12 @@ def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint:
     return output
 
 
-@flow(name="pretrain", log_prints=True, timeout_seconds=7 * 24 * 3600)
+@flow(name="pretrain", flow_run_name=output_run_name, log_prints=True, timeout_seconds=7 * 24 * 3600)
 def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None = None,
              node_rank: int | None = None) -> str:
     """Pre-train BERT on the instances (every phase of ``config.pretrain``) into the run folder."""
     from flows.artifacts import markdown_image, publish_markdown
-    from flows.report import pretrain_curves
+    from flows.report import objective, pretrain_curves
 
     logger = get_run_logger()
     check_run_config(config, output)  # a run folder of another config: refused, never retried
@@ -93,19 +95,22 @@ def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoin
         logger.info("pretrain: %s, %s has a manifest; not redone", SKIPPED, output)
         MetricsWatcher(config, output).poll(final=True)
     else:
-        launch(config, instances, output, init_checkpoint, node_rank)
+        # The one retry site of pre-training: each retry resumes from the last checkpoint.
+        launch.with_options(retries=config.pretrain.launch_retries)(
+            config, instances, output, init_checkpoint, node_rank)
     if node_rank:  # another node's launcher: rank 0's node writes the manifest and the report
         return output
     manifest = storage.read_manifest(output)
     from bert_core.pretrain.metrics import read_metrics
 
-    figs = pretrain_curves(read_metrics(output))
+    nsp = config.instances.next_sentence_prediction
+    figs = pretrain_curves(read_metrics(output), nsp=nsp)
     stats = manifest["stats"]
     md = [f"**Run** `{output}`: {manifest['counts'].get('steps')} steps, loss "
           f"{stats.get('first_loss'):.4f} -> {stats.get('last_loss'):.4f}; export `{manifest.get('hf')}`"]
     md += [f"**Eval, phase {p['phase']}** (step {e['step']}, {e['instances']} instances): loss {e['loss']:.4f}, "
-           f"mlm_acc {e['mlm_acc']:.4f}, nsp_acc {e['nsp_acc']:.4f}"
+           f"mlm_acc {e['mlm_acc']:.4f}" + (f", nsp_acc {e['nsp_acc']:.4f}" if nsp else "")
            for p in stats.get("phases", []) if (e := p.get("eval"))]
     md += [markdown_image(fig, name) for name, fig in figs.items()]
-    publish_markdown("pretrain-report", "\n\n".join(md), "Pre-training loss and accuracy")
+    publish_markdown("pretrain-report", "\n\n".join(md), f"Pre-training ({objective(nsp)}) loss and accuracy")
     return output

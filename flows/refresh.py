@@ -1,15 +1,9 @@
 """Corpus refresh: download the newest finished Wikipedia dump, then clean it (with the books).
 
-    python -c "from flows.refresh import refresh_corpus; from bert_core.config import load_config; \
-refresh_corpus(load_config('demo'), lang='en')"
-    (scheduled monthly by the ``refresh-corpus/monthly`` deployment of infra/prefect.yaml)
+    bertpipe serve --only refresh-corpus/monthly      (the monthly schedule of infra/prefect.yaml)
 
-Wikimedia starts dumps on the 1st and the 20th of each month; the articles job takes days. With no
-``date`` the flow tries this month's and the previous month's dump dates, newest first, and takes
-the first whose articles job is ``done``. The download lands in
-``<storage_root>/raw/wikipedia/<lang>wiki-<date>`` (a finished download has a manifest and is not
-fetched again), and ``clean_corpus`` reads it into ``<storage_root>/corpus/<version>``, the same
-folder ``bert_pipeline`` computes for that config, so the next pipeline run picks it up.
+The corpus lands in the folder ``bert_pipeline`` computes for the same config, so the next
+pipeline run picks it up.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from flows.versions import SKIPPED, corpus_folder, is_done
 
 
 def candidate_dates(today: dt.date) -> list[str]:
-    """Dump dates (1st and 20th) of this and the previous month that are not in the future."""
+    """Dump dates (1st and 20th) of this month and last month that are not in the future."""
     prev = (today.replace(day=1) - dt.timedelta(days=1)).replace(day=1)
     dates = [today.replace(day=20), today.replace(day=1), prev.replace(day=20), prev]
     return [d.strftime("%Y%m%d") for d in dates if d <= today]
@@ -63,7 +57,15 @@ def download(lang: str, date: str, to: str, base_url: str | None) -> str:
     return to
 
 
-@flow(name="refresh-corpus", log_prints=True)
+def refresh_run_name() -> str:
+    """``enwiki-20240601``, or ``enwiki-latest`` when the newest finished dump is looked up."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"{p.get('lang', 'en')}wiki-{p.get('date') or 'latest'}"
+
+
+@flow(name="refresh-corpus", flow_run_name=refresh_run_name, log_prints=True)
 def refresh_corpus(
     config: PipelineConfig, lang: str = "en", date: str | None = None, base_url: str | None = None
 ) -> str:

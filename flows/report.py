@@ -1,12 +1,6 @@
-"""The run report of flows/pipeline.py: stage table, results table and a markdown page with pictures.
-
-    from flows.report import publish_pipeline_report   # called at the end of bert_pipeline
-
-Artifact keys (stable, so the UI keeps one history each): ``pipeline-stages`` (stage, status,
-output), ``pipeline-finetune-results`` (checkpoint x task x metric: mean, sd, n, failed seeds) and
-``pipeline-report`` (markdown: the two tables, loss and MLM/NSP accuracy curves from the run's
-``metrics.jsonl``, train and held-out eval on one plot, and the instance length histogram read
-from the instance shards). :func:`pretrain_curves` also draws ``pretrain-report`` (flows/pretrain.py).
+"""The run report of flows/pipeline.py: the stages, the fine-tuning results and a markdown page
+with the pre-training curves and instance lengths (``pipeline-stages``,
+``pipeline-finetune-results``, ``pipeline-report``).
 """
 
 from __future__ import annotations
@@ -42,16 +36,23 @@ def instance_lengths(instances: str) -> dict[int, list[int]]:
     return lengths
 
 
-def pretrain_curves(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Loss and MLM/NSP accuracy figures from ``metrics.jsonl`` rows: train and eval curves of
-    every phase on one plot each (series like ``eval mlm_acc phase 1``)."""
+def objective(nsp: bool) -> str:
+    """What pre-training optimises: the masked LM, with next-sentence prediction where trained."""
+    return "MLM + NSP" if nsp else "MLM"
+
+
+def pretrain_curves(rows: list[dict[str, Any]], nsp: bool = True) -> dict[str, Any]:
+    """Loss and accuracy figures from ``metrics.jsonl`` rows: train and eval curves of every
+    phase on one plot each (series like ``eval mlm_acc phase 1``); next-sentence accuracy only
+    when ``nsp`` (the instances have next-sentence pairs)."""
     loss: dict[str, tuple[list[float], list[float]]] = {}
     acc: dict[str, tuple[list[float], list[float]]] = {}
+    fields = [("loss", loss), ("mlm_acc", acc)] + ([("nsp_acc", acc)] if nsp else [])
     for row in rows:
         if "step" not in row:
             continue
         phase = f" phase {row['phase']}" if "phase" in row else ""
-        for field, target in (("loss", loss), ("mlm_acc", acc), ("nsp_acc", acc)):
+        for field, target in fields:
             value = row.get(field)
             if isinstance(value, (int, float)):
                 xs, ys = target.setdefault(f"{kind(row)} {field}{phase}", ([], []))
@@ -59,15 +60,19 @@ def pretrain_curves(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 ys.append(float(value))
     figs = {}
     if loss:
-        figs["loss"] = artifacts.line_plot(loss, "Pre-training loss (MLM + NSP), train and eval", ylabel="loss")
+        figs["loss"] = artifacts.line_plot(loss, f"Pre-training loss ({objective(nsp)}), train and eval",
+                                           ylabel="loss")
     if acc:
-        figs["accuracy"] = artifacts.line_plot(acc, "Masked LM and next-sentence accuracy, train and eval",
-                                               ylabel="accuracy")
+        what = "Masked LM and next-sentence accuracy" if nsp else "Masked LM accuracy"
+        figs["accuracy"] = artifacts.line_plot(acc, f"{what}, train and eval", ylabel="accuracy")
     return figs
 
 
 def finetune_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per checkpoint x task x metric, from each job's manifest (``stats.summary``)."""
+    """One row per checkpoint x task x metric, from each job's manifest (``stats.summary``):
+    mean and sd over seeds on the 0-100 scale, to one decimal."""
+    from bert_core.finetune.report import percent
+
     rows = []
     for job in results:
         base = {"checkpoint": job["checkpoint"], "task": job["task"]}
@@ -82,8 +87,9 @@ def finetune_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "status": "all seeds failed"})
             for metric, v in sorted(entry.get("metrics", {}).items()):
                 main = " (main)" if metric == entry.get("main_metric") else ""
-                rows.append({**base, "task": task, "metric": metric + main, "mean": v["mean"],
-                             "sd": v["sd"], "n": v["n"], "failed_seeds": failed,
+                rows.append({**base, "task": task, "metric": metric + main,
+                             "mean": round(percent(task, v["mean"]), 1),
+                             "sd": round(percent(task, v["sd"]), 1), "n": v["n"], "failed_seeds": failed,
                              "status": job["status"]})
     return rows
 
@@ -92,7 +98,7 @@ def _md_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     if not rows:
         return "_none_\n"
     def fmt(v: Any) -> str:
-        return f"{v:.4f}" if isinstance(v, float) else ("" if v is None else str(v))
+        return f"{v:.1f}" if isinstance(v, float) else ("" if v is None else str(v))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -106,12 +112,13 @@ def publish_pipeline_report(
     artifacts.publish_table("pipeline-stages", stage_rows, f"Stages of {config.name}")
     results = finetune_rows(summary["finetune_jobs"])
     artifacts.publish_table("pipeline-finetune-results", results,
-                            "Fine-tuning: mean and sd over seeds per checkpoint x task x metric")
+                            "Fine-tuning: mean and sd over seeds per checkpoint x task x metric, "
+                            "scores on 0-100")
 
     md = [f"# bertpipe run report: {config.name}\n",
           f"Storage root: `{summary['storage_root']}`\n", "## Stages\n",
           _md_table(stage_rows, ["stage", "status", "output"])]
-    figures = pretrain_curves(read_metrics(run))
+    figures = pretrain_curves(read_metrics(run), nsp=config.instances.next_sentence_prediction)
     if figures:
         md.append("## Pre-training\n")
         md += [artifacts.markdown_image(fig, name) + "\n" for name, fig in figures.items()]

@@ -2,16 +2,9 @@
 
     from flows.versions import corpus_folder, is_done, run_once
 
-A stage's ``version`` is ``config_hash(stage config, identities of its inputs)``: the same
-settings on the same inputs always have the same version. The data stages write into
-``<storage_root>/<stage>/<version>``; fine-tuning writes into folders a reader can name,
-``<storage_root>/finetune/<checkpoint name>/<task>``, and records the version in that folder's
-manifest. Either way one rule says whether work is done: the folder holds its ``_MANIFEST.json``
-(written last, so it is the proof that the write finished) and, where the folder is not named by
-its version, the manifest's ``version`` is the one wanted. A done stage is skipped and shows as
-``Cached`` with "skipped (cached)"; a folder holding another version (a changed config or
-checkpoint) is emptied and redone. The cache key comes from the manifests, never from Prefect's
-run ids or result storage, so a re-run of a failed pipeline resumes where it stopped.
+A stage's ``version`` hashes its config and the manifests of its inputs. A folder is done when it
+holds its ``_MANIFEST.json`` (written last) and, where the folder is not named by its version, the
+manifest records the wanted one; done work is skipped ("skipped (cached)"), another version redone.
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ from prefect import get_run_logger
 from prefect.states import Completed, State
 
 from bert_core import storage
-from bert_core.config import FAN_OUT_FIELDS, FinetuneConfig, PipelineConfig, config_hash
+from bert_core.config import FAN_OUT_FIELDS, FinetuneConfig, PipelineConfig, config_hash, versioned
 
 SKIPPED = "skipped (cached)"
 
@@ -82,8 +75,9 @@ def instances_folder(config: PipelineConfig, corpus: str, vocab: str) -> str:
 
 def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
     """The version of a pre-training run: its run folder and its published model share it."""
-    return config_hash(config.model, config.pretrain, manifest_identity(instances),
-                       manifest_identity(vocab))
+    # How often a failed launch is retried does not change what is trained.
+    pretrain = versioned(config.pretrain, exclude=frozenset({"launch_retries"}))
+    return config_hash(config.model, pretrain, manifest_identity(instances), manifest_identity(vocab))
 
 
 def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:
@@ -156,3 +150,15 @@ def finished_manifest(what: str, output: str, work: Callable[[], dict[str, Any]]
         get_run_logger().info("%s: %s, %s has a manifest; not redone", what, SKIPPED, output)
         return storage.read_manifest(output)
     return work()
+
+
+# --------------------------------------------------------------------------- run names
+
+
+def output_run_name() -> str:
+    """A stage flow run's name in the UI: the last two parts of the folder it writes
+    (``corpus/<version>``, ``pretrain/<version>``), so a run says what it made."""
+    from prefect.runtime import flow_run
+
+    output = str(flow_run.parameters.get("output") or "")
+    return "/".join(output.rstrip("/").split("/")[-2:]) or flow_run.flow_name

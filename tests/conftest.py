@@ -25,8 +25,8 @@ def samples_root() -> Path:
 
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
-    """The real sample corpus, model and task files (see flows/samples.py)."""
-    from flows.samples import fetch
+    """The real sample corpus, model and task files (see flows/tools/samples.py)."""
+    from flows.tools.samples import fetch
 
     return fetch(samples_root(), log=lambda m: None)
 

@@ -1,5 +1,5 @@
 """beam_jobs/build_vocab.py (+ bert_core/vocab/wordcount.py, bert_core/vocab/training.py, flows/vocab.py,
-flows/cli_vocab.py): real Beam pipelines, the real tokenizers trainer, real Parquet, on documents
+flows/cli/vocab.py): real Beam pipelines, the real tokenizers trainer, real Parquet, on documents
 made of real sample text."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def test_server_prints_its_address_and_serve_registers_the_monthly_refresh(tmp_p
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_server import free_port, server_env
 
-    from flows.render import REFRESH_CRON
+    from flows.tools.render import REFRESH_CRON
 
     bertpipe = str(Path(sys.executable).with_name("bertpipe"))
     port = free_port()
@@ -110,7 +110,7 @@ def test_corpus_command_with_worker_processes_prints_no_harness_chatter(samples_
 
 
 def test_server_env_points_the_ui_at_its_own_port(monkeypatch):
-    from flows.cli_ops import server_env
+    from flows.cli.ops import server_env
 
     monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:4200/api")
     monkeypatch.delenv("PREFECT_UI_API_URL", raising=False)

@@ -33,7 +33,7 @@ def test_finetune_fan_out_runs_on_a_process_pool_worker(samples_dir, tmp_path):
 
     from bert_core import storage
     from flows.pipeline import fan_out_finetune
-    from flows.render import PROCESS_POOL
+    from flows.tools.render import PROCESS_POOL
 
     cfg = load_config("demo", sets=[
         f"storage_root={tmp_path / 'data'}", f"finetune.tasks={TASKS}", "finetune.seeds=[1]",

@@ -1,4 +1,4 @@
-"""infra/ templates rendered from the typed config (flows/render.py): they parse, and they say
+"""infra/ templates rendered from the typed config (flows/tools/render.py): they parse, and they say
 what the config says (node ranks, rendezvous address, GPUs, Beam options, deployments)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from bert_core.config import PipelineConfig, load_config
-from flows.render import (
+from flows.tools.render import (
     GPU_POOL,
     INFRA_DIR,
     PROCESS_POOL,
@@ -27,7 +27,7 @@ from flows.render import (
 )
 
 GPU_SETS = ["pretrain.accelerator=gpu", "pretrain.nodes=3", "pretrain.procs_per_node=4",
-            "pretrain.precision=bf16", "pretrain.master_port=29600",
+            "pretrain.precision=bf16", "pretrain.zero_stage=1", "pretrain.master_port=29600",
             "pretrain.phases=[{max_seq_length: 128, max_steps: 10, global_batch_size: 96, "
             "micro_batch_size: 8, warmup_steps: 1}]", "instances.lengths=[{max_seq_length: 128}]"]
 

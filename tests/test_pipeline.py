@@ -1,39 +1,19 @@
 """bert_pipeline end to end on a real Prefect server: every stage runs, a second run skips them all,
-and the artifacts say what happened. Plus the retry policy (flows/retry.py) on real errors."""
+and the artifacts say what happened."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from bert_core.config import ConfigError, load_config
-from flows.retry import is_infrastructure_error
+from bert_core.config import load_config
 
 STAGE_FLOWS = {"corpus": 1, "vocab": 1, "instances": 1, "pretrain": 1, "finetune": 3}
-
-
-def test_retry_only_infrastructure_errors():
-    from bert_core.corpus.download import ChecksumError, DownloadError
-    from bert_core.storage import UnfinishedWriteError
-
-    retried = [ConnectionResetError(104, "reset"), TimeoutError("read timed out"),
-               RuntimeError("torch.distributed.DistNetworkError: rendezvous timeout after 900 s"),
-               subprocess.CalledProcessError(1, ["deepspeed"], stderr=b"gloo connectFullMesh timeout"),
-               DownloadError("GET http://x/y: HTTP 503")]
-    never = [ConfigError("pretrain.nodes: bad"), ValueError("max_seq_length too long"),
-             UnfinishedWriteError("no manifest"), ChecksumError("sha1 mismatch, connection reset"),
-             KeyError("input_ids"), subprocess.CalledProcessError(2, ["deepspeed"], stderr=b"bad arg")]
-    assert [is_infrastructure_error(e) for e in retried] == [True] * len(retried)
-    assert [is_infrastructure_error(e) for e in never] == [False] * len(never)
-    wrapped = RuntimeError("stage failed")
-    wrapped.__cause__ = ConnectionRefusedError(111, "refused")
-    assert is_infrastructure_error(wrapped)
 
 
 def test_version_folders_are_pinned():

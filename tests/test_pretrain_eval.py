@@ -180,6 +180,14 @@ def test_pretrain_curves_draw_train_and_eval_on_one_plot():
                                    "eval mlm_acc phase 1", "eval nsp_acc phase 1"]}
     for fig in figs.values():
         plt.close(fig)
+    # masked LM only (packed segments, no next-sentence pairs): no NSP curve, no NSP in the titles
+    figs = pretrain_curves(rows, nsp=False)
+    labels = {name: [line.get_label() for line in fig.axes[0].get_lines()] for name, fig in figs.items()}
+    assert labels["accuracy"] == ["train mlm_acc phase 1", "eval mlm_acc phase 1"]
+    titles = [fig.axes[0].get_title() for fig in figs.values()]
+    assert titles == ["Pre-training loss (MLM), train and eval", "Masked LM accuracy, train and eval"]
+    for fig in figs.values():
+        plt.close(fig)
 
 
 # --------------------------------------------------------------------------- real runs (slow)

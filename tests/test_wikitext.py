@@ -14,7 +14,7 @@ from bert_core.corpus.wikitext import (
     prescan,
     wikitext_to_paragraphs,
 )
-from flows.samples import wikipedia_xml
+from flows.tools.samples import wikipedia_xml
 
 NS = "{http://www.mediawiki.org/xml/export-0.10/}"
 
@@ -69,6 +69,18 @@ def test_residue_goes_through_mwparserfromhell() -> None:
     out = wikitext_to_paragraphs("A {{{{{1}}}}} param and text [[a|b''c'']] here.", stats)
     assert not any(has_markup(p) for p in out)
     assert prescan("x{{a}}y") == "xy"
+
+
+def test_markup_the_slow_path_leaves_is_dropped_and_counted() -> None:
+    # "==" inside a line is no heading: the fast pass keeps it, and so does mwparserfromhell
+    stats = CleanStats()
+    out = wikitext_to_paragraphs("Intro [[a|b]] here.\n\nIn the code a == b tests equality. The test is cheap.",
+                                 stats)
+    assert out == ["Intro b here.", "The test is cheap."]
+    assert (stats.slow_paragraphs, stats.dropped_markup_sentences) == (1, 1)
+    stats = CleanStats()
+    assert wikitext_to_paragraphs("Only x == y here.", stats) == []
+    assert stats.dropped_markup_sentences == 1
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bert_core import storage
+from bert_core.failures import Refusal
 
 DEFAULT_BASE_URL = "https://dumps.wikimedia.org"
 JOBS = ("articlesdump", "articlesmultistreamdump")
@@ -45,7 +46,7 @@ class DownloadError(RuntimeError):
     """The dump cannot be fetched as asked (missing, unfinished, or the network gave up)."""
 
 
-class ChecksumError(DownloadError):
+class ChecksumError(DownloadError, Refusal):
     """A downloaded file does not have the sha1 the dump site lists for it."""
 
 

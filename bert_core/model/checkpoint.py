@@ -27,6 +27,7 @@ from torch import nn
 
 from bert_core import storage
 from bert_core.config import ModelConfig
+from bert_core.failures import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
                   "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ValueError, Refusal):
     """A checkpoint folder that cannot be loaded; the message names the file and what to do."""
 
 

@@ -21,7 +21,7 @@ will not help) or
 :class:`LaunchInfraError` when the infrastructure failed (rendezvous timeout, a rank killed,
 port in use: worth a retry, and the run resumes from its last checkpoint).
 
-On CPU, DeepSpeed's first start JIT-compiles a shared-memory all-reduce op (~60-80 s on 2 cores,
+On CPU, DeepSpeed's first start JIT-compiles a shared-memory all-reduce op (once per machine,
 cached in ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``).
 :func:`ensure_cpu_comm_op` builds it once, in the launching process, with a log line saying so,
 instead of letting every rank of the first run race to build it.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -42,6 +41,7 @@ from pathlib import Path
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, PretrainConfig
+from bert_core.failures import InfrastructureError, Refusal, says_infrastructure
 from bert_core.pretrain.loop import (
     CONFIG_ERROR_EXIT,
     CONFIG_ERROR_PREFIX,
@@ -56,18 +56,6 @@ HOSTFILE = "hostfile"
 # What remote ranks need from the launching shell (DeepSpeed forwards PYTHON* itself).
 FORWARDED_ENV = ("OMP_NUM_THREADS", "DS_ACCELERATOR")
 
-# Output of a run that failed for reasons outside the config: retrying (and resuming) helps.
-# (A killed rank shows as the launcher's exit code; DeepSpeed logs "sigkill_handler" on every
-# failure, so signal names in the text say nothing.)
-_INFRA_PATTERNS = re.compile(
-    r"DistNetworkError|timed out|Socket Timeout|Connection (refused|reset)|Address already in use|"
-    r"EADDRINUSE|Broken pipe|rendezvous|No route to host|"
-    # gloo/NCCL on the surviving ranks when a peer process died (killed, OOM, preempted)
-    r"Connection closed by peer|remote worker crash",
-    re.IGNORECASE,
-)
-
-
 class LaunchError(RuntimeError):
     """A pre-training launch failed; ``exit_code`` and the last output lines say how."""
 
@@ -77,11 +65,11 @@ class LaunchError(RuntimeError):
         self.tail = tail
 
 
-class LaunchConfigError(LaunchError):
+class LaunchConfigError(LaunchError, Refusal):
     """A rank refused the config or the data: fix the input; a retry would fail the same way."""
 
 
-class LaunchInfraError(LaunchError):
+class LaunchInfraError(LaunchError, InfrastructureError):
     """Rendezvous timeout, a killed rank, a busy port...: retry, the run resumes from its checkpoint."""
 
 
@@ -154,7 +142,9 @@ def _resolve(argv: list[str]) -> list[str]:
     """Run the ``deepspeed`` script of this Python environment (the venv may not be on PATH)."""
     beside = Path(sys.executable).with_name("deepspeed")
     if argv and argv[0] == "deepspeed":
-        return [str(beside) if beside.exists() else (shutil.which("deepspeed") or "deepspeed"), *argv[1:]]
+        script = str(beside) if beside.exists() else shutil.which("deepspeed")
+        # Installed without its script (pip --target): the launcher's own module does the same.
+        return [*([script] if script else [sys.executable, "-m", "deepspeed.launcher.runner"]), *argv[1:]]
     return argv
 
 
@@ -220,7 +210,8 @@ def run_launch(
     if config_error is not None or code == CONFIG_ERROR_EXIT:
         raise LaunchConfigError(f"pre-training stopped: {config_error or lines[-1:]}", code, lines)
     text = "\n".join(lines)
-    if code < 0 or code >= 128 or _INFRA_PATTERNS.search(text):
+    # A killed rank shows as the launcher's exit code, a lost peer or network in the output.
+    if code < 0 or code >= 128 or says_infrastructure(text):
         raise LaunchInfraError(
             f"pre-training launch failed (exit {code}) for an infrastructure reason; retry to resume "
             f"from the last checkpoint. Last lines:\n" + "\n".join(lines[-8:]), code, lines)

@@ -1,16 +1,12 @@
 """CLI of the fine-tuning stage and of frozen feature extraction.
 
     bertpipe finetune --task sentiment --data samples/tasks --checkpoint samples/models/minilm \
-        --output ./ft --seeds 1,2 --learning-rates 1e-4,2e-4 --set finetune.max_train_examples=400
+        --output ./ft --seeds 1,2 --learning-rates 1e-4,2e-4
     bertpipe features --checkpoint samples/models/minilm --input tests/fixtures/tasks/ner/valid.txt \
         --output ./features.parquet --layers sum_last_four
 
-``finetune`` runs every (task, setting, seed) one after another in this process (``--prefect``
-runs the same jobs as the Prefect flow ``flows/finetune.py`` with its artifacts); both print the
-grid (dev mean ± sd per setting, the selected one marked with its final-split score, 0-100).
-``--output`` is the checkpoint's folder: each task writes ``<output>/<task>/`` (report.md,
-_MANIFEST.json, ``<setting>/seed=<s>/metrics.json``), and ``<output>/_MANIFEST.json`` indexes the
-tasks there (``bertpipe stats <output>``).
+``finetune`` runs every (task, setting, seed) here (``--prefect``: as the Prefect flow) and
+prints the grid on 0-100; ``bertpipe stats <output>`` shows it again.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
 def finetune(

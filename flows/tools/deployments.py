@@ -1,11 +1,9 @@
 """The deployments of infra/prefect.yaml as runner deployments, for ``bertpipe serve``.
 
-    bertpipe serve                  # every process-pool deployment, schedules included
     bertpipe serve --only refresh-corpus/monthly
 
-``prefect deploy --prefect-file infra/prefect.yaml`` registers the same definitions for workers;
-``serve`` runs them from this process instead (no work pool needed), which is the simple local
-setup. Kubernetes-pool deployments are not served (they need a Kubernetes worker).
+``serve`` runs process-pool deployments from this process, schedules included, with no work pool;
+``prefect deploy --prefect-file infra/prefect.yaml`` registers the same ones for workers.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flows.render import PROCESS_POOL, load_prefect_yaml
+from flows.tools.render import PROCESS_POOL, load_prefect_yaml
 
 
 def _flow(entrypoint: str):

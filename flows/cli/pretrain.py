@@ -1,14 +1,11 @@
 """CLI of the pre-training stage: launch DeepSpeed with a progress display.
 
     bertpipe pretrain --preset demo --instances ./bertpipe-data/instances --output ./runs/demo
-    bertpipe pretrain --preset bert-base-128 --instances gs://b/instances --output /mnt/runs/base \
-        --nodes 4 --node-rank 0 --master-addr 10.0.0.2     (one launcher per node, e.g. a pod)
-    bertpipe pretrain ... --nodes 4 --hostfile /job/hostfile     (one launcher, ssh to the hosts)
+    bertpipe pretrain ... --nodes 4 --node-rank 0 --master-addr 10.0.0.2   (one launcher per node)
+    bertpipe pretrain ... --nodes 4 --hostfile /job/hostfile               (one launcher, ssh)
 
-Runs ``bert_core.pretrain.launch.launch_pretraining`` directly (no Prefect). ``--nodes`` with
-``--node-rank`` selects ``launcher=no_ssh``; ``--nodes`` with ``--hostfile`` selects the ssh
-launcher. Exit codes: 0 done, 2 the config or data was refused (fix it), 3 the infrastructure
-failed (run the same command again: it resumes from the last checkpoint), 1 anything else.
+Exit codes: 0 done, 2 the config or data was refused (fix it), 3 the infrastructure failed (run
+the same command again: it resumes from the last checkpoint), 1 anything else.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def pretrain(

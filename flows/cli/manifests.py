@@ -1,15 +1,9 @@
-"""CLI of the instance stage, and a manifest's statistics.
+"""Commands that read any stage's output folder through its manifest.
 
-    bertpipe instances --corpus ./bertpipe-data/corpus --vocab ./bertpipe-data/vocab \
-        --output ./bertpipe-data/instances --preset demo --set instances.dupe_factor=5
     bertpipe stats ./bertpipe-data/instances          (any stage's _MANIFEST.json)
     bertpipe stats ./bertpipe-data/instances --json
     bertpipe stats ./bertpipe-data/finetune           (every checkpoint's fine-tuning results)
     bertpipe verify ./bertpipe-data/instances         (every shard against its manifest's sha256)
-
-``instances`` runs the Beam job directly (no Prefect); ``--vocab`` is a vocab stage folder or a
-``vocab.txt`` (then ``vocab.lowercase`` says the casing); extra arguments after the options go
-to Beam.
 """
 
 from __future__ import annotations
@@ -19,31 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
-
-
-def instances(
-    ctx: typer.Context,
-    corpus: Annotated[str, typer.Option(help="Documents folder (corpus stage output).")],
-    vocab: Annotated[str, typer.Option(help="Vocab stage folder, or a vocab.txt file.")],
-    output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for seq{L}/ shards.")],
-    workers: WorkersOpt = None,
-    preset: PresetOpt = "demo",
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-) -> None:
-    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Extra
-    arguments after the options are passed to Beam."""
-    from bert_core.storage import UnfinishedWriteError
-
-    cfg = resolve(preset, config, set_)
-    from beam_jobs.create_instances import create_instances as run_job
-
-    with user_errors(UnfinishedWriteError, ValueError):
-        manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
-                           workers=workers or cfg.workers, runner=cfg.beam_runner,
-                           beam_args=[*cfg.beam_args, *ctx.args])
-    typer.echo(format_stats(manifest))
+from flows.cli.options import user_errors
 
 
 def stats(
@@ -125,6 +95,5 @@ def _bin_start(key: str) -> int | None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("instances", context_settings={"allow_extra_args": True})(instances)
     app.command("stats")(stats)
     app.command("verify")(verify)

@@ -3,10 +3,8 @@
     bertpipe export runs/demo/checkpoints --output runs/demo/hf --preset demo
     bertpipe export runs/demo/hf --output /tmp/copy            # re-export / validate a folder
 
-The source is a DeepSpeed checkpoint folder (``latest`` + ``global_step*/``; ZeRO shards are
-consolidated with DeepSpeed's ``zero_to_fp32``) or a transformers/bert_core folder. The output
-(``config.json``, ``model.safetensors``, ``vocab.txt``, ``tokenizer.json``) loads with
-``transformers.BertForPreTraining.from_pretrained``. The work is ``bert_core.model.export.export_checkpoint``.
+The source is a DeepSpeed checkpoint folder or a transformers folder; the work is
+``bert_core.model.export.export_checkpoint``.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 
 def export(

@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
 
 download_app = typer.Typer(help="Download raw corpora.", no_args_is_help=True)
 infra_app = typer.Typer(help="Render infra/ templates from the typed config.", no_args_is_help=True)
@@ -88,7 +88,7 @@ def serve(
     """Serve the deployments of prefect.yaml from this process, schedules included (Ctrl-C stops)."""
     from prefect import serve as prefect_serve
 
-    from flows.deployments import runner_deployments
+    from flows.tools.deployments import runner_deployments
 
     deployments = runner_deployments(prefect_yaml, only=only)
     typer.echo("serving: " + ", ".join(d.name for d in deployments), err=True)
@@ -117,7 +117,7 @@ def infra_render(
     run_dir: Annotated[str | None, typer.Option("--run", help="Run folder the training pods write.")] = None,
 ) -> None:
     """Render Kubernetes pods, the GPU work pool template, Beam runner overlays and prefect.yaml."""
-    from flows.render import InfraSettings, render_all
+    from flows.tools.render import InfraSettings, render_all
 
     cfg = resolve(preset, config, set_)
     settings = InfraSettings(image=image, namespace=namespace, instances=instances, run=run_dir)

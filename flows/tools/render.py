@@ -1,15 +1,10 @@
 """Render infra/ (Kubernetes, Prefect deployments, Beam runner settings) from the typed config.
 
-    bertpipe infra render --preset bert-base-128 --set pretrain.nodes=4 --set pretrain.accelerator=gpu \\
-        --image gcr.io/p/bertpipe:1 --instances gs://b/instances/<v> --run gs://b/pretrain/<v> --out build/infra
-    kubectl apply -f build/infra/k8s/pretrain.yaml
+    bertpipe infra render --preset bert-base-128 --set pretrain.nodes=4 --out build/infra
 
-``infra/`` holds declarative templates only: YAML with ``${name}`` placeholders (``string.Template``)
-and the Prefect Kubernetes base job template (JSON). Nothing there is edited by hand per run: the
-node count, GPUs per node, rendezvous address and port, image, storage root and Beam settings all
-come from :class:`~bert_core.config.PipelineConfig` plus a few :class:`InfraSettings` that are not
-part of a run's config (image, namespace, cloud project). ``infra/prefect.yaml`` itself is rendered
-from the ``demo`` preset by :func:`prefect_yaml` (a test keeps the two identical).
+``infra/`` holds templates with ``${name}`` placeholders, filled from
+:class:`~bert_core.config.PipelineConfig` and the few :class:`InfraSettings` that are not part of
+a run (image, namespace); ``infra/prefect.yaml`` is rendered from the ``demo`` preset.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ import yaml
 from bert_core import storage
 from bert_core.config import PipelineConfig
 
-INFRA_DIR = Path(__file__).resolve().parent.parent / "infra"
+INFRA_DIR = Path(__file__).resolve().parents[2] / "infra"
 PROCESS_POOL = "bertpipe-process"
 GPU_POOL = "bertpipe-k8s-gpu"
 # The corpus refresh runs on the 10th of each month: the dump of the 1st has finished its
@@ -232,7 +227,7 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
     header = (
         "# Prefect deployments of bertpipe: one per flow, a monthly corpus refresh, two work pools.\n"
         "# GENERATED from the demo preset: `bertpipe infra render --preset demo --out build/infra`\n"
-        "# (flows/render.py::prefect_yaml); edit that, not this file.\n"
+        "# (flows/tools/render.py::prefect_yaml); edit that, not this file.\n"
         "#   prefect work-pool create bertpipe-process --type process\n"
         "#   prefect work-pool create bertpipe-k8s-gpu --type kubernetes \\\n"
         "#       --base-job-template build/infra/k8s/gpu-base-job-template.json\n"

@@ -1,0 +1,5 @@
+"""``python -m flows.cli`` runs ``bertpipe``."""
+
+from flows.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""CLI of the instance stage.
+
+    bertpipe instances --corpus ./bertpipe-data/corpus --vocab ./bertpipe-data/vocab \
+        --output ./bertpipe-data/instances --preset demo --set instances.dupe_factor=5
+
+``instances`` runs the Beam job directly (no Prefect); ``--vocab`` is a vocab stage folder or a
+``vocab.txt`` (then ``vocab.lowercase`` says the casing); extra arguments after the options go
+to Beam.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.cli.manifests import format_stats
+from flows.cli.options import (
+    ConfigOpt,
+    PresetOpt,
+    RunnerOpt,
+    SetOpt,
+    WorkersOpt,
+    resolve,
+    user_errors,
+)
+
+
+def instances(
+    ctx: typer.Context,
+    corpus: Annotated[str, typer.Option(help="Documents folder (corpus stage output).")],
+    vocab: Annotated[str, typer.Option(help="Vocab stage folder, or a vocab.txt file.")],
+    output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for seq{L}/ shards.")],
+    workers: WorkersOpt = None,
+    runner: RunnerOpt = None,
+    preset: PresetOpt = "demo",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Extra
+    arguments after the options are passed to Beam."""
+    from beam_jobs.job import EmptyResultError
+    from bert_core.storage import UnfinishedWriteError
+
+    cfg = resolve(preset, config, set_)
+    from beam_jobs.create_instances import create_instances as run_job
+
+    with user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
+        manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
+                           workers=workers or cfg.workers, runner=runner or cfg.beam_runner,
+                           beam_args=[*cfg.beam_args, *ctx.args], shared_storage=cfg.shared_storage)
+    typer.echo(format_stats(manifest))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("instances", context_settings={"allow_extra_args": True})(instances)

@@ -1,0 +1,1 @@
+"""Tools beside the flows: sample data, infra rendering and the deployments ``bertpipe serve`` runs."""
