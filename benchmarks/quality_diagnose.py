@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--pretrain", default=",".join(PRETRAIN))
     parser.add_argument("--limit-jobs", type=int, default=None, help="only the first N fine-tuning jobs")
-    parser.add_argument("--dev-limit", type=int, default=1000, help="dev examples scored per job")
+    parser.add_argument("--dev-limit", type=int, default=1000, help="dev examples scored per job (a stratified sample)")
     parser.add_argument("--compare", default=None, help="two checkpoint names: the 300-label test comparison")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 for k in range(3):
                     train = qt.subsample(parts["train"], size, k, task_name)
                     for ck_name, ckpt in checkpoints.items():
-                        data, pad = encoded(ckpt, {"train": train, "dev": parts["dev"][:args.dev_limit]},
+                        data, pad = encoded(ckpt, {"train": train, "dev": qt.subsample(parts["dev"], args.dev_limit, 0, task_name)},
                                             task.labels, 64)
                         for variant in variants:
                             for lr in lrs:
