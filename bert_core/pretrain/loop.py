@@ -72,7 +72,7 @@ class CheckpointWriteError(PretrainConfigError):
 
 # Operational settings a finished or resumed run may change without changing what it trains.
 _OPERATIONAL = {"launcher", "hostfile", "master_addr", "master_port", "monitor", "threads_per_rank",
-                "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries"}
+                "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries", "compile"}
 
 
 # --------------------------------------------------------------------------- run folder
@@ -573,8 +573,9 @@ def main(argv: list[str] | None = None) -> int:
             engine = result.pop("engine")
             stats.append(result | _phase_stats_from_metrics(args.output, i, phase.global_batch_size,
                                                             prefer=result))
+        model = fp32_master_model(engine)  # every rank: ZeRO gathers the partitions
         if rank == 0:
-            export(config, args, engine.module, vocab_file, stats)
+            export(config, args, model, vocab_file, stats)
         dist.barrier()
         # Gloo's worker threads are joined here rather than torn down by the interpreter's exit,
         # which can abort a rank that has finished ("terminate called without an active exception").
@@ -633,6 +634,26 @@ def _phase_stats_from_metrics(run: str, phase_index: int, global_batch: int,
         out["eval"] = {k: final[-1][k] for k in ("step", "loss", "mlm_loss", "mlm_acc", "nsp_loss",
                                                  "nsp_acc", "instances")}
     return out
+
+
+def fp32_master_model(engine: Any) -> Any:
+    """The trained model with the optimizer's fp32 master weights: a bf16 or fp16 run trains a
+    low-precision copy, and its export should not be rounded to it. Every rank calls this (ZeRO
+    gathers each weight from its partitions); an fp32 run returns its own module."""
+    import torch
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    module = engine.module
+    if not (engine.bfloat16_enabled() or engine.fp16_enabled()):
+        return module
+    full = {name: safe_get_full_fp32_param(p) for name, p in module.named_parameters()}
+    if any(weight is None for weight in full.values()):  # no fp32 master copy to read
+        return module
+    model = type(module)(module.config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(full[name].detach().float().cpu())
+    return model
 
 
 def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_file: str,
