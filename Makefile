@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-fast bench lint samples browser clean
+.PHONY: setup demo test test-fast bench lint samples browser clean gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -52,3 +52,27 @@ lint: $(STAMP)
 
 clean:
 	rm -rf bertpipe-data .pytest_cache
+
+# The GPU check (benchmarks/gpu_check.py) for a bare GPU machine with no internet whose Python 3.12
+# has torch, transformers, tokenizers, pyarrow and numpy: `make gpu-wheels` here puts everything
+# else in .whl/ (DeepSpeed as a pure-Python wheel built here, its JIT ops left to run time), and
+# `make gpu-check` there installs them into a private folder and runs every stage into $(OUT).
+GPU_WHEELS := .whl
+GPU_SITE := /tmp/bertpipe-site
+GPU_PY ?= python3
+OUT ?= gpu-check-out
+PIN = $$($(BIN)/python -c "import importlib.metadata as m; print(m.version('$(1)'))")
+gpu-wheels: $(STAMP)
+	mkdir -p $(GPU_WHEELS)
+	DS_BUILD_OPS=0 $(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) deepspeed==$(call PIN,deepspeed)
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(GPU_WHEELS) pydantic==$(call PIN,pydantic) pydantic-core==$(call PIN,pydantic-core) \
+		annotated-types==$(call PIN,annotated-types) typing-inspection==$(call PIN,typing-inspection) \
+		typing-extensions==$(call PIN,typing-extensions) hjson==$(call PIN,hjson)
+	du -sh $(GPU_WHEELS)
+
+gpu-check:
+	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 \
+		$(GPU_PY) -m benchmarks.gpu_check --out $(OUT)

@@ -4,30 +4,6 @@
     python -m beam_jobs.build_vocab --corpus CORPUS_URI --output VOCAB_URI [--preset demo] \\
         [--set vocab.vocab_size=30522] [--vocab-size N] [--cased] [--vocab-file VOCAB_TXT] [-- beam args]
 
-Steps: ``ListWorkItems`` (the corpus shards its manifest lists, a shard shared by several
-items when there are fewer shards than workers), ``CountWords`` (BERT's basic tokenization per
-document; each worker sums counts in memory up to a bound and spills them to partial
-``word<TAB>count`` files by word bucket; per bucket the partial files are summed and written
-sorted by count descending, then word, beside its count of counts: how many words have each
-count). Only file names travel between steps, so no step, and not the local runner's process,
-holds the corpus or its distinct words. The driver then streams the sorted bucket files in one
-merged order and trains WordPiece with HF ``tokenizers``, feeding each word repeated by its
-count (why, what it costs and why it is reproducible: ``bert_core/vocab/training.py``).
-
-The trainer holds every distinct word it is given, so it is given at most ``vocab.max_words``:
-the summed count of counts (a few thousand numbers) gives the smallest count ``t`` that at most
-``max_words`` words reach, and only the words counted ``t`` times or more are streamed (they
-come first in the merged order). A corpus of at most ``max_words`` distinct words is trained on
-all of them, so its vocab is the same as without the bound; otherwise the manifest says how many
-distinct words (and occurrences) were left out and from which count on. Finally the vocab is
-measured on the stream of all the counts (UNK rate, pieces per word, top tokens) and the
-manifest is written last.
-
-``--vocab-file`` uses an existing ``vocab.txt`` (e.g. bert-base-uncased's, shipped with the
-sample MiniLM model) instead: it is validated (one token per line, no duplicates, ``[PAD]`` = 0,
-``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]`` present, casing consistent with ``lowercase``) and copied;
-with a corpus, its coverage is measured too.
-
 Output: ``vocab.txt`` (id = line number), ``tokenizer.json`` (transformers-loadable),
 ``_MANIFEST.json`` (stage "vocab"; ``config`` = VocabConfig with ``strip_accents`` resolved;
 ``counts``: vocab size, documents, sentences, words, and the words the trainer was given or not:
@@ -48,15 +24,45 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.job import (
     LOCAL_RUNNER,
+    NOT_REPORTED,
+    check_produced,
+    check_shared_storage,
     counters,
     job_parser,
     parse_job_args,
+    resolve_runner,
     run_pipeline,
 )
 from bert_core import storage
 from bert_core.config import VocabConfig
 from bert_core.vocab.tokenization import Tokenizer, check_vocab_file
 from bert_core.vocab.wordcount import iter_counts, min_count_for, read_count_of_counts
+
+# How the job works:
+#
+# Steps: ``ListWorkItems`` (the corpus shards its manifest lists, a shard shared by several
+# items when there are fewer shards than workers), ``CountWords`` (BERT's basic tokenization per
+# document; each worker sums counts in memory up to a bound and spills them to partial
+# ``word<TAB>count`` files by word bucket; per bucket the partial files are summed and written
+# sorted by count descending, then word, beside its count of counts: how many words have each
+# count). Only file names travel between steps, so no step, and not the local runner's process,
+# holds the corpus or its distinct words. The driver then streams the sorted bucket files in one
+# merged order and trains WordPiece with HF ``tokenizers``, feeding each word repeated by its
+# count (why, what it costs and why it is reproducible: ``bert_core/vocab/training.py``).
+#
+# The trainer holds every distinct word it is given, so it is given at most ``vocab.max_words``:
+# the summed count of counts (a few thousand numbers) gives the smallest count ``t`` that at most
+# ``max_words`` words reach, and only the words counted ``t`` times or more are streamed (they
+# come first in the merged order). A corpus of at most ``max_words`` distinct words is trained on
+# all of them, so its vocab is the same as without the bound; otherwise the manifest says how many
+# distinct words (and occurrences) were left out and from which count on. Finally the vocab is
+# measured on the stream of all the counts (UNK rate, pieces per word, top tokens) and the
+# manifest is written last.
+#
+# ``--vocab-file`` uses an existing ``vocab.txt`` (e.g. bert-base-uncased's, shipped with the
+# sample MiniLM model) instead: it is validated (one token per line, no duplicates, ``[PAD]`` = 0,
+# ``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]`` present, casing consistent with ``lowercase``) and copied;
+# with a corpus, its coverage is measured too.
 
 NAMESPACE = "build_vocab"
 COUNTERS = ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")
@@ -182,9 +188,9 @@ class CountWords(beam.PTransform):
 
 
 def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int, runner: str,
-                       beam_args: Iterable[str]) -> dict[str, int]:
+                       beam_args: Iterable[str]) -> dict[str, int | str]:
     """Run the counting pipeline; sorted ``counts-BBBBB.tsv`` files land in ``scratch``.
-    Returns the counters."""
+    Returns the counters (each :data:`NOT_REPORTED` on a runner without metrics)."""
     shards = storage.shard_uris(corpus)
     storage.remove(scratch)
     # More buckets for a bigger corpus, so one bucket's words stay a bounded table.
@@ -199,7 +205,7 @@ def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int
 
     found = counters(run_pipeline(build, workers, runner, beam_args), NAMESPACE)
     storage.remove(storage.join(scratch, SPILL))
-    return {name: found.get(name, 0) for name in COUNTERS}
+    return {name: NOT_REPORTED if found is None else found.get(name, 0) for name in COUNTERS}
 
 
 # --------------------------------------------------------------------------- entry point
@@ -222,11 +228,16 @@ def build_vocab(
     workers: int = 1,
     runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
+    shared_storage: bool = False,
 ) -> dict[str, Any]:
-    """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest."""
+    """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest.
+    ``runner``, ``beam_args`` and ``shared_storage``: as for ``beam_jobs.clean_corpus.clean``."""
     from bert_core.vocab.training import train_wordpiece, vocab_stats
 
+    runner, beam_args = resolve_runner(runner, beam_args)
+    check_shared_storage("vocab", runner, shared_storage, [("output", output), ("corpus", corpus)])
     output = storage.to_uri(output)
+    corpus = storage.to_uri(corpus) if corpus else None
     if corpus is None and cfg.vocab_file is None:
         raise ValueError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
     given = check_vocab_file(cfg.vocab_file, cfg) if cfg.vocab_file else None
@@ -242,6 +253,9 @@ def build_vocab(
         if corpus:
             counters = count_corpus_words(corpus, scratch, cfg, workers, runner, beam_args)
         has_words = bool(corpus) and next(iter_counts(scratch), None) is not None
+        if corpus_manifest and not has_words:
+            check_produced("vocab", 0, "word counts", corpus_manifest["counts"].get("documents", 0),
+                           f"documents of corpus {corpus}")
         if given is not None:
             tokenizer = given
         else:
@@ -287,7 +301,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if args.cased:
         updates["lowercase"] = False
     vocab_cfg = VocabConfig.model_validate({**cfg.vocab.model_dump(), **updates})
-    return build_vocab(args.corpus, args.output, vocab_cfg, cfg.workers, cfg.beam_runner, beam_args)
+    return build_vocab(args.corpus, args.output, vocab_cfg, cfg.workers, cfg.beam_runner, beam_args,
+                       shared_storage=cfg.shared_storage)
 
 
 if __name__ == "__main__":

@@ -6,34 +6,9 @@
     python -m beam_jobs.clean_corpus --wikipedia ... --output ... [--preset demo] [--set corpus.num_shards=8] \\
         [--workers N] [-- beam args]
 
-Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
-split sentences), ``ReadBooks`` (one book = one document), ``ReadTextRecords`` (JSON lines and
-Parquet, one record = one document: ``bert_core/corpus/records.py``), then per source
-``CleanDocuments`` (filters, duplicate fingerprints), ``FindDuplicates`` (exact and
-near-duplicate verdicts), ``WriteDocuments`` (sorted, hash-assigned shards, the verdicts
-applied), then the manifest. Every record read ends as a kept document or one reject (with a
-reason, and the id it duplicates for duplicates); one Beam counter per reject reason. Output
-layout and schema: ``bert_core/corpus/documents.py``. Output bytes do not depend on
-``--workers``: shards are chosen by a stable hash of ``doc_id``, rows sorted by ``doc_id``,
-rejects sorted too, and which of a set of duplicates is kept depends only on ids, never on
-arrival order.
-
-Memory does not grow with the corpus, on the local runner too (which holds every element that
-passes between steps in its own process, and materializes a Flatten of several inputs): records
-pass between steps as sorted runs in temporary files under the output (``_spill/``,
-``bert_core/corpus/spill.py``) and only the file names are shuffled; each source is cleaned
-alone (no Flatten of documents); the verdicts meet the documents by shard (``CoGroupByKey`` of
-file names, no side inputs) and a shard is written as one merge of sorted streams, a Parquet row
-group at a time. The only side input is the job's summary (counts and histograms).
-
-On the local runner ``--workers`` is an upper bound: the job starts one worker process per
-4 MB of input (``.bz2``/``.gz``/``.zst`` counted at four times their size), so a tiny input runs
-in the driver process (a worker process has Beam's start-up to pay: its imports, the harness, a
-bundle processor per stage) and any real corpus starts every worker: the number of processes,
-and with it the job's memory, does not change as the corpus grows. ``--workers 1`` runs the
-job in one process, which costs the fewest CPU-seconds (no gRPC traffic between processes;
-``benchmarks/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
-whatever the input size.
+Every record read ends as a kept document or one reject with its reason; the output layout and
+schema are defined in ``bert_core/corpus/documents.py``, and the output bytes do not depend on the
+runner or ``--workers``.
 """
 
 from __future__ import annotations
@@ -51,10 +26,13 @@ from apache_beam.pvalue import AsSingleton, TaggedOutput
 from beam_jobs.job import (
     LOCAL_BYTES_PER_WORKER,
     LOCAL_RUNNER,
+    check_produced,
+    check_shared_storage,
     is_local,
     job_parser,
     local_workers,
     parse_job_args,
+    resolve_runner,
     run_pipeline,
 )
 from beam_jobs.job import counters as job_counters
@@ -63,6 +41,38 @@ from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.sentences import split_paragraphs
+from bert_core.spill import SPILL_DIR
+
+# How the job works:
+#
+# Steps: ``ReadWikipediaDump`` (stream pages, keep namespace-0 non-redirects, wikitext -> text,
+# split sentences), ``ReadBooks`` (one book = one document), ``ReadTextRecords`` (JSON lines and
+# Parquet, one record = one document: ``bert_core/corpus/records.py``), then per source
+# ``CleanDocuments`` (filters, duplicate fingerprints), ``FindDuplicates`` (exact and
+# near-duplicate verdicts), ``WriteDocuments`` (sorted, hash-assigned shards, the verdicts
+# applied), then the manifest. Every record read ends as a kept document or one reject (with a
+# reason, and the id it duplicates for duplicates); one Beam counter per reject reason. Output
+# layout and schema: ``bert_core/corpus/documents.py``. Output bytes do not depend on
+# ``--workers``: shards are chosen by a stable hash of ``doc_id``, rows sorted by ``doc_id``,
+# rejects sorted too, and which of a set of duplicates is kept depends only on ids, never on
+# arrival order.
+#
+# Memory does not grow with the corpus, on the local runner too (which holds every element that
+# passes between steps in its own process, and materializes a Flatten of several inputs): records
+# pass between steps as sorted runs in temporary files under the output (``_spill/``,
+# ``bert_core/spill.py``) and only the file names are shuffled; each source is cleaned
+# alone (no Flatten of documents); the verdicts meet the documents by shard (``CoGroupByKey`` of
+# file names, no side inputs) and a shard is written as one merge of sorted streams, a Parquet row
+# group at a time. The only side input is the job's summary (counts and histograms).
+#
+# On the local runner ``--workers`` is an upper bound: the job starts one worker process per
+# 4 MB of input (``.bz2``/``.gz``/``.zst`` counted at four times their size), so a tiny input runs
+# in the driver process (a worker process has Beam's start-up to pay: its imports, the harness, a
+# bundle processor per stage) and any real corpus starts every worker: the number of processes,
+# and with it the job's memory, does not change as the corpus grows. ``--workers 1`` runs the
+# job in one process, which costs the fewest CPU-seconds (no gRPC traffic between processes;
+# ``benchmarks/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
+# whatever the input size.
 
 NAMESPACE = "clean_corpus"
 REJECTS = "rejects"
@@ -76,7 +86,6 @@ BANDS = "bands"
 # over every article would cost a large share of the job's CPU (and 8 band records per article)
 # for almost no hits.
 NEAR_DEDUP_SOURCES = (D.BOOKS, D.TEXT)
-SPILL_DIR = "_spill"  # temporary, removed before the manifest is written
 SPILL_CHARS = 4 << 20  # characters of records a worker holds (per kind) before it spills them
 ROW_GROUP_CHARS = 2 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
 LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
@@ -136,6 +145,8 @@ class ReadPagesFn(beam.DoFn):
                     continue
                 if stats.slow_paragraphs:
                     Metrics.counter(NAMESPACE, "slow_path_paragraphs").inc(stats.slow_paragraphs)
+                if stats.dropped_markup_sentences:
+                    Metrics.counter(NAMESPACE, "dropped_markup_sentences").inc(stats.dropped_markup_sentences)
                 yield D.make_document(doc_id, D.WIKIPEDIA, title, sentences, record["origin"])
         yield TaggedOutput(READ, (D.WIKIPEDIA, read))
 
@@ -283,7 +294,7 @@ def _band_weight(record: tuple) -> int:
 
 class SpillFn(beam.DoFn):
     """Records -> ``(bucket, run file)``: each bundle's records are written by bucket to sorted
-    runs (:mod:`bert_core.corpus.spill`) under the job's output, and only the file names are
+    runs (:mod:`bert_core.spill`) under the job's output, and only the file names are
     shuffled. The local runner keeps every shuffled element in memory, so shuffling the records
     themselves would make its memory grow with the corpus."""
 
@@ -308,7 +319,7 @@ class SpillFn(beam.DoFn):
             yield GlobalWindows.windowed_value((bucket, uri))
 
     def _flush(self) -> Iterator[tuple[int, str]]:
-        from bert_core.corpus.spill import write_run
+        from bert_core.spill import write_run
 
         for bucket, records in sorted(self.buffers.items()):
             # a unique name: a retried bundle's files are simply never referenced
@@ -418,7 +429,7 @@ class CleanDocuments(beam.PTransform):
 def _exact_verdicts(element: tuple[int, Iterable[str]]) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
     """One bucket of content keys (runs) -> exact-duplicate verdicts, one group at a time."""
     from bert_core.corpus.dedup import exact_losers
-    from bert_core.corpus.spill import group_sorted, merge_runs
+    from bert_core.spill import group_sorted, merge_runs
 
     _, runs = element
     for content, records in group_sorted(merge_runs(sorted(runs), _identity), _first):
@@ -429,7 +440,7 @@ def _exact_verdicts(element: tuple[int, Iterable[str]]) -> Iterator[tuple[tuple[
 def _near_verdicts(element: tuple[int, Iterable[str]], threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
     """One bucket of LSH band entries (runs) -> (doc_id, (similar smaller doc_id, similarity))."""
     from bert_core.corpus.dedup import near_duplicates_in_bucket
-    from bert_core.corpus.spill import group_sorted, merge_runs
+    from bert_core.spill import group_sorted, merge_runs
 
     _, runs = element
     for _, records in group_sorted(merge_runs(sorted(runs), _band_key), _first):
@@ -479,7 +490,7 @@ def _write_shard(element, output: str, num_shards: int, text_format: str) -> Ite
     """Write one documents shard and its rejects shard from their runs, applying the duplicate
     verdicts as one merge of sorted streams; yields the shard's partial summary."""
     from bert_core.corpus.dedup import apply_verdicts
-    from bert_core.corpus.spill import merge_runs, write_run
+    from bert_core.spill import merge_runs, write_run
 
     index, runs = element
     summary = SummaryFn()
@@ -487,8 +498,8 @@ def _write_shard(element, output: str, num_shards: int, text_format: str) -> Ite
     docs = merge_runs(sorted(runs["docs"]), _doc_key)
     exact = merge_runs(sorted(runs["exact"]), _identity)
     near = merge_runs(sorted(runs["near"]), _identity)
-    text = storage.join(output, D.shard_name("text", index, num_shards, "txt")) if text_format == "google" else None
-    writer = D.ShardWriter(storage.join(output, D.shard_name("docs", index, num_shards, "parquet")), text,
+    text = storage.join(output, storage.shard_name("text", index, num_shards, "txt")) if text_format == "google" else None
+    writer = D.DocumentShardWriter(storage.join(output, storage.shard_name("docs", index, num_shards, "parquet")), text,
                            ROW_GROUP_CHARS)
     late: list[D.Reject] = []  # duplicate rejects: at most one per document, spilled in runs
     late_runs: list[str] = []
@@ -508,7 +519,7 @@ def _write_shard(element, output: str, num_shards: int, text_format: str) -> Ite
     late.sort(key=D.reject_sort_key)
     runs_in_order = [*sorted(runs["rejects"]), *late_runs]
     rejects = heapq.merge(merge_runs(runs_in_order, D.reject_sort_key), late, key=D.reject_sort_key)
-    uri = storage.join(output, D.shard_name("rejects", index, num_shards, "jsonl"))
+    uri = storage.join(output, storage.shard_name("rejects", index, num_shards, "jsonl"))
     with storage.open_file(uri, "wb") as f:
         for reject in rejects:
             _count_reject(reject)
@@ -621,15 +632,21 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
 
 def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,
           beam_args: Iterable[str] = (), counters: dict[str, int] | None = None,
-          bytes_per_worker: int = LOCAL_BYTES_PER_WORKER) -> dict[str, Any]:
+          bytes_per_worker: int = LOCAL_BYTES_PER_WORKER, shared_storage: bool = False) -> dict[str, Any]:
     """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
 
-    ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, or
-    DataflowRunner, FlinkRunner, ... with ``beam_args``). On the local runner ``workers`` is an
-    upper bound: :func:`local_workers` starts one process per ``bytes_per_worker`` of input
-    (0: all of them). ``counters``, if given, receives the job's Beam counters
-    (``rejected_<reason>``, ``slow_path_paragraphs``).
+    ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, ``dask``,
+    or DataflowRunner, FlinkRunner, ... with ``beam_args``); ``shared_storage`` lets a runner
+    whose workers are other machines take local paths (:func:`check_shared_storage`). On the
+    local runner ``workers`` is an upper bound: :func:`local_workers` starts one process per
+    ``bytes_per_worker`` of input (0: all of them). ``counters``, if given, receives the job's
+    Beam counters (``rejected_<reason>``, ``slow_path_paragraphs``,
+    ``dropped_markup_sentences``), where the runner reports them.
     """
+    runner, beam_args = resolve_runner(runner, beam_args)
+    check_shared_storage("corpus", runner, shared_storage,
+                         [("output", output), *((kind, g) for kind in ("wikipedia", "books", "text")
+                                                for g in getattr(cfg, kind))])
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")
     text_files = expand_inputs(cfg.text, "text")
@@ -654,9 +671,22 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     finally:
         storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
     if counters is not None:
-        for name, n in job_counters(result, NAMESPACE).items():
+        for name, n in (job_counters(result, NAMESPACE) or {}).items():
             counters[name] = counters.get(name, 0) + n
-    return storage.read_manifest(output)
+    return _checked_manifest(output, len(wiki_files + book_files + text_files), total_bytes)
+
+
+def _checked_manifest(output: str, files: int, total_bytes: int) -> dict[str, Any]:
+    """The manifest of a finished run, or one line (and no manifest) when non-empty input files
+    gave neither a document nor a reject."""
+    if not storage.has_manifest(output):
+        check_produced("corpus", 0, f"documents or rejects (no {storage.MANIFEST} written)", files, "input files")
+    manifest = storage.read_manifest(output)
+    c = manifest["counts"]
+    if total_bytes > 0 and c["documents"] + c["rejects"] == 0:
+        storage.remove(storage.join(output, storage.MANIFEST))
+        check_produced("corpus", 0, "documents and 0 rejects", total_bytes, "bytes of input")
+    return manifest
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -677,7 +707,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         corpus = CorpusConfig.model_validate({**corpus.model_dump(), "wikipedia": args.wikipedia,
                                               "books": args.books, "text": args.text})
     return clean(corpus, args.output, cfg.workers, cfg.beam_runner, beam_args,
-                 bytes_per_worker=args.bytes_per_worker)
+                 bytes_per_worker=args.bytes_per_worker, shared_storage=cfg.shared_storage)
 
 
 if __name__ == "__main__":

@@ -31,44 +31,6 @@ split is part of the random-next pool key, so no B segment crosses it either. Ev
 are made by the same algorithm and masking in one pass (dupe_factor 1: more passes would only
 repeat the same text) into ``sharding.EVAL_SHARDS`` shards, a number that does not depend on the
 workers. With ``eval_fraction: 0`` no eval folder is written.
-
-How it stays streaming, bounded and deterministic:
-
-- Random-next B segments come from the document's *pool* (keyed ``(split, bucket)``), not from
-  the whole corpus, so a worker holds one pool, never the corpus; the eval threshold and how
-  many pools each split has, and how big (in documents and in tokens,
-  ``instances.max_pool_tokens``), follow from the documents and text read (Parquet footers,
-  before the pipeline: ``bert_core.instances.sharding.split_pools``), so no step waits for a
-  count.
-- Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
-  64-bit key per instance that seeds its masking; see ``bert_core.instances.batch``) and the
-  documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
-  bundle order.
-- Balanced shards: a pool's instances (per length) are cut into *pieces* by ``key % pools``,
-  pieces get consecutive global ranks, and shard ``f`` takes a contiguous rank range, so shard
-  sizes differ by at most one and a shard holds a random share of every pool, written in rank
-  order (``bert_core/instances/sharding.py``; our loader shuffles each shard's rows every
-  epoch). Every shard index is written, empty ones too, so a loader can always split them
-  evenly.
-
-Memory: no shuffle and no side input carries text or instances. Workers write tokenized
-documents and instances to spill files under ``OUT/_spill/`` (``bert_core.instances.spill``,
-through fsspec, so workers need not share a disk) and pass on only their names and sizes: the
-pool shuffle ("GroupBuckets") carries a few file names per pool, the shard shuffle
-("GroupShards") a row range of a spill file per piece and shard, the layout a count per piece,
-the rejects a file name per bundle. A runner that keeps shuffled data in memory (the local
-FnApiRunner does) therefore holds kilobytes, whatever the corpus. A documents shard is read in
-parts (row ``i`` in part ``i % parts``) when there are fewer shards than workers, so even a
-one-shard corpus spreads over the workers without shuffling its documents. A worker holds at
-most one pool's tokens (uint16 when the vocab fits) and pairs (a few dozen bytes per instance),
-a window of assembled rows, or a row group of the shard it writes. ``OUT/_spill/`` is removed
-before the top-level manifest is written.
-
-Why this shape (speed): Beam charges per element and per shuffle, so elements are spill files
-of many tokenized documents of one pool and whole pieces, never one document or instance.
-Instances are made a pool at a time (pairs as token ranges, then numpy assembly and masking of
-a window of rows: ``bert_core.instances.spill.write_pool_instances``), shards are written from
-the arrays and their stats are counted without a Python loop per row.
 """
 
 from __future__ import annotations
@@ -83,14 +45,17 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.job import (
     LOCAL_RUNNER,
+    check_produced,
+    check_shared_storage,
     job_parser,
     parse_job_args,
+    resolve_runner,
     run_pipeline,
 )
 from bert_core import storage
 from bert_core.config import InstanceConfig
 from bert_core.corpus.documents import count_documents, read_sentences
-from bert_core.instances.batch import shard_name
+from bert_core.instances.batch import instance_shard_name
 from bert_core.instances.manifest import prepare_output, vocab_record, write_manifests
 from bert_core.instances.pairs import VocabIds
 from bert_core.instances.sharding import (
@@ -106,15 +71,53 @@ from bert_core.instances.sharding import (
     split_pools,
 )
 from bert_core.instances.spill import (
+    InstanceShardWriter,
     RowRange,
-    ShardWriter,
     read_pool,
-    spill_folder,
-    write_documents,
+    spill_rejects,
+    spill_tokenized_documents,
     write_pool_instances,
-    write_rejects,
 )
+from bert_core.spill import spill_folder
 from bert_core.vocab.tokenization import load_tokenizer
+
+# How it stays streaming, bounded and deterministic:
+#
+# - Random-next B segments come from the document's *pool* (keyed ``(split, bucket)``), not from
+#   the whole corpus, so a worker holds one pool, never the corpus; the eval threshold and how
+#   many pools each split has, and how big (in documents and in tokens,
+#   ``instances.max_pool_tokens``), follow from the documents and text read (Parquet footers,
+#   before the pipeline: ``bert_core.instances.sharding.split_pools``), so no step waits for a
+#   count.
+# - Every draw comes from ``rng_for(seed, doc_id, dupe_index, max_seq_length)`` (pairs, and a
+#   64-bit key per instance that seeds its masking; see ``bert_core.instances.batch``) and the
+#   documents of a pool are sorted by ``doc_id``: nothing depends on the runner, the workers or
+#   bundle order.
+# - Balanced shards: a pool's instances (per length) are cut into *pieces* by ``key % pools``,
+#   pieces get consecutive global ranks, and shard ``f`` takes a contiguous rank range, so shard
+#   sizes differ by at most one and a shard holds a random share of every pool, written in rank
+#   order (``bert_core/instances/sharding.py``; our loader shuffles each shard's rows every
+#   epoch). Every shard index is written, empty ones too, so a loader can always split them
+#   evenly.
+#
+# Memory: no shuffle and no side input carries text or instances. Workers write tokenized
+# documents and instances to spill files under ``OUT/_spill/`` (``bert_core.instances.spill``,
+# through fsspec, so workers need not share a disk) and pass on only their names and sizes: the
+# pool shuffle ("GroupBuckets") carries a few file names per pool, the shard shuffle
+# ("GroupShards") a row range of a spill file per piece and shard, the layout a count per piece,
+# the rejects a file name per bundle. A runner that keeps shuffled data in memory (the local
+# FnApiRunner does) therefore holds kilobytes, whatever the corpus. A documents shard is read in
+# parts (row ``i`` in part ``i % parts``) when there are fewer shards than workers, so even a
+# one-shard corpus spreads over the workers without shuffling its documents. A worker holds at
+# most one pool's tokens (uint16 when the vocab fits) and pairs (a few dozen bytes per instance),
+# a window of assembled rows, or a row group of the shard it writes. ``OUT/_spill/`` is removed
+# before the top-level manifest is written.
+#
+# Why this shape (speed): Beam charges per element and per shuffle, so elements are spill files
+# of many tokenized documents of one pool and whole pieces, never one document or instance.
+# Instances are made a pool at a time (pairs as token ranges, then numpy assembly and masking of
+# a window of rows: ``bert_core.instances.spill.write_pool_instances``), shards are written from
+# the arrays and their stats are counted without a Python loop per row.
 
 NAMESPACE = "instances"
 
@@ -187,12 +190,12 @@ class TokenizeDocuments(beam.DoFn):
         self.buffered -= self.sizes.pop(pool)
         split, b = pool
         uri = storage.join(spill_folder(self.output, "documents"), storage.unique_name(f"{split}-{b:05d}", "arrow"))
-        write_documents(uri, docs)
+        spill_tokenized_documents(uri, docs)
         return pool, (uri, len(docs))
 
     def spill_rejects(self) -> beam.pvalue.TaggedOutput:
         uri = storage.join(spill_folder(self.output, "rejects"), storage.unique_name("rejects", "jsonl"))
-        count = write_rejects(uri, self.rejects)
+        count = spill_rejects(uri, self.rejects)
         self.rejects = []
         return beam.pvalue.TaggedOutput("rejects", (uri, count))
 
@@ -256,8 +259,8 @@ class WriteShards(beam.DoFn):
         # Rank order: piece after piece, each a key-ordered (pseudo-random) slice of one pool.
         # Not re-sorted: the loader shuffles the rows of a shard anyway (bert_core/pretrain/data.py).
         uri = storage.join(set_folder(self.output, length_split),
-                           shard_name(index, layout[length_split]["shards"]))
-        writer = ShardWriter(uri, length, self.mask_id)
+                           instance_shard_name(index, layout[length_split]["shards"]))
+        writer = InstanceShardWriter(uri, length, self.mask_id)
         for _, rows in ranked:
             for batch in rows.batches():
                 writer.write(batch)
@@ -363,9 +366,16 @@ def create_instances(
     runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
     min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET,
+    shared_storage: bool = False,
 ) -> dict[str, Any]:
     """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt;
-    ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools."""
+    ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools; ``runner``,
+    ``beam_args`` and ``shared_storage``: as for ``beam_jobs.clean_corpus.clean``."""
+    runner, beam_args = resolve_runner(runner, beam_args)
+    check_shared_storage("instances", runner, shared_storage,
+                         [("output", output), ("corpus", corpus), ("vocab", vocab)])
+    # resolved here, on the driver: a worker has another working directory, or is another machine
+    corpus, vocab, output = storage.to_uri(corpus), storage.to_uri(vocab), storage.to_uri(output)
     corpus_manifest = storage.read_manifest(corpus)
     storage.check_shards(corpus, corpus_manifest)
     inputs = [corpus_manifest]
@@ -377,7 +387,6 @@ def create_instances(
         raise ValueError(f"vocab {vocab} lacks [CLS], [SEP] or [MASK]; instances need all three: "
                          "use a BERT vocab (the vocab stage always adds them)")
     shards = storage.shard_uris(corpus, corpus_manifest)
-    output = storage.to_uri(output)
     storage.check_writable(output)
     prepare_output(output, config)
 
@@ -386,7 +395,22 @@ def create_instances(
                        vocab_used=vocab_used, lowercase=lowercase, min_docs_per_bucket=min_docs_per_bucket)
 
     run_pipeline(build, workers, runner, beam_args)
-    return storage.read_manifest(output)
+    return _checked_manifest(output, count_documents(shards))
+
+
+def _checked_manifest(output: str, documents: int) -> dict[str, Any]:
+    """The top-level manifest of a finished run, or one line (and no manifest) when the
+    ``documents`` read gave no instances, or when some of them were neither used nor rejected."""
+    if not storage.has_manifest(output):
+        check_produced("instances", 0, f"instances (no {storage.MANIFEST} written)", documents, "documents")
+    manifest = storage.read_manifest(output)
+    c = manifest["counts"]
+    made = sum(n for k, n in c.items() if k.startswith(("instances_seq", "eval_instances_seq")))
+    if documents and (c["documents_read"] != documents or (c["documents_used"] and not made)):
+        storage.remove(storage.join(output, storage.MANIFEST))
+        check_produced("instances", 0, f"instances from {c['documents_used']:,} documents used and "
+                       f"{c['documents_rejected']:,} rejected", documents, "documents read")
+    return manifest
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -398,7 +422,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     args, cfg, beam_args = parse_job_args(parser, argv)
     return create_instances(args.corpus, args.vocab, args.output, cfg.instances,
                             lowercase=cfg.vocab.lowercase, workers=cfg.workers,
-                            runner=cfg.beam_runner, beam_args=beam_args)
+                            runner=cfg.beam_runner, beam_args=beam_args, shared_storage=cfg.shared_storage)
 
 
 if __name__ == "__main__":

@@ -3,31 +3,6 @@
     python benchmarks/bench_clean.py                  (make bench runs it with BERTPIPE_SAMPLES set)
     python benchmarks/bench_clean.py --also-copies 10 (+ the excerpt copied 10x under new ids)
 
-Inputs: the real enwiki excerpt (6.1 MB of XML, single bz2 stream, which our job splits by bz2
-block), and a large dump of up to ``--large-mb`` (default 61, ten times the excerpt) of distinct
-text: the excerpt's pages followed by one page per document of the distinct real text that
-:mod:`benchmarks.distinct_text` fetches from the package registries (manuals, guides, the King
-James Bible), written as a multistream .xml.bz2 the way Wikimedia publishes big dumps (with
-the index beside it, which the job does not need: its work items find their own bz2 blocks). Those pages are plain paragraphs without wiki markup, so the large run weighs reading,
-sentence splitting, filtering and dedup more than markup removal; its size is what the distinct
-text gives (about 50 MB), printed with the rows. ``--also-copies N`` adds the excerpt copied N
-times with page ids and titles renumbered, for comparison with earlier figures. A one-page dump
-measures each tool's fixed start-up (for ours: Beam, its worker processes and its stages),
-which weighs most on the 1x run; "beyond start-up" rows divide the rest of the input by the
-rest of the CPU time. Both tools get the same file. Ours runs with one worker (``--workers 1``: one
-process, the per-core figure) and with two (``--workers 2``: the driver and two worker processes
-on the local FnApiRunner); wikiextractor with ``--processes 2``. Timed: wall clock of the whole command,
-start-up included. Each command runs ``--repeats`` times (default 3) on each input, wikiextractor and
-ours in turn, so that a drift in the machine's speed reaches both sides of a pair alike; the rows
-give each figure's median, and the CPU ratio's median and range over the pairs. Also measured: peak RSS of the whole process tree (sum over processes,
-sampled every 0.1 s), the share of wikiextractor's sentences (split with our splitter,
-normalized) that we also keep, and sentences with wiki markup left in each output.
-
-On the local runner ``--workers 2`` starts both worker processes for any input of a few MB (the
-1-page dump is given ``--bytes-per-worker 0`` so that both start there too); the rows say how
-many processes ran. wikiextractor's sentences that we do not keep are counted by where they come
-from in the wikitext (:func:`missing_kinds`).
-
 wikiextractor is installed for this script only, into its own venv under the bertpipe cache
 (never a dependency of bertpipe). Results: ``bench-results/clean.json``.
 """
@@ -49,6 +24,33 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+# How the comparison is set up:
+#
+# Inputs: the real enwiki excerpt (6.1 MB of XML, single bz2 stream, which our job splits by bz2
+# block), and a large dump of up to ``--large-mb`` (default 61, ten times the excerpt) of distinct
+# text: the excerpt's pages followed by one page per document of the distinct real text that
+# :mod:`benchmarks.distinct_text` fetches from the package registries (manuals, guides, the King
+# James Bible), written as a multistream .xml.bz2 the way Wikimedia publishes big dumps (with
+# the index beside it, which the job does not need: its work items find their own bz2 blocks). Those pages are plain paragraphs without wiki markup, so the large run weighs reading,
+# sentence splitting, filtering and dedup more than markup removal; its size is what the distinct
+# text gives (about 50 MB), printed with the rows. ``--also-copies N`` adds the excerpt copied N
+# times with page ids and titles renumbered, for comparison with runs on copies. A one-page dump
+# measures each tool's fixed start-up (for ours: Beam, its worker processes and its stages),
+# which weighs most on the 1x run; "beyond start-up" rows divide the rest of the input by the
+# rest of the CPU time. Both tools get the same file. Ours runs with one worker (``--workers 1``: one
+# process, the per-core figure) and with two (``--workers 2``: the driver and two worker processes
+# on the local FnApiRunner); wikiextractor with ``--processes 2``. Timed: wall clock of the whole command,
+# start-up included. Each command runs ``--repeats`` times (default 3) on each input, wikiextractor and
+# ours in turn, so that a drift in the machine's speed reaches both sides of a pair alike; the rows
+# give each figure's median, and the CPU ratio's median and range over the pairs. Also measured: peak RSS of the whole process tree (sum over processes,
+# sampled every 0.1 s), the share of wikiextractor's sentences (split with our splitter,
+# normalized) that we also keep, and sentences with wiki markup left in each output.
+#
+# On the local runner ``--workers 2`` starts both worker processes for any input of a few MB (the
+# 1-page dump is given ``--bytes-per-worker 0`` so that both start there too); the rows say how
+# many processes ran. wikiextractor's sentences that we do not keep are counted by where they come
+# from in the wikitext (:func:`missing_kinds`).
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -211,9 +213,9 @@ def beyond_start_up(mb: float, cpu: float, start_up: float) -> float | None:
 
 def measured_in_turn(repeats: int, name: str, tmp: Path, reference: Callable[[Path], Run],
                      ours: dict[int, Callable[[Path], Run]], keep: bool = False) -> tuple[list[Run], dict[int, list[Run]]]:
-    """``repeats`` rounds of wikiextractor, then ours with each worker count, on one dump, so
+    """``repeats`` passes of wikiextractor, then ours with each worker count, on one dump, so
     that a drift of the machine's speed reaches both sides of each pair alike. Each run writes to
-    a fresh folder; the first round's outputs are kept when ``keep`` (for the sentence checks):
+    a fresh folder; the first pass's outputs are kept when ``keep`` (for the sentence checks):
     ``wx-<name>-0`` and ``ours-<name>-<workers>-0``."""
     refs: list[Run] = []
     runs: dict[int, list[Run]] = {w: [] for w in ours}

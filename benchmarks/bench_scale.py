@@ -11,24 +11,6 @@ Each stage runs as the product runs it (``python -m beam_jobs.clean_corpus``, ``
 corpora of ``size`` x the sample corpus (its Wikipedia excerpt, uncompressed, plus its book and
 plays): the corpus stage reads the raw inputs, the vocab stage the corpus stage's documents,
 the instances stage those documents and that vocab.
-
-The inputs are distinct real text as far as there is enough of it: the sample, then the
-documentation and book text of :mod:`benchmarks.distinct_text` (fetched on first use), then
-copies. A copy of the sample's Wikipedia dump has every page renumbered and retitled, and a
-copied book a new file name; the corpus stage rejects copies as exact duplicates, so the
-documents the vocab and instances stages read are topped up to ``size`` x the x1 documents with
-copies of the corpus stage's documents under new ids. Every row says how much of its input was
-distinct.
-
-Measured per stage and size: wall time, CPU-seconds of the process tree (the larger of what
-``wait4`` reports for the driver and its reaped children and the sum over every process seen in
-the tree), peak RSS of the whole process tree (driver and workers; the sum of RSS over the tree,
-sampled every 0.2 s; a child with its parent's command line is a fork that has not yet run its
-own program, such as ``git`` for a manifest's code version, and shares its parent's pages, so
-it is not counted again), throughput in MB of input text per second. Results go to
-``bench-results/scale.json`` and ``bench-results/scale.png`` (peak RSS and wall time against
-corpus size, one line per stage); the table printed ends with the peak-RSS ratio of the largest
-size to the smallest per stage, against the goal of a flat memory profile (:data:`RSS_GOAL`).
 """
 
 from __future__ import annotations
@@ -45,6 +27,26 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+# Inputs and measures:
+#
+# The inputs are distinct real text as far as there is enough of it: the sample, then the
+# documentation and book text of :mod:`benchmarks.distinct_text` (fetched on first use), then
+# copies. A copy of the sample's Wikipedia dump has every page renumbered and retitled, and a
+# copied book a new file name; the corpus stage rejects copies as exact duplicates, so the
+# documents the vocab and instances stages read are topped up to ``size`` x the x1 documents with
+# copies of the corpus stage's documents under new ids. Every row says how much of its input was
+# distinct.
+#
+# Measured per stage and size: wall time, CPU-seconds of the process tree (the larger of what
+# ``wait4`` reports for the driver and its reaped children and the sum over every process seen in
+# the tree), peak RSS of the whole process tree (driver and workers; the sum of RSS over the tree,
+# sampled every 0.2 s; a child with its parent's command line is a fork that has not yet run its
+# own program, such as ``git`` for a manifest's code version, and shares its parent's pages, so
+# it is not counted again), throughput in MB of input text per second. Results go to
+# ``bench-results/scale.json`` and ``bench-results/scale.png`` (peak RSS and wall time against
+# corpus size, one line per stage); the table printed ends with the peak-RSS ratio of the largest
+# size to the smallest per stage, against the goal of a flat memory profile (:data:`RSS_GOAL`).
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

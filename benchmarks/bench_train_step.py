@@ -81,6 +81,10 @@ def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
     return str(out)
 
 
+RAW_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+            "masked_lm_weights", "next_sentence_label")
+
+
 def time_loader(instances: str, batch_size: int, batches: int) -> float:
     """Sequences/s of the pre-training loader (in-process), first batch (shard read) included."""
     from bert_core.pretrain.data import PretrainingLoader
@@ -96,8 +100,8 @@ def time_loader(instances: str, batch_size: int, batches: int) -> float:
 # --------------------------------------------------------------------------- models
 
 
-def make_pair(size: str, vocab_size: int, seed: int = 0):
-    """Our model and transformers' with identical weights and config."""
+def make_pair(size: str, vocab_size: int, seed: int = 0, attention_dropout: float | None = None):
+    """Our model and transformers' (SDPA attention) with identical weights and config."""
     import torch
     import transformers
 
@@ -105,10 +109,12 @@ def make_pair(size: str, vocab_size: int, seed: int = 0):
     from bert_core.model.bert import BertForPreTraining
     from bert_core.model.checkpoint import hf_config_from_model
 
-    cfg = ModelConfig(size=size, vocab_size=vocab_size, max_position_embeddings=512)
+    extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
+    cfg = ModelConfig(size=size, vocab_size=vocab_size, max_position_embeddings=512, **extra)
     torch.manual_seed(seed)
     ours = BertForPreTraining(cfg)
-    hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_config_from_model(cfg).items() if k != "architectures"})
+    hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_config_from_model(cfg).items() if k != "architectures"},
+                                     attn_implementation="sdpa")
     ref = transformers.BertForPreTraining(hf_cfg)
     state = ours.state_dict()
     state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
@@ -201,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from bert_core.model.bert import pretraining_plan
     from bert_core.pretrain.data import PretrainingLoader
 
     torch.set_num_threads(args.threads)
@@ -219,8 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     results, rows = [], []
     for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
         n = args.batch_size if size in ("tiny", "mini", "small") else args.base_batch_size
-        batch = {k: v[:n] for k, v in big.items()}
+        batch = {k: v[:n] for k, v in big.items() if k in RAW_KEYS}
         batch = {**batch, "input_ids": batch["input_ids"].contiguous()}
+        # the unpadding indices the loader precomputes, for the rows kept
+        batch |= pretraining_plan(batch["attention_mask"], batch["masked_lm_positions"],
+                                  batch["masked_lm_ids"], batch["masked_lm_weights"])
         r = bench_size(size, batch, vocab_size, args.steps, args.warmup)
         results.append(r)
         ratio = r["tokens_per_s_ours"] / r["tokens_per_s_reference"]

@@ -60,7 +60,7 @@ def run_one(name: str, samples: str, timeout: int) -> dict:
 
 
 def collect(name: str) -> dict:
-    """An earlier run's results, as run_one would have returned them."""
+    """A saved run's results, as run_one would have returned them."""
     out = RESULTS / f"{name}.json"
     rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
     return {"name": name, "status": "ok" if rows else "no results", "seconds": None, "rows": rows}

@@ -30,6 +30,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# A setting added after stages were first stored: it enters a stage's version only when set away
+# from its default, so the stages stored before it keep their versions (config_hash).
+VERSIONED_WHEN_SET = {"versioned": "when set"}
+
+
 class ConfigError(ValueError, Refusal):
     """A config that cannot run. The message names the field and what to do."""
 
@@ -201,7 +206,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 
 
 class ModelConfig(_Model):
-    """The encoder. Field names equal transformers' BertConfig so config.json round-trips."""
+    """The encoder. Field names equal transformers' BertConfig so config.json reads back unchanged."""
 
     size: Literal["tiny", "mini", "small", "base", "large", "custom"] = Field(
         "base", description="Named size; fills the four size fields not given explicitly."
@@ -219,6 +224,11 @@ class ModelConfig(_Model):
     initializer_range: float = Field(0.02, gt=0)
     layer_norm_eps: float = Field(1e-12, gt=0)
     pre_layer_norm: bool = Field(False, description="Pre-LN (stabler at large batch); paper is post-LN.")
+    pad_vocab_to_multiple: int = Field(
+        1, ge=1, json_schema_extra=VERSIONED_WHEN_SET, description="Round the embedding rows up to a multiple of this (64 on GPUs: tensor-core "
+        "friendly shapes for the masked-LM decoder); the extra rows are no token's id, never an input "
+        "and never a label. Not a transformers field: config.json records the padded vocab_size."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -228,6 +238,12 @@ class ModelConfig(_Model):
             if size in MODEL_SIZES:
                 data = {**MODEL_SIZES[size], **data}  # explicit fields win
         return data
+
+    def for_vocab(self, vocab_size: int) -> ModelConfig:
+        """This shape for a vocab of ``vocab_size`` tokens: ``vocab_size`` rows unless set here,
+        rounded up to a multiple of ``pad_vocab_to_multiple``."""
+        rows, multiple = self.vocab_size or vocab_size, self.pad_vocab_to_multiple
+        return self.model_copy(update={"vocab_size": -(-rows // multiple) * multiple})
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -273,8 +289,12 @@ class PretrainConfig(_Model):
     )
     # numerics
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fp32 on CPU.")
-    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="LAMB for very large batches.")
+    zero_stage: int = Field(
+        0, ge=0, le=3, description="DeepSpeed ZeRO stage; bf16 needs >= 1 (fp32 gradient accumulation)."
+    )
+    optimizer: Literal["adamw", "lamb"] = Field(
+        "adamw", description="LAMB (per-layer trust ratio) for very large batches; needs zero_stage 0."
+    )
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-6
@@ -295,8 +315,11 @@ class PretrainConfig(_Model):
     monitor: Literal["tensorboard", "csv", "none"] = "csv"
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     peak_flops_per_rank: float | None = Field(
-        None, gt=0, description="Peak FLOP/s of one rank, for the MFU estimate (e.g. 312e12 A100 bf16)."
+        None, gt=0, description="Peak FLOP/s of one rank, for the MFU estimate (e.g. 312e12 A100 bf16); "
+        "None = from the device (H100/H200, A100 by name; none on CPU)."
     )
+    compile: bool = Field(False, json_schema_extra=VERSIONED_WHEN_SET,
+                          description="Run the model through torch.compile.")
     threads_per_rank: int = Field(1, ge=1, description="OMP/torch threads per rank on CPU.")
 
     @property
@@ -321,6 +344,18 @@ class PretrainConfig(_Model):
             raise ValueError("launcher=hostfile needs pretrain.hostfile (a DeepSpeed hostfile path)")
         if self.accelerator == "cpu" and self.precision == "fp16":
             raise ValueError("precision=fp16 needs accelerator=gpu; use fp32 (or bf16) on CPU")
+        if self.optimizer == "lamb" and self.zero_stage > 0:
+            raise ValueError(
+                f"optimizer=lamb with zero_stage={self.zero_stage}: ZeRO hands the optimizer flat "
+                "partitions, so LAMB's trust ratio would be per partition, not per layer; use "
+                "zero_stage: 0 (with precision fp32 or fp16), or optimizer: adamw"
+            )
+        if self.precision == "bf16" and self.zero_stage == 0:
+            raise ValueError(
+                "precision=bf16 with zero_stage=0: DeepSpeed accumulates bf16 gradients in fp32 only "
+                "under ZeRO (its BF16_Optimizer at stage 1, which runs on one GPU too); set "
+                "zero_stage: 1, or precision: fp32"
+            )
         return self
 
 
@@ -358,6 +393,13 @@ class FinetuneConfig(_Model):
     n_best_size: int = 20
     max_answer_length: int = 30
     # execution
+    accelerator: Literal["cpu", "gpu"] = Field(
+        "cpu", json_schema_extra=VERSIONED_WHEN_SET, description="cpu, or gpu: the job's model and batches on cuda:<LOCAL_RANK> (0 unless launched)."
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", json_schema_extra=VERSIONED_WHEN_SET, description="bf16: forward and loss under bf16 autocast (fp32 weights and optimizer); "
+        "fp32 on a GPU multiplies in TF32."
+    )
     deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
     max_train_examples: int | None = Field(None, ge=1, description="Cap for quick runs.")
     threads: int = Field(2, ge=1)
@@ -473,6 +515,11 @@ class PipelineConfig(_Model):
     storage_root: str = Field(
         "./bertpipe-data", description="Local folder or fsspec URL (gs://bucket/prefix) for all outputs."
     )
+    shared_storage: bool = Field(
+        False, description="The storage_root (and every local path given to a job) is storage every Beam "
+        "worker reaches: NFS, gcsfuse, or one machine. Without it a runner whose workers are other "
+        "machines (dask, Dataflow, Flink, Spark) refuses local paths before any work.",
+    )
     runs_root: str | None = Field(
         None, description="Local or mounted folder (gcsfuse, NFS) for pre-training run folders: "
         "DeepSpeed saves checkpoints with torch.save to a path. Unset: storage_root, which must then "
@@ -482,7 +529,8 @@ class PipelineConfig(_Model):
     workers: int = Field(2, ge=1, description="Beam worker processes on the local runner.")
     beam_runner: str = Field(
         "FnApiRunner", description="Beam runner (PipelineOptions --runner): FnApiRunner (local, in process, "
-        "the DirectRunner's batch engine, with `workers` processes), DataflowRunner, FlinkRunner, SparkRunner."
+        "the DirectRunner's batch engine, with `workers` processes), dask (a Dask distributed cluster: "
+        "--dask_client_address or --dask_scheduler_file in beam_args), DataflowRunner, FlinkRunner, SparkRunner."
     )
     beam_args: list[str] = Field(default_factory=list, description="Extra Beam pipeline options.")
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
@@ -636,10 +684,19 @@ def error_lines(err: ValidationError, *prefix: str) -> list[str]:
             for e in err.errors()]
 
 
+def versioned(config: BaseModel, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A config as a version sees it: without ``exclude`` and without the VERSIONED_WHEN_SET
+    fields left at their default."""
+    unset = {name for name, field in type(config).model_fields.items()
+             if field.json_schema_extra == VERSIONED_WHEN_SET
+             and getattr(config, name) == field.get_default(call_default_factory=True)}
+    return config.model_dump(mode="json", exclude=unset | exclude)
+
+
 def config_hash(*parts: Any) -> str:
     """Short stable hash of configs and input manifests: the `<version>` of a stage's output."""
     blob = json.dumps(
-        [p.model_dump(mode="json") if isinstance(p, BaseModel) else p for p in parts],
+        [versioned(p) if isinstance(p, BaseModel) else p for p in parts],
         sort_keys=True,
         default=str,
     )

@@ -193,6 +193,11 @@ def code_version() -> str:
         return ver
 
 
+def shard_name(prefix: str, index: int, count: int, ext: str) -> str:
+    """``<prefix>-SSSSS-of-NNNNN.<ext>``: the name of shard ``index`` of ``count``, for every stage."""
+    return f"{prefix}-{index:05d}-of-{count:05d}.{ext}"
+
+
 def shard_entry(uri: str, count: int | None = None, **extra: Any) -> dict[str, Any]:
     """One row of a manifest's shard list: relative name, sha256, bytes and record count."""
     entry = {"path": uri.rsplit("/", 1)[-1], "sha256": sha256(uri), "bytes": size(uri)}

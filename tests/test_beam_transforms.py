@@ -17,7 +17,6 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs.build_vocab import CountWords, plan_parts
 from beam_jobs.clean_corpus import (
-    SPILL_DIR,
     CleanDocuments,
     FindDuplicates,
     ReadBooks,
@@ -30,8 +29,8 @@ from bert_core import storage
 from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec
 from bert_core.corpus import documents as D
 from bert_core.corpus.sentences import split_sentences
-from bert_core.corpus.spill import read_run, write_run
 from bert_core.instances.pairs import VocabIds
+from bert_core.spill import SPILL_DIR, read_run, write_run
 from bert_core.vocab.tokenization import load_tokenizer
 from bert_core.vocab.wordcount import count_key, count_words, read_counts
 
@@ -155,12 +154,12 @@ def test_write_documents_applies_verdicts_and_writes_every_shard(tmp_path) -> No
         # one partial summary per shard, the empty shard too
         assert_that(counts, equal_to([("partial", {D.WIKIPEDIA: 2}, {"wikipedia/duplicate": 1, "wikipedia/redirect": 1}),
                                       ("partial", {}, {})]))
-    rows = D.read_documents(storage.join(output, D.shard_name("docs", 0, 2, "parquet")))
+    rows = D.read_documents(storage.join(output, storage.shard_name("docs", 0, 2, "parquet")))
     assert [r["doc_id"] for r in rows] == ["wiki:1", "wiki:3"]  # sorted, the duplicate dropped
-    rejects = storage.read_text(storage.join(output, D.shard_name("rejects", 0, 2, "jsonl")))
+    rejects = storage.read_text(storage.join(output, storage.shard_name("rejects", 0, 2, "jsonl")))
     assert '"duplicate_of": "wiki:1"' in rejects and "wiki:7" in rejects
-    assert D.read_documents(storage.join(output, D.shard_name("docs", 1, 2, "parquet"))) == []
-    assert storage.read_text(storage.join(output, D.shard_name("rejects", 1, 2, "jsonl"))) == ""
+    assert D.read_documents(storage.join(output, storage.shard_name("docs", 1, 2, "parquet"))) == []
+    assert storage.read_text(storage.join(output, storage.shard_name("rejects", 1, 2, "jsonl"))) == ""
 
 
 # --------------------------------------------------------------------------- shared reading

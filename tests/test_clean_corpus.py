@@ -192,7 +192,10 @@ def bad_run(tmp_path_factory) -> Path:
     good = page_xml(1, "Good river", PROSE * 3)
     (src / "utf16.xml").write_bytes(dump(page_xml(2, "Sixteen", PROSE * 2 + "Sixteen bits.")).encode("utf-16"))
     (src / "empty.xml").write_bytes(b"")
-    (src / "gzipped.xml.gz").write_bytes(gzip.compress(dump(page_xml(300, "Zipped", PROSE * 2)).encode()))
+    # page 301: a sentence whose "==" survives both paths is dropped and counted, the rest kept
+    (src / "gzipped.xml.gz").write_bytes(gzip.compress(dump(
+        page_xml(300, "Zipped", PROSE * 2),
+        page_xml(301, "Equality", PROSE * 2 + "In the code a == b tests equality. The test is cheap.")).encode()))
     (src / "binary.xml.bz2").write_bytes(bytes(range(256)) * 8)
     malformed = dump(good, page_xml(3, "Broken", PROSE).replace("</title>", "</titel>"),
                      page_xml(4, "Templates only", "{{Infobox|a=1}}\n{{Navbox}}\n[[Category:X]]"),
@@ -232,9 +235,11 @@ def test_bad_inputs_become_rejects_with_reasons(bad_run) -> None:
     bad_run, counters = bad_run
     docs, rejects, manifest = read_all(str(bad_run))
     kept = {d["doc_id"]: d for d in docs}
-    assert set(kept) == {"wiki:1", "wiki:2", "wiki:300", "book:tale", "book:sea"} | {
-        f"wiki:{100 + i}" for i in range(len(kept) - 5)}
-    assert 0 < len(kept) - 5 < 400  # pages before the truncation point survive
+    assert set(kept) == {"wiki:1", "wiki:2", "wiki:300", "wiki:301", "book:tale", "book:sea"} | {
+        f"wiki:{100 + i}" for i in range(len(kept) - 6)}
+    assert 0 < len(kept) - 6 < 400  # pages before the truncation point survive
+    assert kept["wiki:301"]["sentences"][-1] == "The test is cheap."
+    assert not any(m in s for d in docs for s in d["sentences"] for m in MARKUP)
     reasons = {}
     for r in rejects:
         reasons.setdefault(r["reason"], []).append(r)
@@ -256,8 +261,9 @@ def test_bad_inputs_become_rejects_with_reasons(bad_run) -> None:
     for c in manifest["counts"].values():
         if isinstance(c, dict):
             assert c["kept"] + c["rejected"] == c["read"]
-    # one Beam counter per reject reason, agreeing with the rejects written
-    assert counters == {f"rejected_{reason}": len(rs) for reason, rs in reasons.items()}
+    # one Beam counter per reject reason, agreeing with the rejects written, and the markup counts
+    assert counters == {f"rejected_{reason}": len(rs) for reason, rs in reasons.items()} | {
+        "slow_path_paragraphs": 1, "dropped_markup_sentences": 1}
     # --text-format google: one sentence per line, a blank line between documents
     text = "".join(storage.read_text(storage.join(str(bad_run), t["path"])) for t in manifest["text_shards"])
     blocks = [b for b in text.split("\n\n") if b.strip()]

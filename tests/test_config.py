@@ -2,6 +2,7 @@ import pytest
 
 from bert_core.config import (
     ConfigError,
+    ModelConfig,
     apply_set,
     config_hash,
     load_config,
@@ -89,3 +90,28 @@ def test_config_hash_is_stable_and_sensitive():
     assert config_hash(a.instances, {"x": 1}) == config_hash(b.instances, {"x": 1})
     c = load_config("demo", sets=["instances.seed=1"])
     assert config_hash(a.instances) != config_hash(c.instances)
+
+
+def test_gpu_presets_pad_the_vocab_and_use_loader_workers():
+    for name in preset_names():
+        cfg = load_config(name)
+        rows = cfg.model.for_vocab(cfg.vocab.vocab_size).vocab_size
+        if cfg.pretrain.accelerator == "gpu":
+            assert rows == 30528 and rows % 64 == 0 and cfg.pretrain.loader_workers == 4, name
+        else:
+            assert rows == cfg.vocab.vocab_size, name  # the CPU demo keeps its exact vocab
+    padded = ModelConfig(size="tiny", pad_vocab_to_multiple=64)
+    assert padded.for_vocab(128).vocab_size == 128 and padded.for_vocab(129).vocab_size == 192
+    assert ModelConfig(size="tiny", vocab_size=200, pad_vocab_to_multiple=8).for_vocab(99).vocab_size == 200
+
+
+def test_a_setting_added_later_enters_a_version_only_when_set():
+    cfg = load_config("demo")
+    added = {"pad_vocab_to_multiple": 64, "compile": True, "accelerator": "gpu", "precision": "bf16"}
+    for part in (cfg.model, cfg.pretrain, cfg.finetune):
+        own = {k: v for k, v in added.items() if k in type(part).model_fields
+               and type(part).model_fields[k].json_schema_extra}
+        before = part.model_dump(mode="json", exclude=set(own))  # the config as stored before them
+        assert own and config_hash(part) == config_hash(before), own
+        for name, value in own.items():
+            assert config_hash(part.model_copy(update={name: value})) != config_hash(part), name

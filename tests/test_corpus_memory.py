@@ -1,5 +1,5 @@
 """Memory that does not grow with the corpus, in the corpus and vocab jobs (beam_jobs/clean_corpus.py,
-beam_jobs/build_vocab.py, bert_core/corpus/spill.py): what the local runner holds is only what
+beam_jobs/build_vocab.py, bert_core/spill.py): what the local runner holds is only what
 passes between steps, so only run file names, work items and summaries may pass; no side input
 grows with the corpus; the driver plans a dump from its head; a shard is written a row group at
 a time. Real Beam graphs, real files."""
@@ -23,7 +23,7 @@ from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.dumps import plan_reads, read_pages
-from bert_core.corpus.spill import group_sorted, merge_runs, read_run, write_run
+from bert_core.spill import group_sorted, merge_runs, read_run, write_run
 
 SAMPLE_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2"
 # Steps whose outputs are small whatever the corpus: run file names, work items, counts.
@@ -137,11 +137,11 @@ def test_a_big_shard_is_written_a_row_group_at_a_time(samples_dir, tmp_path, mon
     monkeypatch.setattr(clean_corpus, "SPILL_CHARS", 300_000)  # several runs per shard to merge
     groups = tmp_path / "groups"
     clean_corpus.clean(cfg, str(groups), workers=1)
-    name = D.shard_name("docs", 0, 1, "parquet")
+    name = storage.shard_name("docs", 0, 1, "parquet")
     assert pq.ParquetFile(str(whole / name)).num_row_groups == 1
     assert pq.ParquetFile(str(groups / name)).num_row_groups > 5
     assert D.read_documents(str(whole / name)) == D.read_documents(str(groups / name))
     for folder in (whole, groups):
         assert not storage.exists(storage.join(str(folder), clean_corpus.SPILL_DIR))
-    reject = D.shard_name("rejects", 0, 1, "jsonl")
+    reject = storage.shard_name("rejects", 0, 1, "jsonl")
     assert (whole / reject).read_bytes() == (groups / reject).read_bytes()

@@ -150,8 +150,9 @@ def test_resume_sees_exactly_the_same_batches(static_instances, workers):
     tail, _ = run(n - 7, state)
     assert state["position"] == 7 and state["epoch"] == 0
     for a, b in zip(whole, head + tail, strict=True):
+        assert a.keys() == b.keys()
         for key in a:
-            assert torch.equal(a[key], b[key]), key
+            assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key], key
 
 
 def test_worker_order_equals_in_process_order(static_instances):
@@ -208,7 +209,7 @@ def test_dynamic_masking_new_masks_each_epoch_same_after_resume(tmp_path, sample
     resumed.load_state_dict({"epoch": 1, "position": 2})
     again = list(itertools.islice(resumed, n - 2))
     for a, b in zip(batches[n + 2:], again, strict=True):
-        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
 
 
 def test_clear_errors(static_instances, tmp_path):
@@ -227,3 +228,28 @@ def test_clear_errors(static_instances, tmp_path):
         vocab_file_of(str(bare))
     assert vocab_file_of(str(bare), fallback="/v/vocab.txt") == "/v/vocab.txt"
     assert vocab_file_of(static_instances).endswith("/vocab/vocab.txt")
+
+
+def test_loader_computes_the_unpadding_plan_the_model_would(static_instances):
+    """The loader hands the model its unpadding indices and masked-LM labels (so the forward pass
+    never reads a device value); they equal what the model computes itself, and so do the losses."""
+    from bert_core.config import ModelConfig
+    from bert_core.model.bert import BertForPreTraining
+
+    loader = PretrainingLoader(static_instances, 64, micro_batch_size=4, seed=3)
+    batches = list(itertools.islice(loader, 4))
+    assert any(b["padded"] for b in batches)
+    vocab = 1 + max(int(b["input_ids"].max()) for b in batches)
+    torch.manual_seed(0)
+    model = BertForPreTraining(ModelConfig(size="tiny", vocab_size=vocab, max_position_embeddings=64)).eval()
+    raw_keys = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+                "masked_lm_weights", "next_sentence_label")
+    for batch in batches:
+        assert batch["token_index"].numel() == int(batch["attention_mask"].sum())
+        assert batch["cu_seqlens"].tolist()[-1] == batch["token_index"].numel()
+        assert batch["mlm_labels"].numel() == int(batch["masked_lm_weights"].sum())
+        with torch.no_grad():
+            given = model(**batch)
+            computed = model(**{k: batch[k] for k in raw_keys})
+        for key in ("loss", "mlm_acc", "nsp_acc"):
+            assert torch.equal(given[key], computed[key]), key

@@ -333,3 +333,43 @@ def test_checkpoint_data_and_output_through_fsspec(tiny_checkpoint, tmp_path):
     saved = json.loads(storage.read_text(f"memory://ft-out/wnli/{SETTING}/seed=2/metrics.json"))
     assert saved["main"] == m["main"] and saved["checkpoint"] == "memory://ft-ckpt"
     assert storage.exists(f"memory://ft-out/wnli/{SETTING}/seed=2/dev_predictions.tsv")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_model_and_batches_on_the_resolved_device(precision, tiny_checkpoint, tmp_path):
+    """accelerator=cpu runs the GPU's code path: the device from bert_core.device, the model and
+    every batch moved there, outputs read back with .cpu(); bf16 runs the forward under autocast."""
+    import torch
+
+    from bert_core.device import resolve_device
+
+    device = resolve_device("cpu", 0)
+    seen: list[tuple[torch.device, torch.dtype]] = []
+
+    def record(module, args, output):
+        if isinstance(output, torch.Tensor) and isinstance(module, torch.nn.Linear):
+            seen.append((args[0].device, output.dtype))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        cfg = FinetuneConfig(**TINY, accelerator="cpu", precision=precision)
+        m = run_job("rte", str(FIXTURES), tiny_checkpoint, cfg, seed=1, output=str(tmp_path))
+    finally:
+        handle.remove()
+    assert m["train"]["device"] == str(device) and m["train"]["precision"] == precision
+    assert m["train"]["examples_per_second"] > 0 and m["main"] == m["main"]
+    assert seen and {d for d, _ in seen} == {device}
+    assert {t for _, t in seen} == {torch.bfloat16 if precision == "bf16" else torch.float32}
+
+
+def test_gpu_job_without_cuda_fails_with_one_line(tiny_checkpoint, tmp_path):
+    import torch
+
+    from bert_core.config import ConfigError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError) as err:
+        run_job("rte", str(FIXTURES), tiny_checkpoint, FinetuneConfig(**TINY, accelerator="gpu"), seed=1,
+                output=str(tmp_path))
+    assert "\n" not in str(err.value) and "accelerator" in str(err.value)

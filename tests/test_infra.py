@@ -27,7 +27,7 @@ from flows.tools.render import (
 )
 
 GPU_SETS = ["pretrain.accelerator=gpu", "pretrain.nodes=3", "pretrain.procs_per_node=4",
-            "pretrain.precision=bf16", "pretrain.master_port=29600",
+            "pretrain.precision=bf16", "pretrain.zero_stage=1", "pretrain.master_port=29600",
             "pretrain.phases=[{max_seq_length: 128, max_steps: 10, global_batch_size: 96, "
             "micro_batch_size: 8, warmup_steps: 1}]", "instances.lengths=[{max_seq_length: 128}]"]
 

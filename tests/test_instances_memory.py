@@ -21,13 +21,13 @@ from bert_core.instances.batch import InstanceBatch, create_instance_batch
 from bert_core.instances.pairs import DocumentPool, VocabIds
 from bert_core.instances.sharding import TRAIN, assign_shards, make_layout, pieces_by_group
 from bert_core.instances.spill import (
+    InstanceShardWriter,
     RowRange,
-    ShardWriter,
     merge_rejects,
     read_pool,
-    write_documents,
+    spill_rejects,
+    spill_tokenized_documents,
     write_pool_instances,
-    write_rejects,
 )
 from bert_core.instances.stats import InstanceStats
 from bert_core.vocab.tokenization import load_tokenizer
@@ -55,7 +55,7 @@ def test_read_pool_is_from_marked_whatever_the_files(marked_docs, tokenizer, tmp
     uris = []
     for i, part in enumerate((shuffled[:7], shuffled[7:8], shuffled[8:])):
         uris.append(str(tmp_path / f"d{i}.arrow"))
-        write_documents(uris[-1], part)
+        spill_tokenized_documents(uris[-1], part)
     pool, doc_ids = read_pool(uris[::-1], tokenizer.vocab_size)
     want = DocumentPool.from_marked([m for _, m in marked_docs])
     assert doc_ids == [d for d, _ in marked_docs]  # sorted by doc_id, whatever the files
@@ -90,7 +90,7 @@ def test_shards_get_the_same_bytes_however_their_rows_arrive(marked_docs, tokeni
                                   vocab=vocab)
     digests = set()
     for i, cuts in enumerate(([], [5, 6, 50], [1, 2, 3, 70])):
-        writer = ShardWriter(str(tmp_path / f"s{i}.parquet"), 64, vocab.mask_id, rows_per_group=16)
+        writer = InstanceShardWriter(str(tmp_path / f"s{i}.parquet"), 64, vocab.mask_id, rows_per_group=16)
         bounds = [0, *cuts, len(batch)]
         for lo, hi in zip(bounds, bounds[1:], strict=False):
             writer.write(batch.slice(lo, hi))
@@ -109,7 +109,7 @@ def test_shards_get_the_same_bytes_however_their_rows_arrive(marked_docs, tokeni
 
 
 def test_an_empty_shard_is_a_valid_file(tmp_path) -> None:
-    writer = ShardWriter(str(tmp_path / "empty.parquet"), 64, 103)
+    writer = InstanceShardWriter(str(tmp_path / "empty.parquet"), 64, 103)
     assert writer.close()["count"] == 0
     assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
 
@@ -132,8 +132,8 @@ def test_row_ranges_are_cut_at_shard_boundaries_like_batches() -> None:
 
 def test_rejects_merge_sorted_by_id(tmp_path) -> None:
     a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
-    assert write_rejects(a, [{"id": "news:9", "reason": "no_tokens"}, {"id": "news:1", "reason": "no_tokens"}]) == 2
-    assert write_rejects(b, [{"id": "news:5", "reason": "no_tokens"}]) == 1
+    assert spill_rejects(a, [{"id": "news:9", "reason": "no_tokens"}, {"id": "news:1", "reason": "no_tokens"}]) == 2
+    assert spill_rejects(b, [{"id": "news:5", "reason": "no_tokens"}]) == 1
     out = str(tmp_path / "rejects.jsonl")
     assert merge_rejects([b, a], out) == 3
     assert [json.loads(x)["id"] for x in storage.read_text(out).splitlines()] == ["news:1", "news:5", "news:9"]

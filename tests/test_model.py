@@ -24,6 +24,7 @@ from bert_core.model.checkpoint import (
     model_config_from_hf,
     save_pretrained,
 )
+from bert_core.vocab.tokenization import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -352,3 +353,31 @@ def test_zero3_trains_like_plain_torch_and_exports(tmp_path: Path, minilm: Path)
         assert torch.allclose(exported[k], plain[k], atol=1e-4), k
     ref = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "hf"))
     assert ref.config.num_attention_heads == 2 and ref.config.vocab_size == 300
+
+
+def test_padded_vocab_exports_and_keeps_the_tokenizer_ids(minilm: Path, tmp_path: Path) -> None:
+    """A GPU preset's vocab rows (30522 -> 30528) export to a folder transformers opens; the
+    tokenizer shipped with it is the vocab's own (same ids), and ours reads the same weights back."""
+    vocab_txt = (minilm / "vocab.txt").read_text().splitlines()
+    cfg = ModelConfig(size="custom", hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=128, pad_vocab_to_multiple=64).for_vocab(len(vocab_txt))
+    assert (len(vocab_txt), cfg.vocab_size) == (30522, 30528)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg).eval()
+    save_pretrained(model, str(tmp_path / "hf"), vocab_file=str(minilm / "vocab.txt"))
+    ref = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "hf")).eval()
+    assert ref.config.vocab_size == 30528
+    assert (tmp_path / "hf" / "vocab.txt").read_text().splitlines() == vocab_txt
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    ours_tok = Tokenizer.from_pretrained_dir(str(minilm))
+    text = "The padded rows are no token's id."
+    assert tok(text, add_special_tokens=False)["input_ids"] == ours_tok.encode(text) and len(tok) == 30522
+    back = BertForPreTraining.from_pretrained(str(tmp_path / "hf")).eval()
+    batch = tok([a for a, _ in SENTENCES], [b for _, b in SENTENCES], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ours = back.mlm_logits(back.bert(batch["input_ids"], batch["token_type_ids"],
+                                         batch["attention_mask"]).last_hidden_state)
+        theirs = ref(**batch).prediction_logits
+    assert ours.shape[-1] == theirs.shape[-1] == 30528
+    real = batch["attention_mask"].bool()
+    assert (ours - theirs)[real].abs().max() < 1e-4

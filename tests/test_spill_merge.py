@@ -1,4 +1,4 @@
-"""bert_core/corpus/spill.py: merging many sorted runs with a bounded number of open files."""
+"""bert_core/spill.py: merging many sorted runs with a bounded number of open files."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bert_core import storage
-from bert_core.corpus.spill import MERGE_FAN_IN, merge_runs, write_run
-from bert_core.instances.spill import merge_rejects, write_rejects
+from bert_core.instances.spill import merge_rejects, spill_rejects
+from bert_core.spill import MERGE_FAN_IN, merge_runs, write_run
 
 
 def _key(record: tuple[int, int, int]) -> int:
@@ -118,7 +118,7 @@ def test_many_reject_files_merge_a_few_at_a_time(tmp_path) -> None:
     uris = []
     for n in range(150):
         uris.append(str(folder / f"rejects-{n:04d}.jsonl"))
-        write_rejects(uris[-1], [{"id": f"doc:{rng.randrange(20)}", "file": n, "row": i}
+        spill_rejects(uris[-1], [{"id": f"doc:{rng.randrange(20)}", "file": n, "row": i}
                                  for i in range(rng.randrange(6))])
     whole, grouped = str(tmp_path / "whole.jsonl"), str(tmp_path / "grouped.jsonl")
     count = merge_rejects(uris[::-1], whole, fan_in=len(uris))  # one pass, as it always was

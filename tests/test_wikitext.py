@@ -71,6 +71,18 @@ def test_residue_goes_through_mwparserfromhell() -> None:
     assert prescan("x{{a}}y") == "xy"
 
 
+def test_markup_the_slow_path_leaves_is_dropped_and_counted() -> None:
+    # "==" inside a line is no heading: the fast pass keeps it, and so does mwparserfromhell
+    stats = CleanStats()
+    out = wikitext_to_paragraphs("Intro [[a|b]] here.\n\nIn the code a == b tests equality. The test is cheap.",
+                                 stats)
+    assert out == ["Intro b here.", "The test is cheap."]
+    assert (stats.slow_paragraphs, stats.dropped_markup_sentences) == (1, 1)
+    stats = CleanStats()
+    assert wikitext_to_paragraphs("Only x == y here.", stats) == []
+    assert stats.dropped_markup_sentences == 1
+
+
 @pytest.fixture(scope="module")
 def articles(samples_dir) -> list[tuple[str, str]]:
     root = ET.fromstring(wikipedia_xml(samples_dir))

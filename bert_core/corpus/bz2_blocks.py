@@ -5,30 +5,6 @@
         reader = BlockReader(f, start=0)
         for block in reader.blocks(start_bit=0, end_bit=8 << 20):  # the blocks that start in
             ...  # block.bit, .data, .owned, .last    # the first MB whole, then later ones in pieces
-
-A bzip2 stream is a header (``BZh`` + level digit) and blocks, each starting with the 48-bit
-magic 0x314159265359 at any *bit* offset (blocks are not byte aligned) and its 32-bit CRC; the
-stream ends with 0x177245385090 and the combined CRC. One block decompresses on its own when its
-bits are copied into a fresh stream: header, the block, the end-of-stream marker and, as the
-combined CRC of a one-block stream, the block's own CRC. The decompressor then checks the block
-(Huffman tables, CRC), so 48 bits inside compressed data that merely look like a magic (a false
-match, about one per 2**48 bit positions) never pass for a block: ``[a, b)`` is a block only if
-it decompresses, and the end of a block is the first later magic (or end-of-stream marker) at
-which it does.
-
-Decoding costs what ``bz2.decompress`` of the same bytes costs, plus a scan for magics (16
-``bytes.find`` passes over the compressed data). Memory is bounded by a few blocks (a level-9
-block is 900 kB of data, about 250 kB compressed for text). Errors: :class:`Truncated` (the file
-ends inside a block or before the end-of-stream marker) and :class:`Corrupt` (no end found where
-a block must end). A multistream file (streams back to back) is read the same way, following
-each end-of-stream marker to the next stream's first block. Used by ``bert_core/corpus/dumps.py``
-to split one big dump into work items, each finding its own blocks.
-
-Why not ``indexed_bzip2``: ``benchmarks/bench_bz2.py`` compares the two on the sample dump and a
-larger file. Its C++ decoder is somewhat faster per thread over a whole file, but it can seek only
-through an index of every block, which it builds by decoding the file from the start; a work
-item here decodes only its own blocks, so each item costs a fraction of the file and the corpus
-job's workers share a dump with no index, in less memory. The decoded bytes are the same.
 """
 
 from __future__ import annotations
@@ -37,6 +13,32 @@ import bz2
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
+
+# How it works:
+#
+# A bzip2 stream is a header (``BZh`` + level digit) and blocks, each starting with the 48-bit
+# magic 0x314159265359 at any *bit* offset (blocks are not byte aligned) and its 32-bit CRC; the
+# stream ends with 0x177245385090 and the combined CRC. One block decompresses on its own when its
+# bits are copied into a fresh stream: header, the block, the end-of-stream marker and, as the
+# combined CRC of a one-block stream, the block's own CRC. The decompressor then checks the block
+# (Huffman tables, CRC), so 48 bits inside compressed data that merely look like a magic (a false
+# match, about one per 2**48 bit positions) never pass for a block: ``[a, b)`` is a block only if
+# it decompresses, and the end of a block is the first later magic (or end-of-stream marker) at
+# which it does.
+#
+# Decoding costs what ``bz2.decompress`` of the same bytes costs, plus a scan for magics (16
+# ``bytes.find`` passes over the compressed data). Memory is bounded by a few blocks (a level-9
+# block is 900 kB of data, about 250 kB compressed for text). Errors: :class:`Truncated` (the file
+# ends inside a block or before the end-of-stream marker) and :class:`Corrupt` (no end found where
+# a block must end). A multistream file (streams back to back) is read the same way, following
+# each end-of-stream marker to the next stream's first block. Used by ``bert_core/corpus/dumps.py``
+# to split one big dump into work items, each finding its own blocks.
+#
+# Why not ``indexed_bzip2``: ``benchmarks/bench_bz2.py`` compares the two on the sample dump and a
+# larger file. Its C++ decoder is somewhat faster per thread over a whole file, but it can seek only
+# through an index of every block, which it builds by decoding the file from the start; a work
+# item here decodes only its own blocks, so each item costs a fraction of the file and the corpus
+# job's workers share a dump with no index, in less memory. The decoded bytes are the same.
 
 BLOCK_MAGIC = 0x314159265359
 EOS_MAGIC = 0x177245385090

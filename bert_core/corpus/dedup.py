@@ -148,7 +148,7 @@ def near_duplicates_in_bucket(
     members: list[tuple[str, np.ndarray]], threshold: float
 ) -> list[tuple[str, str, float]]:
     """(doc_id, duplicate_of, similarity) for one LSH bucket: each document is matched to the
-    smallest earlier doc_id it is similar to, so the smallest id of a group is the one kept."""
+    smallest doc_id below its own that it is similar to, so the smallest id of a group is the one kept."""
     members = sorted(members, key=lambda m: m[0])
     found = []
     for i, (doc_id, sig) in enumerate(members):

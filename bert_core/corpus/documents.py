@@ -15,7 +15,6 @@ of workers or the order they finish in. Produced by ``bertpipe corpus`` (beam_jo
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -98,10 +97,6 @@ def auto_num_shards(total_chars: int, target_chars: int = 128 << 20) -> int:
     return max(1, -(-total_chars // target_chars))
 
 
-def shard_name(prefix: str, index: int, count: int, ext: str) -> str:
-    return f"{prefix}-{index:05d}-of-{count:05d}.{ext}"
-
-
 def arrow_schema():
     import pyarrow as pa
 
@@ -111,24 +106,10 @@ def arrow_schema():
     ])
 
 
-def write_documents(uri: str, docs: list[Document]) -> int:
-    """One Parquet shard, rows in doc_id order. Returns the number of rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    docs = sorted(docs, key=lambda d: d["doc_id"])
-    columns = {name: [d[name] for d in docs] for name in ("doc_id", "source", "title", "sentences")}
-    table = pa.Table.from_pydict(columns, schema=arrow_schema())
-    with storage.open_file(uri, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
-    return len(docs)
-
-
-class ShardWriter:
+class DocumentShardWriter:
     """One documents shard written as its documents stream in (in doc_id order): Parquet rows a
     row group of about ``row_group_chars`` characters at a time, so memory is one row group,
-    never the shard; and, with ``text_uri``, google-research/bert's text beside it. A shard of
-    one row group has the bytes :func:`write_documents` gives it."""
+    never the shard; and, with ``text_uri``, google-research/bert's text beside it."""
 
     def __init__(self, uri: str, text_uri: str | None = None, row_group_chars: int = 8 << 20):
         import pyarrow.parquet as pq
@@ -179,19 +160,6 @@ def reject_sort_key(r: Reject) -> tuple[str, ...]:
     return (r["source"], r["id"], r["reason"], r["detail"])
 
 
-def write_rejects(uri: str, rejects: list[Reject]) -> int:
-    lines = [json.dumps(r, sort_keys=True, ensure_ascii=False) for r in sorted(rejects, key=reject_sort_key)]
-    storage.write_text(uri, "".join(line + "\n" for line in lines))
-    return len(lines)
-
-
-def write_google_text(uri: str, docs: list[Document]) -> None:
-    """google-research/bert's input: one sentence per line, a blank line between documents."""
-    docs = sorted(docs, key=lambda d: d["doc_id"])
-    body = "\n".join("".join(s.replace("\n", " ") + "\n" for s in d["sentences"]) for d in docs)
-    storage.write_text(uri, body)
-
-
 # Histogram bin edges (lower bounds): log-ish so both a stub article and a novel fit.
 SENTENCE_BINS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 CHAR_BINS = (0, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
@@ -229,14 +197,14 @@ def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list
     counts["rejects"] = sum(summary["rejected"].values())
     counts["sentences"] = summary["totals"].get("sentences", 0)
     counts["chars"] = summary["totals"].get("chars", 0)
-    docs = [shard_name("docs", i, num_shards, "parquet") for i in range(num_shards)]
-    rejects = [shard_name("rejects", i, num_shards, "jsonl") for i in range(num_shards)]
+    docs = [storage.shard_name("docs", i, num_shards, "parquet") for i in range(num_shards)]
+    rejects = [storage.shard_name("rejects", i, num_shards, "jsonl") for i in range(num_shards)]
     shards = [storage.shard_entry(storage.join(output, name)) for name in docs]
     extra: dict[str, Any] = {
         "rejects": [storage.shard_entry(storage.join(output, name)) for name in rejects],
     }
     if cfg.text_format == "google":
-        extra["text_shards"] = [storage.shard_entry(storage.join(output, shard_name("text", i, num_shards, "txt")))
+        extra["text_shards"] = [storage.shard_entry(storage.join(output, storage.shard_name("text", i, num_shards, "txt")))
                                 for i in range(num_shards)]
     stats = {
         "sentences_per_doc": dict(sorted(summary["sentences"].items(), key=lambda kv: _bin_lower(kv[0]))),

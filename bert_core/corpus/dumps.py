@@ -8,27 +8,6 @@
 A dump is never read whole. A byte scanner cuts the (decompressed) stream into
 ``<page>...</page>`` chunks and each chunk is parsed alone by expat (``ElementTree``), so memory
 is bounded by the largest page and a malformed page is one reject, not the end of the file.
-
-Work items let several workers share one big file, planned from its size alone (the driver
-never reads a dump through):
-  * plain ``.xml``: byte ranges; a page belongs to the range where its ``<page>`` tag starts;
-  * ``.xml.bz2``, single stream (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt) or
-    multistream (many bz2 streams back to back, Wikimedia's ``-multistream`` dumps): ranges of
-    compressed bytes, "blocks" (``split_single_stream=False`` keeps one item). A bz2 block
-    starts at a 48-bit magic at any bit offset and decompresses alone
-    (``bert_core/corpus/bz2_blocks.py``), so an item finds the first block that starts in its
-    range, reads the blocks that start there and reads on into later blocks (and later streams)
-    only to finish its last page: the ``<page>`` rule of byte ranges, with blocks for bytes.
-    Each item scans only its own range for blocks, so the scan of a big dump is shared out
-    over the workers. A block that does not decompress is skipped by the item it starts in
-    and reported there; an item that meets it while reading on stops silently. Page origins
-    of these items read ``file@bit<B>+<N>``: byte N of the block whose magic is at bit B;
-  * anything else (``.gz``, UTF-16, a small ``.bz2``): one item for the whole file.
-
-Bad input becomes rejects (source ``wikipedia``): ``truncated_input`` (a bz2 or XML file that ends
-inside a page), ``malformed_xml``, ``invalid_utf8``, ``not_a_dump`` (no ``<page>`` anywhere,
-e.g. an empty or binary file), ``unreadable_file``. UTF-16 dumps are transcoded, not rejected.
-Used by ``beam_jobs/clean_corpus.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +22,29 @@ from dataclasses import dataclass
 
 from bert_core import storage
 from bert_core.corpus import documents as D
+
+# Work items and rejects:
+#
+# Work items let several workers share one big file, planned from its size alone (the driver
+# never reads a dump through):
+#   * plain ``.xml``: byte ranges; a page belongs to the range where its ``<page>`` tag starts;
+#   * ``.xml.bz2``, single stream (Wikimedia's ``pages-articles.xml.bz2``, our sample excerpt) or
+#     multistream (many bz2 streams back to back, Wikimedia's ``-multistream`` dumps): ranges of
+#     compressed bytes, "blocks" (``split_single_stream=False`` keeps one item). A bz2 block
+#     starts at a 48-bit magic at any bit offset and decompresses alone
+#     (``bert_core/corpus/bz2_blocks.py``), so an item finds the first block that starts in its
+#     range, reads the blocks that start there and reads on into later blocks (and later streams)
+#     only to finish its last page: the ``<page>`` rule of byte ranges, with blocks for bytes.
+#     Each item scans only its own range for blocks, so the scan of a big dump is shared out
+#     over the workers. A block that does not decompress is skipped by the item it starts in
+#     and reported there; an item that meets it while reading on stops silently. Page origins
+#     of these items read ``file@bit<B>+<N>``: byte N of the block whose magic is at bit B;
+#   * anything else (``.gz``, UTF-16, a small ``.bz2``): one item for the whole file.
+#
+# Bad input becomes rejects (source ``wikipedia``): ``truncated_input`` (a bz2 or XML file that ends
+# inside a page), ``malformed_xml``, ``invalid_utf8``, ``not_a_dump`` (no ``<page>`` anywhere,
+# e.g. an empty or binary file), ``unreadable_file``. UTF-16 dumps are transcoded, not rejected.
+# Used by ``beam_jobs/clean_corpus.py``.
 
 BLOCK = 1 << 20
 RANGE_BYTES = 4 << 20  # target XML bytes of one work item (bz2 compresses about 4:1)

@@ -9,28 +9,6 @@ Inputs: ``.jsonl`` / ``.ndjson`` (plain, ``.gz`` or ``.zst``), streamed line by 
 ``.parquet``, read in row batches of the needed columns only. A record's text is the field
 ``corpus.text_field``; ``corpus.id_field`` and ``corpus.title_field``, when set, name the fields
 holding its id (a string or an integer) and title (a string). A blank JSON line is not a record.
-
-Its text becomes paragraphs as a book's does (``bert_core.corpus.books.unwrap``: a blank line,
-an indented line or a short line ending a sentence closes a paragraph, hard-wrapped lines are
-joined), then sentences (``bert_core.corpus.sentences.split_paragraphs``).
-
-Ids are stable and source-prefixed: ``text:<id>`` with an id field, else
-``text:<file stem>:<n>`` where ``n`` is the JSON line number or the Parquet row number (both
-count from 1, blank lines included); the stem gets its folder when two files share one.
-
-Every record read is one document or one reject naming the file and its line or row:
-``bad_json``, ``missing_field``, ``not_a_string``, ``invalid_utf8`` (also a lone surrogate
-such as ``"\\ud800"`` in a JSON string), ``empty_text``, ``line_too_long``. A file that yields
-no record at all is one reject (``empty_file``, ``not_a_record_file``, ``unreadable_file``, or
-``missing_field`` for a Parquet file without the column), and a file that breaks off after some
-records (a cut ``.gz``/``.zst``, a damaged Parquet page) adds one ``truncated_input`` /
-``unreadable_file`` reject saying where: so per source ``kept + rejected = read`` holds with
-each such file counted as one record read.
-
-Work items (:func:`plan_records`): one per Parquet row group, so a big Parquet file is shared by
-all workers; one per JSON lines file (line numbers, and so doc_ids, need the lines before, and
-a compressed stream cannot be entered in the middle), so JSON lines spread over workers by file.
-Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus --text GLOB``).
 """
 
 from __future__ import annotations
@@ -47,6 +25,30 @@ from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.books import unwrap
 from bert_core.corpus.sentences import split_paragraphs
+
+# How records are read:
+#
+# Its text becomes paragraphs as a book's does (``bert_core.corpus.books.unwrap``: a blank line,
+# an indented line or a short line ending a sentence closes a paragraph, hard-wrapped lines are
+# joined), then sentences (``bert_core.corpus.sentences.split_paragraphs``).
+#
+# Ids are stable and source-prefixed: ``text:<id>`` with an id field, else
+# ``text:<file stem>:<n>`` where ``n`` is the JSON line number or the Parquet row number (both
+# count from 1, blank lines included); the stem gets its folder when two files share one.
+#
+# Every record read is one document or one reject naming the file and its line or row:
+# ``bad_json``, ``missing_field``, ``not_a_string``, ``invalid_utf8`` (also a lone surrogate
+# such as ``"\\ud800"`` in a JSON string), ``empty_text``, ``line_too_long``. A file that yields
+# no record at all is one reject (``empty_file``, ``not_a_record_file``, ``unreadable_file``, or
+# ``missing_field`` for a Parquet file without the column), and a file that breaks off after some
+# records (a cut ``.gz``/``.zst``, a damaged Parquet page) adds one ``truncated_input`` /
+# ``unreadable_file`` reject saying where: so per source ``kept + rejected = read`` holds with
+# each such file counted as one record read.
+#
+# Work items (:func:`plan_records`): one per Parquet row group, so a big Parquet file is shared by
+# all workers; one per JSON lines file (line numbers, and so doc_ids, need the lines before, and
+# a compressed stream cannot be entered in the middle), so JSON lines spread over workers by file.
+# Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus --text GLOB``).
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 COMPRESSIONS = ("", ".gz", ".zst", ".zstd")

@@ -59,7 +59,7 @@ def _is_abbreviation(word: str, next_word: str) -> bool:
 
 def _boundaries(text: str) -> list[re.Match[str]]:
     """:data:`_BOUNDARY` matches in ``text``, as ``finditer`` gives them. A boundary starts at a
-    mark, so where periods are the only marks (most paragraphs) it is tried only at each period,
+    mark, so where periods are the only marks (most paragraphs) it is checked only at each period,
     found by ``str.find``: a regex scan of every character costs several times more."""
     if "!" in text or "?" in text or "\u2026" in text:
         return list(_BOUNDARY.finditer(text))

@@ -4,14 +4,12 @@
     wikitext_to_paragraphs("'''Anarchism''' is a [[political philosophy]].{{cn}}")
     # ['Anarchism is a political philosophy.']
 
-The paper keeps "only the text passages and ignore[s] lists, tables, and headers". A full
-``mwparserfromhell`` parse + ``strip_code`` runs about 1 MB/s, and most of that time goes into
-templates, references and tables that are thrown away anyway. So a fast scanner cuts them first
-(comments, ``<ref>``/``<math>``/... elements, balanced ``{{...}}`` and ``{|...|}``, file/category/
-interlanguage links), then a light pass turns what is left (links, bold/italic, inline tags,
-headings, lists) into text. A paragraph that still shows markup after that goes through
-``mwparserfromhell`` (the slow, exact path), and a sentence that *still* shows markup is dropped
-and counted, so no markup ever reaches the corpus.
+The paper keeps "only the text passages and ignore[s] lists, tables, and headers". A fast
+scanner cuts templates, references, tables and file/category links first, then a light pass turns
+what is left (links, bold/italic, inline tags, headings, lists) into text. A paragraph that still
+shows markup after that goes through ``mwparserfromhell`` (the slow, exact path), and a sentence
+of its result that *still* shows markup is dropped and counted
+(``CleanStats.dropped_markup_sentences``), so no markup reaches the corpus.
 
 Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus``).
 """
@@ -22,6 +20,8 @@ import html
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from bert_core.corpus.sentences import split_sentences
 
 # Elements dropped with their content: citations, maths, code, galleries, ... (not prose).
 _DROP_ELEMENTS = (
@@ -313,6 +313,17 @@ def _slow_paragraph(raw: str) -> str:
     return _inline(code.strip_code(normalize=True, collapse=True, keep_template_params=False))
 
 
+def _without_markup_sentences(text: str, stats: CleanStats) -> str:
+    """The sentences of ``text`` that show no markup, joined; each one left out is counted."""
+    kept = []
+    for sentence in split_sentences(text):
+        if has_markup(sentence):
+            stats.dropped_markup_sentences += 1
+        else:
+            kept.append(sentence)
+    return " ".join(kept)
+
+
 def wikitext_to_paragraphs(wikitext: str, stats: CleanStats | None = None) -> list[str]:
     """Text paragraphs of an article in page order (no headings, lists, tables, templates)."""
     stats = stats if stats is not None else CleanStats()
@@ -322,6 +333,8 @@ def wikitext_to_paragraphs(wikitext: str, stats: CleanStats | None = None) -> li
         if has_markup(text):
             stats.slow_paragraphs += 1
             text = _slow_paragraph(raw)
+            if has_markup(text):
+                text = _without_markup_sentences(text, stats)
         if text:
             paragraphs.append(text)
     return paragraphs

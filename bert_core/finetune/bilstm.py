@@ -140,7 +140,7 @@ def run_feature_based_ner(
             lines += [f"{a} {b} {c}" for a, b, c in zip(words, g, p, strict=True)] + [""]
         files[f"{split}_predictions.txt"] = "\n".join(lines) + "\n"
     task_data = TaskData(kind="token_features", num_labels=len(labels), train=[], evals={},
-                         finish=lambda s, o: ({}, {}), label_names=labels, counts=counts, rejects=rejects)
+                         finish=lambda s, o: ({}, {}), counts=counts, rejects=rejects)
     return {
         "data": task_data, "files": files, "metrics": metrics,
         "train": {"layers": LAYERS, "epochs": epochs, "steps": len(losses),

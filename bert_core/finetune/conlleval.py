@@ -34,7 +34,7 @@ def _split_tag(tag: str) -> tuple[str, str]:
 
 
 def end_of_chunk(prev_tag: str, tag: str, prev_type: str, chunk_type: str) -> bool:
-    """True when the chunk that was open at the previous token ends before this one."""
+    """True when the chunk open at the token before ends at the current token."""
     return (
         (prev_tag, tag) in {("B", "B"), ("B", "O"), ("I", "B"), ("I", "O"),
                             ("E", "E"), ("E", "I"), ("E", "O")}

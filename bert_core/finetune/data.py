@@ -27,7 +27,6 @@ class TaskData:
     train: list[dict[str, Any]]
     evals: dict[str, list[dict[str, Any]]]
     finish: Finish
-    label_names: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # examples read/kept/rejected per split
     rejects: list[dict[str, Any]] = field(default_factory=list)
 
@@ -61,3 +60,10 @@ def collate(kind: str, features: Sequence[dict[str, Any]], pad_id: int) -> dict[
     elif all(lab is not None for lab in labels):
         batch["labels"] = torch.tensor(labels, dtype=torch.long)
     return batch
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch on ``device``. For CUDA it is pinned first, so the copy runs without making
+    the host wait (``non_blocking``); on CPU the tensors are the batch's own."""
+    pin = device.type == "cuda"
+    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=pin) for k, v in batch.items()}

@@ -281,7 +281,6 @@ def prepare(task: str, folder: str, tokenizer: Any, cfg: Any) -> Any:
         train=encode(examples["train"]),
         evals={s: encode(examples[s]) for s in spec.splits},
         finish=finish,
-        label_names=labels,
         counts=counts,
         rejects=all_rejects,
     )

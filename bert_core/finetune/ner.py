@@ -157,5 +157,5 @@ def prepare(folder: str, tokenizer: Any, cfg: Any, splits: tuple[str, ...] = ("v
 
     counts["iob1_input"] = int("IOB1" in schemes)
     return TaskData(kind="token", num_labels=len(labels), train=encoded["train"],
-                    evals={s: encoded[s] for s in splits}, finish=finish, label_names=labels,
+                    evals={s: encoded[s] for s in splits}, finish=finish,
                     counts=counts, rejects=rejects)

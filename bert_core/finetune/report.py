@@ -11,15 +11,6 @@ Folders, for a checkpoint's folder ``<output>`` (in the pipeline ``finetune/<che
     <output>/_MANIFEST.json                             index (stage "finetune-index")
     <output>/<task>/_MANIFEST.json, report.md           the task (stage "finetune", its version)
     <output>/<task>/<setting>/seed=<s>/metrics.json     one job (``grid.job_dir``)
-
-The paper's protocol: every setting of the grid runs every seed; per task, the setting with the
-best mean dev score over seeds is selected, and that setting's mean ± sd over seeds is reported on
-the task's final split (its labelled test split, or dev itself, then labelled "dev (also used for
-selection)"). Every seed's value is kept beside mean and sd, and a failed job is listed, never
-hidden or fatal to the rest. Scores are stored as the metric returns them and put on one 0-100
-scale when reported (accuracy, F1, EM, Matthews corr. and correlations x100).
-:func:`run_many` is the plain sequential loop (the CLI); ``flows/finetune.py`` runs the same jobs
-as Prefect tasks and calls :func:`write_results` the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +23,15 @@ from typing import Any
 from bert_core import storage
 from bert_core.config import FinetuneConfig
 from bert_core.finetune import get_task
+
+# The paper's protocol: every setting of the grid runs every seed; per task, the setting with the
+# best mean dev score over seeds is selected, and that setting's mean ± sd over seeds is reported on
+# the task's final split (its labelled test split, or dev itself, then labelled "dev (also used for
+# selection)"). Every seed's value is kept beside mean and sd, and a failed job is listed, never
+# hidden or fatal to the rest. Scores are stored as the metric returns them and put on one 0-100
+# scale when reported (accuracy, F1, EM, Matthews corr. and correlations x100).
+# :func:`run_many` is the plain sequential loop (the CLI); ``flows/finetune.py`` runs the same jobs
+# as Prefect tasks and calls :func:`write_results` the same way.
 
 # Counts, not scores: left out of the mean ± sd table.
 _NOT_SCORES = ("total", "tokens", "phrases", "found", "correct", "null_score_diff_threshold")
@@ -178,7 +178,7 @@ def job_result(task: str, setting: dict[str, Any], seed: int, fn: Callable[[], d
 
 
 def clear_task(folder: str) -> None:
-    """Before a task's jobs run into ``folder``: a previous run's results there (vouched for as
+    """Before a task's jobs run into ``folder``: an older run's results there (vouched for as
     ours by a fine-tuning manifest) are removed, so the folder holds this run alone and a run
     whose every job fails leaves no manifest behind."""
     if storage.has_manifest(folder) and storage.read_manifest(folder).get("stage") == "finetune":

@@ -10,6 +10,12 @@ in conlleval's input format, SWAG ``*_predictions.csv``). The paper's recipe: al
 trained, AdamW (no decay on biases and LayerNorm), linear warmup over ``warmup_proportion`` of
 the steps then linear decay to 0, gradient clipping at 1.0, single process by default; with
 ``finetune.deepspeed`` the same loop runs in a (single-rank) DeepSpeed engine.
+
+``finetune.accelerator`` places the job (``bert_core.device``): on ``gpu`` the model sits on
+``cuda:<LOCAL_RANK>``, batches are pinned and copied there without blocking, AdamW is torch's
+fused kernel, a DeepSpeed engine talks NCCL, and losses stay on the device until the job (or a
+log line) reads them; ``precision: bf16`` runs forward and loss under autocast. The CPU path is
+the same code with ``cpu`` for the device.
 """
 
 from __future__ import annotations
@@ -61,10 +67,15 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
 
 
 def _deepspeed_engine(model: Any, optimizer: Any, scheduler: Any, cfg: FinetuneConfig) -> Any:
-    """Wrap the loop's model/optimizer/scheduler in a one-rank DeepSpeed engine (gloo on CPU)."""
+    """Wrap the loop's model/optimizer/scheduler in a one-rank DeepSpeed engine (gloo on CPU,
+    NCCL on GPU)."""
     import socket
 
+    if cfg.accelerator == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # never CUDA for a CPU job on a GPU machine
     import deepspeed
+
+    from bert_core.device import dist_backend
 
     if "RANK" not in os.environ:  # launched as a plain process: be rank 0 of 1
         with socket.socket() as s:
@@ -72,7 +83,7 @@ def _deepspeed_engine(model: Any, optimizer: Any, scheduler: Any, cfg: FinetuneC
             port = s.getsockname()[1]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend=dist_backend(cfg.accelerator))
     ds_config = {
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": 1,
@@ -92,34 +103,40 @@ def train_and_predict(
     """Fine-tune all parameters on ``data.train``; return per-split outputs and training stats."""
     import torch
 
-    from bert_core.finetune.data import collate
+    from bert_core.device import configure_matmul, resolve_device
+    from bert_core.finetune.data import collate, to_device
     from bert_core.finetune.heads import BertForTask, mask_padding, task_loss
     from bert_core.model.bert import BertModel
     from bert_core.model.weight_decay import param_groups
 
+    device = resolve_device(cfg.accelerator, int(os.environ.get("LOCAL_RANK", "0")))
+    configure_matmul(cfg.precision, device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     torch.manual_seed(seed)
-    model = BertForTask(BertModel.from_pretrained(checkpoint), data.kind, data.num_labels)
+    model = BertForTask(BertModel.from_pretrained(checkpoint), data.kind, data.num_labels).to(device)
     steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
     total_steps = max(1, math.ceil(steps_per_epoch * cfg.num_train_epochs))
     warmup = int(cfg.warmup_proportion * total_steps)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(0.9, 0.999), eps=1e-6)
+                                  betas=(0.9, 0.999), eps=1e-6, fused=True if device.type == "cuda" else None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, total_steps))
     engine = _deepspeed_engine(model, optimizer, scheduler, cfg) if cfg.deepspeed else None
     shuffle = torch.Generator().manual_seed(seed)
 
     model.train()
-    losses: list[float] = []
+    losses: list[Any] = []  # on the device: reading one waits for the GPU, so only log lines do
     step, seen, start = 0, 0, time.perf_counter()
     while step < total_steps:
         order = torch.randperm(len(data.train), generator=shuffle).tolist()
         for i in range(0, len(order), cfg.batch_size):
             if step >= total_steps:
                 break
-            batch = collate(data.kind, [data.train[j] for j in order[i : i + cfg.batch_size]], pad_id)
+            batch = to_device(collate(data.kind, [data.train[j] for j in order[i : i + cfg.batch_size]], pad_id),
+                              device)
             runner = engine if engine is not None else model
-            logits = runner(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-            loss = task_loss(data.kind, logits, batch["labels"])
+            with autocast:
+                logits = runner(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                loss = task_loss(data.kind, logits, batch["labels"])
             if engine is not None:
                 engine.backward(loss)
                 engine.step()  # clips, steps the optimizer and the scheduler
@@ -129,25 +146,26 @@ def train_and_predict(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+            losses.append(loss.detach())
             seen += len(batch["input_ids"])
             step += 1
             if log and (step % 20 == 0 or step == total_steps):
-                log(f"step {step}/{total_steps} loss {losses[-1]:.4f}")
-    train_seconds = time.perf_counter() - start
+                log(f"step {step}/{total_steps} loss {losses[-1].item():.4f}")
+    losses = torch.stack(losses).float().tolist() if losses else []
+    train_seconds = time.perf_counter() - start  # after the read above, which waits for the device
 
     model.eval()
     outputs: dict[str, list[Any]] = {}
     eval_start, n_eval = time.perf_counter(), 0
-    with torch.no_grad():
+    with torch.no_grad(), autocast:
         for split, feats in data.evals.items():
             outputs[split] = []
             for i in range(0, len(feats), 64):
                 chunk = feats[i : i + 64]
-                batch = collate(data.kind, chunk, pad_id)
+                batch = to_device(collate(data.kind, chunk, pad_id), device)
                 logits = mask_padding(data.kind, model(batch["input_ids"], batch["token_type_ids"],
                                                        batch["attention_mask"]), batch["attention_mask"])
-                for f, row in zip(chunk, logits.float().numpy(), strict=True):
+                for f, row in zip(chunk, logits.float().cpu().numpy(), strict=True):
                     # drop the batch padding: token/span outputs keep only this feature's length
                     outputs[split].append(row[: len(f["input_ids"])] if data.kind in ("token", "span") else row)
                 n_eval += len(chunk)
@@ -160,6 +178,7 @@ def train_and_predict(
             "mean_loss_last_10": sum(losses[-10:]) / max(1, len(losses[-10:])),
             "eval_examples_per_second": round(n_eval / max(time.perf_counter() - eval_start, 1e-9), 2),
             "deepspeed": bool(cfg.deepspeed),
+            "device": str(next(model.parameters()).device), "precision": cfg.precision,
         },
     }
 

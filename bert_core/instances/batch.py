@@ -6,19 +6,6 @@
     write_instance_shards(batch, "out/seq128", num_shards=4)   # the "instances" contract
     (beam_jobs/create_instances.py makes the same rows per random-next pool, a window at a time:
     bert_core.instances.spill.write_pool_instances)
-
-Why: made one at a time, an instance costs tens of microseconds of Python (copying token lists,
-a shuffle of the candidates, a loop over the predictions), several times what it costs to
-tokenize its text. Here the pairs of a whole pool are decided first, as token ranges
-(:func:`bert_core.instances.pairs.pair_spans`: a few draws per pair, no token touched), then
-numpy copies the tokens of every pair at once (:func:`assemble`) and masks all of them at once
-(:func:`mask_batch`, on :mod:`bert_core.instances.masking`).
-
-Randomness stays per document and pass: the pairs of ``(seed, doc_id, dupe, max_seq_length)``
-come from :func:`~bert_core.instances.pairs.rng_for` of those parts, which also draws a 64-bit
-base; instance ``k`` of that pass gets the key ``splitmix64(base + (k + 1) * GAMMA)``. The key
-orders the shards and seeds the instance's masking, so no draw depends on how instances are
-batched.
 """
 
 from __future__ import annotations
@@ -38,6 +25,19 @@ from bert_core.instances.pairs import (
     pair_spans,
     rng_for,
 )
+
+# Why: made one at a time, an instance costs tens of microseconds of Python (copying token lists,
+# a shuffle of the candidates, a loop over the predictions), several times what it costs to
+# tokenize its text. Here the pairs of a whole pool are decided first, as token ranges
+# (:func:`bert_core.instances.pairs.pair_spans`: a few draws per pair, no token touched), then
+# numpy copies the tokens of every pair at once (:func:`assemble`) and masks all of them at once
+# (:func:`mask_batch`, on :mod:`bert_core.instances.masking`).
+#
+# Randomness stays per document and pass: the pairs of ``(seed, doc_id, dupe, max_seq_length)``
+# come from :func:`~bert_core.instances.pairs.rng_for` of those parts, which also draws a 64-bit
+# base; instance ``k`` of that pass gets the key ``splitmix64(base + (k + 1) * GAMMA)``. The key
+# orders the shards and seeds the instance's masking, so no draw depends on how instances are
+# batched.
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -197,8 +197,11 @@ def write_table(uri: str, table: pa.Table) -> None:
         pq.write_table(table, f, compression="zstd")
 
 
-def shard_name(index: int, shards: int) -> str:
-    return f"part-{index:05d}-of-{shards:05d}.parquet"
+def instance_shard_name(index: int, shards: int) -> str:
+    """``part-SSSSS-of-NNNNN.parquet``: the instances contract's shard names."""
+    from bert_core import storage
+
+    return storage.shard_name("part", index, shards, "parquet")
 
 
 def write_instance_shards(batch: InstanceBatch, folder: str, num_shards: int) -> list[dict]:
@@ -212,7 +215,7 @@ def write_instance_shards(batch: InstanceBatch, folder: str, num_shards: int) ->
     bounds = np.cumsum([0] + [q + (i < rem) for i in range(num_shards)])
     entries = []
     for i in range(num_shards):
-        uri = storage.join(folder, shard_name(i, num_shards))
+        uri = storage.join(folder, instance_shard_name(i, num_shards))
         write_table(uri, batch.slice(int(bounds[i]), int(bounds[i + 1])).to_table())
         entries.append(storage.shard_entry(uri, count=int(bounds[i + 1] - bounds[i])))
     return entries

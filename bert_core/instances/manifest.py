@@ -16,12 +16,13 @@ from typing import Any
 from bert_core import storage
 from bert_core.config import InstanceConfig
 from bert_core.instances.sharding import EVAL, TRAIN, set_folder
-from bert_core.instances.spill import SPILL, merge_rejects
+from bert_core.instances.spill import merge_rejects
 from bert_core.instances.stats import InstanceStats
+from bert_core.spill import SPILL_DIR
 
 
 def prepare_output(output: str, config: InstanceConfig) -> None:
-    """Refuse another stage's folder; clear an earlier instances run of the same lengths (eval
+    """Refuse another stage's folder; clear an older instances run of the same lengths (eval
     splits included), so no old manifest vouches for shards being rewritten and no stale shard
     count is left behind."""
     if storage.has_manifest(output):
@@ -30,7 +31,7 @@ def prepare_output(output: str, config: InstanceConfig) -> None:
             raise ValueError(f"{output} holds the output of the {stage!r} stage; "
                              "give the instances their own --output folder")
     storage.remove(storage.join(output, storage.MANIFEST))
-    storage.remove(storage.join(output, SPILL))
+    storage.remove(storage.join(output, SPILL_DIR))
     for spec in config.lengths:
         storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
 
@@ -94,7 +95,7 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
                     "shards": layout[(length, TRAIN)]["shards"]},
             stats=summary,
         )
-    storage.remove(storage.join(output, SPILL))
+    storage.remove(storage.join(output, SPILL_DIR))
     return storage.write_manifest(
         output, stage="instances", config=config, inputs=inputs, counts=counts,
         stats=stats_by_length, lengths={f"seq{s.max_seq_length}": f"seq{s.max_seq_length}"

@@ -3,31 +3,6 @@
     masked = mask_instances(keys, input_ids, offsets, len_a, spec)
     (bert_core.instances.batch masks the job's instances with it under ``masking: static``;
     bert_core.pretrain.data masks each epoch's rows with it under ``masking: dynamic``)
-
-The rules of google-research/bert's ``create_masked_lm_predictions``, per instance:
-
-- candidates are all tokens but ``[CLS]``/``[SEP]``; with ``whole_word_mask`` a ``##`` piece
-  joins the group of the candidate before it, and a group is chosen whole or not at all;
-- ``num_to_predict = min(max_predictions_per_seq, max(1, round(len * masked_lm_prob)))``
-  (numpy's ``rint`` rounds half to even, like Python 3's ``round``);
-- the groups are walked in a uniformly random order, each taken when it fits in what is left
-  of ``num_to_predict`` (a whole word that would overshoot is skipped, not split);
-- each chosen position becomes ``[MASK]`` with probability 0.8, keeps its token 0.1, becomes a
-  random id of the whole vocab 0.1; positions come out sorted.
-
-Randomness: instance ``i`` has a 64-bit key, and its draw number ``j`` is
-``splitmix64(key + j * GAMMA)``, output ``j`` of a SplitMix64 generator seeded with the key. A
-counter-based stream: every random number is a pure function of (key, counter), so numpy draws
-them for all instances in a few vector operations and no draw depends on how instances are
-batched. Counters ``1..`` choose positions, ``_CHOICE_STREAM + position`` corrupts a position,
-``_KEY_STREAM + position`` orders the group that starts at that position.
-
-Choosing, fast form (single tokens, the structural ``[CLS] A [SEP] (B [SEP])`` layout): the
-first ``num_to_predict`` distinct values of the instance's stream of uniform draws over its
-candidates, by symmetry a uniformly random subset, in about ``num_to_predict`` draws. General
-form (whole words; rows whose segments hold a ``[CLS]``/``[SEP]`` id, found by id as the
-reference does; rows whose draws repeat too often to fill their budget, rare with a dozen spare
-draws): a random key per group, groups walked in key order (:func:`_choose_by_groups`).
 """
 
 from __future__ import annotations
@@ -39,6 +14,31 @@ from typing import NamedTuple
 import numpy as np
 
 from bert_core.instances.pairs import VocabIds
+
+# The rules of google-research/bert's ``create_masked_lm_predictions``, per instance:
+#
+# - candidates are all tokens but ``[CLS]``/``[SEP]``; with ``whole_word_mask`` a ``##`` piece
+#   joins the group of the candidate before it, and a group is chosen whole or not at all;
+# - ``num_to_predict = min(max_predictions_per_seq, max(1, rint(len * masked_lm_prob)))``,
+#   halves to even as Python 3 does;
+# - the groups are walked in a uniformly random order, each taken when it fits in what is left
+#   of ``num_to_predict`` (a whole word that would overshoot is skipped, not split);
+# - each chosen position becomes ``[MASK]`` with probability 0.8, keeps its token 0.1, becomes a
+#   random id of the whole vocab 0.1; positions come out sorted.
+#
+# Randomness: instance ``i`` has a 64-bit key, and its draw number ``j`` is
+# ``splitmix64(key + j * GAMMA)``, output ``j`` of a SplitMix64 generator seeded with the key. A
+# counter-based stream: every random number is a pure function of (key, counter), so numpy draws
+# them for all instances in a few vector operations and no draw depends on how instances are
+# batched. Counters ``1..`` choose positions, ``_CHOICE_STREAM + position`` corrupts a position,
+# ``_KEY_STREAM + position`` orders the group that starts at that position.
+#
+# Choosing, fast form (single tokens, the structural ``[CLS] A [SEP] (B [SEP])`` layout): the
+# first ``num_to_predict`` distinct values of the instance's stream of uniform draws over its
+# candidates, by symmetry a uniformly random subset, in about ``num_to_predict`` draws. General
+# form (whole words; rows whose segments hold a ``[CLS]``/``[SEP]`` id, found by id as the
+# reference does; rows whose draws repeat too often to fill their budget, rare with a dozen spare
+# draws): a random key per group, groups walked in key order (:func:`_choose_by_groups`).
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment (2^64 / golden ratio)
 _CHOICE_STREAM = np.uint64(1 << 20)

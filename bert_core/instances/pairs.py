@@ -4,31 +4,6 @@
     (bert_core.instances.batch.instance_spans calls pair_spans / packed_spans here once per
     document, pass and length)
 
-The pairs of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token ids
-instead of token strings. Same rules, same distributions, fewer draws (so one seed gives pairs
-distributed like the reference's, not the very same ones; ``tests/oracles.py`` holds the
-reference's loops and the tests compare the two):
-
-- per document and pass: ``target_seq_length = max_seq_length - 3``, or with probability
-  ``short_seq_prob`` a random length in ``[2, max_seq_length - 3]``;
-- chunks of whole sentences grow until they reach the target (or the document ends);
-  ``a_end`` is random in ``[1, len(chunk) - 1]`` (1 for a one-sentence chunk);
-- with probability 0.5 (always for a one-sentence chunk) B is read from a random *other*
-  document starting at a random sentence, and the chunk's unused sentences are put back;
-- :func:`truncate_spans` trims the longer side, front or back with probability 0.5: which
-  side loses how many tokens depends only on the lengths (:func:`trim_counts`), and how many of
-  them come off the front is one Binomial(n, 1/2) draw instead of n coin flips;
-- the instance is ``[CLS] A [SEP] B [SEP]``, masked by ``bert_core.instances.masking``.
-
-Why spans: a segment of consecutive whole sentences is a token range of the document, so
-:func:`pair_spans` decides a pair with a few integers and draws (chunk ends found by bisecting
-the sentence offsets of a :class:`DocumentPool`) and copies no token; the job then builds and
-masks whole batches of pairs with numpy (``bert_core.instances.batch``).
-
-``next_sentence_prediction: false`` (RoBERTa's ablation) uses :func:`packed_spans` instead:
-whole sentences packed up to the target length as one segment, no B,
-``next_sentence_label = -1``.
-
 Every function takes its RNG; :func:`rng_for` derives one from ``(seed, doc_id, dupe_index, ...)``
 so the output never depends on which worker ran a document, or in what order.
 """
@@ -41,6 +16,33 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+# The rules:
+#
+# The pairs of google-research/bert's ``create_pretraining_data.py``, rule by rule, on token ids
+# instead of token strings. Same rules, same distributions, fewer draws (so one seed gives pairs
+# distributed like the reference's, not the very same ones; ``tests/oracles.py`` holds the
+# reference's loops and the tests compare the two):
+#
+# - per document and pass: ``target_seq_length = max_seq_length - 3``, or with probability
+#   ``short_seq_prob`` a random length in ``[2, max_seq_length - 3]``;
+# - chunks of whole sentences grow until they reach the target (or the document ends);
+#   ``a_end`` is random in ``[1, len(chunk) - 1]`` (1 for a one-sentence chunk);
+# - with probability 0.5 (always for a one-sentence chunk) B is read from a random *other*
+#   document starting at a random sentence, and the chunk's unused sentences are put back;
+# - :func:`truncate_spans` trims the longer side, front or back with probability 0.5: which
+#   side loses how many tokens depends only on the lengths (:func:`trim_counts`), and how many of
+#   them come off the front is one Binomial(n, 1/2) draw instead of n coin flips;
+# - the instance is ``[CLS] A [SEP] B [SEP]``, masked by ``bert_core.instances.masking``.
+#
+# Why spans: a segment of consecutive whole sentences is a token range of the document, so
+# :func:`pair_spans` decides a pair with a few integers and draws (chunk ends found by bisecting
+# the sentence offsets of a :class:`DocumentPool`) and copies no token; the job then builds and
+# masks whole batches of pairs with numpy (``bert_core.instances.batch``).
+#
+# ``next_sentence_prediction: false`` (RoBERTa's ablation) uses :func:`packed_spans` instead:
+# whole sentences packed up to the target length as one segment, no B,
+# ``next_sentence_label = -1``.
 
 if TYPE_CHECKING:
     from bert_core.vocab.tokenization import Tokenizer

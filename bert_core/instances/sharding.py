@@ -1,30 +1,6 @@
 """Balanced instance shards and random-next pools: the arithmetic behind the instances job.
 
     (beam_jobs/create_instances.py places every piece of instances with these functions)
-
-Random-next B segments come from the document's *pool* (``stable_hash(doc_id) % pools``), not
-from the whole corpus, so a worker holds one pool, never the corpus. :func:`num_random_doc_buckets`
-takes ``instances.random_doc_buckets``, raised so that no pool averages more than
-MAX_DOCS_PER_BUCKET documents and lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a
-tiny corpus gets one pool, so its B segments are not drawn from a handful of documents); then
-raised again, over that floor, so that no pool averages more than ``instances.max_pool_tokens``
-tokens: what a worker holds is tokens, and a corpus of long documents (books, manuals) would
-otherwise put millions of tokens in a pool of a thousand documents. The tokens are estimated
-before the pipeline from the Parquet footers (:func:`estimated_tokens`), so no step waits for a
-count.
-
-A pool's instances (per length) are sorted by their 64-bit key and cut into *pieces* by
-``key % pools`` (:func:`pieces_by_group`). Pieces are ordered by ``(key % pools, pool)``; a
-piece's rows get consecutive global ranks in that order (:func:`make_layout`), and shard ``f``
-takes a contiguous rank range (:func:`shard_of_rank`, :func:`shard_start`), so shard sizes
-differ by at most one and every shard holds a random share of every pool.
-
-The eval split is by document: a document is held out when ``stable_hash("eval", seed, doc_id)``,
-mapped to [0, 1), is below :func:`eval_threshold`. The split is part of a pool's key
-(:func:`pool_of`), so an eval document's B segments come only from eval documents and a
-training document's only from training documents. Shards are laid out per *set*,
-``(max_seq_length, split)``: ``seq{L}/`` for training, ``seq{L}/eval/`` (EVAL_SHARDS shards,
-whatever the workers) for eval.
 """
 
 from __future__ import annotations
@@ -39,6 +15,30 @@ from bert_core import storage
 from bert_core.config import InstanceConfig
 from bert_core.instances.batch import InstanceBatch
 from bert_core.instances.pairs import stable_hash
+
+# Random-next B segments come from the document's *pool* (``stable_hash(doc_id) % pools``), not
+# from the whole corpus, so a worker holds one pool, never the corpus. :func:`num_random_doc_buckets`
+# takes ``instances.random_doc_buckets``, raised so that no pool averages more than
+# MAX_DOCS_PER_BUCKET documents and lowered so that none averages fewer than MIN_DOCS_PER_BUCKET (a
+# tiny corpus gets one pool, so its B segments are not drawn from a handful of documents); then
+# raised again, over that floor, so that no pool averages more than ``instances.max_pool_tokens``
+# tokens: what a worker holds is tokens, and a corpus of long documents (books, manuals) would
+# otherwise put millions of tokens in a pool of a thousand documents. The tokens are estimated
+# before the pipeline from the Parquet footers (:func:`estimated_tokens`), so no step waits for a
+# count.
+#
+# A pool's instances (per length) are sorted by their 64-bit key and cut into *pieces* by
+# ``key % pools`` (:func:`pieces_by_group`). Pieces are ordered by ``(key % pools, pool)``; a
+# piece's rows get consecutive global ranks in that order (:func:`make_layout`), and shard ``f``
+# takes a contiguous rank range (:func:`shard_of_rank`, :func:`shard_start`), so shard sizes
+# differ by at most one and every shard holds a random share of every pool.
+#
+# The eval split is by document: a document is held out when ``stable_hash("eval", seed, doc_id)``,
+# mapped to [0, 1), is below :func:`eval_threshold`. The split is part of a pool's key
+# (:func:`pool_of`), so an eval document's B segments come only from eval documents and a
+# training document's only from training documents. Shards are laid out per *set*,
+# ``(max_seq_length, split)``: ``seq{L}/`` for training, ``seq{L}/eval/`` (EVAL_SHARDS shards,
+# whatever the workers) for eval.
 
 MIN_DOCS_PER_BUCKET = 1000  # random-next pools smaller than this make B too predictable
 MAX_DOCS_PER_BUCKET = 20_000  # documents a pool averages at most (and max_pool_tokens tokens)

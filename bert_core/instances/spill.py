@@ -1,5 +1,6 @@
-"""Spill files: what the steps of the instances job hand each other through storage, so that a
-shuffle carries a file's name and size, never the documents or instances themselves.
+"""The instances job's spill files (tokenized documents, a pool's instances, rejects) and its
+Parquet shard writer (:class:`InstanceShardWriter`). The folder and the bounded merge are
+:mod:`bert_core.spill`'s, shared with the corpus job.
 
     (beam_jobs/create_instances.py writes and reads them; all under OUT/_spill/, removed at the end)
 
@@ -11,17 +12,6 @@ shuffle carries a file's name and size, never the documents or instances themsel
         contract's columns, ordered by piece ``key % groups``, then by key, in record batches of
         a fixed number of rows (``rows_per_batch`` in the schema's metadata)
     OUT/_spill/rejects/<uuid>.jsonl                      rejected documents, sorted by id
-
-They sit under the job's output URL (fsspec), so workers need not share a disk. Why: a local
-runner keeps what crosses a shuffle in its own process, and Beam elements are charged by the
-element; a file per few megabytes costs neither. They are Arrow IPC files, uncompressed: each is
-written once and read once, and Arrow's own layout costs a copy each way, where Parquet's
-encoding and compression cost more CPU than the rest of the job's steps around them.
-
-Memory: building a pool (:func:`read_pool`) holds its tokens (uint16 when the vocab fits) and
-sentence offsets plus one spill file; writing a pool's instances (:func:`write_pool_instances`)
-holds the pairs as integers (a few dozen bytes per instance) and one window of assembled rows;
-a shard is written a row group at a time (:class:`ShardWriter`).
 """
 
 from __future__ import annotations
@@ -36,24 +26,29 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bert_core import storage
-from bert_core.corpus.spill import MERGE_FAN_IN, check_fan_in, fewer_runs
 from bert_core.instances.batch import InstanceBatch, assemble, instance_spans, mask_batch, schema
 from bert_core.instances.masking import MaskingSpec
 from bert_core.instances.pairs import DocumentPool, VocabIds
 from bert_core.instances.sharding import piece_bounds
 from bert_core.instances.stats import InstanceStats
+from bert_core.spill import MERGE_FAN_IN, check_fan_in, fewer_runs
+
+# Why files: a local runner keeps what crosses a shuffle in its own process, and Beam elements
+# are charged by the element; a file per few megabytes costs neither. They are Arrow IPC files, uncompressed: each is
+# written once and read once, and Arrow's own layout costs a copy each way, where Parquet's
+# encoding and compression cost more CPU than the rest of the job's steps around them.
+#
+# Memory: building a pool (:func:`read_pool`) holds its tokens (uint16 when the vocab fits) and
+# sentence offsets plus one spill file; writing a pool's instances (:func:`write_pool_instances`)
+# holds the pairs as integers (a few dozen bytes per instance) and one window of assembled rows;
+# a shard is written a row group at a time (:class:`InstanceShardWriter`).
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SPILL = "_spill"
 END_MARK = -1  # after each sentence's ids in a tokenized document
 WINDOW_TOKENS = 1 << 20  # rows assembled and masked at once: ~4 MB of int32 ids
 ROW_GROUP_TOKENS = 1 << 20  # a shard's row groups: a fixed number of rows per length
-
-
-def spill_folder(output: str, kind: str) -> str:
-    return storage.join(output, SPILL, kind)
 
 
 def rows_per_window(max_seq_length: int, tokens: int = WINDOW_TOKENS) -> int:
@@ -77,7 +72,7 @@ def marked_counts(docs: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, np.diff(kept_before, prepend=0)
 
 
-def write_documents(uri: str, docs: Sequence[tuple[str, bytes]]) -> int:
+def spill_tokenized_documents(uri: str, docs: Sequence[tuple[str, bytes]]) -> int:
     """Tokenized documents ``(doc_id, marked ids)`` -> one spill file; returns its bytes."""
     import pyarrow as pa
 
@@ -217,7 +212,7 @@ def read_rows(uri: str, start: int, stop: int) -> Iterator[InstanceBatch]:
                 yield InstanceBatch.from_table(pa.Table.from_batches([batch.slice(lo - first, hi - lo)]))
 
 
-class ShardWriter:
+class InstanceShardWriter:
     """Rows, in any number of pieces -> one Parquet shard of the instances contract, in row
     groups of a fixed number of rows (so the same rows make the same bytes however they
     arrive), and the stats of what it wrote."""
@@ -261,7 +256,7 @@ class ShardWriter:
 # --------------------------------------------------------------------------- rejects
 
 
-def write_rejects(uri: str, rejects: list[dict]) -> int:
+def spill_rejects(uri: str, rejects: list[dict]) -> int:
     """Rejects -> one JSON-lines spill file sorted by id; returns how many."""
     rejects = sorted(rejects, key=lambda r: str(r["id"]))
     storage.write_text(uri, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejects))
@@ -271,7 +266,7 @@ def write_rejects(uri: str, rejects: list[dict]) -> int:
 def merge_rejects(uris: Iterable[str], out: str, *, fan_in: int = MERGE_FAN_IN) -> int:
     """Sorted reject spill files -> one file sorted by id (ties in the order of the sorted
     names), streamed (a line per input held); returns how many. At most ``fan_in`` files are read
-    at once (:func:`bert_core.corpus.spill.fewer_runs`)."""
+    at once (:func:`bert_core.spill.fewer_runs`)."""
     check_fan_in(fan_in)
     with fewer_runs(sorted(uris), fan_in, _merge_lines, "jsonl") as few:
         return _merge_lines(few, out)

@@ -19,7 +19,11 @@ What makes the pre-training step cheaper than the reference implementation:
   (the other final states are never read; as MosaicBERT does);
 - query/key/value are one matrix multiply (their weights concatenated on the fly, so the
   parameters keep transformers' names);
-- attention is ``F.scaled_dot_product_attention`` with the padding mask (fused kernels on GPU).
+- attention is ``F.scaled_dot_product_attention``, with no mask when a batch has no padding
+  (so the flash kernel may run), or packed FlashAttention (``varlen_attn``) over the real tokens
+  on CUDA in half precision without attention dropout;
+- the index tensors of the unpadding come precomputed from the loader's workers
+  (:func:`pretraining_plan`), so the forward pass never waits for the host.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ from torch import Tensor, nn
 
 from bert_core.config import ModelConfig
 from bert_core.model.checkpoint import load_into, load_pretrained
+
+try:  # packed FlashAttention over variable-length sequences (CUDA only)
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # torch < 2.10
+    varlen_attn = None
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Self
@@ -122,15 +131,20 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: Tensor, tokens: Tokens) -> Tensor:
         N, H = x.shape  # N = the real tokens of the batch (B * T when there is no padding)
         B, T, nh = tokens.batch, tokens.length, self.num_heads
+        dropout_p = self.dropout_p if self.training else 0.0
         # One matmul for q, k and v: [N, H] @ [H, 3H] -> [N, 3H]
         w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
         b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
-        qkv = tokens.pad(F.linear(x, w, b))  # [B, T, 3H], zeros at padding
-        # [B, T, 3, nh, hs] -> [3, B, nh, T, hs]
-        q, k, v = qkv.view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=tokens.attn_mask, dropout_p=self.dropout_p if self.training else 0.0
-        )  # [B, nh, T, hs]
+        qkv = F.linear(x, w, b)  # [N, 3H]
+        if tokens.varlen(x, dropout_p):
+            # FlashAttention over the packed real tokens: no [B, T] grid, no mask
+            q, k, v = qkv.view(N, 3, nh, H // nh).unbind(1)  # each [N, nh, hs]
+            y = varlen_attn(q, k, v, tokens.cu_seqlens, tokens.cu_seqlens, T, T)  # [N, nh, hs]
+            return y.reshape(N, H)
+        # [B, T, 3H] (zeros at padding) -> [B, T, 3, nh, hs] -> [3, B, nh, T, hs]
+        q, k, v = tokens.pad(qkv).view(B, T, 3, nh, H // nh).permute(2, 0, 3, 1, 4)
+        # No mask when nothing is padded, so SDPA may pick its flash kernel
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=tokens.attn_mask, dropout_p=dropout_p)
         return tokens.unpad(y.transpose(1, 2).reshape(B, T, H))  # heads side by side -> [N, H]
 
 
@@ -237,35 +251,29 @@ class Tokens:
     """Where the real tokens of a padded [B, T] batch are, to run the encoder on them alone.
 
     Everything but attention is per token, so the layers work on the N real tokens ([N, H]) and
-    padding costs no matmuls (~10-20% of a pre-training batch padded to its longest sequence).
-    Attention needs the [B, T] grid: ``pad`` scatters into it, ``unpad`` gathers back.
+    padding costs no matmuls. Attention either runs on the packed tokens (``varlen``, CUDA) or
+    needs the [B, T] grid: ``pad`` scatters into it, ``unpad`` gathers back. The index tensors
+    come from :func:`unpadding_plan`, which the pre-training loader computes on its workers so
+    the device never waits for the host.
     """
 
-    def __init__(self, attention_mask: Tensor | None, B: int, T: int, dtype: torch.dtype) -> None:
+    def __init__(self, B: int, T: int, padded: bool, token_index: Tensor, cu_seqlens: Tensor,
+                 attention_mask: Tensor | None, dtype: torch.dtype) -> None:
         self.batch, self.length = B, T
-        self.attn_mask = padding_mask(attention_mask, dtype)  # [B, 1, 1, T] or None
-        # [N] flat indices of the real tokens; None when there is no padding
-        self.keep = None if self.attn_mask is None else attention_mask.reshape(-1).nonzero().squeeze(1)
+        self.keep = token_index if padded else None  # [N] flat indices of the real tokens
+        self.cu_seqlens = cu_seqlens  # [B + 1] int32 offsets of each sequence in [N]
+        self.attn_mask = padding_mask(attention_mask, dtype) if padded else None  # [B, 1, 1, T]
+
+    def varlen(self, x: Tensor, dropout_p: float) -> bool:
+        """Packed FlashAttention applies: CUDA, half precision, padding, no attention dropout
+        (``varlen_attn`` has none)."""
+        return (self.keep is not None and varlen_attn is not None and x.is_cuda
+                and x.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0)
 
     def unpad(self, x: Tensor) -> Tensor:
         """[B, T, D] -> [N, D]."""
         x = x.reshape(self.batch * self.length, x.shape[-1])
         return x if self.keep is None else x.index_select(0, self.keep)
-
-    def rows(self, flat_positions: Tensor) -> Tensor:
-        """Flat positions ``b * T + t`` -> their row in the [N, H] real-token tensor."""
-        if self.keep is None:
-            return flat_positions
-        row_of = torch.full((self.batch * self.length,), -1, dtype=torch.long, device=self.keep.device)
-        row_of[self.keep] = torch.arange(self.keep.numel(), device=self.keep.device)
-        rows = row_of[flat_positions]
-        if bool((rows < 0).any()):
-            bad = flat_positions[rows < 0][:3].tolist()
-            raise ValueError(
-                f"positions {[(p // self.length, p % self.length) for p in bad]} (batch row, token) are "
-                "padding (attention_mask 0); masked_lm_positions must point at real tokens"
-            )
-        return rows
 
     def pad(self, x: Tensor) -> Tensor:
         """[N, D] -> [B, T, D], zeros at the padding."""
@@ -274,13 +282,54 @@ class Tokens:
         return x.view(self.batch, self.length, x.shape[-1])
 
 
+def unpadding_plan(attention_mask: Tensor, output_positions: Tensor | None = None) -> dict:
+    """The index tensors the encoder runs on, from a [B, T] attention mask (on the host).
+
+    ``padded`` (a bool), ``token_index`` ([N] flat positions of the real tokens), ``cu_seqlens``
+    ([B + 1] int32) and, with ``output_positions`` ([S] flat positions ``b * T + t``),
+    ``output_rows``: the rows in [N] of every [CLS] and then of those positions. Reading a
+    mask's values waits for the device, so the pre-training loader calls this on its workers.
+    """
+    B, T = attention_mask.shape
+    real = attention_mask.reshape(-1) != 0  # [B*T]
+    token_index = real.nonzero().squeeze(1)  # [N]
+    lengths = real.view(B, T).sum(1, dtype=torch.int32)  # [B]
+    plan = {"padded": token_index.numel() != B * T, "token_index": token_index,
+            "cu_seqlens": F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))}
+    if output_positions is not None:
+        row_of = torch.full((B * T,), -1, dtype=torch.long, device=token_index.device)
+        row_of[token_index] = torch.arange(token_index.numel(), device=token_index.device)
+        flat = torch.cat([torch.arange(B, device=token_index.device) * T, output_positions.long()])
+        rows = row_of[flat]  # [B + S]
+        if bool((rows < 0).any()):
+            bad = flat[rows < 0][:3].tolist()
+            raise ValueError(
+                f"positions {[(p // T, p % T) for p in bad]} (batch row, token) are padding "
+                "(attention_mask 0); masked_lm_positions must point at real tokens"
+            )
+        plan["output_rows"] = rows
+    return plan
+
+
+def pretraining_plan(attention_mask: Tensor, masked_lm_positions: Tensor, masked_lm_ids: Tensor,
+                     masked_lm_weights: Tensor) -> dict:
+    """:func:`unpadding_plan` for a pre-training batch: the encoder's indices, the rows of the
+    real masked positions (``masked_lm_weights`` > 0) and their labels ``mlm_labels`` ([M])."""
+    B, T = attention_mask.shape
+    real = masked_lm_weights.reshape(-1) > 0  # [B*P]
+    flat = (masked_lm_positions + T * torch.arange(B, device=masked_lm_positions.device)[:, None]).reshape(-1)
+    plan = unpadding_plan(attention_mask, flat[real])
+    plan["mlm_labels"] = masked_lm_ids.reshape(-1)[real].long()  # [M]
+    return plan
+
+
 def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """[B, T] of 1 (token) / 0 (padding) -> additive [B, 1, 1, T] mask for SDPA (None if no padding).
+    """[B, T] of 1 (token) / 0 (padding) -> additive [B, 1, 1, T] mask for SDPA (None if no mask).
 
     Additive (0 / dtype min) rather than boolean: the same numbers as transformers, and a row
     never becomes all -inf (every sequence has at least [CLS]), so no NaNs.
     """
-    if attention_mask is None or bool(attention_mask.all()):
+    if attention_mask is None:
         return None
     keep = attention_mask[:, None, None, :].to(torch.bool)  # [B, 1, 1, T]
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
@@ -320,6 +369,7 @@ class BertModel(FromPretrained, nn.Module):
         attention_mask: Tensor | None = None,  # [B, T], 1 = token, 0 = padding
         output_hidden_states: bool = False,
         output_positions: Tensor | None = None,  # [S] flat indices b * T + t of real tokens
+        plan: dict | None = None,  # unpadding_plan(attention_mask, output_positions), precomputed
     ) -> BertOutput:
         """With ``output_positions`` the last layer computes only those tokens (and [CLS] for the
         pooler) after its attention, and ``last_hidden_state`` is their [S, H] rows, in order:
@@ -327,14 +377,14 @@ class BertModel(FromPretrained, nn.Module):
         B, T = input_ids.shape
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        if plan is None:
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            plan = unpadding_plan(mask, output_positions)
         x = self.embeddings(input_ids, token_type_ids)  # [B, T, H]
-        tokens = Tokens(attention_mask, B, T, x.dtype)
+        tokens = Tokens(B, T, plan["padded"], plan["token_index"], plan["cu_seqlens"], attention_mask, x.dtype)
         hidden = [x] if output_hidden_states else None
         x = tokens.unpad(x)  # [N, H]: the real tokens only
-        rows = None
-        if output_positions is not None:
-            cls = torch.arange(B, device=x.device) * T  # [B] flat positions of [CLS]
-            rows = tokens.rows(torch.cat([cls, output_positions]))  # [B + S] indices into N
+        rows = plan.get("output_rows")  # [B + S] indices into N, or None
         last = len(self.encoder.layer) - 1
         for i, layer in enumerate(self.encoder.layer):
             x = layer(x, tokens, rows if i == last else None)  # [N, H] ([B + S, H] after the last)
@@ -405,35 +455,43 @@ class BertForPreTraining(FromPretrained, nn.Module):
         masked_lm_ids: Tensor,  # [B, P]
         masked_lm_weights: Tensor,  # [B, P], 1 = real prediction, 0 = padding
         next_sentence_label: Tensor | None = None,  # [B], 0 = IsNext, 1 = random; -1 = no NSP
+        *,
+        padded: bool | None = None,  # the rest: pretraining_plan(...) computed by the loader
+        token_index: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+        output_rows: Tensor | None = None,
+        mlm_labels: Tensor | None = None,
     ) -> dict[str, Tensor]:
-        B, T = input_ids.shape
-        # Gather first: the MLM head sees only the real masked positions, never all B x T, and
-        # the encoder's last layer computes only those rows (and [CLS]) after its attention.
-        flat = (masked_lm_positions + T * torch.arange(B, device=input_ids.device)[:, None]).view(-1)  # [B*P]
-        real = masked_lm_weights.view(-1) > 0  # [B*P]
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_positions=flat[real].long())
+        if output_rows is None:
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            plan = pretraining_plan(mask, masked_lm_positions, masked_lm_ids, masked_lm_weights)
+        else:
+            plan = {"padded": padded, "token_index": token_index, "cu_seqlens": cu_seqlens,
+                    "output_rows": output_rows, "mlm_labels": mlm_labels}
+        # The MLM head sees only the real masked positions, never all B x T, and the encoder's
+        # last layer computes only those rows (and [CLS]) after its attention.
+        out = self.bert(input_ids, token_type_ids, attention_mask, plan=plan)
         picked = out.last_hidden_state  # [M, H]
-        labels = masked_lm_ids.view(-1)[real].long()  # [M]
+        labels = plan["mlm_labels"]  # [M]
         logits = self.mlm_logits(picked)  # [M, V]
-        n = labels.numel()
-        if n:
+        if labels.numel():  # a shape, known without waiting for the device
             mlm_loss = F.cross_entropy(logits.float(), labels)  # mean over the M real positions
             mlm_acc = (logits.argmax(-1) == labels).float().mean()
         else:  # a batch without predictions: zero loss that still touches the graph
             mlm_loss = logits.sum() * 0.0
-            mlm_acc = picked.new_zeros(())
+            mlm_acc = picked.new_zeros((), dtype=torch.float32)
 
-        zero = mlm_loss.new_zeros(())
-        nsp_loss, nsp_acc = zero, zero
+        nsp_loss = nsp_acc = mlm_loss.new_zeros(())
         if next_sentence_label is not None:
+            # Sums over the rows with a label (-1 = none), divided by their count: no branch on
+            # the labels' values, and a batch without NSP rows still touches the head (ZeRO
+            # expects every parameter to get a gradient).
             nsp_logits = self.cls.seq_relationship(out.pooler_output)  # [B, 2]
             nsp_label = next_sentence_label.view(-1).long()  # [B]
             has_nsp = nsp_label >= 0
-            if bool(has_nsp.any()):
-                nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_label, ignore_index=-1)
-                nsp_acc = (nsp_logits.argmax(-1) == nsp_label)[has_nsp].float().mean()
-            else:  # keep the head in the graph (DDP/ZeRO expect every parameter to get a grad)
-                nsp_loss = nsp_logits.sum() * 0.0
+            count = has_nsp.sum().clamp(min=1)
+            nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_label, ignore_index=-1, reduction="sum") / count
+            nsp_acc = ((nsp_logits.argmax(-1) == nsp_label) & has_nsp).sum() / count
         return {
             "loss": mlm_loss + nsp_loss,
             "mlm_loss": mlm_loss.detach(),
@@ -468,4 +526,6 @@ __all__ = [
     "init_weights",
     "num_parameters",
     "padding_mask",
+    "pretraining_plan",
+    "unpadding_plan",
 ]

@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import pickle
+import re
 
 import torch
 
@@ -67,8 +68,10 @@ def load_deepspeed_state_dict(path: str, tag: str | None = None) -> dict[str, to
     """The fp32 model weights of a DeepSpeed checkpoint (the ``latest`` tag unless given).
 
     ZeRO (stage >= 1) and bf16 runs keep the fp32 master weights partitioned in the optimizer
-    files, so DeepSpeed's own ``zero_to_fp32`` consolidates them (it needs a local folder). Stage 0
-    in fp32 has the full weights in ``mp_rank_00_model_states.pt``, read with ``weights_only=True``.
+    files, so DeepSpeed's own ``zero_to_fp32`` consolidates them (it needs a local folder), except
+    the files of its ``BF16_Optimizer`` (bf16 at ZeRO 1), which it does not read: those are joined
+    by :func:`_fp32_from_bf16_optimizer`. Stage 0 in fp32 has the full weights in
+    ``mp_rank_00_model_states.pt``, read with ``weights_only=True``.
     """
     tag = _deepspeed_tag(path, tag)
     step_dir = storage.join(path, tag)
@@ -87,8 +90,11 @@ def load_deepspeed_state_dict(path: str, tag: str | None = None) -> dict[str, to
 
         try:
             with weights_only_loads():  # zero_to_fp32 would unpickle anything
-                state = get_fp32_state_dict_from_zero_checkpoint(storage.to_uri(path), tag=tag)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+                if "bf16_" in partitioned[0].rsplit("/", 1)[-1] and _is_bf16_optimizer(partitioned[0]):
+                    state = _fp32_from_bf16_optimizer(model_file, partitioned)
+                else:
+                    state = get_fp32_state_dict_from_zero_checkpoint(storage.to_uri(path), tag=tag)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, KeyError) as err:
             raise CheckpointError(f"{step_dir}: cannot read the ZeRO checkpoint ({_first_line(err)})") from None
     else:
         try:
@@ -99,6 +105,41 @@ def load_deepspeed_state_dict(path: str, tag: str | None = None) -> dict[str, to
                                   "tag (--tag) or a run folder whose checkpoint is whole") from None
         state = blob["module"]
     return {k: v.float() if v.is_floating_point() else v for k, v in normalize_state_dict(state).items()}
+
+
+def _optimizer_state(uri: str) -> dict:
+    return torch.load(storage.to_uri(uri), map_location="cpu", weights_only=True)["optimizer_state_dict"]
+
+
+def _is_bf16_optimizer(uri: str) -> bool:
+    """A file of DeepSpeed's BF16_Optimizer: fp32 slices with fragment addresses, no ZeRO stage."""
+    state = _optimizer_state(uri)
+    return "param_slice_mappings" in state and "zero_stage" not in state
+
+
+def _fp32_from_bf16_optimizer(model_file: str, optim_files: list[str]) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of a BF16_Optimizer checkpoint: each rank's file holds its slice of
+    every parameter group's flat fp32 buffer and, per parameter, the (start, numel) of the
+    fragment that lies in it; the ranks' slices follow one another, so a parameter is its
+    fragments joined in rank order. The bf16 model file gives the shapes and any buffers."""
+    blob = torch.load(storage.to_uri(model_file), map_location="cpu", weights_only=True)
+    shapes = {name: shape for group in blob["param_shapes"] for name, shape in group.items()}
+    pieces: dict[str, list[torch.Tensor]] = {name: [] for name in shapes}
+    rank = re.compile(r"zero_pp_rank_(\d+)_")
+    for uri in sorted(optim_files, key=lambda u: int(rank.search(u.rsplit("/", 1)[-1]).group(1))):
+        state = _optimizer_state(uri)
+        for flat, fragments in zip(state["single_partition_of_fp32_groups"], state["param_slice_mappings"],
+                                   strict=True):
+            for name, fragment in fragments.items():
+                pieces[name].append(flat.narrow(0, fragment.start, fragment.numel))
+    out = {k: v.float() if v.is_floating_point() else v for k, v in blob["module"].items()}
+    for name, shape in shapes.items():
+        joined = torch.cat(pieces[name]) if pieces[name] else torch.empty(0)
+        if joined.numel() != shape.numel():
+            raise CheckpointError(f"{model_file.rsplit('/', 1)[0]}: {name} has {joined.numel()} of its "
+                                  f"{shape.numel()} fp32 values in the optimizer files; a rank's file is missing")
+        out[name] = joined.view(shape).clone()
+    return out
 
 
 def model_config_from_state_dict(state: dict[str, torch.Tensor], like: ModelConfig) -> ModelConfig:

@@ -185,6 +185,7 @@ class Reader:
         self.shards = shards
         self.reader_id = reader_id
         self.seed = seed
+        self._order: tuple[tuple[int, int], np.ndarray] | None = None  # the last row_order drawn
 
     @property
     def rows(self) -> int:
@@ -194,8 +195,12 @@ class Reader:
         return epoch_rng(self.seed, epoch, self.reader_id).permutation(len(self.shards)).tolist()
 
     def row_order(self, epoch: int, shard_index: int) -> np.ndarray:
-        rng = epoch_rng(self.seed, epoch, self.reader_id, 1 + shard_index)
-        return rng.permutation(self.shards[shard_index].rows)
+        """The shard's row permutation of the epoch, drawn once per (epoch, shard) and kept."""
+        key = (epoch, shard_index)
+        if self._order is None or self._order[0] != key:
+            rng = epoch_rng(self.seed, epoch, self.reader_id, 1 + shard_index)
+            self._order = (key, rng.permutation(self.shards[shard_index].rows))
+        return self._order[1]
 
     def samples(self, epoch: int, start: int) -> Iterator[tuple[int, int]]:
         """(shard index, row) from sample ``start`` of the epoch on; earlier shards are skipped unread."""
@@ -294,15 +299,33 @@ def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
+def model_inputs(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A collated batch as the keyword arguments of ``BertForPreTraining.forward``, with the
+    unpadding indices and masked-LM labels computed here, on the host (the loader's workers),
+    so the forward pass never waits for them."""
+    from bert_core.model.bert import pretraining_plan
+
+    tensors = to_tensors(batch)
+    return tensors | pretraining_plan(tensors["attention_mask"], tensors["masked_lm_positions"],
+                                      tensors["masked_lm_ids"], tensors["masked_lm_weights"])
+
+
+def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    """Tensors to ``device`` (asynchronously from pinned memory); flags stay on the host."""
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
 # --------------------------------------------------------------------------- streams
 
 
 class ReaderStream:
-    """The micro-batches of some readers of one rank for the rest of an epoch.
+    """The micro-batches of some readers of one rank from (epoch, position) on, across epochs.
 
-    Used in-process (``workers=0``) or as a torch ``IterableDataset`` (one reader per worker).
-    On resume the readers are rotated so DataLoader worker 0 yields the rank's next batch:
-    DataLoader takes iterable workers' outputs round-robin from worker 0.
+    Used in-process (``workers=0``) or as a torch ``IterableDataset`` (one reader per worker):
+    one DataLoader serves the whole run, its workers living across epochs. On resume the readers
+    are rotated so DataLoader worker 0 yields the rank's next batch: DataLoader takes iterable
+    workers' outputs round-robin from worker 0, and an epoch's batch count is a multiple of the
+    workers, so the rotation holds in every later epoch too.
     """
 
     def __init__(self, loader: PretrainingLoader, epoch: int, position: int) -> None:
@@ -315,13 +338,16 @@ class ReaderStream:
 
         L, W = self.loader, self.loader.workers_per_rank
         info = torch.utils.data.get_worker_info()
-        if info is None:  # in-process: interleave all of this rank's readers
-            yield from (L.batch(self.epoch, j) for j in range(self.position, L.batches_per_epoch))
-            return
-        w = (info.id + self.position) % W  # the reader this worker serves, rotated for a resume
-        first = self.position + (w - self.position) % W
-        for j in range(first, L.batches_per_epoch, W):
-            yield L.batch(self.epoch, j)
+        epoch, position = self.epoch, self.position
+        while True:
+            if info is None:  # in-process: interleave all of this rank's readers
+                js = range(position, L.batches_per_epoch)
+            else:
+                w = (info.id + self.position) % W  # the reader this worker serves, rotated for a resume
+                js = range(position + (w - position) % W, L.batches_per_epoch, W)
+            for j in js:
+                yield model_inputs(L.batch(epoch, j))
+            epoch, position = epoch + 1, 0
 
 
 class PretrainingLoader:
@@ -337,6 +363,7 @@ class PretrainingLoader:
         seed: int = 42,
         workers: int = 0,
         vocab_file: str | None = None,
+        pin_memory: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -346,6 +373,7 @@ class PretrainingLoader:
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.workers = workers
         self.workers_per_rank = max(1, workers)
+        self.pin_memory = pin_memory
         self.masking = masking_spec(self.instances, max_seq_length, vocab_file)
         all_readers = split_shards(list_shards(self.instances, max_seq_length),
                                    world_size * self.workers_per_rank)
@@ -421,35 +449,44 @@ class PretrainingLoader:
             self._table = (uri, table)
         return self._table[1]
 
-    def epoch_batches(self, epoch: int, position: int = 0) -> Iterator[dict[str, np.ndarray]]:
-        """Batches ``position..`` of an epoch, through DataLoader workers when configured."""
+    def stream(self, epoch: int, position: int = 0) -> Iterator[dict[str, Any]]:
+        """Model inputs from batch ``position`` of ``epoch`` on, endless, through DataLoader
+        workers when configured (pinned for a fast copy to the GPU when ``pin_memory``)."""
         stream = ReaderStream(self, epoch, position)
         if self.workers == 0:
-            return iter(stream)
+            if not self.pin_memory:
+                return iter(stream)
+            return (_pinned(batch) for batch in stream)
         import multiprocessing
 
         import torch.utils.data
 
         # Workers come from a forkserver, not a fork of this process: a fork copies whatever
         # threads and atexit state the parent has (Prefect, gloo) and may die on exit. The
-        # server imports this module (torch, pyarrow) once; each epoch's workers fork from it.
+        # server imports this module (torch, pyarrow) once; the workers fork from it.
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["torch.utils.data", "pyarrow.parquet", "bert_core.pretrain.data"])
         return iter(torch.utils.data.DataLoader(
             _torch_stream_class()(stream), batch_size=None, num_workers=self.workers,
-            collate_fn=_identity, multiprocessing_context=context,
+            collate_fn=_identity, multiprocessing_context=context, pin_memory=self.pin_memory,
+            prefetch_factor=4,
         ))
 
     def __getstate__(self) -> dict[str, Any]:
         # Sent to each worker: without the cached shard (a worker reads its own).
         return {**self.__dict__, "_table": None}
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        while True:
-            for batch in self.epoch_batches(self.epoch, self.position):
-                self.position += 1
-                yield to_tensors(batch)
-            self.epoch, self.position = self.epoch + 1, 0
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Model inputs (see :func:`model_inputs`), endless; ``state_dict()`` follows them."""
+        for batch in self.stream(self.epoch, self.position):
+            self.position += 1
+            if self.position == self.batches_per_epoch:
+                self.epoch, self.position = self.epoch + 1, 0
+            yield batch
+
+
+def _pinned(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in batch.items()}
 
 
 def _identity(batch: Any) -> Any:

@@ -5,12 +5,19 @@ import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, 
 
 - batch: ``train_batch_size`` = the phase's global batch, ``train_micro_batch_size_per_gpu``,
   ``gradient_accumulation_steps`` = global / (micro x ranks) (the config validates divisibility);
-- precision fp32 / bf16 / fp16 (dynamic loss scaling), ZeRO stage, gradient clipping;
+- precision fp32 / bf16 / fp16 (dynamic loss scaling), ZeRO stage, gradient clipping; bf16
+  names its gradient accumulation dtype, fp32, rather than leaving it to DeepSpeed's default
+  (the model's dtype): at ZeRO 1 DeepSpeed then runs its ``BF16_Optimizer`` (fp32 master weights,
+  fp32 gradients), at ZeRO 2 its ZeRO optimizer accumulating in fp32. ZeRO 0 has no fp32
+  accumulation for bf16 (DeepSpeed refuses the mix), so the config asks for ZeRO >= 1 with bf16;
 - AdamW with the paper's settings (β 0.9/0.999, ε 1e-6, weight decay 0.01) in DeepSpeed's
-  optimizer section; ``torch_adam: true`` on CPU (torch's AdamW, no JIT-built CPU Adam op);
-- LAMB: DeepSpeed's fused ``Lamb`` on GPU; it has no CPU kernel, so on CPU
-  :func:`client_optimizer` builds torch-optimizer's ``Lamb`` (a maintained library) and the
-  config has no optimizer section;
+  optimizer section, always torch's ``AdamW`` (``torch_adam: true``): nothing is compiled when
+  the engine starts (DeepSpeed's FusedAdam needs nvcc and ninja), and on GPU ``fused: true``
+  gives torch's one-kernel CUDA update;
+- LAMB: torch-optimizer's ``Lamb`` (a maintained library), built by :func:`client_optimizer`
+  on CPU and GPU alike, with no optimizer section in the config. Its trust ratio is per tensor,
+  i.e. per layer as in the LAMB paper; ZeRO would hand it flat partitions instead, so the
+  config refuses LAMB with ZeRO >= 1;
 - ``WarmupDecayLR`` with ``warmup_type: linear`` (its default warms up on a log curve): linear
   warmup to the peak, then linear decay to 0 at ``max_steps``;
 - a CSV or TensorBoard monitor under ``<run>/monitor``.
@@ -31,8 +38,9 @@ def gradient_accumulation_steps(cfg: PretrainConfig, phase: PretrainPhase) -> in
 
 
 def uses_client_optimizer(cfg: PretrainConfig) -> bool:
-    """LAMB on CPU: DeepSpeed's Lamb is CUDA-only, so the optimizer is built outside DeepSpeed."""
-    return cfg.optimizer == "lamb" and cfg.accelerator == "cpu"
+    """LAMB: torch-optimizer's per-tensor Lamb, built outside DeepSpeed (whose FusedLamb needs a
+    compiler and computes its trust ratio per flattened group)."""
+    return cfg.optimizer == "lamb"
 
 
 def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None) -> dict[str, Any]:
@@ -61,6 +69,7 @@ def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None)
     }
     if cfg.precision == "bf16":
         out["bf16"] = {"enabled": True}
+        out["data_types"] = {"grad_accum_dtype": "fp32"}
     elif cfg.precision == "fp16":
         out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                        "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
@@ -74,21 +83,23 @@ def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None)
 
 
 def _optimizer_section(cfg: PretrainConfig, phase: PretrainPhase) -> dict[str, Any]:
+    """AdamW: DeepSpeed passes every param but ``torch_adam`` and ``adam_w_mode`` on to
+    ``torch.optim.AdamW`` (``fused`` included)."""
     params: dict[str, Any] = {
         "lr": phase.learning_rate,
         "betas": [cfg.adam_beta1, cfg.adam_beta2],
         "eps": cfg.adam_epsilon,
         "weight_decay": cfg.weight_decay,
+        "torch_adam": True,
+        "adam_w_mode": True,
     }
-    if cfg.optimizer == "lamb":  # GPU only (see uses_client_optimizer)
-        return {"type": "Lamb", "params": params}
-    params["torch_adam"] = cfg.accelerator == "cpu"
-    params["adam_w_mode"] = True
+    if cfg.accelerator == "gpu":
+        params["fused"] = True
     return {"type": "AdamW", "params": params}
 
 
 def client_optimizer(cfg: PretrainConfig, phase: PretrainPhase, groups: list[dict[str, Any]]) -> Any:
-    """LAMB on CPU from torch-optimizer (maintained; DeepSpeed's Lamb needs CUDA)."""
+    """LAMB from torch-optimizer: per-tensor trust ratios, plain torch ops on any device."""
     import torch_optimizer
 
     return torch_optimizer.Lamb(groups, lr=phase.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),

@@ -7,20 +7,6 @@ whole eval split of one sequence length, shared by all ranks.
 
 (``bert_core/pretrain/loop.py`` calls it every ``pretrain.eval_every`` steps and at the end of
 each phase; ``pytest tests/test_pretrain_eval.py`` checks it.)
-
-The eval split of ``<instances>/seq{L}/`` is ``seq{L}/eval/``: ``part-*.parquet`` shards and a
-``_MANIFEST.json``, with the columns of the training shards. Instances without it have no
-evaluation. Its rows, in manifest order, are cut into batches of ``batch_size`` rows whatever the
-number of ranks; rank ``r`` of ``W`` takes batches ``r, r + W, r + 2W, ...``. Each rank adds up,
-in float64, the masked LM loss and correct predictions over the real predictions and the NSP
-loss and correct predictions over the labelled rows; one all-reduce gives the totals. Every batch
-is the same for 1 or N ranks, so only the order of the final sums differs.
-
-With ``masking: dynamic`` the eval sequences are stored unmasked; each row is masked here with the
-key ``stable_hash(seed, "eval", shard, row)``, the same predictions at every evaluation.
-
-Evaluation runs the model in eval mode (no dropout) without gradients and touches neither the
-training loader nor a random generator, so a resumed run trains exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -40,8 +26,23 @@ from bert_core.pretrain.data import (
     length_folder,
     mask_rows,
     masking_spec,
-    to_tensors,
+    model_inputs,
+    to_device,
 )
+
+# The eval split of ``<instances>/seq{L}/`` is ``seq{L}/eval/``: ``part-*.parquet`` shards and a
+# ``_MANIFEST.json``, with the columns of the training shards. Instances without it have no
+# evaluation. Its rows, in manifest order, are cut into batches of ``batch_size`` rows whatever the
+# number of ranks; rank ``r`` of ``W`` takes batches ``r, r + W, r + 2W, ...``. Each rank adds up,
+# in float64, the masked LM loss and correct predictions over the real predictions and the NSP
+# loss and correct predictions over the labelled rows; one all-reduce gives the totals. Every batch
+# is the same for 1 or N ranks, so only the order of the final sums differs.
+#
+# With ``masking: dynamic`` the eval sequences are stored unmasked; each row is masked here with the
+# key ``stable_hash(seed, "eval", shard, row)``, the same predictions at every evaluation.
+#
+# Evaluation runs the model in eval mode (no dropout) without gradients and touches neither the
+# training loader nor a random generator, so a resumed run trains exactly as an uninterrupted one.
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -137,25 +138,26 @@ def eval_sums(model: Any, split: EvalSplit, device: Any = "cpu") -> torch.Tensor
 
     training = model.training
     model.eval()
-    sums = torch.zeros(len(SUMS), dtype=torch.float64)
+    sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)  # summed on the device
     try:
         with torch.no_grad():
             for k in range(split.steps):
                 table = split.batches[k] if k < len(split.batches) else split.filler
-                batch = {n: v.to(device) for n, v in to_tensors(collate(table, split.max_seq_length)).items()}
-                out = model(**batch)
+                batch = model_inputs(collate(table, split.max_seq_length))
+                predictions = batch["mlm_labels"].numel()
+                nsp_rows = int(batch["next_sentence_label"].ge(0).sum())
+                out = model(**to_device(batch, device))
                 if k >= len(split.batches):
                     continue
-                predictions = float(batch["masked_lm_weights"].gt(0).sum())
-                nsp_rows = float(batch["next_sentence_label"].ge(0).sum())
-                sums += torch.tensor([
-                    float(out["mlm_loss"]) * predictions, round(float(out["mlm_acc"]) * predictions), predictions,
-                    float(out["nsp_loss"]) * nsp_rows, round(float(out["nsp_acc"]) * nsp_rows), nsp_rows,
-                    batch["input_ids"].shape[0],
-                ], dtype=torch.float64)
+                o = torch.stack([out["mlm_loss"], out["mlm_acc"], out["nsp_loss"], out["nsp_acc"]]).double()
+                sums += torch.stack([
+                    o[0] * predictions, torch.round(o[1] * predictions), o.new_tensor(predictions),
+                    o[2] * nsp_rows, torch.round(o[3] * nsp_rows), o.new_tensor(nsp_rows),
+                    o.new_tensor(batch["input_ids"].shape[0]),
+                ])
     finally:
         model.train(training)
-    return sums
+    return sums.cpu()
 
 
 def eval_metrics(sums: torch.Tensor) -> dict[str, float]:

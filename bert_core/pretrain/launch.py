@@ -21,7 +21,7 @@ will not help) or
 :class:`LaunchInfraError` when the infrastructure failed (rendezvous timeout, a rank killed,
 port in use: worth a retry, and the run resumes from its last checkpoint).
 
-On CPU, DeepSpeed's first start JIT-compiles a shared-memory all-reduce op (~60-80 s on 2 cores,
+On CPU, DeepSpeed's first start JIT-compiles a shared-memory all-reduce op (once per machine,
 cached in ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``).
 :func:`ensure_cpu_comm_op` builds it once, in the launching process, with a log line saying so,
 instead of letting every rank of the first run race to build it.
@@ -142,7 +142,9 @@ def _resolve(argv: list[str]) -> list[str]:
     """Run the ``deepspeed`` script of this Python environment (the venv may not be on PATH)."""
     beside = Path(sys.executable).with_name("deepspeed")
     if argv and argv[0] == "deepspeed":
-        return [str(beside) if beside.exists() else (shutil.which("deepspeed") or "deepspeed"), *argv[1:]]
+        script = str(beside) if beside.exists() else shutil.which("deepspeed")
+        # Installed without its script (pip --target): the launcher's own module does the same.
+        return [*([script] if script else [sys.executable, "-m", "deepspeed.launcher.runner"]), *argv[1:]]
     return argv
 
 

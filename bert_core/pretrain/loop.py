@@ -190,7 +190,7 @@ def load_run_config(uri: str) -> PipelineConfig:
 
 def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str | None = None):  # -> ModelConfig
     """The encoder's shape: the init checkpoint's own config.json if given, else ``config.model``
-    with the instances' vocab size."""
+    with the instances' vocab size (rounded up to ``pad_vocab_to_multiple`` rows)."""
     if init_checkpoint:
         from bert_core.model.checkpoint import model_config_from_hf
 
@@ -207,7 +207,7 @@ def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str |
             f"model.vocab_size={config.model.vocab_size} is smaller than the instances' vocab "
             f"({vocab_size} tokens); leave model.vocab_size unset"
         )
-    return config.model.model_copy(update={"vocab_size": config.model.vocab_size or vocab_size})
+    return config.model.for_vocab(vocab_size)
 
 
 def _log(rank: int, message: str) -> None:
@@ -301,7 +301,7 @@ def resume(engine: Any, run: str, phase_index: int, rank: int) -> dict[str, Any]
                 raise
             reason = _unreadable(err)
         # Every rank must resume from the same step: one rank's bad shard rules the step out.
-        loaded = torch.tensor([0 if reason else 1])
+        loaded = torch.tensor([0 if reason else 1], device=engine.device)
         dist.all_reduce(loaded, op=dist.ReduceOp.MIN)
         if loaded.item():
             return client
@@ -346,9 +346,10 @@ def run_phase(
     import torch
     import torch.distributed as dist
 
+    from bert_core.device import peak_flops
     from bert_core.model.bert import BertForPreTraining, flops_per_token
     from bert_core.model.weight_decay import param_groups
-    from bert_core.pretrain.data import PretrainingLoader
+    from bert_core.pretrain.data import PretrainingLoader, to_device
     from bert_core.pretrain.ds_config import client_optimizer, ds_config, uses_client_optimizer
     from bert_core.pretrain.evaluate import EvalSplit, eval_folder, evaluate
 
@@ -368,9 +369,13 @@ def run_phase(
         model=model, model_parameters=groups, optimizer=optimizer,
         config=ds_config(pre, phase_index, run),
     )
+    if pre.compile:
+        # Batch shapes vary (padded length, real tokens, masked positions): compile for dynamic shapes.
+        engine.compile(compile_kwargs={"dynamic": True})
     loader = PretrainingLoader(
         instances, phase.max_seq_length, phase.micro_batch_size, rank=rank, world_size=world_size,
         seed=pre.seed + phase_index, workers=pre.loader_workers, vocab_file=config.vocab.vocab_file,
+        pin_memory=engine.device.type == "cuda",
     )
     metrics = MetricsLog(run) if rank == 0 else None
     eval_split = EvalSplit.open(
@@ -407,52 +412,62 @@ def run_phase(
 
     accumulation = engine.gradient_accumulation_steps()
     batches = iter(loader)
+    device = engine.device
+    peak = peak_flops(device, pre.precision, pre.peak_flops_per_rank)
     first_loss = last_loss = None
+    # The hot loop never waits for the device: the step's sums stay there and are read (with one
+    # all-reduce) only on the steps that log. Sequence and token counts come from the host.
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, mlm_acc, nsp_acc, micro-batches
+    one = torch.ones((), device=device)
+    sequences = tokens = 0  # this rank's, since the last log line
+    t0 = time.perf_counter()
     engine.train()
     while step < phase.max_steps:
-        t0 = time.perf_counter()
         # The rate this step's update uses: the optimizer's own, which a resume restores (the
         # scheduler's get_last_lr() is only set by its next step()).
         lr = float(engine.get_lr()[0])
-        # loss, mlm_acc, nsp_acc, micro-batches, sequences, real tokens
-        sums = torch.zeros(6, dtype=torch.float64)
+        sums.zero_()
         for micro in range(accumulation):
-            batch = {k: v.to(engine.device, non_blocking=True) for k, v in next(batches).items()}
+            batch = to_device(next(batches), device)
             torch.manual_seed(_dropout_seed(pre.seed, phase_index, step, rank, micro))
             out = engine(**batch)
             engine.backward(out["loss"])
             engine.step()
-            mask = batch["attention_mask"]
-            sums += torch.tensor([out["loss"].item(), out["mlm_acc"].item(), out["nsp_acc"].item(), 1,
-                                  mask.shape[0], mask.sum().item()], dtype=torch.float64)
-        dist.all_reduce(sums)  # means over all ranks; throughput summed over all ranks
+            sums += torch.stack([out["loss"].detach(), out["mlm_acc"], out["nsp_acc"], one]).double()
+            sequences += batch["input_ids"].shape[0]
+            tokens += batch["token_index"].numel()
         step += 1
-        seconds = time.perf_counter() - t0
-        loss = sums[0].item() / sums[3].item()
-        first_loss = loss if first_loss is None else first_loss
-        last_loss = loss
         if step % pre.log_every == 0 or step == phase.max_steps or step == 1:
-            tokens_per_s = sums[5].item() / seconds
+            # CPU seconds of every rank since it started: the run's compute cost
+            host = torch.tensor([sequences, tokens, time.process_time()], dtype=torch.float64, device=device)
+            totals = torch.cat([sums, host])
+            dist.all_reduce(totals)  # means over all ranks; throughput summed over all ranks
+            loss, mlm_acc, nsp_acc, micros, seqs, toks, cpu = totals.tolist()  # waits for the device
+            seconds = time.perf_counter() - t0
+            loss, mlm_acc, nsp_acc = loss / micros, mlm_acc / micros, nsp_acc / micros
+            first_loss = loss if first_loss is None else first_loss
+            last_loss = loss
+            tokens_per_s = toks / seconds
             # The encoder runs on the real tokens only, so MFU counts useful FLOPs of real tokens.
-            mean_len = sums[5].item() / sums[4].item()
-            cpu = torch.tensor([time.process_time()], dtype=torch.float64)
-            dist.all_reduce(cpu)  # CPU seconds of every rank since it started: the run's compute cost
+            mean_len = toks / seqs
             row = {
                 "kind": "train", "phase": phase_index + 1, "step": step, "max_steps": phase.max_steps,
-                "loss": loss, "mlm_acc": sums[1].item() / sums[3].item(),
-                "nsp_acc": sums[2].item() / sums[3].item(), "lr": lr,
-                "seq_per_s": sums[4].item() / seconds, "tokens_per_s": tokens_per_s,
-                "mfu": (flops_per_token(mcfg, round(mean_len)) * tokens_per_s
-                        / (pre.peak_flops_per_rank * world_size)) if pre.peak_flops_per_rank else None,
-                "epoch": loader.epoch, "cpu_seconds": cpu.item(), "time": time.time(),
+                "loss": loss, "mlm_acc": mlm_acc, "nsp_acc": nsp_acc, "lr": lr,
+                "seq_per_s": seqs / seconds, "tokens_per_s": tokens_per_s,
+                "mfu": (flops_per_token(mcfg, round(mean_len)) * tokens_per_s / (peak * world_size))
+                if peak else None,
+                "epoch": loader.epoch, "cpu_seconds": cpu, "time": time.time(),
             }
             if metrics:
                 metrics.append(row)
             _log(rank, f"phase {phase_index + 1} step {step}/{phase.max_steps} loss {loss:.4f} "
                        f"mlm_acc {row['mlm_acc']:.3f} nsp_acc {row['nsp_acc']:.3f} lr {row['lr']:.2e} "
                        f"{row['seq_per_s']:.1f} seq/s {tokens_per_s:.0f} tok/s")
+            sequences = tokens = 0
+            t0 = time.perf_counter()
         if eval_split is not None and (step == phase.max_steps or (pre.eval_every and step % pre.eval_every == 0)):
             # Before the checkpoint: a resume from it keeps this row and never evaluates again.
+            t_eval = time.perf_counter()
             result = evaluate(engine, eval_split)
             row = {"kind": "eval", "phase": phase_index + 1, "step": step, "max_steps": phase.max_steps,
                    **result, "time": time.time()}
@@ -464,10 +479,13 @@ def run_phase(
             _log(rank, f"phase {phase_index + 1} step {step}/{phase.max_steps} eval loss {row['loss']:.4f} "
                        f"mlm_acc {row['mlm_acc']:.3f} nsp_acc {row['nsp_acc']:.3f} "
                        f"({row['instances']} instances, {row['seconds']:.1f} s)")
+            t0 += time.perf_counter() - t_eval  # the throughput of the next log line is training's
         if step % pre.checkpoint_every == 0 or step == phase.max_steps:
             # All ranks save: with ZeRO each holds its own optimizer shard.
+            t_save = time.perf_counter()
             save_checkpoint(engine, ckpt, step, {"step": step, "loader": loader.state_dict(),
                                                  "phase": phase_index + 1}, rank)
+            t0 += time.perf_counter() - t_save
     return {"engine": engine, "first_loss": first_loss, "last_loss": last_loss, "steps": step,
             "sequences": step * phase.global_batch_size}
 
@@ -525,7 +543,14 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     import torch.distributed as dist
 
-    deepspeed.init_distributed(dist_backend="gloo" if pre.accelerator == "cpu" else "nccl")
+    from bert_core.device import configure_matmul, dist_backend, resolve_device
+
+    try:
+        device = resolve_device(pre.accelerator, int(os.environ.get("LOCAL_RANK", args.local_rank)))
+    except Exception as err:
+        return _exit_on(err, rank=0)
+    configure_matmul(pre.precision, device)
+    deepspeed.init_distributed(dist_backend=dist_backend(pre.accelerator))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if pre.accelerator == "cpu":
         dist.barrier()  # every rank has mapped every rank's buffer

@@ -5,52 +5,10 @@
     tok.encode("Hello, world!")          # [7592, 1010, 2088, 999]  (no [CLS]/[SEP])
     tok = load_tokenizer("bertpipe-data/vocab/<version>")   # a vocab stage, model folder or vocab.txt
 
-The pipeline is google-research/bert's ``FullTokenizer``: clean text (drop NUL, U+FFFD and
-control characters, whitespace -> space), put spaces around CJK ideographs, lowercase and strip
-accents when uncased, split on whitespace and punctuation, then greedy longest-match-first
-WordPiece with ``##`` continuation pieces. Here it is ``NFC + BertNormalizer`` ->
-``BertPreTokenizer`` -> ``WordPiece`` from ``tokenizers``, and the ids equal
-``transformers``' pure-Python BERT tokenizer (``BertTokenizerLegacy`` in transformers 5) with
-the same vocab and casing, uncased and cased, on every one of the 233k lines of the sample corpus
-(``benchmarks/bench_tokenization.py``, 0 lines differ, ~5x the tokens per CPU-second; the tests
-check the book, the news and the non-ASCII Wikipedia lines), with these known, deliberate
-differences:
-
-- **Greek final sigma** (handled). Google and transformers lowercase with Python's
-  ``str.lower()``, which applies Unicode's Final_Sigma rule (``"ΟΔΟΣ".lower() == "οδος"``, with
-  ``ς``); the ``tokenizers`` normalizer lowercases one character at a time (``"οδοσ"``, with
-  ``σ``): one word in ~37k real lines. A ``Replace`` normalizer with the Final_Sigma condition as
-  a regex (:data:`FINAL_SIGMA`) runs first, so the ids agree there too; it departs from Python's
-  rule only after 4+ case-ignorable characters between letter and sigma (``"AΣ"``).
-- **``max_input_chars_per_word``** defaults to Google's 200 (transformers uses 100): a longer
-  word becomes one ``[UNK]``. It is a setting (``vocab.max_input_chars_per_word``).
-- **Special-token strings in the text** (a literal ``"[MASK]"`` in a Wikipedia sentence) are
-  split like any text, as Google's tokenizer does; transformers would match them as added tokens.
-  Raw corpus text must never inject control tokens. The exported ``tokenizer.json``
-  (:meth:`Tokenizer.to_hf_json`) does register them, for transformers users.
-- **NFC first.** transformers NFC-normalizes before splitting (Google does not); we do too, so a
-  decomposed ``e + U+0301`` and a precomposed ``é`` give the same ids in cased models.
-
-**Speed: a cache for ASCII text.** ``encode``/``encode_batch``/``encode_document`` send ASCII
-lines (nearly all of English text) past the full ``tokenizers`` pipeline: on ASCII, BERT's
-normalization is only "delete control characters, lowercase when uncased", and whitespace is
-space, tab, CR and LF, so ``translate``, ``lower`` and ``split`` (C-speed string methods) give
-the whitespace-delimited chunks, and each chunk's ids come from a dict. A miss splits the chunk
-at punctuation (every ASCII char in 33-47, 58-64, 91-96, 123-126 is a word of its own) and looks
-each word up in a second dict, whose misses run the ``tokenizers`` WordPiece model on the word
-(so ``##`` pieces, ``[UNK]`` and ``max_input_chars_per_word`` are the model's). Chunks and words
-follow Zipf's law, so nearly every lookup hits; the word dict starts with every whole-word
-entry of the vocab, and chunk values are packed int bytes, so a document is one
-``b"".join`` (:meth:`Tokenizer.encode_document_bytes`). On the sample corpus: ~3.7M tokens per
-CPU-second with the caches warm, ~1.6M from cold, against ~0.27M for ``tokenizers`` on one
-thread, which had been half the instance job's CPU time. Other lines take the full pipeline,
-except in :meth:`Tokenizer.encode_document_bytes`: a document of printable text goes chunk by
-chunk there too, a non-ASCII chunk through the full pipeline once (printable text has no other
-whitespace than the space, and no normalization step looks across one). The parity tests run
-every path (every book/news line is ASCII; the Wikipedia lines are not).
-
-Offsets (:meth:`Tokenizer.encode_with_offsets`) are character offsets into the original text,
-through all of the normalization above (for SQuAD answer spans).
+The ids equal google-research/bert's ``FullTokenizer`` and transformers' BERT tokenizer with the
+same vocab and casing (the deliberate differences are listed below the imports). ASCII text takes
+a cached path past the full ``tokenizers`` pipeline, with the same ids; its speed is measured by
+``benchmarks/bench_tokenization.py`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -63,6 +21,51 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import VocabConfig
+
+# The pipeline is google-research/bert's ``FullTokenizer``: clean text (drop NUL, U+FFFD and
+# control characters, whitespace -> space), put spaces around CJK ideographs, lowercase and strip
+# accents when uncased, split on whitespace and punctuation, then greedy longest-match-first
+# WordPiece with ``##`` continuation pieces. Here it is ``NFC + BertNormalizer`` ->
+# ``BertPreTokenizer`` -> ``WordPiece`` from ``tokenizers``, and the ids equal
+# ``transformers``' pure-Python BERT tokenizer (``BertTokenizerLegacy`` in transformers 5) with
+# the same vocab and casing, uncased and cased, on every one of the 233k lines of the sample corpus
+# (``benchmarks/bench_tokenization.py``: no line differs; the tests check the book, the news and
+# the non-ASCII Wikipedia lines), with these known, deliberate
+# differences:
+#
+# - **Greek final sigma** (handled). Google and transformers lowercase with Python's
+#   ``str.lower()``, which applies Unicode's Final_Sigma rule (``"ΟΔΟΣ".lower() == "οδος"``, with
+#   ``ς``); the ``tokenizers`` normalizer lowercases one character at a time (``"οδοσ"``, with
+#   ``σ``), rare but present in real text. A ``Replace`` normalizer with the Final_Sigma condition as
+#   a regex (:data:`FINAL_SIGMA`) runs first, so the ids agree there too; it departs from Python's
+#   rule only after 4+ case-ignorable characters between letter and sigma (``"AΣ"``).
+# - **``max_input_chars_per_word``** defaults to Google's 200 (transformers uses 100): a longer
+#   word becomes one ``[UNK]``. It is a setting (``vocab.max_input_chars_per_word``).
+# - **Special-token strings in the text** (a literal ``"[MASK]"`` in a Wikipedia sentence) are
+#   split like any text, as Google's tokenizer does; transformers would match them as added tokens.
+#   Raw corpus text must never inject control tokens. The exported ``tokenizer.json``
+#   (:meth:`Tokenizer.to_hf_json`) does register them, for transformers users.
+# - **NFC first.** transformers NFC-normalizes before splitting (Google does not); we do too, so a
+#   decomposed ``e + U+0301`` and a precomposed ``é`` give the same ids in cased models.
+#
+# **Speed: a cache for ASCII text.** ``encode``/``encode_batch``/``encode_document`` send ASCII
+# lines (nearly all of English text) past the full ``tokenizers`` pipeline: on ASCII, BERT's
+# normalization is only "delete control characters, lowercase when uncased", and whitespace is
+# space, tab, CR and LF, so ``translate``, ``lower`` and ``split`` (C-speed string methods) give
+# the whitespace-delimited chunks, and each chunk's ids come from a dict. A miss splits the chunk
+# at punctuation (every ASCII char in 33-47, 58-64, 91-96, 123-126 is a word of its own) and looks
+# each word up in a second dict, whose misses run the ``tokenizers`` WordPiece model on the word
+# (so ``##`` pieces, ``[UNK]`` and ``max_input_chars_per_word`` are the model's). Chunks and words
+# follow Zipf's law, so nearly every lookup hits; the word dict starts with every whole-word
+# entry of the vocab, and chunk values are packed int bytes, so a document is one
+# ``b"".join`` (:meth:`Tokenizer.encode_document_bytes`). Other lines take the full pipeline,
+# except in :meth:`Tokenizer.encode_document_bytes`: a document of printable text goes chunk by
+# chunk there too, a non-ASCII chunk through the full pipeline once (printable text has no other
+# whitespace than the space, and no normalization step looks across one). The parity tests run
+# every path (every book/news line is ASCII; the Wikipedia lines are not).
+#
+# Offsets (:meth:`Tokenizer.encode_with_offsets`) are character offsets into the original text,
+# through all of the normalization above (for SQuAD answer spans).
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -321,8 +324,7 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text. ASCII texts take the word-cache path (:meth:`_encode_ascii`,
-        ~5x faster than ``tokenizers`` on one core, same ids); the others go to ``tokenizers``
-        in one batch."""
+        same ids as ``tokenizers``); the others go to ``tokenizers`` in one batch."""
         out: list[list[int]] = []
         others: list[int] = []
         encode_ascii = self._encode_ascii
@@ -411,7 +413,7 @@ class Tokenizer:
         return [self._ids_to_tokens.get(int(i), UNK) for i in ids]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Readable text (``##`` pieces joined); for reports and debugging, not a round trip."""
+        """Readable text (``##`` pieces joined); for reports and debugging; it does not give back the original text."""
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
     @staticmethod

@@ -3,28 +3,6 @@
     bertpipe vocab --corpus CORPUS_URI --output VOCAB_URI
     (beam_jobs/build_vocab.py counts the words in parallel, then calls these in the driver)
 
-**Why the counts are fed as repeated words.** HF ``tokenizers`` trains WordPiece from an
-iterator of texts and has no train-from-counts API (its maintainers declined one). The trainer
-only uses the count of each distinct word, so feeding each word repeated by its count
-(:func:`bert_core.vocab.wordcount.repeated_words`) gives it exactly the counts it would have built
-from the raw text: the same vocab as raw-text training up to ties (Jaccard 0.999 with
-raw-text training at 2,000 tokens in tests/test_build_vocab.py, 0.9993 at 8,000 tokens on the whole
-sample corpus in benchmarks/bench_vocab.py). Scaling the counts down to save time changes which merges win (Jaccard
-0.48 at 1/10), so we do not. Costs: time is linear in the corpus's word count, as for raw-text
-training (but the text is already normalized and split); memory is the trainer's own
-distinct-word table, never the corpus: the sorted counts stream from files
-(:func:`bert_core.vocab.wordcount.iter_counts`) and the repeats are generated lazily in chunks
-of at most 1 MB.
-
-**Why the output is byte-for-byte reproducible.** The trainer assigns ids to ``##c`` pieces in
-hash-map order and breaks ties between equally frequent merges by id, so two runs on the same
-counts could give a different vocab. We fix every initial id: the alphabet is chosen here
-(``limit_alphabet`` most frequent characters, ties by code point) and passed as the initial
-alphabet, and the ``##c`` piece of every alphabet character that occurs inside a word (the
-pieces the trainer would add itself) is registered up front with the special tokens. From there
-the trainer's merge order is a total order on (count, pair ids), so the same counts give the
-same ``vocab.txt``, whatever the Beam runner or worker count.
-
 Special tokens come first in bert-base order: ``[PAD]`` = 0, ``[unused0..N-1]``, ``[UNK]``,
 ``[CLS]``, ``[SEP]``, ``[MASK]``.
 """
@@ -37,6 +15,28 @@ from typing import Any
 
 from bert_core.vocab.tokenization import CLS, MASK, PAD, SEP, SUBWORD_PREFIX, UNK, Tokenizer
 from bert_core.vocab.wordcount import repeated_words
+
+# **Why the counts are fed as repeated words.** HF ``tokenizers`` trains WordPiece from an
+# iterator of texts and has no train-from-counts API (its maintainers declined one). The trainer
+# only uses the count of each distinct word, so feeding each word repeated by its count
+# (:func:`bert_core.vocab.wordcount.repeated_words`) gives it exactly the counts it would have built
+# from the raw text: the same vocab as raw-text training up to ties (tests/test_build_vocab.py
+# checks it; benchmarks/bench_vocab.py measures it on the whole sample corpus). Scaling the
+# counts down to save time changes which merges win, so we do not. Costs: time is linear in
+# the corpus's word count, as for raw-text training (but the text is already normalized and
+# split); memory is the trainer's own
+# distinct-word table, never the corpus: the sorted counts stream from files
+# (:func:`bert_core.vocab.wordcount.iter_counts`) and the repeats are generated lazily in chunks
+# of at most 1 MB.
+#
+# **Why the output is byte-for-byte reproducible.** The trainer assigns ids to ``##c`` pieces in
+# hash-map order and breaks ties between equally frequent merges by id, so two runs on the same
+# counts could give a different vocab. We fix every initial id: the alphabet is chosen here
+# (``limit_alphabet`` most frequent characters, ties by code point) and passed as the initial
+# alphabet, and the ``##c`` piece of every alphabet character that occurs inside a word (the
+# pieces the trainer would add itself) is registered up front with the special tokens. From there
+# the trainer's merge order is a total order on (count, pair ids), so the same counts give the
+# same ``vocab.txt``, whatever the Beam runner or worker count.
 
 
 def special_tokens(num_unused: int) -> list[str]:

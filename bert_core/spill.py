@@ -1,19 +1,16 @@
-"""Sorted runs: records spilled to temporary files in key order, read back and merged as streams.
+"""Spill files: what the steps of a Beam job hand each other through storage, so that a shuffle
+carries file names, never the records. The corpus and instances stages share this.
 
-    from bert_core.corpus.spill import write_run, merge_runs
+    from bert_core.spill import spill_folder, write_run, merge_runs
     write_run(uri, records, key)                 # sorted by key, one pickle per record
     for record in merge_runs(uris, key): ...      # all runs in key order, one record per open run
 
-The corpus job (``beam_jobs/clean_corpus.py``) moves documents, fingerprints, duplicate verdicts
-and rejects between its steps this way and shuffles only the file names: Beam's local runner
-keeps every shuffled element in its own process, so shuffling the records themselves would make
-its memory grow with the corpus. Reading a run back holds one record at a time, so a step that
-merges runs (e.g. writes one output shard) holds one record per open run, never the shard.
-
-A merge reads at most ``MERGE_FAN_IN`` runs at once, however many there are (a shard of a big
-corpus has thousands): more runs are first merged in consecutive groups into intermediate runs
-next to them, until few enough remain, so open files and memory stay bounded. The files are the
-job's own temporary files under its output URL (fsspec), never user input.
+Beam's local runner keeps every shuffled element in its own process, so shuffling the records
+themselves would make its memory grow with the corpus. A sorted run is read back one record at a
+time, so a step that merges runs (e.g. writes one output shard) holds one record per open run.
+A merge reads at most ``MERGE_FAN_IN`` runs at once (:func:`fewer_runs`), however many there
+are. The files are the job's own temporary files under ``<output>/_spill/`` (fsspec, so workers
+need not share a disk), removed before the job's manifest is written; never user input.
 """
 
 from __future__ import annotations
@@ -26,7 +23,13 @@ from typing import Any
 
 from bert_core import storage
 
+SPILL_DIR = "_spill"  # under a job's output; removed before its manifest is written
 MERGE_FAN_IN = 64  # runs a merge reads at once (plus the intermediate run it writes)
+
+
+def spill_folder(output: str, kind: str) -> str:
+    """The folder of one kind of spill file under a job's output."""
+    return storage.join(output, SPILL_DIR, kind)
 
 
 def write_run(uri: str, records: Iterable[Any], key: Callable[[Any], Any] | None = None) -> None:

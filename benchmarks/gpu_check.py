@@ -1,0 +1,519 @@
+"""The GPU check: one prepared script for a short slot on one GPU, most important numbers first.
+
+    python -m benchmarks.gpu_check --out DIR            # on a machine with a CUDA GPU
+    python -m benchmarks.gpu_check --out DIR --dry-run  # every stage on CPU, tiny (the test suite)
+    make gpu-wheels && make gpu-check                    # the same, with its wheels installed first
+
+It builds its own input (a synthetic vocab and seq128 instances through the project's instance
+code, a few MB), then runs these stages in order, each in its own process under its own
+timeout, each appending one JSON line to ``DIR/gpu_check.jsonl`` and printing a summary line:
+
+1. ``env``: GPU name and memory, torch / CUDA / DeepSpeed versions, whether nvcc is there;
+2. ``e2e``: ``bertpipe``'s real launcher runs ``bert_core.pretrain`` on one GPU, BERT-base at
+   seq128, bf16, 30 steps with checkpoints at 15 and 30: steps/s, real tokens/s, MFU;
+3. ``compare``: our model against transformers' ``BertForPreTraining`` (SDPA) on the same
+   weights and batch, bf16 autocast, fused AdamW, at several micro-batch sizes: tokens/s, MFU,
+   peak memory, ratio; and both without attention dropout (ours then runs packed FlashAttention);
+4. ``numerics``: one batch with dropout off: loss and gradient norm on CPU fp32, GPU fp32 (TF32
+   off) and GPU bf16, and which attention kernels ran;
+5. ``resume``: stage 2's run resumed from step 15 to 30: checkpoints skipped (none expected) and
+   the losses against the uninterrupted run;
+6. ``finetune``: one task fine-tuned on the GPU from stage 2's export: device, examples/s, score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+STAGES = ("env", "e2e", "compare", "numerics", "resume", "finetune")
+TIMEOUTS = {"env": 60, "e2e": 240, "compare": 150, "numerics": 90, "resume": 180, "finetune": 120}
+RESULT_PREFIX = "GPU_CHECK_RESULT "
+SEQ = 128
+MAX_PREDICTIONS = 20
+RAW_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+            "masked_lm_weights", "next_sentence_label")
+
+
+class Plan:
+    """What each stage runs: BERT-base on a GPU, or a tiny model on CPU for the dry run."""
+
+    def __init__(self, dry_run: bool, precision: str | None = None) -> None:
+        self.dry_run = dry_run
+        self.accelerator = "cpu" if dry_run else "gpu"
+        self.size = "tiny" if dry_run else "base"
+        self.precision = precision or ("fp32" if dry_run else "bf16")
+        self.steps, self.checkpoint_at = (4, 2) if dry_run else (30, 15)
+        self.log_every = 1 if dry_run else 5
+        self.micro_batch = 8 if dry_run else 128
+        self.global_batch = 16 if dry_run else 256
+        self.compare_batches = (4, 8) if dry_run else (32, 128, 256)
+        self.compare_steps = (1, 2) if dry_run else (3, 10)  # warm-up, timed
+        self.documents = 60 if dry_run else 1200
+        self.vocab_size = 2000 if dry_run else 30522
+        self.loader_workers = 0 if dry_run else 4
+
+
+# --------------------------------------------------------------------------- data
+
+
+def build_data(work: Path, plan: Plan) -> str:
+    """A vocab of real fixture words plus filler, documents of Zipf-drawn words, and seq128
+    instances made by the instance stage's own code (NSP pairs, masking) in 8 shards."""
+    import numpy as np
+
+    from bert_core import storage
+    from bert_core.config import InstanceConfig, SequenceSpec
+    from bert_core.instances.batch import create_instance_batch, write_instance_shards
+    from bert_core.instances.pairs import DocumentPool
+    from bert_core.pretrain.data import vocab_ids
+
+    out = work / "instances"
+    if storage.has_manifest(str(out)):
+        return str(out)
+    specials = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words: list[str] = []
+    for tsv in sorted((ROOT / "tests" / "fixtures" / "tasks").glob("*/*.tsv")):
+        for word in tsv.read_text(encoding="utf-8").lower().split():
+            word = "".join(ch for ch in word if ch.isalnum())
+            if word and word not in words:
+                words.append(word)
+    filler = plan.vocab_size - len(specials) - len(words)
+    tokens = specials + words[: plan.vocab_size - len(specials)] + [f"w{i}" for i in range(max(0, filler))]
+    vocab_dir = work / "vocab"
+    vocab_dir.mkdir(parents=True, exist_ok=True)
+    (vocab_dir / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
+    vocab_manifest = storage.write_manifest(str(vocab_dir), stage="vocab", config={"lowercase": True})
+
+    rng = np.random.default_rng(0)
+    first_word = len(specials)
+    ranks = np.arange(1, len(tokens) - first_word + 1)
+    p = 1.0 / ranks
+    p /= p.sum()
+    docs = []
+    for _ in range(plan.documents):
+        n_sentences = int(rng.integers(4, 30))
+        docs.append([(first_word + rng.choice(len(p), size=int(rng.integers(5, 40)), p=p)).tolist()
+                     for _ in range(n_sentences)])
+    spec = SequenceSpec(max_seq_length=SEQ, max_predictions_per_seq=MAX_PREDICTIONS)
+    cfg = InstanceConfig(lengths=[spec], dupe_factor=1, num_shards=8)
+    batch = create_instance_batch(
+        DocumentPool.from_documents(docs), [f"synthetic:{i}" for i in range(len(docs))],
+        seed=cfg.seed, dupe_factor=1, max_seq_length=SEQ, max_predictions_per_seq=MAX_PREDICTIONS,
+        masked_lm_prob=cfg.masked_lm_prob, short_seq_prob=cfg.short_seq_prob, vocab=vocab_ids(tokens),
+    )
+    folder = out / f"seq{SEQ}"
+    shards = write_instance_shards(batch, str(folder), 8)
+    storage.write_manifest(str(folder), stage="instances", config=cfg, shards=shards,
+                           counts={"instances": len(batch)})
+    storage.write_manifest(str(out), stage="instances", config=cfg, inputs=[vocab_manifest],
+                           counts={"instances": len(batch)})
+    return str(out)
+
+
+def pretrain_config(work: Path, plan: Plan) -> Any:
+    from bert_core.config import load_config
+
+    phase = {"max_seq_length": SEQ, "max_steps": plan.steps, "global_batch_size": plan.global_batch,
+             "micro_batch_size": plan.micro_batch, "learning_rate": 1e-4, "warmup_steps": 3}
+    sets = [
+        f"model.size={plan.size}", "model.pad_vocab_to_multiple=64",
+        f"pretrain.accelerator={plan.accelerator}", "pretrain.nodes=1", "pretrain.procs_per_node=1",
+        f"pretrain.precision={plan.precision}", f"pretrain.zero_stage={1 if plan.precision == 'bf16' else 0}",
+        f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.checkpoint_every={plan.checkpoint_at}",
+        f"pretrain.log_every={plan.log_every}", "pretrain.eval_every=0", "pretrain.monitor=none",
+        f"pretrain.loader_workers={plan.loader_workers}", f"pretrain.threads_per_rank={2 if plan.dry_run else 4}",
+        f"storage_root={work}",
+    ]
+    return load_config("bert-base-128", None, sets)
+
+
+def first_batch(instances: str, micro_batch: int) -> dict[str, Any]:
+    from bert_core.pretrain.data import PretrainingLoader
+
+    return next(iter(PretrainingLoader(instances, SEQ, micro_batch_size=micro_batch, seed=1)))
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def stage_env(work: Path, plan: Plan) -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    row: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+                           "nvcc": shutil.which("nvcc"), "cpus": os.cpu_count()}
+    try:
+        import deepspeed
+
+        row["deepspeed"] = deepspeed.__version__
+    except Exception as err:  # reported, not fatal: the later stages say what it breaks
+        row["deepspeed"] = f"import failed: {err}"
+    try:
+        import transformers
+
+        row["transformers"] = transformers.__version__
+    except ImportError:
+        row["transformers"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        row |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                "sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}",
+                "bf16_supported": torch.cuda.is_bf16_supported()}
+    elif not plan.dry_run:
+        raise RuntimeError("no CUDA device visible to torch")
+    return row
+
+
+def stage_e2e(work: Path, plan: Plan) -> dict[str, Any]:
+    from bert_core.pretrain.launch import launch_pretraining
+    from bert_core.pretrain.metrics import read_metrics, train_rows
+
+    instances = build_data(work, plan)
+    config = pretrain_config(work, plan)
+    run = work / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    lines: list[str] = []
+    t0 = time.perf_counter()
+    launch_pretraining(config, instances, str(run), on_line=lambda line: (lines.append(line), print(line)))
+    wall = time.perf_counter() - t0
+    rows = train_rows(read_metrics(str(run)))
+    timed = [r for r in rows if r["step"] > 1]  # step 1 holds the warm-up
+    span = timed[-1]["time"] - rows[0]["time"] if timed else None
+    steps = timed[-1]["step"] - rows[0]["step"] if timed else 0
+    best = max(timed, key=lambda r: r["tokens_per_s"]) if timed else rows[-1]
+    return {
+        "model": plan.size, "precision": plan.precision, "micro_batch": plan.micro_batch,
+        "global_batch": plan.global_batch, "steps": rows[-1]["step"], "wall_s": round(wall, 1),
+        "steps_per_s": round(steps / span, 3) if span else None,
+        "tokens_per_s": round(sum(r["tokens_per_s"] for r in timed) / len(timed)) if timed else None,
+        "tokens_per_s_best": round(best["tokens_per_s"]),
+        "mfu": round(sum(r["mfu"] for r in timed) / len(timed), 4) if timed and timed[0]["mfu"] else None,
+        "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
+        "checkpoints": sorted(p.name for p in (run / "checkpoints" / "phase1").glob("step*")),
+        "exported": (run / "hf" / "model.safetensors").exists(),
+        "losses": {r["step"]: r["loss"] for r in rows},
+    }
+
+
+def _models(plan: Plan, vocab_size: int, attention_dropout: float | None = None):
+    """Ours and transformers' BertForPreTraining (SDPA) with the same weights, on the device."""
+    import torch
+
+    from benchmarks.bench_train_step import make_pair
+
+    cfg, ours, ref, attn = make_pair(plan.size, vocab_size, attention_dropout=attention_dropout)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return cfg, ours.to(device), ref.to(device), attn, device
+
+
+def _time_steps(step, warmup: int, timed: int, device) -> float:
+    import torch
+
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(timed):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / timed
+
+
+def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
+                 attention_dropout: float | None) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.bench_train_step import hf_labels
+    from bert_core.device import peak_flops
+    from bert_core.model.bert import flops_per_token
+    from bert_core.pretrain.data import to_device
+
+    cfg, ours, ref, attn, device = _models(plan, vocab_size, attention_dropout)
+    batch = to_device(first_batch(instances, micro), device)
+    labels = hf_labels(batch)
+    hf_inputs = {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
+                 "attention_mask": batch["attention_mask"], "labels": labels,
+                 "next_sentence_label": batch["next_sentence_label"]}
+    fused = device.type == "cuda"
+    dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float32
+    out: dict[str, Any] = {"micro_batch": micro, "reference_attention": attn,
+                           "attention_dropout": cfg.attention_probs_dropout_prob}
+    tokens = batch["token_index"].numel()
+    peak = peak_flops(device, plan.precision)
+    for name, model, call in (("ours", ours, lambda: ours(**batch)["loss"]),
+                              ("reference", ref, lambda: ref(**hf_inputs).loss)):
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6, fused=fused)
+
+        def step(model=model, call=call, opt=opt) -> None:
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = call()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        seconds = _time_steps(step, *plan.compare_steps, device)
+        out[f"{name}_tokens_per_s"] = round(tokens / seconds)
+        out[f"{name}_step_ms"] = round(seconds * 1e3, 2)
+        out[f"{name}_mfu"] = (round(flops_per_token(cfg, round(tokens / micro)) * tokens / seconds / peak, 4)
+                              if peak else None)
+        out[f"{name}_peak_memory_gib"] = (round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                                          if device.type == "cuda" else None)
+        model.to("cpu")
+        del opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    out["ratio"] = round(out["ours_tokens_per_s"] / out["reference_tokens_per_s"], 3)
+    out["real_tokens"], out["padded_shape"] = tokens, list(batch["input_ids"].shape)
+    return out
+
+
+def stage_compare(work: Path, plan: Plan) -> dict[str, Any]:
+    instances = build_data(work, plan)
+    vocab_size = -(-plan.vocab_size // 64) * 64  # both models get the GPU presets' padded rows
+    rows = [_compare_one(plan, instances, vocab_size, micro, None) for micro in plan.compare_batches]
+    middle = plan.compare_batches[len(plan.compare_batches) // 2]
+    rows.append(_compare_one(plan, instances, vocab_size, middle, 0.0))
+    best = max(rows, key=lambda r: r["ours_tokens_per_s"])
+    return {"rows": rows, "best_micro_batch": best["micro_batch"], "best_mfu": best["ours_mfu"],
+            "best_ratio": best["ratio"]}
+
+
+def _loss_and_grad_norm(model, batch) -> tuple[float, float]:
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch)["loss"]
+    loss.backward()
+    norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None))
+    return float(loss), float(norm)
+
+
+def stage_numerics(work: Path, plan: Plan) -> dict[str, Any]:
+    import copy
+
+    import torch
+
+    from bert_core.config import ModelConfig
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.pretrain.data import to_device
+
+    instances = build_data(work, plan)
+    batch = first_batch(instances, 8 if plan.dry_run else 32)
+    torch.manual_seed(0)
+    cfg = ModelConfig(size=plan.size, vocab_size=plan.vocab_size, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0, pad_vocab_to_multiple=64).for_vocab(plan.vocab_size)
+    cpu_model = BertForPreTraining(cfg)
+    row: dict[str, Any] = {"batch": list(batch["input_ids"].shape), "padded": batch["padded"]}
+    row["cpu_fp32"] = _loss_and_grad_norm(cpu_model, batch)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = copy.deepcopy(cpu_model).to(device)
+    dev_batch = to_device(batch, device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    row["device_fp32"] = _loss_and_grad_norm(model, dev_batch)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        row["device_bf16_autocast"] = _loss_and_grad_norm(model, dev_batch)
+    bf16 = copy.deepcopy(cpu_model).to(device, dtype=torch.bfloat16)  # as DeepSpeed's bf16 holds it
+    row["device_bf16_weights"] = _loss_and_grad_norm(bf16, dev_batch)
+    ref = row["cpu_fp32"]
+    row["fp32_loss_diff"] = abs(row["device_fp32"][0] - ref[0])
+    row["fp32_grad_norm_rel_diff"] = abs(row["device_fp32"][1] - ref[1]) / ref[1]
+    row["bf16_loss_diff"] = abs(row["device_bf16_autocast"][0] - row["device_fp32"][0])
+    row["bf16_weights_loss_diff"] = abs(row["device_bf16_weights"][0] - row["device_fp32"][0])
+    row["fp32_within_1e-4"] = row["fp32_loss_diff"] <= 1e-4
+    row["bf16_within_1e-2"] = row["bf16_loss_diff"] <= 1e-2
+    row["attention_kernels"] = attention_kernels(bf16, dev_batch, device)
+    return row
+
+
+def attention_kernels(model, batch, device) -> list[str]:
+    """Names of the attention kernels one forward pass ran (the profiler's device events)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.no_grad(), profile(activities=activities) as prof:
+        model(**batch)
+    names = {e.key for e in prof.key_averages()}
+    keys = ("flash", "fmha", "efficient", "attention", "varlen", "sdpa")
+    return sorted(n[:90] for n in names if any(k in n.lower() for k in keys))
+
+
+def stage_resume(work: Path, plan: Plan) -> dict[str, Any]:
+    from bert_core.pretrain.launch import launch_pretraining
+    from bert_core.pretrain.metrics import read_metrics, train_rows
+
+    source = work / "run"
+    if not (source / "_MANIFEST.json").exists():
+        raise RuntimeError(f"{source}: stage e2e did not finish; nothing to resume")
+    run = work / "run-resumed"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(source, run, ignore=shutil.ignore_patterns("hf", "_MANIFEST.json"))
+    phase = run / "checkpoints" / "phase1"
+    for folder in phase.glob("step*"):
+        if folder.name != f"step{plan.checkpoint_at}":
+            shutil.rmtree(folder)
+    (phase / "latest").write_text(f"step{plan.checkpoint_at}")
+    lines: list[str] = []
+    launch_pretraining(pretrain_config(work, plan), str(work / "instances"), str(run),
+                       on_line=lambda line: (lines.append(line), print(line)))
+    original = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(source)))}
+    resumed = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(run))) if r["step"] > plan.checkpoint_at}
+    diffs = {s: abs(resumed[s] - original[s]) for s in resumed if s in original}
+    return {
+        "resumed_line": next((line for line in lines if "resumed at step" in line), None),
+        "skipped": [line for line in lines if "skipped" in line],
+        "steps_compared": sorted(diffs), "max_loss_diff": max(diffs.values()) if diffs else None,
+        "within_2e-2": bool(diffs) and max(diffs.values()) <= 2e-2,
+        "exported": (run / "hf" / "model.safetensors").exists(),
+    }
+
+
+def stage_finetune(work: Path, plan: Plan) -> dict[str, Any]:
+    from bert_core.config import FinetuneConfig
+    from bert_core.finetune.train import run_job
+
+    checkpoint = work / "run" / "hf"
+    if not (checkpoint / "model.safetensors").exists():
+        raise RuntimeError(f"{checkpoint}: stage e2e did not export a model")
+    cfg = FinetuneConfig(tasks=["sst2"], learning_rates=[5e-5], batch_sizes=[16], epochs=[3.0],
+                         accelerator=plan.accelerator, precision=plan.precision, threads=4)
+    t0 = time.perf_counter()
+    metrics = run_job("sst2", str(ROOT / "tests" / "fixtures" / "tasks"), str(checkpoint), cfg, 1,
+                      str(work / "finetune"), log=print)
+    return {"task": "sst2", "wall_s": round(time.perf_counter() - t0, 1), "main_metric": metrics["main_metric"],
+            "score": metrics["main"], "train": metrics["train"], "counts": metrics["counts"]}
+
+
+STAGE_FUNCTIONS = {"env": stage_env, "e2e": stage_e2e, "compare": stage_compare,
+                   "numerics": stage_numerics, "resume": stage_resume, "finetune": stage_finetune}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def summary(stage: str, row: dict[str, Any]) -> str:
+    if not row.get("ok"):
+        return f"[{stage}] FAILED ({row.get('seconds', 0):.0f} s): {row.get('error', '')[:300]}"
+    r = row["result"]
+    text = {
+        "env": lambda: f"{r.get('gpu', 'cpu')} {r.get('gpu_memory_gib', '')} GiB, torch {r['torch']} "
+                       f"CUDA {r['cuda']}, DeepSpeed {r['deepspeed']}, nvcc {'yes' if r['nvcc'] else 'no'}",
+        "e2e": lambda: f"{r['steps']} steps, {r['steps_per_s']} steps/s, {r['tokens_per_s']} tok/s, "
+                       f"MFU {r['mfu']}, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}",
+        "compare": lambda: "; ".join(f"mb {x['micro_batch']} (attn dropout {x['attention_dropout']}): ours "
+                                     f"{x['ours_tokens_per_s']} tok/s MFU {x['ours_mfu']} vs ref "
+                                     f"{x['reference_tokens_per_s']} = {x['ratio']}x" for x in r["rows"]),
+        "numerics": lambda: f"fp32 diff {r['fp32_loss_diff']:.2e}, bf16 diff {r['bf16_loss_diff']:.2e}, "
+                            f"kernels {r['attention_kernels'][:3]}",
+        "resume": lambda: f"skipped {len(r['skipped'])}, max loss diff {r['max_loss_diff']}",
+        "finetune": lambda: f"{r['task']} {r['main_metric']} {r['score']}, {r['train']}",
+    }[stage]
+    return f"[{stage}] ok ({row['seconds']:.0f} s): {text()}"
+
+
+def run_stage_inline(stage: str, work: Path, plan: Plan) -> None:
+    """The child process: one stage, its result as the last line of output."""
+    result = STAGE_FUNCTIONS[stage](work, plan)
+    print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
+
+
+def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "benchmarks.gpu_check", "--stage", stage, "--work", str(work),
+            "--out", str(out), "--precision", plan.precision] + (["--dry-run"] if plan.dry_run else [])
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    t0 = time.perf_counter()
+    log_file = out / f"gpu_check-{stage}.log"
+    row: dict[str, Any] = {"stage": stage, "dry_run": plan.dry_run, "time": time.time()}
+    with open(log_file, "w") as log:
+        try:
+            done = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=timeout, start_new_session=True)
+            text, code = done.stdout, done.returncode
+        except subprocess.TimeoutExpired as err:
+            text = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+            code = None
+        log.write(text)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    results = [line[len(RESULT_PREFIX):] for line in text.splitlines() if line.startswith(RESULT_PREFIX)]
+    if code == 0 and results:
+        row |= {"ok": True, "result": json.loads(results[-1])}
+    else:
+        why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
+        tail = [line for line in text.splitlines() if line.strip()][-12:]
+        row |= {"ok": False, "error": f"{why}: " + " | ".join(tail)}
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--out", required=True, help="Folder for gpu_check.jsonl and each stage's log.")
+    p.add_argument("--work", help="Scratch folder (data, runs); default OUT/../gpu-check-work.")
+    p.add_argument("--dry-run", action="store_true", help="Every stage on CPU with a tiny model.")
+    p.add_argument("--stages", default=",".join(STAGES), help="Comma-separated stages to run, in order.")
+    p.add_argument("--budget-s", type=float, default=480, help="Skip stages that would start after this.")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="Default: bf16 on GPU, fp32 in the dry run.")
+    p.add_argument("--stage", help=argparse.SUPPRESS)  # the child process's one stage
+    args = p.parse_args(argv)
+    plan = Plan(args.dry_run, args.precision)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work).resolve() if args.work else out.parent / "gpu-check-work"
+    work.mkdir(parents=True, exist_ok=True)
+    if args.stage:
+        try:
+            run_stage_inline(args.stage, work, plan)
+        except Exception:
+            traceback.print_exc()
+            return 1
+        return 0
+    if plan.dry_run:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    start = time.perf_counter()
+    build_data(work, plan)
+    print(f"[data] {work / 'instances'} ready ({time.perf_counter() - start:.0f} s)", flush=True)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        print(f"gpu_check: unknown stage(s) {unknown}; choose from {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    failed = 0
+    for stage in stages:
+        left = args.budget_s - (time.perf_counter() - start)
+        if left < 20:
+            row = {"stage": stage, "ok": False, "error": f"skipped: {args.budget_s:.0f} s budget spent"}
+        else:
+            row = run_stage(stage, work, out, plan, min(TIMEOUTS[stage] * (3 if plan.dry_run else 1), left))
+        failed += not row["ok"]
+        with open(out / "gpu_check.jsonl", "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        print(summary(stage, row) if "result" in row or "seconds" in row else f"[{stage}] {row['error']}",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""benchmarks/gpu_check.py's dry run: every stage of the GPU check on CPU, so the script that a
+short GPU slot runs never rots."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_check import STAGES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_dry_run_writes_every_stage(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out),
+                           "--work", str(tmp_path / "work"), "--budget-s", "900"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    rows = [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in rows] == list(STAGES), done.stdout[-3000:]
+    failed = {r["stage"]: r.get("error") for r in rows if not r["ok"]}
+    assert not failed, failed
+    assert done.returncode == 0
+    r = {row["stage"]: row["result"] for row in rows}
+    assert r["env"]["torch"] and r["env"]["deepspeed"][0].isdigit()
+    # the real launcher trained, checkpointed at 2 and 4 and exported
+    assert r["e2e"]["steps"] == 4 and r["e2e"]["checkpoints"] == ["step2", "step4"] and r["e2e"]["exported"]
+    assert r["e2e"]["tokens_per_s"] > 0
+    # ours and transformers' computed on the same batch at every micro-batch size
+    assert [x["micro_batch"] for x in r["compare"]["rows"]] == [4, 8, 8]
+    assert all(x["ratio"] > 0 and x["reference_attention"] == "sdpa" for x in r["compare"]["rows"])
+    # CPU against "the device" (the CPU here) in fp32: the same numbers
+    assert r["numerics"]["fp32_loss_diff"] == 0.0
+    # on CPU in fp32 a resume is exact: no checkpoint skipped, the same losses
+    assert r["resume"]["resumed_line"] and r["resume"]["skipped"] == []
+    assert r["resume"]["steps_compared"] == [3, 4] and r["resume"]["max_loss_diff"] == 0.0
+    assert r["finetune"]["score"] is not None and r["finetune"]["train"]["device"] == "cpu"
+    # each stage printed its summary line
+    for stage in STAGES:
+        assert f"[{stage}] ok" in done.stdout
