@@ -3,6 +3,7 @@ and the artifacts say what happened."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
