@@ -1,4 +1,4 @@
-"""flows/artifacts.py against a real Prefect server (prefect_test_harness runs one on 127.0.0.1)."""
+"""flows/artifacts.py, and against the session's real Prefect server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -8,14 +8,6 @@ import io
 import pytest
 
 from flows import artifacts
-
-
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def _png_bytes(url: str) -> bytes:
@@ -97,7 +89,7 @@ def test_bad_key_is_refused_before_reaching_the_server():
         artifacts.publish_markdown("Pretrain_Report", "x")
 
 
-def test_artifacts_are_stored_intact_on_a_real_server(prefect_server):
+def test_artifacts_are_stored_intact_on_a_real_server(prefect_api):
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
