@@ -104,8 +104,8 @@ def test_real_excerpt_every_page_is_a_document_or_a_reject(sample_run) -> None:
         assert all(D.stable_shard(r["doc_id"], 3) == index for r in rows)
         assert entry["sha256"] == storage.sha256(storage.join(str(sample_run), entry["path"]))
     stats = manifest["stats"]
-    assert sum(stats["sentences_per_doc"].values()) == manifest["counts"]["documents"]
-    assert sum(stats["chars_per_doc"].values()) == manifest["counts"]["documents"]
+    assert sum(stats["sentences_per_doc"]["counts"]) == manifest["counts"]["documents"]
+    assert sum(stats["chars_per_doc"]["counts"]) == manifest["counts"]["documents"]
 
 
 def test_default_filters_keep_stubs_and_name_what_they_drop(sample_run) -> None:
