@@ -24,9 +24,13 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.job import (
     LOCAL_RUNNER,
+    NOT_REPORTED,
+    check_produced,
+    check_shared_storage,
     counters,
     job_parser,
     parse_job_args,
+    resolve_runner,
     run_pipeline,
 )
 from bert_core import storage
@@ -184,9 +188,9 @@ class CountWords(beam.PTransform):
 
 
 def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int, runner: str,
-                       beam_args: Iterable[str]) -> dict[str, int]:
+                       beam_args: Iterable[str]) -> dict[str, int | str]:
     """Run the counting pipeline; sorted ``counts-BBBBB.tsv`` files land in ``scratch``.
-    Returns the counters."""
+    Returns the counters (each :data:`NOT_REPORTED` on a runner without metrics)."""
     shards = storage.shard_uris(corpus)
     storage.remove(scratch)
     # More buckets for a bigger corpus, so one bucket's words stay a bounded table.
@@ -201,7 +205,7 @@ def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int
 
     found = counters(run_pipeline(build, workers, runner, beam_args), NAMESPACE)
     storage.remove(storage.join(scratch, SPILL))
-    return {name: found.get(name, 0) for name in COUNTERS}
+    return {name: NOT_REPORTED if found is None else found.get(name, 0) for name in COUNTERS}
 
 
 # --------------------------------------------------------------------------- entry point
@@ -224,11 +228,16 @@ def build_vocab(
     workers: int = 1,
     runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
+    shared_storage: bool = False,
 ) -> dict[str, Any]:
-    """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest."""
+    """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest.
+    ``runner``, ``beam_args`` and ``shared_storage``: as for ``beam_jobs.clean_corpus.clean``."""
     from bert_core.vocab.training import train_wordpiece, vocab_stats
 
+    runner, beam_args = resolve_runner(runner, beam_args)
+    check_shared_storage("vocab", runner, shared_storage, [("output", output), ("corpus", corpus)])
     output = storage.to_uri(output)
+    corpus = storage.to_uri(corpus) if corpus else None
     if corpus is None and cfg.vocab_file is None:
         raise ValueError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
     given = check_vocab_file(cfg.vocab_file, cfg) if cfg.vocab_file else None
@@ -244,6 +253,9 @@ def build_vocab(
         if corpus:
             counters = count_corpus_words(corpus, scratch, cfg, workers, runner, beam_args)
         has_words = bool(corpus) and next(iter_counts(scratch), None) is not None
+        if corpus_manifest and not has_words:
+            check_produced("vocab", 0, "word counts", corpus_manifest["counts"].get("documents", 0),
+                           f"documents of corpus {corpus}")
         if given is not None:
             tokenizer = given
         else:
@@ -289,7 +301,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if args.cased:
         updates["lowercase"] = False
     vocab_cfg = VocabConfig.model_validate({**cfg.vocab.model_dump(), **updates})
-    return build_vocab(args.corpus, args.output, vocab_cfg, cfg.workers, cfg.beam_runner, beam_args)
+    return build_vocab(args.corpus, args.output, vocab_cfg, cfg.workers, cfg.beam_runner, beam_args,
+                       shared_storage=cfg.shared_storage)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,13 @@ from apache_beam.pvalue import AsSingleton, TaggedOutput
 from beam_jobs.job import (
     LOCAL_BYTES_PER_WORKER,
     LOCAL_RUNNER,
+    check_produced,
+    check_shared_storage,
     is_local,
     job_parser,
     local_workers,
     parse_job_args,
+    resolve_runner,
     run_pipeline,
 )
 from beam_jobs.job import counters as job_counters
@@ -630,15 +633,21 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
 
 def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,
           beam_args: Iterable[str] = (), counters: dict[str, int] | None = None,
-          bytes_per_worker: int = LOCAL_BYTES_PER_WORKER) -> dict[str, Any]:
+          bytes_per_worker: int = LOCAL_BYTES_PER_WORKER, shared_storage: bool = False) -> dict[str, Any]:
     """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
 
-    ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, or
-    DataflowRunner, FlinkRunner, ... with ``beam_args``). On the local runner ``workers`` is an
-    upper bound: :func:`local_workers` starts one process per ``bytes_per_worker`` of input
-    (0: all of them). ``counters``, if given, receives the job's Beam counters
-    (``rejected_<reason>``, ``slow_path_paragraphs``, ``dropped_markup_sentences``).
+    ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, ``dask``,
+    or DataflowRunner, FlinkRunner, ... with ``beam_args``); ``shared_storage`` lets a runner
+    whose workers are other machines take local paths (:func:`check_shared_storage`). On the
+    local runner ``workers`` is an upper bound: :func:`local_workers` starts one process per
+    ``bytes_per_worker`` of input (0: all of them). ``counters``, if given, receives the job's
+    Beam counters (``rejected_<reason>``, ``slow_path_paragraphs``,
+    ``dropped_markup_sentences``), where the runner reports them.
     """
+    runner, beam_args = resolve_runner(runner, beam_args)
+    check_shared_storage("corpus", runner, shared_storage,
+                         [("output", output), *((kind, g) for kind in ("wikipedia", "books", "text")
+                                                for g in getattr(cfg, kind))])
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")
     text_files = expand_inputs(cfg.text, "text")
@@ -663,9 +672,22 @@ def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_
     finally:
         storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
     if counters is not None:
-        for name, n in job_counters(result, NAMESPACE).items():
+        for name, n in (job_counters(result, NAMESPACE) or {}).items():
             counters[name] = counters.get(name, 0) + n
-    return storage.read_manifest(output)
+    return _checked_manifest(output, len(wiki_files + book_files + text_files), total_bytes)
+
+
+def _checked_manifest(output: str, files: int, total_bytes: int) -> dict[str, Any]:
+    """The manifest of a finished run, or one line (and no manifest) when non-empty input files
+    gave neither a document nor a reject."""
+    if not storage.has_manifest(output):
+        check_produced("corpus", 0, f"documents or rejects (no {storage.MANIFEST} written)", files, "input files")
+    manifest = storage.read_manifest(output)
+    c = manifest["counts"]
+    if total_bytes > 0 and c["documents"] + c["rejects"] == 0:
+        storage.remove(storage.join(output, storage.MANIFEST))
+        check_produced("corpus", 0, "documents and 0 rejects", total_bytes, "bytes of input")
+    return manifest
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -686,7 +708,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         corpus = CorpusConfig.model_validate({**corpus.model_dump(), "wikipedia": args.wikipedia,
                                               "books": args.books, "text": args.text})
     return clean(corpus, args.output, cfg.workers, cfg.beam_runner, beam_args,
-                 bytes_per_worker=args.bytes_per_worker)
+                 bytes_per_worker=args.bytes_per_worker, shared_storage=cfg.shared_storage)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,11 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.job import (
     LOCAL_RUNNER,
+    check_produced,
+    check_shared_storage,
     job_parser,
     parse_job_args,
+    resolve_runner,
     run_pipeline,
 )
 from bert_core import storage
@@ -363,9 +366,16 @@ def create_instances(
     runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
     min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET,
+    shared_storage: bool = False,
 ) -> dict[str, Any]:
     """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt;
-    ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools."""
+    ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools; ``runner``,
+    ``beam_args`` and ``shared_storage``: as for ``beam_jobs.clean_corpus.clean``."""
+    runner, beam_args = resolve_runner(runner, beam_args)
+    check_shared_storage("instances", runner, shared_storage,
+                         [("output", output), ("corpus", corpus), ("vocab", vocab)])
+    # resolved here, on the driver: a worker has another working directory, or is another machine
+    corpus, vocab, output = storage.to_uri(corpus), storage.to_uri(vocab), storage.to_uri(output)
     corpus_manifest = storage.read_manifest(corpus)
     storage.check_shards(corpus, corpus_manifest)
     inputs = [corpus_manifest]
@@ -377,7 +387,6 @@ def create_instances(
         raise ValueError(f"vocab {vocab} lacks [CLS], [SEP] or [MASK]; instances need all three: "
                          "use a BERT vocab (the vocab stage always adds them)")
     shards = storage.shard_uris(corpus, corpus_manifest)
-    output = storage.to_uri(output)
     storage.check_writable(output)
     prepare_output(output, config)
 
@@ -386,7 +395,22 @@ def create_instances(
                        vocab_used=vocab_used, lowercase=lowercase, min_docs_per_bucket=min_docs_per_bucket)
 
     run_pipeline(build, workers, runner, beam_args)
-    return storage.read_manifest(output)
+    return _checked_manifest(output, count_documents(shards))
+
+
+def _checked_manifest(output: str, documents: int) -> dict[str, Any]:
+    """The top-level manifest of a finished run, or one line (and no manifest) when the
+    ``documents`` read gave no instances, or when some of them were neither used nor rejected."""
+    if not storage.has_manifest(output):
+        check_produced("instances", 0, f"instances (no {storage.MANIFEST} written)", documents, "documents")
+    manifest = storage.read_manifest(output)
+    c = manifest["counts"]
+    made = sum(n for k, n in c.items() if k.startswith(("instances_seq", "eval_instances_seq")))
+    if documents and (c["documents_read"] != documents or (c["documents_used"] and not made)):
+        storage.remove(storage.join(output, storage.MANIFEST))
+        check_produced("instances", 0, f"instances from {c['documents_used']:,} documents used and "
+                       f"{c['documents_rejected']:,} rejected", documents, "documents read")
+    return manifest
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -398,7 +422,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     args, cfg, beam_args = parse_job_args(parser, argv)
     return create_instances(args.corpus, args.vocab, args.output, cfg.instances,
                             lowercase=cfg.vocab.lowercase, workers=cfg.workers,
-                            runner=cfg.beam_runner, beam_args=beam_args)
+                            runner=cfg.beam_runner, beam_args=beam_args, shared_storage=cfg.shared_storage)
 
 
 if __name__ == "__main__":

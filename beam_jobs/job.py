@@ -35,13 +35,29 @@ from bert_core.corpus.documents import read_sentences
 # pipelines on), with ``direct_num_workers`` worker processes when ``workers > 1``. It is named
 # directly because the DirectRunner tries the Prism runner first, which fetches a binary and so
 # needs the network. Dataflow, Flink or Spark are settings: ``beam_runner`` and ``beam_args`` in
-# the config (see ``infra/beam/``).
+# the config (see ``infra/beam/``); ``dask`` names :class:`beam_jobs.dask_runner.DaskRunner` (a Dask
+# distributed cluster). A ``--runner=...`` among the Beam arguments wins (:func:`resolve_runner`).
+#
+# A worker is another machine. Every path a job is given is resolved on the driver before it
+# reaches a DoFn; on a runner whose workers are not this machine's processes, a local path is
+# refused before any work unless the config declares the storage shared
+# (:func:`check_shared_storage`); a run that reads a non-empty input and produces nothing fails
+# (:func:`check_produced`); and counters never fail a job on a runner that reports none
+# (:func:`counters`).
 #
 # While a job runs, Beam's own INFO messages and the harness start-up and shut-down lines of the
 # local worker processes stay out of the terminal (:func:`harness_chatter_dropped`); warnings and
 # errors of our code, and tracebacks, still show.
 
 LOCAL_RUNNER = "FnApiRunner"
+# Short names a user may give for a runner, and the runner each means.
+RUNNERS = {"local": LOCAL_RUNNER, "dask": "beam_jobs.dask_runner.DaskRunner"}
+# Runners whose workers are processes of this machine: they all see its disk.
+ONE_MACHINE_RUNNERS = {LOCAL_RUNNER, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                       "PrismRunner"}
+NOT_REPORTED = "not reported by this runner"
+
+_LOG = logging.getLogger(__name__)
 
 # What Beam's harness says at the start and end of every worker process (channels opened,
 # "harness starting", an optional GCP client missing, nothing staged): no news for a user.
@@ -70,13 +86,15 @@ def job_parser(description: str) -> argparse.ArgumentParser:
 
 def parse_job_args(parser: argparse.ArgumentParser,
                    argv: list[str] | None) -> tuple[argparse.Namespace, PipelineConfig, list[str]]:
-    """Parsed job options, the resolved config (``--workers``/``--runner`` applied) and the
-    Beam arguments (the config's ``beam_args``, then the unknown ones)."""
+    """Parsed job options, the resolved config (``--workers`` and the runner applied:
+    :func:`resolve_runner`) and the Beam arguments (the config's ``beam_args``, then the unknown
+    ones)."""
     args, unknown = parser.parse_known_args(argv)
     cfg = load_config(args.preset, args.config, args.sets)
     updates = {"workers": args.workers, "beam_runner": args.runner}
     cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
-    return args, cfg, [*cfg.beam_args, *unknown]
+    runner, beam_args = resolve_runner(cfg.beam_runner, [*cfg.beam_args, *unknown])
+    return args, cfg.model_copy(update={"beam_runner": runner}), beam_args
 
 
 # --------------------------------------------------------------------------- running
@@ -84,6 +102,60 @@ def parse_job_args(parser: argparse.ArgumentParser,
 
 def is_local(runner: str) -> bool:
     return runner == LOCAL_RUNNER
+
+
+def resolve_runner(runner: str, beam_args: Iterable[str] = ()) -> tuple[str, list[str]]:
+    """The runner a job runs on and the Beam arguments without it: the last ``--runner`` among
+    ``beam_args`` wins over ``runner``, and a short name (:data:`RUNNERS`, e.g. ``dask``) becomes
+    the runner it names."""
+    rest: list[str] = []
+    args = list(beam_args)
+    i = 0
+    while i < len(args):
+        if args[i].startswith("--runner="):
+            runner = args[i].split("=", 1)[1]
+        elif args[i] == "--runner" and i + 1 < len(args):
+            runner = args[i + 1]
+            i += 1
+        else:
+            rest.append(args[i])
+        i += 1
+    return RUNNERS.get(runner.lower(), runner), rest
+
+
+class NotSharedError(storage.OutputError):
+    """A local path given to a runner whose workers are other machines."""
+
+
+def check_shared_storage(stage: str, runner: str, shared_storage: bool,
+                         paths: Iterable[tuple[str, str | None]]) -> None:
+    """Refuse (one line, before any work) a local path among ``paths`` (option, URI) when
+    ``runner``'s workers are other machines: they would write to, or look for, a folder on their
+    own disks. ``shared_storage`` (the config's, for NFS, gcsfuse or one machine) lets it be."""
+    name = runner.rsplit(".", 1)[-1]
+    if shared_storage or name in ONE_MACHINE_RUNNERS:
+        return
+    for option, uri in paths:
+        if uri is not None and storage.is_local(uri):
+            raise NotSharedError(
+                f"{stage}: --{option} {storage.to_uri(uri)} is a local path, which the workers of "
+                f"{name} do not share; give a URI every worker reaches (--{option} gs://BUCKET/PREFIX), "
+                "or set shared_storage: true (--set shared_storage=true) where it is NFS, gcsfuse "
+                "or one machine")
+
+
+class EmptyResultError(RuntimeError):
+    """A job read a non-empty input and produced nothing."""
+
+
+def check_produced(stage: str, produced: int, what: str, read: int, read_what: str) -> None:
+    """Raise :class:`EmptyResultError` (one line naming the stage and the counts) when ``read``
+    items of input gave 0 ``what``: a runner that drops a step's outputs finishes that way."""
+    if read > 0 and produced == 0:
+        raise EmptyResultError(
+            f"{stage}: 0 {what} from {read:,} {read_what}; the runner finished without the output "
+            "of a step (outputs emitted in finish_bundle or to a tagged output, or a sink that "
+            "never ran): run it on a supported runner (local, dask)")
 
 
 # On the local runner, one worker process per this many bytes of (uncompressed) input, up to
@@ -105,9 +177,10 @@ def local_workers(workers: int, files: list[str], bytes_per_worker: int = LOCAL_
 
 
 def pipeline_options(workers: int, runner: str = LOCAL_RUNNER, beam_args: Iterable[str] = ()) -> PipelineOptions:
-    """Beam options for ``runner``: ``beam_args`` (a ``--`` separator among them is dropped),
-    then the runner and, on the local runner, its worker processes (these win over the same
-    options in ``beam_args``)."""
+    """Beam options for ``runner`` (:func:`resolve_runner`): ``beam_args`` (a ``--`` separator
+    among them is dropped), then the runner and, on the local runner, its worker processes
+    (these win over the same options in ``beam_args``)."""
+    runner, beam_args = resolve_runner(runner, beam_args)
     ours = [f"--runner={runner}"]
     if is_local(runner):
         mode = "multi_processing" if workers > 1 else "in_memory"
@@ -219,6 +292,7 @@ def harness_chatter_dropped(enabled: bool = True) -> Iterator[None]:
 def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: str = LOCAL_RUNNER,
                  beam_args: Iterable[str] = ()) -> PipelineResult:
     """Build the graph with ``build(pipeline)``, run it to the end, return the result."""
+    runner, beam_args = resolve_runner(runner, beam_args)
     with fewer_gc_passes(), memory_returned(is_local(runner)), \
             harness_chatter_dropped(is_local(runner) and workers > 1):
         p = beam.Pipeline(options=pipeline_options(workers, runner, beam_args))
@@ -228,12 +302,18 @@ def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: st
     return result
 
 
-def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
-    """The job's Beam counters in ``namespace``, by name (summed over the steps that count)."""
+def counters(result: PipelineResult, namespace: str) -> dict[str, int] | None:
+    """The job's Beam counters in ``namespace``, by name (summed over the steps that count), or
+    None (with a warning) on a runner that reports no metrics: counters never fail a job."""
     from apache_beam.metrics.metric import MetricsFilter
 
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+    except NotImplementedError:
+        _LOG.warning("%s: Beam counters %s (%s)", namespace, NOT_REPORTED, type(result).__name__)
+        return None
     totals: dict[str, int] = {}
-    for c in result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]:
+    for c in found:
         totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + int(c.committed)
     return totals
 

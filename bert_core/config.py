@@ -515,6 +515,11 @@ class PipelineConfig(_Model):
     storage_root: str = Field(
         "./bertpipe-data", description="Local folder or fsspec URL (gs://bucket/prefix) for all outputs."
     )
+    shared_storage: bool = Field(
+        False, description="The storage_root (and every local path given to a job) is storage every Beam "
+        "worker reaches: NFS, gcsfuse, or one machine. Without it a runner whose workers are other "
+        "machines (dask, Dataflow, Flink, Spark) refuses local paths before any work.",
+    )
     runs_root: str | None = Field(
         None, description="Local or mounted folder (gcsfuse, NFS) for pre-training run folders: "
         "DeepSpeed saves checkpoints with torch.save to a path. Unset: storage_root, which must then "
@@ -524,7 +529,8 @@ class PipelineConfig(_Model):
     workers: int = Field(2, ge=1, description="Beam worker processes on the local runner.")
     beam_runner: str = Field(
         "FnApiRunner", description="Beam runner (PipelineOptions --runner): FnApiRunner (local, in process, "
-        "the DirectRunner's batch engine, with `workers` processes), DataflowRunner, FlinkRunner, SparkRunner."
+        "the DirectRunner's batch engine, with `workers` processes), dask (a Dask distributed cluster: "
+        "--dask_client_address or --dask_scheduler_file in beam_args), DataflowRunner, FlinkRunner, SparkRunner."
     )
     beam_args: list[str] = Field(default_factory=list, description="Extra Beam pipeline options.")
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
@@ -678,18 +684,19 @@ def error_lines(err: ValidationError, *prefix: str) -> list[str]:
             for e in err.errors()]
 
 
-def _versioned(config: BaseModel) -> dict[str, Any]:
-    """A config as a version sees it: without the VERSIONED_WHEN_SET fields left at their default."""
+def versioned(config: BaseModel, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A config as a version sees it: without ``exclude`` and without the VERSIONED_WHEN_SET
+    fields left at their default."""
     unset = {name for name, field in type(config).model_fields.items()
              if field.json_schema_extra == VERSIONED_WHEN_SET
              and getattr(config, name) == field.get_default(call_default_factory=True)}
-    return config.model_dump(mode="json", exclude=unset)
+    return config.model_dump(mode="json", exclude=unset | exclude)
 
 
 def config_hash(*parts: Any) -> str:
     """Short stable hash of configs and input manifests: the `<version>` of a stage's output."""
     blob = json.dumps(
-        [_versioned(p) if isinstance(p, BaseModel) else p for p in parts],
+        [versioned(p) if isinstance(p, BaseModel) else p for p in parts],
         sort_keys=True,
         default=str,
     )

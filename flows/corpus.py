@@ -39,7 +39,7 @@ def clean_corpus(config: PipelineConfig, output: str) -> str:
     logger = get_run_logger()
     manifest = finished_manifest("corpus", output, lambda: clean(
         config.corpus, output, workers=config.workers, runner=config.beam_runner,
-        beam_args=config.beam_args))
+        beam_args=config.beam_args, shared_storage=config.shared_storage))
     counts = manifest["counts"]
     logger.info("corpus: %s documents, %s sentences, %s rejects", counts["documents"],
                 counts["sentences"], counts["rejects"])

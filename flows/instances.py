@@ -40,7 +40,8 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
     logger = get_run_logger()
     manifest = finished_manifest("instances", output, lambda: run_job(
         corpus, vocab, output, config.instances, lowercase=config.vocab.lowercase,
-        workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args))
+        workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args,
+        shared_storage=config.shared_storage))
     logger.info("instances: %s", manifest["counts"])
     publish_table("instances-stats", stats_rows(manifest),
                   f"MLM/NSP instance statistics of {manifest['uri']}")

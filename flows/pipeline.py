@@ -207,23 +207,27 @@ def pipeline_run_name() -> str:
     return f"{name}-{dt.datetime.now(dt.timezone.utc):%Y-%m-%d-%H%M}"
 
 
+def data_stages(config: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """The three Beam stages (corpus, vocab, instances) in their version folders, on
+    ``config.beam_runner``: each stage's status and output."""
+    stages: dict[str, dict[str, Any]] = {}
+    corpus = corpus_folder(config)
+    stages["corpus"] = _stage("corpus", config, corpus, {})
+    vocab = vocab_folder(config, corpus)
+    stages["vocab"] = _stage("vocab", config, vocab, {"corpus": corpus})
+    instances = instances_folder(config, corpus, vocab)
+    stages["instances"] = _stage("instances", config, instances, {"corpus": corpus, "vocab": vocab})
+    return stages
+
+
 @flow(name="bert-pipeline", flow_run_name=pipeline_run_name, log_prints=True)
 def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Raw text to fine-tuned models; finished stages are skipped, failed jobs listed."""
     from flows.report import publish_pipeline_report
 
-    stages: dict[str, dict[str, Any]] = {}
     runs = runs_base(config)
-
-    corpus = corpus_folder(config)
-    stages["corpus"] = _stage("corpus", config, corpus, {})
-
-    vocab = vocab_folder(config, corpus)
-    stages["vocab"] = _stage("vocab", config, vocab, {"corpus": corpus})
-
-    instances = instances_folder(config, corpus, vocab)
-    stages["instances"] = _stage("instances", config, instances,
-                                {"corpus": corpus, "vocab": vocab})
+    stages = data_stages(config)
+    vocab, instances = stages["vocab"]["output"], stages["instances"]["output"]
 
     version = pretrain_version(config, instances, vocab)
     run = storage.join(runs, "pretrain", version)

@@ -23,7 +23,7 @@ def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
     logger = get_run_logger()
     manifest = finished_manifest("vocab", output, lambda: run_job(
         corpus, output, config.vocab, workers=config.workers, runner=config.beam_runner,
-        beam_args=config.beam_args))
+        beam_args=config.beam_args, shared_storage=config.shared_storage))
     logger.info("vocab: %s", manifest["counts"])
     md = report_markdown(manifest)
     if manifest["stats"].get("token_length_histogram"):

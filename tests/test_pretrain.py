@@ -419,6 +419,55 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     assert all(torch.equal(reexported[k], exported[k]) for k in exported)
 
 
+
+@pytest.mark.slow
+def test_two_hosts_in_network_namespaces_match_the_one_host_run(reference_run, instances, tmp_path,
+                                                                tmp_path_factory):
+    """Two ``no_ssh`` launchers, each on its own host: a network namespace with its own address
+    on a veth pair, private /tmp and /dev/shm, node 0's address as --master-addr. The loss falls
+    and the export equals the one-host run's (same world size, seed and data)."""
+    from clusters import netns_refused, on_host, two_hosts
+
+    from bert_core.model.bert import BertForPreTraining
+
+    refused = netns_refused()
+    if refused:
+        pytest.skip(refused)
+    run = str(tmp_path / "run")
+    outputs: dict[int, list[str]] = {0: [], 1: []}
+    results: dict[int, object] = {}
+    with two_hosts() as hosts:
+        cfg = tiny_config().model_copy(deep=True)
+        cfg.pretrain = cfg.pretrain.model_copy(update=dict(
+            launcher="no_ssh", nodes=2, procs_per_node=1, master_addr=hosts[0]["addr"], master_port=29533))
+
+        def node(rank: int) -> None:
+            argv, env = prepare_run(cfg, instances, run, node_rank=rank)
+            argv = [str(Path(sys.executable).with_name("deepspeed")), *argv[1:]]
+            env["GLOO_SOCKET_IFNAME"] = hosts[rank]["ifname"]  # the host's own address, not loopback
+            try:
+                results[rank] = run_launch(on_host(hosts[rank], tmp_path_factory.getbasetemp(), argv), env,
+                                           outputs[rank].append)
+            except Exception as err:  # reported below with the node's output
+                results[rank] = err
+
+        threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    assert results == {0: 0, 1: 0}, (results, outputs[0][-15:], outputs[1][-15:])
+    assert any(hosts[0]["addr"] in line for line in outputs[1]), outputs[1][-15:]  # node 1 dialled node 0
+    rows = [r for r in read_metrics(run) if r["phase"] == 1]
+    assert sum(r["loss"] for r in rows[-3:]) / 3 < sum(r["loss"] for r in rows[:3]) / 3 - 0.3
+    ref = {(r["phase"], r["step"]): r["loss"] for r in read_metrics(reference_run[0])}
+    got = {(r["phase"], r["step"]): r["loss"] for r in read_metrics(run)}
+    assert sorted(got) == ALL_STEPS and all(got[k] == pytest.approx(ref[k], abs=1e-6) for k in got)
+    exported = BertForPreTraining.from_pretrained(storage.read_manifest(run)["hf"]).state_dict()
+    expected = BertForPreTraining.from_pretrained(storage.read_manifest(reference_run[0])["hf"]).state_dict()
+    assert exported.keys() == expected.keys()
+    assert all(torch.allclose(exported[k], expected[k], atol=1e-6) for k in expected)
+
 def _latest_artifacts() -> dict:
     import asyncio
 

@@ -17,7 +17,15 @@ from typing import Annotated
 import typer
 
 from bert_core.config import ConfigError, validate
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
+from flows.cli.options import (
+    ConfigOpt,
+    PresetOpt,
+    RunnerOpt,
+    SetOpt,
+    WorkersOpt,
+    resolve,
+    user_errors,
+)
 
 
 def corpus(
@@ -43,6 +51,7 @@ def corpus(
         str | None, typer.Option("--title-field", help="Field holding a record's title (default: from the file).")
     ] = None,
     workers: WorkersOpt = None,
+    runner: RunnerOpt = None,
     text_format: Annotated[
         str | None, typer.Option("--text-format", help="'google': also one sentence per line files.")
     ] = None,
@@ -68,16 +77,17 @@ def corpus(
         corpus_cfg = validate({**corpus_cfg.model_dump(), **updates}, "corpus options", type(corpus_cfg))
 
     from beam_jobs.clean_corpus import clean as run_job
+    from beam_jobs.job import EmptyResultError
     from bert_core import storage
     from bert_core.corpus.inputs import InputError
 
     console = Console(stderr=True)
-    with user_errors(InputError, code=2), user_errors(storage.OutputError):
+    with user_errors(InputError, code=2), user_errors(storage.OutputError, EmptyResultError):
         with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
                             f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
                             f"up to {workers or cfg.workers} worker(s) ..."):
-            manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=cfg.beam_runner,
-                               beam_args=[*cfg.beam_args, *ctx.args])
+            manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=runner or cfg.beam_runner,
+                               beam_args=[*cfg.beam_args, *ctx.args], shared_storage=cfg.shared_storage)
     typer.echo(format_counts(manifest))
 
 

@@ -15,7 +15,15 @@ from typing import Annotated
 import typer
 
 from flows.cli.manifests import format_stats
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
+from flows.cli.options import (
+    ConfigOpt,
+    PresetOpt,
+    RunnerOpt,
+    SetOpt,
+    WorkersOpt,
+    resolve,
+    user_errors,
+)
 
 
 def instances(
@@ -24,21 +32,23 @@ def instances(
     vocab: Annotated[str, typer.Option(help="Vocab stage folder, or a vocab.txt file.")],
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for seq{L}/ shards.")],
     workers: WorkersOpt = None,
+    runner: RunnerOpt = None,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Extra
     arguments after the options are passed to Beam."""
+    from beam_jobs.job import EmptyResultError
     from bert_core.storage import UnfinishedWriteError
 
     cfg = resolve(preset, config, set_)
     from beam_jobs.create_instances import create_instances as run_job
 
-    with user_errors(UnfinishedWriteError, ValueError):
+    with user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
         manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
-                           workers=workers or cfg.workers, runner=cfg.beam_runner,
-                           beam_args=[*cfg.beam_args, *ctx.args])
+                           workers=workers or cfg.workers, runner=runner or cfg.beam_runner,
+                           beam_args=[*cfg.beam_args, *ctx.args], shared_storage=cfg.shared_storage)
     typer.echo(format_stats(manifest))
 
 

@@ -16,6 +16,11 @@ ConfigOpt = Annotated[
     str | None, typer.Option("--config", "-c", help="YAML file shaped like a preset; overrides it.")
 ]
 WorkersOpt = Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")]
+RunnerOpt = Annotated[
+    str | None,
+    typer.Option(help="Beam runner: local, dask (a Dask cluster: -- --dask_scheduler_file=F or "
+                      "--dask_client_address=A), or a Beam runner name (default: config beam_runner)."),
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),

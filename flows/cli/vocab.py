@@ -15,7 +15,15 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, WorkersOpt, resolve, user_errors
+from flows.cli.options import (
+    ConfigOpt,
+    PresetOpt,
+    RunnerOpt,
+    SetOpt,
+    WorkersOpt,
+    resolve,
+    user_errors,
+)
 
 
 def vocab(
@@ -28,11 +36,13 @@ def vocab(
         str | None, typer.Option("--vocab-file", help="Use and validate this vocab.txt instead of training.")
     ] = None,
     workers: WorkersOpt = None,
+    runner: RunnerOpt = None,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Train a WordPiece vocab on the corpus (Beam word counts + HF tokenizers), or validate one."""
+    from beam_jobs.job import EmptyResultError
     from bert_core.storage import UnfinishedWriteError
 
     cfg = resolve(preset, config, set_)
@@ -42,9 +52,10 @@ def vocab(
     from beam_jobs.build_vocab import build_vocab as run_job
     from bert_core.vocab.training import report_markdown
 
-    with user_errors(UnfinishedWriteError, ValueError):
+    with user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
         manifest = run_job(corpus, output, vocab_cfg, workers=workers or cfg.workers,
-                           runner=cfg.beam_runner, beam_args=[*cfg.beam_args, *ctx.args])
+                           runner=runner or cfg.beam_runner, beam_args=[*cfg.beam_args, *ctx.args],
+                           shared_storage=cfg.shared_storage)
     typer.echo(report_markdown(manifest))
 
 

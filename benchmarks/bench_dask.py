@@ -1,0 +1,178 @@
+"""Throughput on a Dask cluster: each Beam stage on the local runner and on a two-worker Dask
+cluster on this machine, on the same distinct text; wall time and CPU-seconds of every process.
+
+    python -m benchmarks.bench_dask                 # the sample corpus (x1)
+    python -m benchmarks.bench_dask --size 3        # with distinct text (benchmarks.distinct_text)
+
+Each stage runs as the product runs it (``python -m beam_jobs.clean_corpus``, ``build_vocab``,
+``create_instances``), demo preset, first with ``--workers 2`` on the local runner, then with
+``--runner dask`` against one ``dask scheduler`` and ``dask worker --nworkers 2 --nthreads 1``
+started here (``shared_storage=true``: one machine). The inputs are those of
+:mod:`benchmarks.bench_scale` at ``--size`` (the sample's Wikipedia excerpt, book and plays,
+then distinct text; no copies). Both runners must write the same bytes: the shards' sha256 are
+compared, and a difference fails the run.
+
+CPU-seconds on the cluster are those of the driver's process tree (as ``bench_scale`` measures
+it) plus what the scheduler's and the workers' process trees (nannies and workers) spent while
+the stage ran. The cluster is started before the first stage and its start-up is reported on
+its own; the first stage also pays each worker's imports. Results go to
+``bench-results/dask.json``; the table printed ends with the cluster's wall and CPU over the
+local runner's, per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_scale import measure, raw_inputs  # noqa: E402
+from benchmarks.common import machine  # noqa: E402
+from benchmarks.common import samples as samples_dir  # noqa: E402
+
+STAGES = ("clean", "vocab", "instances")
+WORKERS = 2
+
+
+def tree_cpu(pids: list[int]) -> float:
+    """CPU-seconds so far of these processes and all their descendants."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system + times.children_user + times.children_system
+            except psutil.Error:
+                continue
+    return total
+
+
+class Cluster:
+    """``dask scheduler`` and ``dask worker --nworkers N --nthreads 1`` on 127.0.0.1."""
+
+    def __init__(self, work: Path, env: dict[str, str], workers: int = WORKERS):
+        dask = str(Path(sys.executable).with_name("dask"))
+        self.scheduler_file = work / "scheduler.json"
+        started = time.perf_counter()
+        self.procs = [subprocess.Popen(
+            [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0",
+             "--scheduler-file", str(self.scheduler_file)],
+            env=env, stdout=open(work / "scheduler.log", "wb"), stderr=subprocess.STDOUT)]
+        while not self.scheduler_file.exists():
+            time.sleep(0.1)
+        self.procs.append(subprocess.Popen(
+            [dask, "worker", "--scheduler-file", str(self.scheduler_file), "--nworkers", str(workers),
+             "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"],
+            env=env, stdout=open(work / "workers.log", "wb"), stderr=subprocess.STDOUT))
+        from dask.distributed import Client
+
+        with Client(scheduler_file=str(self.scheduler_file)) as client:
+            client.wait_for_workers(workers, timeout=120)
+        self.start_s = round(time.perf_counter() - started, 2)
+
+    def cpu(self) -> float:
+        return tree_cpu([p.pid for p in self.procs])
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def stage_argv(stage: str, work: Path, inputs: dict, extra: list[str]) -> list[str]:
+    """The stage's command line; ``extra`` last (it may end with ``-- beam args``)."""
+    common = ["--preset", "demo", "--workers", str(WORKERS)]
+    if stage == "clean":
+        argv = ["beam_jobs.clean_corpus", "--wikipedia", inputs["wikipedia"],
+                *[a for b in inputs["books"] for a in ("--books", b)], "--output", str(work / "corpus")]
+    elif stage == "vocab":
+        argv = ["beam_jobs.build_vocab", "--corpus", str(work / "corpus"), "--output", str(work / "vocab")]
+    else:
+        argv = ["beam_jobs.create_instances", "--corpus", str(work / "corpus"), "--vocab", str(work / "vocab"),
+                "--output", str(work / "instances")]
+    return [sys.executable, "-m", *argv, *common, *extra]
+
+
+def shard_digests(work: Path, stage: str) -> dict[str, str]:
+    folder = work / {"clean": "corpus", "vocab": "vocab", "instances": "instances"}[stage]
+    found = {}
+    for manifest in sorted(folder.rglob("_MANIFEST.json")):
+        for shard in json.loads(manifest.read_text())["shards"]:
+            found[f"{manifest.parent.relative_to(folder)}/{shard['path']}"] = shard["sha256"]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", type=int, default=1, help="Input size, a multiple of the sample (distinct text).")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    distinct: list[Path] = []
+    if args.size > 1:
+        from benchmarks.distinct_text import cached, interleaved, text_files
+
+        distinct = interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr))))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    info, load = machine(), os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-dask-") as tmp:
+        tmp = Path(tmp)
+        inputs = raw_inputs(args.size, samples_dir(), distinct, tmp)
+        if inputs["input_mb"] > inputs["distinct_mb"] + 0.01:
+            parser.error(f"--size {args.size} needs copies: not enough distinct text")
+        local, cluster_work = tmp / "local", tmp / "dask"
+        for stage in STAGES:
+            local.mkdir(exist_ok=True)
+            rows.append({"stage": stage, "runner": "local", "input_mb": inputs["input_mb"],
+                         **measure(stage_argv(stage, local, inputs, []), local / f"{stage}.log", env)})
+        cluster_work.mkdir()
+        cluster = Cluster(cluster_work, env)
+        try:
+            for stage in STAGES:
+                before = cluster.cpu()
+                extra = ["--runner", "dask", "--set", "shared_storage=true", "--",
+                         f"--dask_scheduler_file={cluster.scheduler_file}"]
+                result = measure(stage_argv(stage, cluster_work, inputs, extra), cluster_work / f"{stage}.log", env)
+                result["cpu_s"] = round(result["cpu_s"] + cluster.cpu() - before, 2)
+                rows.append({"stage": stage, "runner": "dask", "input_mb": inputs["input_mb"], **result})
+                if shard_digests(local, stage) != shard_digests(cluster_work, stage):
+                    raise SystemExit(f"{stage}: the Dask cluster's shards differ from the local runner's")
+        finally:
+            cluster.stop()
+    ratios = {}
+    print(f"\nMachine: {info['cpu']}, {info['cores']} cores; load average {load[0]:.1f} at start; "
+          f"{inputs['input_mb']} MB of distinct input; cluster start-up {cluster.start_s} s")
+    print(f"{'stage':<10} {'local wall':>10} {'dask wall':>10} {'ratio':>6} {'local CPU':>10} {'dask CPU':>10} {'ratio':>6}")
+    for stage in STAGES:
+        a, b = (next(r for r in rows if r["stage"] == stage and r["runner"] == k) for k in ("local", "dask"))
+        ratios[stage] = {"wall": round(b["wall_s"] / a["wall_s"], 2), "cpu": round(b["cpu_s"] / a["cpu_s"], 2)}
+        print(f"{stage:<10} {a['wall_s']:>10.1f} {b['wall_s']:>10.1f} {ratios[stage]['wall']:>6.2f} "
+              f"{a['cpu_s']:>10.1f} {b['cpu_s']:>10.1f} {ratios[stage]['cpu']:>6.2f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "dask.json").write_text(json.dumps(
+        {"machine": info, "load_average": {"start": load, "end": os.getloadavg()}, "workers": WORKERS,
+         "cluster_start_s": cluster.start_s, "runs": rows, "dask_over_local": ratios}, indent=2))
+    print(f"wrote {args.out / 'dask.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
