@@ -48,8 +48,7 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
     publish_table("instances-stats", stats_rows(manifest, nsp=config.instances.next_sentence_prediction),
                   f"Instance statistics of {manifest['uri']}")
     pictures = [
-        markdown_image(histogram(s["counts"]["length_histogram"], f"{name}: instance lengths",
-                                 "tokens (bin start)"), name)
+        markdown_image(histogram(s["length_histogram"], f"{name}: instance lengths", "tokens"), name)
         for name, s in manifest["stats"].items()
     ]
     publish_markdown("instances-lengths", "\n\n".join(pictures), "Instance length histograms")
