@@ -23,8 +23,9 @@ translation of ``Create``, ``GroupByKey`` and ``Flatten`` and changes the rest:
   once and passed to its readers.
 - **partitions**: the stock runner puts up to 128 ``Create`` items in one partition (one task,
   one worker); here each item is its own partition up to four per worker thread of the
-  cluster (``--dask_npartitions`` / ``--dask_partition_size`` still win). Groups are shuffled
-  with Dask's task shuffle, never through a worker's local disk.
+  cluster (``--dask_npartitions`` / ``--dask_partition_size`` still win), and a ``Flatten`` or a
+  ``GroupByKey`` keeps to that many (the stock runner's add up down the graph). Groups are
+  shuffled with Dask's task shuffle, never through a worker's local disk.
 
 Windows, timestamps, state, timers, splittable DoFns and ``Read`` stay unsupported, as in the
 stock runner (the jobs here use none of them). The cluster is named by Beam's Dask options:
@@ -162,11 +163,26 @@ class ParDo(ops.DaskBagOp):
                                         list(args), dict(kwargs), views, *whole)
 
 
+def _bounded(bag, limit: int | None):
+    """``bag`` in at most ``limit`` partitions: a Flatten adds up its inputs' partitions, and a
+    task shuffle costs a task per pair of partitions, so they would multiply down the graph."""
+    return bag.repartition(limit) if limit and bag.npartitions > limit else bag
+
+
 class GroupByKey(ops.DaskBagOp):
-    """Beam's ``GroupByKey`` as a Dask task shuffle (a worker's disk is never shared)."""
+    """Beam's ``GroupByKey`` as a Dask task shuffle (a worker's disk is never shared), over at
+    most ``max_partitions`` partitions."""
 
     def apply(self, input_bag, side_inputs=None):
-        return input_bag.groupby(_key, shuffle="tasks").map(_group)
+        limit = self.bag_kwargs.get("max_partitions")
+        return _bounded(input_bag, limit).groupby(_key, shuffle="tasks").map(_group)
+
+
+class Flatten(ops.Flatten):
+    """Beam's ``Flatten``: the inputs' partitions side by side, at most ``max_partitions``."""
+
+    def apply(self, input_bag, side_inputs=None):
+        return _bounded(super().apply(input_bag, side_inputs), self.bag_kwargs.get("max_partitions"))
 
 
 def _key(item):
@@ -194,7 +210,7 @@ class Create(ops.Create):
 
 
 TRANSLATIONS = {**ops.TRANSLATIONS, ops.apache_beam.ParDo: ParDo, ops._GroupByKeyOnly: GroupByKey,
-                ops._Create: Create}
+                ops._Create: Create, ops._Flatten: Flatten}
 
 
 class _BagVisitor(PipelineVisitor):
