@@ -684,18 +684,19 @@ def error_lines(err: ValidationError, *prefix: str) -> list[str]:
             for e in err.errors()]
 
 
-def _versioned(config: BaseModel) -> dict[str, Any]:
-    """A config as a version sees it: without the VERSIONED_WHEN_SET fields left at their default."""
+def versioned(config: BaseModel, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A config as a version sees it: without ``exclude`` and without the VERSIONED_WHEN_SET
+    fields left at their default."""
     unset = {name for name, field in type(config).model_fields.items()
              if field.json_schema_extra == VERSIONED_WHEN_SET
              and getattr(config, name) == field.get_default(call_default_factory=True)}
-    return config.model_dump(mode="json", exclude=unset)
+    return config.model_dump(mode="json", exclude=unset | exclude)
 
 
 def config_hash(*parts: Any) -> str:
     """Short stable hash of configs and input manifests: the `<version>` of a stage's output."""
     blob = json.dumps(
-        [_versioned(p) if isinstance(p, BaseModel) else p for p in parts],
+        [versioned(p) if isinstance(p, BaseModel) else p for p in parts],
         sort_keys=True,
         default=str,
     )

@@ -16,7 +16,7 @@ from prefect import get_run_logger
 from prefect.states import Completed, State
 
 from bert_core import storage
-from bert_core.config import FAN_OUT_FIELDS, FinetuneConfig, PipelineConfig, config_hash
+from bert_core.config import FAN_OUT_FIELDS, FinetuneConfig, PipelineConfig, config_hash, versioned
 
 SKIPPED = "skipped (cached)"
 
@@ -76,7 +76,7 @@ def instances_folder(config: PipelineConfig, corpus: str, vocab: str) -> str:
 def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
     """The version of a pre-training run: its run folder and its published model share it."""
     # How often a failed launch is retried does not change what is trained.
-    pretrain = config.pretrain.model_dump(mode="json", exclude={"launch_retries"})
+    pretrain = versioned(config.pretrain, exclude=frozenset({"launch_retries"}))
     return config_hash(config.model, pretrain, manifest_identity(instances), manifest_identity(vocab))
 
 

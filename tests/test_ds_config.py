@@ -16,13 +16,40 @@ from bert_core.config import ConfigError, load_config, preset_names
 from bert_core.model.weight_decay import param_groups
 from bert_core.pretrain.ds_config import client_optimizer, ds_config, uses_client_optimizer
 
-TINY_MODEL = ["model.size=custom", "model.hidden_size=32", "model.num_attention_heads=2",
-              "model.intermediate_size=64", "model.num_hidden_layers=1",
-              "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
-ONE_RANK = ["pretrain.nodes=1", "pretrain.procs_per_node=1", "pretrain.monitor=none",
-            "pretrain.phases=[{max_seq_length: 128, max_steps: 10, global_batch_size: 4, "
-            "micro_batch_size: 2, learning_rate: 1.0e-3, warmup_steps: 1}]",
-            "instances.lengths=[{max_seq_length: 128}]"]
+# A tiny model (vocab 128 rows) on one rank, two micro-batches of 2 per optimizer step.
+TINY_ONE_RANK = ["model.size=custom", "model.hidden_size=32", "model.num_attention_heads=2",
+                 "model.intermediate_size=64", "model.num_hidden_layers=1",
+                 "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0",
+                 "pretrain.nodes=1", "pretrain.procs_per_node=1", "pretrain.monitor=none",
+                 "pretrain.phases=[{max_seq_length: 128, max_steps: 10, global_batch_size: 4, "
+                 "micro_batch_size: 2, learning_rate: 1.0e-3, warmup_steps: 1}]",
+                 "instances.lengths=[{max_seq_length: 128}]"]
+
+
+def tiny_engine(preset: str, *sets: str, seed: int = 0):
+    """A real DeepSpeed engine of the tiny model with ``preset``'s settings (and ``sets``)."""
+    import deepspeed
+
+    from bert_core.model.bert import BertForPreTraining
+
+    cfg = load_config(preset, None, [*TINY_ONE_RANK, *sets])
+    pre = cfg.pretrain
+    torch.manual_seed(seed)
+    model = BertForPreTraining(cfg.model.model_copy(update={"vocab_size": 128}))
+    groups = param_groups(model, pre.weight_decay)
+    client = client_optimizer(pre, pre.phases[0], groups) if uses_client_optimizer(pre) else None
+    return deepspeed.initialize(model=model, model_parameters=groups, optimizer=client, config=ds_config(pre, 0))
+
+
+def tiny_batch() -> dict[str, torch.Tensor]:
+    """Two sequences of 16 tokens with 3 masked positions each, seeded."""
+    g = torch.Generator().manual_seed(1)
+    return {
+        "input_ids": torch.randint(5, 128, (2, 16), generator=g), "token_type_ids": torch.zeros(2, 16, dtype=torch.long),
+        "attention_mask": torch.ones(2, 16, dtype=torch.long),
+        "masked_lm_positions": torch.tensor([[1, 2, 3]] * 2), "masked_lm_ids": torch.randint(5, 128, (2, 3), generator=g),
+        "masked_lm_weights": torch.ones(2, 3), "next_sentence_label": torch.tensor([0, 1]),
+    }
 
 
 class DataParallel:
@@ -71,32 +98,18 @@ def test_deepspeed_parses_every_preset(preset, one_rank):
 def test_engine_of_every_preset_steps(preset, one_rank):
     """A GPU preset's settings build and step a real engine here: bf16 at ZeRO 1 is DeepSpeed's
     BF16_Optimizer accumulating fp32 gradients, AdamW is torch's (fused on GPU presets)."""
-    import deepspeed
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
-    from bert_core.model.bert import BertForPreTraining
-
-    cfg = load_config(preset, None, [*TINY_MODEL, *ONE_RANK])
-    pre = cfg.pretrain
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg.model.model_copy(update={"vocab_size": 128}))
-    groups = param_groups(model, pre.weight_decay)
-    client = client_optimizer(pre, pre.phases[0], groups) if uses_client_optimizer(pre) else None
-    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=groups, optimizer=client,
-                                                   config=ds_config(pre, 0))
+    pre = load_config(preset, None, TINY_ONE_RANK).pretrain
+    engine, optimizer, _, scheduler = tiny_engine(preset)
+    model = engine.module
     if pre.precision == "bf16":
         assert isinstance(optimizer, BF16_Optimizer)
         assert engine.get_data_types() == (torch.bfloat16, torch.float32)
     inner = getattr(optimizer, "optimizer", optimizer)
     assert isinstance(inner, torch.optim.AdamW)
     assert inner.defaults["fused"] == (True if pre.accelerator == "gpu" else None)
-    g = torch.Generator().manual_seed(1)
-    batch = {
-        "input_ids": torch.randint(5, 128, (2, 16), generator=g), "token_type_ids": torch.zeros(2, 16, dtype=torch.long),
-        "attention_mask": torch.ones(2, 16, dtype=torch.long),
-        "masked_lm_positions": torch.tensor([[1, 2, 3]] * 2), "masked_lm_ids": torch.randint(5, 128, (2, 3), generator=g),
-        "masked_lm_weights": torch.ones(2, 3), "next_sentence_label": torch.tensor([0, 1]),
-    }
+    batch = tiny_batch()
     scheduler.step()  # as bert_core.pretrain.loop does on a fresh phase: update k uses iteration k - 1
     before = model.bert.embeddings.word_embeddings.weight.detach().float().clone()
     losses = []
