@@ -1,61 +1,47 @@
-"""Quality: does our pre-training help? Sentiment accuracy of a small BERT pre-trained by the
-pipeline (arm A) against the same architecture and vocab from random init (arm B), with the
-sample MiniLM (arm C) as the strong reference.
+"""Quality: does our pre-training pay, and most when labels are few? A pre-registered
+learning-curve protocol (the full text, with the results, is ``docs/quality.md``).
 
-    python -m benchmarks.bench_quality                      # the chosen recipe at 0, 15, 30 CPU-minutes, 3 runs each
-    python -m benchmarks.bench_quality --search             # every recipe at one budget, scored on dev
-    python -m benchmarks.bench_quality --budgets 0,2 --seeds 2 --lrs 1e-3 --epochs 2 --no-reference  # a look
+    nice -n 19 python -m benchmarks.bench_quality --work /work/quality-runs --reuse   # the protocol
+    python -m benchmarks.bench_quality --quick --work /tmp/q                           # bookkeeping on tiny data
 
-- **Data**: every sample sentiment sentence (``samples/tasks/sentiment``, read by the product's
-  ``read_sentiment``, neutral ratings rejected as there), split once by ``--split-seed`` into
-  train / dev / test. The test split is scored only with the chosen setting's final seeds; the
-  recipe search never looks at it. The pre-training text is the demo preset's corpus
-  (:func:`corpus_inputs`: the Wikipedia excerpt, the novel, the plays and the sample tweets, text
-  only); a run stops if any dev or test sentence is in it.
-- **Recipes** (:data:`RECIPES`): what pre-training is made of, as the product's own settings:
-  the instances stage (sequence length, next-sentence pairs or packed sentences, static or dynamic
-  masking, whole-word masking) and the model and optimizer. ``--search`` pre-trains every recipe
-  for the same budget and fine-tunes it on the small dev grid (one seed a point, so a point or
-  two of difference is noise); :data:`CHOSEN`, the recipe of the main run and of the ``demo``
-  preset, is one the search ranks at the top.
-- **Pre-training** (arm A, ``--pretrain-seeds`` runs per budget, seeds 42, 43, ...): the product
-  path end to end: ``bertpipe corpus``,
-  ``vocab`` and ``instances`` on the samples (the instances stage carves the held-out eval split by
-  document), then ``bertpipe pretrain`` (DeepSpeed, 2 CPU ranks). The budget is CPU-minutes of
-  training steps summed over the ranks (``cpu_seconds`` in the run's metrics; a short calibration
-  run of the same command gives the CPU cost of a step); start-up, evaluation and export come on
-  top and are reported; every run of a budget takes the first run's step count. The eval
-  masked-LM accuracy is each run's own, on the whole eval split. Budget 0 is arm B: the same
-  model config, random init drawn from the same seeds.
-- **Fine-tuning**: the product's loop (``bert_core.finetune.train.train_and_predict``), the
-  paper's protocol per arm: a learning-rate x epochs grid on the arm's first run, each setting
-  scored on dev as the mean over ``--select-seeds`` seeds, then ``--seeds`` fresh seeds at the
-  best setting on every run, scored on test (0-100). A run's score is the mean of its seeds. The
-  gain of each budget over arm B has a 95% Welch confidence interval (Welch–Satterthwaite degrees
-  of freedom) over runs, so it carries the spread between pre-training runs as well as between
-  fine-tuning seeds; with one run per arm it can only be over fine-tuning seeds, and says so.
-  ``--jobs`` fine-tunes that many runs side by side (one thread each).
+- **Tasks** (``benchmarks/quality_tasks.py``, files pinned by sha256): ``sentiment`` (binary) and
+  ``tweets3`` (negative / neutral / positive crowd-labelled tweets; their held-out set is removed
+  from the pre-training text). A run stops if any dev or test text is in the corpus.
+- **Arms**: A, the chosen recipe pre-trained by the product path (``bertpipe corpus``, ``vocab``,
+  ``instances``, ``pretrain``) for each budget of CPU-minutes (60 and 240), 3 runs (seeds 42-44);
+  B, the same model from random init (seeds 42-44); TF-IDF + logistic regression; C, the sample
+  MiniLM at one fixed setting.
+- **Learning curve**: 100, 300, 1,000 and all training examples; 5 stratified subsamples per
+  size, subsample k fine-tuned with seed 1 + k in every arm (paired).
+- **Fine-tuning**: the product's loop; each arm's setting chosen once per task on the full pool's
+  dev score (macro-F1) from learning rate {3e-4, 1e-3} x pooling {cls, mean} x layer-wise decay
+  {1.0, 0.8}, then fixed for every size and run; 6 epochs, at least 100 steps.
+- **Primary endpoint**: at 300 and at 1,000 labels, the mean over tasks of A - B (macro-F1), with
+  a 95% Welch interval over pre-training runs. Secondary: the full-label gain per task, a linear
+  probe per layer, held-out MLM accuracy on each task's text, and the regression check (A - B at
+  300 labels per task; negative = ``REGRESSION``).
+- **Bookkeeping**: every pre-training run and fine-tuning job is cached under ``--work`` by a
+  hash of its settings, so ``--reuse`` resumes a killed session without redoing finished work.
 
-Writes ``bench-results/quality.json`` (``--search``: ``quality-search.json``, one entry per
-recipe and budget, kept across runs) and prints a table with the machine.
+Writes ``bench-results/quality.json`` (every run, subsample and seed) and ``docs/quality.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
-import re
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +85,7 @@ class Recipe:
                  "micro_batch_size": self.global_batch // ranks, "learning_rate": self.learning_rate,
                  "warmup_steps": max(1, round(steps * self.warmup_fraction))}
         return [self.instance_sets()[0], f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.procs_per_node={ranks}",
-                f"pretrain.checkpoint_every={steps}", f"pretrain.log_every={max(1, min(50, steps // 10))}",
+                f"pretrain.checkpoint_every={max(1, steps // 10)}", f"pretrain.log_every={max(1, min(50, steps // 10))}",
                 "pretrain.eval_every=0", f"pretrain.seed={seed}", *(f"model.{k}={v}" for k, v in self.model.items())]
 
 
@@ -128,16 +114,28 @@ RECIPES: dict[str, Recipe] = {
 CHOSEN = "mlm-only-seq64-lr3e-3-dynamic"
 
 
+# --------------------------------------------------------------------------- the protocol's constants
+
+
+SIZES: tuple[int | None, ...] = (100, 300, 1000, None)  # None = the whole training pool
+SUBSAMPLES = 5
+RUNS = 3
+BUDGETS = (60.0, 240.0)
+GRID = [{"learning_rate": lr, "pooling": pooling, "layerwise_lr_decay": decay}
+        for lr in (3e-4, 1e-3) for pooling in ("cls", "mean") for decay in (1.0, 0.8)]
+MINILM_SETTING = {"learning_rate": 1e-4, "epochs": 3.0, "pooling": "mean"}
+TFIDF_C = (0.1, 1.0, 10.0)
+PRIMARY_SIZES = ("300", "1000")
+PROBE_SIZE = 1000
+QUICK = {"sizes": (10, 20, None), "subsamples": 2, "runs": 2, "steps": 4, "pool": 60, "dev": 40, "test": 40,
+         "global_batch": 8, "grid": [s | {"epochs": 1.0, "min_steps": 2} for s in GRID[:2]]}
+
+
+def size_name(size: int | None) -> str:
+    return "all" if size is None else str(size)
+
+
 # --------------------------------------------------------------------------- pure helpers
-
-
-def split_indices(n: int, dev_size: int, test_size: int, seed: int) -> tuple[list[int], list[int], list[int]]:
-    """A fixed random split of ``range(n)`` into (train, dev, test), each sorted."""
-    if dev_size + test_size >= n:
-        raise ValueError(f"dev {dev_size} + test {test_size} leaves no training examples of {n}")
-    order = np.random.default_rng(seed).permutation(n).tolist()
-    test, dev, train = order[:test_size], order[test_size:test_size + dev_size], order[test_size + dev_size:]
-    return sorted(train), sorted(dev), sorted(test)
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -161,9 +159,9 @@ def welch_interval(a: list[float], b: list[float], level: float = 0.95) -> dict[
     return {"gain": gain, "ci_low": gain - half, "ci_high": gain + half, "df": df}
 
 
-def best_setting(dev_means: dict[tuple[float, float], float]) -> tuple[float, float]:
-    """The (learning rate, epochs) with the highest mean dev score; ties go to the first listed."""
-    return max(dev_means, key=lambda s: (dev_means[s], -list(dev_means).index(s)))
+def best_setting(scored: list[tuple[dict, float]]) -> dict:
+    """The setting with the highest dev score; ties go to the first listed."""
+    return max(enumerate(scored), key=lambda item: (item[1][1], -item[0]))[1][0]
 
 
 def cpu_per_step(rows: list[dict]) -> float:
@@ -176,37 +174,102 @@ def cpu_per_step(rows: list[dict]) -> float:
     return (last["cpu_seconds"] - first["cpu_seconds"]) / (last["step"] - first["step"])
 
 
+def train_cpu_seconds(rows: list[dict]) -> float:
+    """CPU seconds of training steps over a run's train rows; a resumed run's counter starts
+    again, so only increases between rows of one process count."""
+    rows = [r for r in rows if r.get("kind", "train") == "train" and "cpu_seconds" in r]
+    return sum(max(0.0, b["cpu_seconds"] - a["cpu_seconds"]) for a, b in zip(rows, rows[1:], strict=False)
+               if b["cpu_seconds"] >= a["cpu_seconds"])
+
+
 def steps_in_budget(cpu_minutes: float, seconds_per_step: float) -> int:
     """Optimizer steps whose CPU cost fits ``cpu_minutes`` (at least 1)."""
     return max(1, int(cpu_minutes * 60 / seconds_per_step))
 
 
+def run_value(run: dict, tasks: list[str], size: str, metric: str = "macro_f1") -> float | None:
+    """A run's value at a size: the mean over tasks of its mean over subsamples (None if missing)."""
+    per_task = []
+    for task in tasks:
+        jobs = run.get("curve", {}).get(task, {}).get(size)
+        if not jobs:
+            return None
+        per_task.append(statistics.fmean(j[metric] for j in jobs))
+    return statistics.fmean(per_task)
+
+
+def endpoints(arms: list[dict], tasks: list[str], sizes: list[str]) -> list[dict]:
+    """For each pre-trained arm and size: the gain over arm B in macro-F1 (mean over tasks), with
+    its Welch interval over pre-training runs, and per task (the regression check at 300)."""
+    base = next(a for a in arms if a["arm"] == "B")
+    out = []
+    for arm in (a for a in arms if a["arm"].startswith("A")):
+        for size in sizes:
+            a = [v for r in arm["runs"] if (v := run_value(r, tasks, size)) is not None]
+            b = [v for r in base["runs"] if (v := run_value(r, tasks, size)) is not None]
+            if not a or not b:
+                continue
+            per_task = {}
+            for task in tasks:
+                ta = [v for r in arm["runs"] if (v := run_value(r, [task], size)) is not None]
+                tb = [v for r in base["runs"] if (v := run_value(r, [task], size)) is not None]
+                per_task[task] = welch_interval(ta, tb) | {"runs": [len(ta), len(tb)]}
+            out.append({"arm": arm["arm"], "budget_cpu_minutes": arm["budget_cpu_minutes"], "size": size,
+                        "runs": [len(a), len(b)], **welch_interval(a, b), "per_task": per_task,
+                        "regression": sorted(t for t, g in per_task.items() if g["gain"] < 0) if size == "300" else []})
+    return out
+
+
+class Cache:
+    """Finished work on disk, one JSON file per job, named by a hash of everything that decides its
+    result; with ``reuse`` a job whose file exists is read, not run again."""
+
+    def __init__(self, folder: Path, reuse: bool) -> None:
+        self.folder, self.reuse = folder, reuse
+        self.hits = self.misses = 0
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        return self.folder / f"{digest}.json"
+
+    def lookup(self, key: dict):
+        path = self.path(key)
+        if self.reuse and path.exists():
+            self.hits += 1
+            return json.loads(path.read_text())["value"]
+        return None
+
+    def store(self, key: dict, value) -> None:
+        self.misses += 1
+        path = self.path(key)
+        tmp = path.with_suffix(f".{os.getpid()}.part")  # two processes may finish the same job
+        tmp.write_text(json.dumps({"key": key, "value": value}, default=str))
+        tmp.replace(path)
+
+    def run(self, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str) -> list:
+        """Each job's value, from disk or computed in ``pool``; progress printed as they end."""
+        values: list = [self.lookup(key) for key, _, _ in jobs]
+        todo = {pool.submit(fn, *a): i for i, (_, fn, a) in enumerate(jobs) if values[i] is None}
+        if len(todo) < len(jobs):
+            print(f"  {label}: {len(jobs) - len(todo)} of {len(jobs)} jobs reused", flush=True)
+        for n, future in enumerate(as_completed(todo), 1):
+            i = todo[future]
+            values[i] = future.result()
+            self.store(jobs[i][0], values[i])
+            if n % 5 == 0 or n == len(todo):
+                print(f"  {label}: {n}/{len(todo)} jobs done", flush=True)
+        return values
+
+
 # --------------------------------------------------------------------------- data
-
-
-def sentiment_split(folder: Path, dev_size: int, test_size: int, seed: int) -> dict[str, list]:
-    """All non-neutral sample sentences (both of the reader's parts), split by ``seed``."""
-    from bert_core.finetune.glue import read_sentiment
-
-    examples = read_sentiment(str(folder), "train")[0] + read_sentiment(str(folder), "dev")[0]
-    examples.sort(key=lambda e: e.guid)
-    parts = split_indices(len(examples), dev_size, test_size, seed)
-    return {name: [examples[i] for i in idx] for name, idx in zip(("train", "dev", "test"), parts, strict=True)}
-
-
-def encode(tokenizer, examples: list, max_seq_length: int) -> list[dict]:
-    from bert_core.finetune.glue import SENTIMENT_LABELS, encode_pairs
-
-    enc = encode_pairs(tokenizer, examples, max_seq_length)
-    return [{"input_ids": i, "token_type_ids": t, "label": SENTIMENT_LABELS.index(e.label)}
-            for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], examples, strict=True)]
 
 
 def bertpipe(args: list[str], log: Path) -> float:
     """Run a ``bertpipe`` command as a user types it; its CPU seconds (the whole process tree)."""
     print("  $ bertpipe " + " ".join(args), flush=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(log, "w") as out:
+    with open(log, "a") as out:
         code = subprocess.run([sys.executable, "-m", "flows.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                               cwd=ROOT).returncode
     if code != 0:
@@ -215,53 +278,37 @@ def bertpipe(args: list[str], log: Path) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def corpus_inputs(sample_dir: Path | None = None) -> list[tuple[str, str]]:
+def corpus_inputs(sample_dir: Path | None = None, tweets: Path | None = None) -> list[tuple[str, str]]:
     """The demo preset's corpus as ``bertpipe corpus`` options: (flag, glob) pairs, the globs as the
-    preset names them, or under ``sample_dir`` when given."""
+    preset names them, or under ``sample_dir`` when given; ``tweets`` replaces the preset's text
+    (the sample tweets) with that file."""
     from bert_core.config import load_config
     from flows.demo import demo_config
 
     cfg = (demo_config(str(sample_dir), []) if sample_dir else load_config("demo")).corpus
+    text = [str(tweets)] if tweets else cfg.text
     return [(flag, p) for flag, globs in (("--wikipedia", cfg.wikipedia), ("--books", cfg.books),
-                                          ("--text", cfg.text)) for p in globs]
+                                          ("--text", text)) for p in globs]
 
 
-def corpus_and_vocab(sample_dir: Path, work: Path) -> tuple[Path, Path]:
-    """The corpus and vocab stages on the samples with the demo preset, built once per set of inputs
+def corpus_and_vocab(inputs: list[tuple[str, str]], work: Path) -> tuple[Path, Path]:
+    """The corpus and vocab stages with the demo preset on ``inputs``, built once per set of inputs
     (a change of inputs removes the corpus and everything built from it)."""
     corpus, vocab = work / "corpus", work / "vocab"
-    inputs = corpus_inputs(sample_dir)
     stamp = work / "corpus-inputs.json"
+    # a file input (the filtered tweets) is named with its sha256: new content, new corpus
+    inputs = [(flag, f"{p}#{hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16]}" if Path(p).is_file() else p)
+              for flag, p in inputs]
     if not stamp.exists() or json.loads(stamp.read_text()) != [list(i) for i in inputs]:
         for built in [corpus, vocab, *work.glob("instances-*")]:
             shutil.rmtree(built, ignore_errors=True)
     if not (corpus / "_MANIFEST.json").exists():
-        bertpipe(["corpus", *(a for i in inputs for a in i), "--output", str(corpus)], work / "corpus.log")
+        args = [a.split("#")[0] for i in inputs for a in i]
+        bertpipe(["corpus", *args, "--output", str(corpus)], work / "corpus.log")
         stamp.write_text(json.dumps(inputs))
     if not (vocab / "_MANIFEST.json").exists():
         bertpipe(["vocab", "--corpus", str(corpus), "--output", str(vocab)], work / "vocab.log")
     return corpus, vocab
-
-
-def normalized(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
-
-
-def held_out_in_corpus(split: dict[str, list], corpus: Path) -> int:
-    """Dev and test examples whose text (of 4 words or more) or longest sentence (of 8 or more) is a
-    sentence of the pre-training corpus: text the arms are scored on must not be pre-trained on.
-    Shorter ones ("perfect.", "i love it!") are common phrases, not copies."""
-    import pyarrow.parquet as pq
-
-    seen = {normalized(s) for f in sorted(corpus.glob("docs-*.parquet"))
-            for doc in pq.read_table(f, columns=["sentences"]).column("sentences").to_pylist() for s in doc}
-    found = 0
-    for example in split["dev"] + split["test"]:
-        longest = normalized(max(re.split(r"(?<=[.!?])\s+", example.text_a), key=len))
-        whole = normalized(example.text_a)
-        keys = {k for k, words in ((whole, 4), (longest, 8)) if len(k.split()) >= words}
-        found += bool(keys & seen)
-    return found
 
 
 def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path:
@@ -278,7 +325,7 @@ def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path
     return out
 
 
-# --------------------------------------------------------------------------- pre-training
+# --------------------------------------------------------------------------- checkpoints
 
 
 def read_rows(run: Path) -> list[dict]:
@@ -289,30 +336,31 @@ def read_rows(run: Path) -> list[dict]:
 
 
 def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> dict:
-    """``bertpipe pretrain`` with the recipe's settings for ``steps``: CPU seconds, rows, final eval."""
-    shutil.rmtree(run, ignore_errors=True)
-    cmd = ["pretrain", "--instances", str(instances), "--output", str(run)]
-    for s in recipe.pretrain_sets(steps, ranks, seed):
-        cmd += ["--set", s]
-    started = time.perf_counter()
-    cpu = bertpipe(cmd, run.parent / f"{run.name}.log")
-    rows = read_rows(run)
-    evals = [r for r in rows if r.get("kind") == "eval"]
-    train = [r for r in rows if r.get("kind", "train") == "train"]
-    return {"steps": steps, "cpu_minutes": cpu / 60, "wall_minutes": (time.perf_counter() - started) / 60,
-            "train_cpu_minutes": (train[-1]["cpu_seconds"] - train[0]["cpu_seconds"]) / 60 if len(train) > 1 else 0.0,
-            "last_loss": train[-1]["loss"] if train else None, "rows": rows,
-            "eval": {k: evals[-1][k] for k in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "instances")}
-            if evals else None}
+    """``bertpipe pretrain`` with the recipe's settings for ``steps``, resumed from the run's last
+    checkpoint when a killed session left one: CPU minutes, final eval. ``run/done.json`` holds the
+    result of a finished run, which is then not run again."""
+    import fcntl
 
-
-def calibrate(recipe: Recipe, instances: Path, work: Path, name: str, steps: int, ranks: int) -> float:
-    """CPU seconds one training step of the recipe costs, from a short run of the same command."""
-    done = pretrain(recipe, instances, work / f"calibration-{name}", steps, ranks)
-    per_step = cpu_per_step(done["rows"])
-    print(f"  calibration: {per_step:.2f} CPU-s a step ({done['cpu_minutes'] * 60:.0f} CPU-s for {steps} steps "
-          f"with start-up)", flush=True)
-    return per_step
+    done_file = run / "done.json"
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.parent / f"{run.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process pre-training this run: wait for it
+        if done_file.exists() and (run / "hf" / "config.json").exists():
+            return json.loads(done_file.read_text())
+        cmd = ["pretrain", "--instances", str(instances), "--output", str(run)]
+        for s in recipe.pretrain_sets(steps, ranks, seed):
+            cmd += ["--set", s]
+        started = time.perf_counter()
+        cpu = bertpipe(cmd, run.parent / f"{run.name}.log")
+        rows = read_rows(run)
+        evals = [r for r in rows if r.get("kind") == "eval"]
+        train = [r for r in rows if r.get("kind", "train") == "train"]
+        done = {"steps": steps, "cpu_minutes_this_session": cpu / 60,
+                "wall_minutes_this_session": (time.perf_counter() - started) / 60,
+                "train_cpu_minutes": train_cpu_seconds(rows) / 60, "last_loss": train[-1]["loss"] if train else None,
+                "eval": {k: evals[-1].get(k) for k in ("mlm_loss", "mlm_acc", "instances")} if evals else None}
+        done_file.write_text(json.dumps(done))
+        return done
 
 
 def random_init(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETRAIN_SEED) -> Path:
@@ -326,6 +374,8 @@ def random_init(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETR
     from bert_core.pretrain.data import read_vocab, vocab_file_of
     from bert_core.pretrain.loop import model_config
 
+    if (folder / "config.json").exists():
+        return folder
     cfg = load_config("demo", None, recipe.pretrain_sets(1, 1, seed))
     vocab_file = vocab_file_of(str(instances))
     torch.manual_seed(cfg.pretrain.seed)
@@ -334,314 +384,396 @@ def random_init(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETR
     return folder
 
 
-# --------------------------------------------------------------------------- fine-tuning
+# --------------------------------------------------------------------------- measures beside fine-tuning
 
 
-def finetune(checkpoint: str, data: dict[str, list], split: str, lr: float, epochs: float, seed: int,
-             batch_size: int, max_seq_length: int, pad_id: int) -> float:
-    """Accuracy (0-100) on ``split`` after fine-tuning on train with the product's loop."""
+def mean_features(checkpoint: str, examples: list, max_seq_length: int = 64) -> list:
+    """Frozen mean-pooled features of every layer (embeddings first): one [N, H] array per layer."""
     import torch
 
-    from bert_core.config import FinetuneConfig
-    from bert_core.finetune.data import TaskData
-    from bert_core.finetune.glue import glue_metrics
-    from bert_core.finetune.train import train_and_predict
-
-    torch.set_num_threads(1)
-    cfg = FinetuneConfig(learning_rate=lr, num_train_epochs=epochs, batch_size=batch_size,
-                         max_seq_length=max_seq_length, threads=1)
-    task = TaskData(kind="classification", num_labels=2, train=data["train"], evals={split: data[split]},
-                    finish=lambda s, o: ({}, {}))
-    out = train_and_predict(task, checkpoint, cfg, seed, pad_id)
-    pred = np.stack(out["outputs"][split]).argmax(-1)
-    return 100 * glue_metrics("sentiment", [f["label"] for f in data[split]], pred)["accuracy"]
-
-
-def encoded(checkpoint: Path, split: dict[str, list], max_seq_length: int) -> tuple[dict[str, list], int]:
-    """Every part of the split in the checkpoint's vocab, and its padding id."""
+    from bert_core.finetune.glue import encode_pairs
+    from bert_core.model.bert import BertModel
     from bert_core.vocab.tokenization import load_tokenizer
 
-    tokenizer = load_tokenizer(str(checkpoint))
-    return {k: encode(tokenizer, v, max_seq_length) for k, v in split.items()}, tokenizer.pad_id
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(checkpoint)
+    model = BertModel.from_pretrained(checkpoint).eval()
+    ids = encode_pairs(tokenizer, examples, max_seq_length)["input_ids"]
+    layers: list[list] = []
+    with torch.no_grad():
+        for i in range(0, len(ids), 128):
+            chunk = ids[i:i + 128]
+            T = max(len(x) for x in chunk)
+            batch = torch.tensor([x + [tokenizer.pad_id] * (T - len(x)) for x in chunk])
+            mask = (batch != tokenizer.pad_id).float()[..., None]
+            out = model(batch, torch.zeros_like(batch), mask[..., 0].long(), output_hidden_states=True)
+            for n, h in enumerate(out.hidden_states):
+                if len(layers) <= n:
+                    layers.append([])
+                layers[n].append(((h * mask).sum(1) / mask.sum(1)).numpy())
+    return [np.concatenate(parts) for parts in layers]
 
 
-def select_setting(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float], epochs: list[float],
-                   args: argparse.Namespace, pool: ProcessPoolExecutor, scored: bool = False) -> dict:
-    """The grid on dev, each point the mean over the selection seeds; the best point is ``selected``.
-    A grid of one point is scored only when ``scored``: otherwise there is nothing to choose."""
-    data, pad_id = encoded(checkpoint, split, args.max_seq_length)
-    dev_data = {"train": data["train"], "dev": data["dev"]}
-    grid_points = list(product(lrs, epochs))
-    select_seeds = args.select_seeds if len(grid_points) > 1 or scored else 0
-    futures = {(lr, ep): [pool.submit(finetune, str(checkpoint), dev_data, "dev", lr, ep, seed, args.batch_size,
-                                      args.max_seq_length, pad_id)
-                          for seed in range(1, select_seeds + 1)] for lr, ep in grid_points}
-    grid = {s: [f.result() for f in fs] for s, fs in futures.items()}
-    for (lr, ep), scores in filter(lambda item: item[1], grid.items()):
-        print(f"  {name}: lr {lr:g} x {ep:g} epochs -> dev {statistics.fmean(scores):.1f}", flush=True)
-    lr, ep = best_setting({s: statistics.fmean(v) if v else 0.0 for s, v in grid.items()})
-    return {"grid": [{"learning_rate": s[0], "epochs": s[1], "dev_scores": v,
-                      "dev_mean": statistics.fmean(v) if v else None} for s, v in grid.items()],
-            "selected": {"learning_rate": lr, "epochs": ep},
-            "dev_mean": statistics.fmean(grid[(lr, ep)]) if grid[(lr, ep)] else None}
+def linear_probe(checkpoint: str, train: list, test: list, labels: tuple[str, ...]) -> list[float]:
+    """Test macro-F1 of a logistic regression on each layer's frozen mean-pooled features."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from benchmarks.quality_finetune import scores
+
+    y_train, y_test = [labels.index(e.label) for e in train], [labels.index(e.label) for e in test]
+    out = []
+    for f_train, f_test in zip(mean_features(checkpoint, train), mean_features(checkpoint, test), strict=True):
+        scaler = StandardScaler().fit(f_train)
+        clf = LogisticRegression(max_iter=2000).fit(scaler.transform(f_train), y_train)
+        out.append(scores(y_test, clf.predict(scaler.transform(f_test)).tolist())["macro_f1"])
+    return out
 
 
-def final_scores(checkpoint: Path, split: dict[str, list], selected: dict, args: argparse.Namespace,
-                pool: ProcessPoolExecutor) -> list[float]:
-    """Test accuracy of ``--seeds`` fresh fine-tuning seeds at the selected setting."""
-    data, pad_id = encoded(checkpoint, split, args.max_seq_length)
-    test_data = {"train": data["train"], "test": data["test"]}
-    jobs = [(str(checkpoint), test_data, "test", selected["learning_rate"], selected["epochs"], 1000 + seed,
-             args.batch_size, args.max_seq_length, pad_id) for seed in range(1, args.seeds + 1)]
-    return list(pool.map(finetune, *zip(*jobs, strict=True)))
+def heldout_mlm_accuracy(checkpoint: str, examples: list, seed: int = 0, max_seq_length: int = 64) -> float:
+    """Masked-LM accuracy on the task's own text: 15% of the word pieces (never [CLS]/[SEP])
+    replaced by [MASK], drawn with ``seed``; the share predicted exactly."""
+    import torch
+
+    from bert_core.finetune.glue import encode_pairs
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.vocab.tokenization import load_tokenizer
+
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(checkpoint)
+    model = BertForPreTraining.from_pretrained(checkpoint).eval()
+    mask_id = tokenizer.mask_id
+    rng = np.random.default_rng(seed)
+    right = total = 0
+    with torch.no_grad():
+        for ids in encode_pairs(tokenizer, examples, max_seq_length)["input_ids"]:
+            inner = np.arange(1, len(ids) - 1)
+            if not len(inner):
+                continue
+            picked = rng.choice(inner, max(1, round(0.15 * len(inner))), replace=False)
+            masked = torch.tensor([ids])
+            masked[0, picked] = mask_id
+            hidden = model.bert(masked).last_hidden_state[0, picked]
+            right += int((model.mlm_logits(hidden).argmax(-1) == torch.tensor(ids)[picked]).sum())
+            total += len(picked)
+    return 100 * right / max(1, total)
 
 
-def run_arm(name: str, checkpoint: Path, split: dict[str, list], lrs: list[float], epochs: list[float],
-            args: argparse.Namespace, pool: ProcessPoolExecutor, final: bool = True) -> dict:
-    """Grid on dev (mean over the selection seeds), then the final seeds at the best setting on test."""
-    started = time.perf_counter()
-    entry = {"arm": name, "checkpoint": str(checkpoint)} | select_setting(name, checkpoint, split, lrs, epochs,
-                                                                            args, pool, scored=not final)
-    if final:
-        scores = final_scores(checkpoint, split, entry["selected"], args, pool)
-        entry["test_scores"] = scores
-        entry["mean"], entry["sd"] = mean_sd(scores)
-        print(f"  {name}: chose lr {entry['selected']['learning_rate']:g} x {entry['selected']['epochs']:g} epochs; "
-              f"test {entry['mean']:.1f} ± {entry['sd']:.1f} over {len(scores)} seeds", flush=True)
-    entry["finetune_minutes"] = (time.perf_counter() - started) / 60
-    return entry
+def tfidf_scores(train: list, evaluate: list, labels: tuple[str, ...], c: float) -> dict[str, float]:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from benchmarks.quality_finetune import scores
+
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)
+    x = vectorizer.fit_transform([e.text_a for e in train])
+    clf = LogisticRegression(C=c, max_iter=2000).fit(x, [labels.index(e.label) for e in train])
+    pred = clf.predict(vectorizer.transform([e.text_a for e in evaluate])).tolist()
+    return scores([labels.index(e.label) for e in evaluate], pred)
 
 
-def runs_of(arm: dict) -> list[dict]:
-    """The pre-training runs of an arm (one per seed); an arm written before runs were recorded
-    is one run with the default seed."""
-    if "runs" in arm:
-        return arm["runs"]
-    return [{"seed": PRETRAIN_SEED, "checkpoint": arm.get("checkpoint"), "pretrain": arm.get("pretrain"),
-             "eval_mlm": arm.get("eval_mlm"), "test_scores": arm["test_scores"], "mean": arm["mean"]}]
+# --------------------------------------------------------------------------- the protocol
 
 
-def gain_interval(arm: dict, base: dict) -> dict:
-    """The arm's gain over ``base`` with its 95% Welch interval. With two or more pre-training runs in
-    both arms the unit is the run (its mean over the fine-tuning seeds), so the interval carries the
-    spread between pre-training runs; with one run it can only be over fine-tuning seeds."""
-    a, b = runs_of(arm), runs_of(base)
-    if len(a) > 1 and len(b) > 1:
-        return welch_interval([r["mean"] for r in a], [r["mean"] for r in b]) | {"over": f"{len(a)} vs {len(b)} runs"}
-    return welch_interval(arm["test_scores"], base["test_scores"]) | {"over": "fine-tuning seeds of one run"}
+def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: dict, sizes, subsamples: int) -> list:
+    """The learning-curve jobs of one checkpoint on one task: (cache key, function, arguments)."""
+    from benchmarks import quality_tasks as qt
+    from benchmarks.quality_finetune import encoded, finetune
+
+    jobs = []
+    test, pad = None, 0
+    for size in sizes:
+        for k in range(subsamples):
+            train = qt.subsample(parts["train"], size, k, task.name)
+            data, pad = encoded(str(checkpoint), {"train": train} | ({} if test else {"test": parts["test"]}),
+                                task.labels, 64)
+            test = test or data["test"]
+            key = ckpt_key | {"task": task.name, "size": size_name(size), "subsample": k, "seed": 1 + k,
+                              "setting": setting, "split": "test"}
+            jobs.append((key, finetune, (str(checkpoint), {"train": data["train"], "test": test}, "test",
+                                         len(task.labels), setting, 1 + k, pad)))
+    return jobs
 
 
-# --------------------------------------------------------------------------- main
+def choose_setting(cache: Cache, pool, checkpoint: Path, ckpt_key: dict, task, parts: dict, grid: list[dict],
+                   label: str) -> dict:
+    """The arm's setting for a task: the grid on the full pool, one seed, scored on dev (macro-F1)."""
+    from benchmarks.quality_finetune import encoded, finetune
+
+    data, pad = encoded(str(checkpoint), {"train": parts["train"], "dev": parts["dev"]}, task.labels, 64)
+    jobs = [(ckpt_key | {"task": task.name, "size": "all", "setting": s, "seed": 1, "split": "dev"}, finetune,
+             (str(checkpoint), data, "dev", len(task.labels), s, 1, pad)) for s in grid]
+    scored = cache.run(pool, jobs, f"{label} {task.name} dev grid")
+    grid_rows = [s | {"dev": r} for s, r in zip(grid, scored, strict=True)]
+    chosen = best_setting([(s, r["macro_f1"]) for s, r in zip(grid, scored, strict=True)])
+    print(f"  {label} {task.name}: chose {chosen} (dev macro-F1 "
+          f"{max(r['macro_f1'] for r in scored):.1f})", flush=True)
+    return {"selected": chosen, "grid": grid_rows}
 
 
-SAME_RUN = ("recipe", "corpus_inputs", "lrs", "epochs", "select_seeds", "seeds", "dev_size", "test_size", "split_seed",
-            "batch_size", "max_seq_length")
-SAME_REFERENCE = ("reference_lrs", "reference_epochs", "select_seeds", "seeds", "dev_size", "test_size",
-                  "split_seed", "batch_size", "max_seq_length")
+def curve_of(values: list[dict], jobs: list) -> dict[str, list[dict]]:
+    curve: dict[str, list[dict]] = {}
+    for (key, _, _), v in zip(jobs, values, strict=True):
+        curve.setdefault(key["size"], []).append({"subsample": key["subsample"], "seed": key["seed"], **v})
+    return curve
 
 
-def reusable_arms(args: argparse.Namespace) -> dict[float | None, dict]:
-    """Arms of the last ``quality.json`` whose results this run would compute again, by budget
-    (``None``: the reference). Fine-tuning is seeded and CPU results repeat, so an arm of the same
-    recipe, split, grid and seeds is the same arm; a pre-trained arm also needs the same budget."""
-    path = RESULTS / "quality.json"
-    if not path.exists():
-        return {}
-    last = json.loads(path.read_text())
-    same = all(last["settings"].get(k) == getattr(args, k) for k in SAME_RUN)
-    same_reference = all(last["settings"].get(k) == getattr(args, k) for k in SAME_REFERENCE)
-    return {a["budget_cpu_minutes"]: a for a in last["arms"]
-            if (a["budget_cpu_minutes"] is None and same_reference) or (a["budget_cpu_minutes"] is not None and same)}
+def evaluate_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: dict, tasks: dict, plan: dict) -> None:
+    """Setting (first run of the arm), learning curve, probe and held-out MLM accuracy of one run."""
+    from benchmarks import quality_tasks as qt
+
+    label = f"{arm['arm']} seed {run['seed']}"
+    for name, (task, parts) in tasks.items():
+        if name not in arm["settings"]:
+            arm["settings"][name] = choose_setting(cache, pool, checkpoint, ckpt_key, task, parts, plan["grid"], label)
+        setting = arm["settings"][name]["selected"]
+        jobs = finetune_jobs(checkpoint, ckpt_key, task, parts, setting, plan["sizes"], plan["subsamples"])
+        run.setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"{label} {name} curve"), jobs)
+        probe_train = qt.subsample(parts["train"], min(PROBE_SIZE, len(parts["train"])), 0, name)
+        extra = [(ckpt_key | {"task": name, "measure": "probe", "size": PROBE_SIZE}, linear_probe,
+                  (str(checkpoint), probe_train, parts["test"], task.labels)),
+                 (ckpt_key | {"task": name, "measure": "heldout-mlm"}, heldout_mlm_accuracy,
+                  (str(checkpoint), parts["test"]))]
+        run.setdefault("probe", {})[name], run.setdefault("heldout_mlm_acc", {})[name] = cache.run(
+            pool, extra, f"{label} {name} probe and MLM")
+        summary = ", ".join(f"{s} {statistics.fmean(j['macro_f1'] for j in js):.1f}"
+                            for s, js in run["curve"][name].items())
+        print(f"  {label} {name}: macro-F1 by size: {summary}", flush=True)
 
 
+def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
+    from benchmarks import quality_tasks as qt
 
-def floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+    arm: dict = {"arm": "TF-IDF + LR", "budget_cpu_minutes": None, "settings": {}, "runs": [{"seed": None}]}
+    for name, (task, parts) in tasks.items():
+        jobs = [({"arm": "tfidf", "task": name, "C": c, "split": "dev", "quick": plan["quick"]}, tfidf_scores,
+                 (parts["train"], parts["dev"], task.labels, c)) for c in TFIDF_C]
+        dev = cache.run(pool, jobs, f"TF-IDF {name} dev")
+        c = best_setting([(c, d["macro_f1"]) for c, d in zip(TFIDF_C, dev, strict=True)])
+        arm["settings"][name] = {"selected": {"C": c}}
+        jobs = [({"arm": "tfidf", "task": name, "C": c, "size": size_name(size), "subsample": k, "split": "test",
+                  "quick": plan["quick"]}, tfidf_scores,
+                 (qt.subsample(parts["train"], size, k, name), parts["test"], task.labels, c))
+                for size in plan["sizes"] for k in range(plan["subsamples"])]
+        jobs = [(key | {"seed": None}, fn, a) for key, fn, a in jobs]
+        arm["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"TF-IDF {name}"), jobs)
+    return arm
 
 
-def search(args, split, corpus, vocab, work, pool) -> int:
-    """Every recipe at one budget, fine-tuned on the dev grid; results kept across runs."""
-    out_file = RESULTS / "quality-search.json"
-    results = json.loads(out_file.read_text()) if out_file.exists() else {"entries": []}
-    budget = args.search_budget
-    for name in args.recipes or list(RECIPES):
-        recipe = RECIPES[name]
-        print(f"\n== recipe {name}: {recipe.about}", flush=True)
-        instances = instances_for(recipe, corpus, vocab, work)
-        if budget == 0:  # the recipe's model from random init: what the budgets are measured against
-            checkpoint = random_init(recipe, instances, work / f"random-init-{name}")
-            per_step, steps, done = math.nan, 0, {"eval": {"mlm_acc": 0.0}, "last_loss": None}
+def load_tasks(samples_dir: Path, quick: bool) -> dict:
+    """Each task's definition and split; ``quick`` shrinks them and skips the pins."""
+    from dataclasses import replace
+
+    from benchmarks import quality_tasks as qt
+
+    out = {}
+    for name, task in qt.TASKS.items():
+        if quick:
+            task = replace(task, dev_size=QUICK["dev"], test_size=QUICK["test"], pool_size=QUICK["pool"])
+            out[name] = (task, qt.split(task, task.read(samples_dir)))
         else:
-            per_step = calibrate(recipe, instances, work, name, args.calibration_steps, args.ranks)
-            steps = steps_in_budget(budget, per_step)
-            done = pretrain(recipe, instances, work / f"search-{name}", steps, args.ranks)
-            checkpoint = work / f"search-{name}" / "hf"
-            print(f"  pre-trained {steps} steps: eval MLM accuracy {done['eval']['mlm_acc']:.3f}", flush=True)
-        arm = run_arm(name, checkpoint, split, args.lrs, args.epochs, args, pool, final=False)
-        entry = {"recipe": name, **asdict(recipe), "budget_cpu_minutes": budget, "steps": steps,
-                 "cpu_seconds_per_step": per_step, "eval_mlm": done["eval"], "last_loss": done["last_loss"],
-                 "grid": arm["grid"], "selected": arm["selected"], "dev_mean": arm["dev_mean"],
-                 "machine": machine()}
-        results["entries"] = [e for e in results["entries"]
-                              if (e["recipe"], e["budget_cpu_minutes"]) != (name, budget)] + [entry]
-        out_file.write_text(json.dumps(results, indent=1))
-    print(f"\n{'recipe':>24} | {'CPU-min':>7} | {'steps':>6} | {'eval MLM acc':>12} | {'best dev':>8}")
-    for e in sorted(results["entries"], key=lambda e: (e["budget_cpu_minutes"], -e["dev_mean"])):
-        print(f"{e['recipe']:>24} | {e['budget_cpu_minutes']:>7g} | {e['steps']:>6} | "
-              f"{e['eval_mlm']['mlm_acc']:>12.3f} | {e['dev_mean']:>8.1f}")
-    print(f"wrote {out_file}")
-    return 0
+            out[name] = (task, qt.load(task, samples_dir))
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    sizes = result["protocol"]["sizes"]
+    for budget in sorted({e["budget_cpu_minutes"] for e in result["endpoints"]}):
+        rows = [e for e in result["endpoints"] if e["budget_cpu_minutes"] == budget]
+        xs = [sizes.index(e["size"]) for e in rows]
+        ys = [e["gain"] for e in rows]
+        lo = [e["gain"] - e["ci_low"] if not math.isnan(e["ci_low"]) else 0 for e in rows]
+        hi = [e["ci_high"] - e["gain"] if not math.isnan(e["ci_high"]) else 0 for e in rows]
+        runs = max(e["runs"][0] for e in rows)
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=f"{budget:g} CPU-min ({runs} run(s))")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(sizes)), sizes)
+    ax.set_xlabel("labelled training examples")
+    ax.set_ylabel("macro-F1 gain over random init\n(mean over tasks, 95% Welch CI)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks import quality_tasks as qt
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", default=None, help="sample folder (default: benchmarks.common.samples())")
+    parser.add_argument("--work", default=str(RESULTS / "quality-data"), help="corpus, runs and the job cache")
     parser.add_argument("--recipe", default=CHOSEN, choices=list(RECIPES), help="pre-training recipe of arm A")
-    parser.add_argument("--budgets", type=floats, default=[0, 15, 30],
-                        help="CPU-minutes of pre-training per arm (all ranks); 0 = random init (arm B)")
-    parser.add_argument("--search", action="store_true", help="score recipes on dev at --search-budget")
-    parser.add_argument("--recipes", type=lambda t: t.split(","), help="recipes for --search (default: all)")
-    parser.add_argument("--search-budget", type=float, default=8.0, help="CPU-minutes per recipe in --search")
-    parser.add_argument("--ranks", type=int, default=2, help="pre-training ranks (CPU processes)")
+    parser.add_argument("--budgets", type=floats, default=list(BUDGETS), help="CPU-minutes of pre-training for arm A")
+    parser.add_argument("--ranks", type=int, default=1, help="pre-training ranks (CPU processes)")
     parser.add_argument("--calibration-steps", type=int, default=40)
-    parser.add_argument("--lrs", type=floats, default=[3e-4, 1e-3], help="fine-tuning grid for arms A and B")
-    parser.add_argument("--epochs", type=floats, default=[3, 6])
-    parser.add_argument("--reference-lrs", type=floats, default=[1e-4], help="grid for MiniLM")
-    parser.add_argument("--reference-epochs", type=floats, default=[1])
-    parser.add_argument("--select-seeds", type=int, default=2, help="seeds per grid point, scored on dev")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds at the chosen setting, scored on test")
-    parser.add_argument("--pretrain-seeds", type=int, default=3,
-                        help="pre-training runs per budget (random inits for arm B), seeds 42, 43, ...; "
-                        "a budget reused with --reuse keeps every run it has")
+    parser.add_argument("--jobs", type=int, default=1, help="fine-tuning jobs side by side (one thread each)")
+    parser.add_argument("--reuse", action="store_true", help="read finished runs and jobs from --work")
+    parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
-    parser.add_argument("--dev-size", type=int, default=1000)
-    parser.add_argument("--test-size", type=int, default=1500)
-    parser.add_argument("--split-seed", type=int, default=20240601)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-seq-length", type=int, default=64)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="fine-tuning runs side by side")
-    parser.add_argument("--reuse", action="store_true",
-                        help="take arms from the last quality.json that ran with the same recipe, split and grids")
+    parser.add_argument("--quick", action="store_true", help="tiny data and settings: checks the bookkeeping only")
+    parser.add_argument("--output", default=str(RESULTS / "quality.json"))
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "quality.png"))
     args = parser.parse_args(argv)
-    if args.test_size < 1000:
-        parser.error("--test-size must be at least 1000")
+    plan = {"sizes": list(QUICK["sizes"] if args.quick else SIZES), "subsamples": QUICK["subsamples"] if args.quick
+            else SUBSAMPLES, "runs": QUICK["runs"] if args.quick else RUNS, "grid": QUICK["grid"] if args.quick else GRID,
+            "quick": args.quick}
     sample_dir = Path(args.samples) if args.samples else samples()
-    work = RESULTS / "quality-data"
+    work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}", flush=True)
 
-    split = sentiment_split(sample_dir / "tasks" / "sentiment", args.dev_size, args.test_size, args.split_seed)
-    positive = sum(e.label == "positive" for e in split["test"]) / len(split["test"])
-    print(f"sentiment: {len(split['train'])} train / {len(split['dev'])} dev / {len(split['test'])} test "
-          f"(test majority class {100 * max(positive, 1 - positive):.1f})", flush=True)
-    corpus, vocab = corpus_and_vocab(sample_dir, work)
-    leaked = held_out_in_corpus(split, corpus)
-    args.corpus_inputs = [p for _, p in corpus_inputs()]
-    print(f"pre-training corpus: {', '.join(args.corpus_inputs)}; dev/test sentences in it: {leaked}",
-          flush=True)
-    if leaked:
-        raise SystemExit(f"{leaked} dev/test sentences are in the pre-training corpus; the arms would not be fair")
-    with ProcessPoolExecutor(args.jobs) as pool:
-        if args.search:
-            return search(args, split, corpus, vocab, work, pool)
-        recipe = RECIPES[args.recipe]
-        print(f"recipe {args.recipe}: {recipe.about}", flush=True)
-        instances = instances_for(recipe, corpus, vocab, work)
-        budgets = sorted(set(args.budgets) | {0.0})
-        per_step = math.nan
-        arms = []
-        earlier = reusable_arms(args) if args.reuse else {}
-        for budget in budgets:
-            print(f"\n== budget {budget:g} CPU-minutes", flush=True)
-            name = "B (random init)" if budget == 0 else f"A ({budget:g} CPU-min)"
-            entry: dict = {"budget_cpu_minutes": budget, "arm": name}
-            runs = runs_of(earlier[budget]) if budget in earlier else []  # reused runs are all kept
-            if runs:
-                entry |= {k: earlier[budget][k] for k in ("grid", "selected", "dev_mean")}
-                means = ", ".join(f"{r['mean']:.1f}" for r in runs)
-                print(f"  reused from the last run: {len(runs)} run(s), test {means}", flush=True)
-            if budget and not runs and math.isnan(per_step):
-                per_step = calibrate(recipe, instances, work, args.recipe, args.calibration_steps, args.ranks)
-            steps = 0 if budget == 0 else (runs[0]["pretrain"]["steps"] if runs else steps_in_budget(budget, per_step))
-            started = time.perf_counter()
-            for k in range(len(runs), args.pretrain_seeds):
-                seed = PRETRAIN_SEED + k
-                run: dict = {"seed": seed}
-                if budget == 0:
-                    checkpoint = random_init(recipe, instances, work / f"random-init-seed{seed}", seed)
-                    run["eval_mlm"] = None
-                else:
-                    folder = work / f"pretrain-{args.recipe}-{budget:g}-seed{seed}"
-                    done = pretrain(recipe, instances, folder, steps, args.ranks, seed)
-                    checkpoint = folder / "hf"
-                    run["pretrain"] = {k: v for k, v in done.items() if k not in ("rows", "eval")}
-                    run["eval_mlm"] = done["eval"]
-                    print(f"  seed {seed}: {steps} steps, {done['train_cpu_minutes']:.1f} CPU-min of steps "
-                          f"({done['cpu_minutes']:.1f} with start-up, eval and export); "
-                          f"eval MLM accuracy {done['eval']['mlm_acc']:.3f}", flush=True)
-                run["checkpoint"] = str(checkpoint)
-                if "selected" not in entry:  # the setting is chosen on dev with the arm's first run
-                    entry |= select_setting(name, checkpoint, split, args.lrs, args.epochs, args, pool)
-                run["test_scores"] = final_scores(checkpoint, split, entry["selected"], args, pool)
-                run["mean"] = statistics.fmean(run["test_scores"])
-                print(f"  seed {seed}: lr {entry['selected']['learning_rate']:g} x "
-                      f"{entry['selected']['epochs']:g} epochs -> test {run['mean']:.1f}", flush=True)
-                runs.append(run)
-            entry["runs"] = runs
-            entry["test_scores"] = [x for r in runs for x in r["test_scores"]]
-            entry["mean"], entry["sd"] = mean_sd(entry["test_scores"])
-            entry["sd_between_runs"] = mean_sd([r["mean"] for r in runs])[1]
-            mlm = [r["eval_mlm"]["mlm_acc"] for r in runs if r.get("eval_mlm")]
-            entry["eval_mlm"] = {"mlm_acc": statistics.fmean(mlm), "per_run": mlm} if mlm else None
-            entry["finetune_minutes"] = (time.perf_counter() - started) / 60
-            arms.append(entry)
-        if not args.no_reference and None in earlier:
-            print(f"\n== reference: sample MiniLM reused from the last run, test {earlier[None]['mean']:.1f}")
-            arms.append(earlier[None])
-        elif not args.no_reference:
-            print("\n== reference: sample MiniLM", flush=True)
-            arms.append({"budget_cpu_minutes": None, "eval_mlm": None} |
-                        run_arm("C (MiniLM)", sample_dir / "models" / "minilm", split, args.reference_lrs,
-                                args.reference_epochs, args, pool))
+    tasks = load_tasks(sample_dir, args.quick)
+    for name, (_, parts) in tasks.items():
+        print(f"{name}: " + " / ".join(f"{len(v)} {k}" for k, v in parts.items()), flush=True)
+    _, tweets = tasks["tweets3"]
+    text = qt.pretrain_tweets(sample_dir, tweets["train"] + tweets["dev"] + tweets["test"], work / "pretrain-text")
+    inputs = [("--text", str(text))] if args.quick else corpus_inputs(sample_dir, text)
+    corpus, vocab = corpus_and_vocab(inputs, work)
+    leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], corpus) for name, (_, parts) in tasks.items()}
+    print(f"pre-training corpus: {', '.join(p for _, p in inputs)}; dev/test texts in it: {leaked}", flush=True)
+    if any(leaked.values()):
+        raise SystemExit(f"dev/test texts are in the pre-training corpus ({leaked}); the arms would not be fair")
+    recipe = RECIPES[args.recipe]
+    if args.quick:
+        recipe = replace_recipe(recipe, global_batch=QUICK["global_batch"])
+    instances = instances_for(recipe, corpus, vocab, work)
+    cache = Cache(work / "cache", args.reuse)
+    base_key = {"recipe": asdict(recipe), "instances": manifest_digest(instances), "quick": args.quick,
+                "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
 
-    base = arms[0]
-    curve = [{"budget_cpu_minutes": a["budget_cpu_minutes"], "eval_mlm_acc": a["eval_mlm"]["mlm_acc"],
-              **gain_interval(a, base)} for a in arms if a["budget_cpu_minutes"]]
-    top = curve[-1] if curve else {"gain": math.nan, "ci_low": math.nan, "ci_high": math.nan, "df": math.nan}
+    steps: dict[float, int] = {}
+    for budget in args.budgets:
+        if args.quick:
+            steps[budget] = QUICK["steps"]
+            continue
+        calibration = {"calibration": asdict(recipe), "ranks": args.ranks, "steps": args.calibration_steps}
+        per_step = cache.lookup(calibration)
+        if per_step is None:
+            per_step = cpu_per_step(read_rows_after(pretrain(recipe, instances, work / f"calibration-{args.recipe}",
+                                                             args.calibration_steps, args.ranks),
+                                                    work / f"calibration-{args.recipe}"))
+            cache.store(calibration, per_step)
+        steps[budget] = steps_in_budget(budget, per_step)
+        print(f"budget {budget:g} CPU-min: {steps[budget]} steps ({per_step:.3f} CPU-s a step)", flush=True)
 
-    print(f"\nmachine: {info['cpu']} ({info['cores']} cores, torch {info['torch']}, python {info['python']})")
-    print(f"recipe {args.recipe}; sentiment test accuracy (0-100), n = {len(split['test'])}: mean over runs x "
-          f"{args.seeds} fine-tuning seeds ± sd between runs (within one run for C); the interval is over runs, "
-          "or over fine-tuning seeds (*) for an arm of one run")
-    print(f"{'arm':>18} | {'CPU-min':>7} | {'runs':>4} | {'eval MLM acc':>12} | {'setting':>13} | "
-          f"{'test accuracy':>13} | {'gain over B [95% CI]':>22}")
-    for a in arms:
-        gain = next((c for c in curve if c["budget_cpu_minutes"] == a["budget_cpu_minutes"]), None)
-        mlm = f"{100 * a['eval_mlm']['mlm_acc']:.1f}" if a.get("eval_mlm") else "-"
-        setting = f"{a['selected']['learning_rate']:g} x {a['selected']['epochs']:g}"
-        seeds_only = gain and not gain["over"].endswith(" runs")
-        cell = (f"{gain['gain']:+.1f} [{gain['ci_low']:+.1f}, {gain['ci_high']:+.1f}]{'*' if seeds_only else ''}"
-                if gain else "-")
-        budget = "-" if a["budget_cpu_minutes"] is None else f"{a['budget_cpu_minutes']:g}"
-        runs, sd = len(a.get("runs", [])) or "-", a.get("sd_between_runs", a["sd"])
-        print(f"{a['arm']:>18} | {budget:>7} | {runs:>4} | {mlm:>12} | {setting:>13} | "
-              f"{a['mean']:>6.1f} ± {sd:<4.1f} | {cell:>22}")
-    minutes = (time.perf_counter() - started) / 60
-    print(f"total {minutes:.1f} min")
+    def pretrained(budget: float, seed: int) -> tuple[Path, dict, dict]:
+        folder = work / f"pretrain-{args.recipe}-{budget:g}-r{args.ranks}-seed{seed}{'-quick' if args.quick else ''}"
+        done = pretrain(recipe, instances, folder, steps[budget], args.ranks, seed)
+        key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks,
+                          "pretrain_seed": seed}
+        print(f"  A {budget:g} seed {seed}: {steps[budget]} steps, {done['train_cpu_minutes']:.1f} CPU-min of steps; "
+              f"eval MLM accuracy {done['eval']['mlm_acc'] if done['eval'] else float('nan'):.3f}", flush=True)
+        return folder / "hf", key, done
 
-    rows = [{"measure": f"sentiment test accuracy gain of {c['budget_cpu_minutes']:g} CPU-min pre-training "
-             "over random init", "ours": round(c["gain"], 2), "reference": 0.0, "ratio": None,
-             "unit": "accuracy points"} for c in curve]
-    result = {"machine": info, "settings": vars(args), "recipe": {"name": args.recipe, **asdict(recipe)},
-              "split": {k: len(v) for k, v in split.items()}, "test_majority": 100 * max(positive, 1 - positive),
-              "cpu_seconds_per_step": per_step, "arms": arms, "curve": curve, "gain": top["gain"],
-              "ci_low": top["ci_low"], "ci_high": top["ci_high"], "df": top["df"], "rows": rows,
-              "minutes": minutes}
-    (RESULTS / "quality.json").write_text(json.dumps(result, indent=1, default=str))
-    print(f"wrote {RESULTS / 'quality.json'}")
+    if args.pretrain_only:
+        for budget in args.budgets:
+            for k in range(plan["runs"]):
+                pretrained(budget, PRETRAIN_SEED + k)
+        return 0
+
+    arms: list[dict] = []
+    result = {"machine": info, "protocol": {"sizes": [size_name(s) for s in plan["sizes"]],
+                                            "subsamples": plan["subsamples"], "runs": plan["runs"],
+                                            "grid": plan["grid"], "recipe": args.recipe, "budgets": args.budgets,
+                                            "steps": steps, "quick": args.quick, "ranks": args.ranks},
+              "tasks": {n: {"labels": t.labels, "files": t.files, "counts": {k: len(v) for k, v in p.items()}}
+                        for n, (t, p) in tasks.items()},
+              "corpus_inputs": [p for _, p in inputs], "arms": arms}
+    task_names = list(tasks)
+
+    def write() -> None:
+        sizes = result["protocol"]["sizes"]
+        result["endpoints"] = endpoints(arms, task_names, sizes) if any(a["arm"] == "B" for a in arms) else []
+        result["primary"] = [e for e in result["endpoints"] if e["size"] in PRIMARY_SIZES]
+        result["minutes"] = (time.perf_counter() - started) / 60
+        result["cache"] = {"reused": cache.hits, "computed": cache.misses}
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, default=str))
+        if result["endpoints"] and args.plot:
+            plot(result, Path(args.plot))
+
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        arms.append(tfidf_arm(cache, pool, tasks, plan))
+        write()
+        b: dict = {"arm": "B", "budget_cpu_minutes": 0.0, "settings": {}, "runs": []}
+        arms.append(b)
+        for k in range(plan["runs"]):
+            seed = PRETRAIN_SEED + k
+            folder = random_init(recipe, instances, work / f"random-init-{args.recipe}-seed{seed}"
+                                 f"{'-quick' if args.quick else ''}", seed)
+            run = {"seed": seed, "checkpoint": str(folder)}
+            b["runs"].append(run)
+            evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)
+            write()
+        for budget in args.budgets:
+            a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
+                       "runs": []}
+            arms.append(a)
+            for k in range(plan["runs"]):
+                checkpoint, key, done = pretrained(budget, PRETRAIN_SEED + k)
+                run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
+                a["runs"].append(run)
+                evaluate_run(cache, pool, a, run, checkpoint, key, tasks, plan)
+                write()
+        if not args.no_reference and not args.quick:
+            minilm = sample_dir / "models" / "minilm"
+            c: dict = {"arm": "C (MiniLM)", "budget_cpu_minutes": None,
+                       "settings": {n: {"selected": MINILM_SETTING} for n in tasks}, "runs": [{"seed": None}]}
+            arms.append(c)
+            for name, (task, parts) in tasks.items():
+                jobs = finetune_jobs(minilm, {"arm": "C", "tasks": base_key["tasks"]}, task, parts, MINILM_SETTING,
+                                     plan["sizes"], plan["subsamples"])
+                c["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"C {name}"), jobs)
+                write()
+    write()
+    print_report(result)
+    print(f"wrote {args.output}" + (f" and {args.plot}" if result["endpoints"] else ""))
     return 0
+
+
+def print_report(result: dict) -> None:
+    info, sizes = result["machine"], result["protocol"]["sizes"]
+    print(f"\nmachine: {info['cpu']} ({info['cores']} cores, torch {info['torch']})")
+    print("test macro-F1 (0-100), mean over subsamples and runs:")
+    print(f"{'arm':>14} | {'task':>9} | " + " | ".join(f"{s:>6}" for s in sizes))
+    for arm in result["arms"]:
+        for task in result["tasks"]:
+            cells = []
+            for s in sizes:
+                v = [statistics.fmean(j["macro_f1"] for j in r["curve"][task][s]) for r in arm["runs"]
+                     if s in r.get("curve", {}).get(task, {})]
+                cells.append(f"{statistics.fmean(v):6.1f}" if v else f"{'-':>6}")
+            print(f"{arm['arm']:>14} | {task:>9} | " + " | ".join(cells))
+    for e in result["endpoints"]:
+        flag = f"  REGRESSION at 300 labels on {', '.join(e['regression'])}" if e["regression"] else ""
+        print(f"A {e['budget_cpu_minutes']:g} CPU-min - B at {e['size']:>4}: {e['gain']:+.1f} "
+              f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}] ({e['runs'][0]} vs {e['runs'][1]} runs){flag}")
+
+
+def replace_recipe(recipe: Recipe, **changes) -> Recipe:
+    from dataclasses import replace
+
+    return replace(recipe, **changes)
+
+
+def manifest_digest(folder: Path) -> str:
+    return hashlib.sha256((folder / "_MANIFEST.json").read_bytes()).hexdigest()[:16]
+
+
+def read_rows_after(done: dict, run: Path) -> list[dict]:
+    return read_rows(run)
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 if __name__ == "__main__":

@@ -385,6 +385,14 @@ class FinetuneConfig(_Model):
                                 description="Grid of training epochs (paper: 2, 3, 4).")
     warmup_proportion: float = Field(0.1, ge=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
+    pooling: Literal["cls", "mean"] = Field(
+        "cls", json_schema_extra=VERSIONED_WHEN_SET, description="What a sequence-level head reads: the paper's pooler over [CLS], or the "
+        "mean of the last layer's token states (a [CLS] that masked-LM-only pre-training never trains "
+        "carries little of the sentence).")
+    reinit_layers: int = Field(0, ge=0, json_schema_extra=VERSIONED_WHEN_SET, description="Top encoder layers given a fresh init before "
+                               "fine-tuning (Zhang et al. 2021).")
+    layerwise_lr_decay: float = Field(1.0, gt=0, le=1, json_schema_extra=VERSIONED_WHEN_SET, description="Each layer below the top trains at "
+                                      "this factor of the rate of the one above (ELECTRA: 0.8); 1 = off.")
     max_seq_length: int = Field(128, ge=8, description="For sentence(-pair) tasks, NER and SWAG.")
     # SQuAD
     squad_max_seq_length: int = 384

