@@ -16,7 +16,8 @@ import torch
 
 from bert_core.model.checkpoint import _deepspeed_checkpoint_types
 from bert_core.model.export import load_deepspeed_state_dict
-from bert_core.pretrain.loop import checkpoint_dir, fp32_master_model, resume, save_checkpoint
+from bert_core.pretrain.checkpoints import fp32_master_model, resume, save_checkpoint
+from bert_core.pretrain.run_folder import checkpoint_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_ds_config import one_rank, tiny_batch, tiny_engine  # noqa: E402, F401 (one_rank: a fixture)

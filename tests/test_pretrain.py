@@ -37,8 +37,8 @@ from bert_core.pretrain.launch import (
     prepare_run,
     run_launch,
 )
-from bert_core.pretrain.loop import load_run_config, model_config, steps_done, total_steps
 from bert_core.pretrain.metrics import MetricsLog, MetricsTail, eval_rows, read_metrics
+from bert_core.pretrain.run_folder import load_run_config, model_config, steps_done, total_steps
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import make_instances  # noqa: E402
