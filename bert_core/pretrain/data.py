@@ -26,13 +26,6 @@ if TYPE_CHECKING:  # pyarrow and torch are imported where used
     import pyarrow as pa
     import torch
 
-# loader = PretrainingLoader(instances_uri, max_seq_length=128, micro_batch_size=16,
-#                                rank=0, world_size=2, seed=42)
-#     for batch in loader: ...            # endless: epochs advance by themselves
-#     state = loader.state_dict()         # {"epoch": e, "position": micro-batches taken in epoch e}
-#
-# (``bert_core/pretrain/loop.py`` drives it; ``pytest tests/test_data.py`` checks it.)
-#
 # Who reads what: the shards of ``<instances>/seq{L}/`` are split over *readers* = ranks x loader
 # workers; reader ``k = rank * W + w`` owns shards ``k, k + R, k + 2R, ...`` (R readers). Each reader
 # walks its shards in an order drawn from ``(seed, epoch, reader)`` and the rows of each shard in
