@@ -102,8 +102,8 @@ def resume(engine: Any, run: str, phase_index: int, rank: int) -> dict[str, Any]
     )
 
 
-def start_from_previous_phase(engine: Any, run: str, phase_index: int, previous_steps: int) -> None:
-    """The previous phase's final weights; its optimizer state and LR schedule stay behind."""
+def start_from_phase_before(engine: Any, run: str, phase_index: int, previous_steps: int) -> None:
+    """The final weights of the phase before; its optimizer state and LR schedule stay behind."""
     from bert_core.model.checkpoint import CheckpointError, weights_only_loads
 
     previous = checkpoint_dir(run, phase_index - 1)

@@ -202,7 +202,7 @@ class Reader:
         return self._order[1]
 
     def samples(self, epoch: int, start: int) -> Iterator[tuple[int, int]]:
-        """(shard index, row) from sample ``start`` of the epoch on; earlier shards are skipped unread."""
+        """(shard index, row) from sample ``start`` of the epoch on; the shards before it are skipped unread."""
         for shard_index in self.shard_order(epoch):
             rows = self.shards[shard_index].rows
             if start >= rows:

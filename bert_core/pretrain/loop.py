@@ -5,7 +5,7 @@
     (``bertpipe pretrain`` and ``bert_core.pretrain.launch`` render this command)
 
 Every phase of ``config.pretrain.phases`` runs in turn in the same processes: phase 1 may start
-from ``--init-checkpoint``, a later phase from the previous one's weights with a fresh optimizer
+from ``--init-checkpoint``, a later phase from the weights of the one before, with a fresh optimizer
 and schedule. A phase resumes from its newest checkpoint that loads (``checkpoints.py``) with the
 loader's position, and dropout is reseeded from the position in training, so a resumed run
 computes the losses of an uninterrupted one. Rank 0 appends ``RUN/metrics.jsonl`` every
@@ -30,7 +30,7 @@ from bert_core.pretrain.checkpoints import (
     fp32_master_model,
     resume,
     save_checkpoint,
-    start_from_previous_phase,
+    start_from_phase_before,
 )
 from bert_core.pretrain.errors import (
     CONFIG_ERROR_EXIT,
@@ -121,7 +121,7 @@ def run_phase(
                    f"(loader epoch {loader.epoch}, position {loader.position})")
     elif phase_index > 0:
         # Weights only: the optimizer state and LR schedule start fresh for the new length.
-        start_from_previous_phase(engine, run, phase_index, pre.phases[phase_index - 1].max_steps)
+        start_from_phase_before(engine, run, phase_index, pre.phases[phase_index - 1].max_steps)
         _log(rank, f"phase {phase_index + 1}: starting from phase {phase_index}'s weights")
     if step == 0:
         # DeepSpeed's WarmupLR starts at iteration -1 and its first step() gives iteration 0,
