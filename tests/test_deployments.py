@@ -27,7 +27,12 @@ def _prefect(*args: str, env: dict[str, str]) -> str:
 def test_finetune_fan_out_runs_on_a_process_pool_worker(prefect_api, samples_dir, tmp_path):
     from prefect import flow
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowRunFilter,
+        FlowRunFilterDeploymentId,
+    )
     from prefect_server import server_env, stop_process_group
 
     from bert_core import storage
@@ -65,7 +70,8 @@ def test_finetune_fan_out_runs_on_a_process_pool_worker(prefect_api, samples_dir
             deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["local"])))
         assert deployment.entrypoint == "flows/finetune.py:finetune"
         assert deployment.work_pool_name == PROCESS_POOL
-        children = [r for r in client.read_flow_runs() if r.deployment_id == deployment.id]
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])))
         # one child run per task, started by the worker, linked to the task that launched it
         assert sorted(r.name for r in children) == sorted(f"finetune-{t}-minilm" for t in TASKS)
         assert all(r.state.is_completed() and r.work_pool_name == PROCESS_POOL for r in children)

@@ -270,6 +270,12 @@ def test_demo_summary_reads_the_scores_against_the_commoner_class(samples_dir):
 
 def test_prefect_flow_fans_out_and_survives_a_failure(prefect_api, tiny_checkpoint, tmp_path):
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        TaskRunFilter,
+        TaskRunFilterName,
+    )
 
     from bert_core.config import load_config
     from flows.finetune import finetune
@@ -291,28 +297,22 @@ def test_prefect_flow_fans_out_and_survives_a_failure(prefect_api, tiny_checkpoi
     wnli = storage.read_manifest(f"{out}/wnli")
     assert wnli["version"] == finetune_version(cfg, "wnli", checkpoint_identity(tiny_checkpoint))
 
-    async def latest_table():
-        async with get_client() as client:
-            return await client.read_latest_artifacts()
+    from prefect_server import latest_artifacts
 
-    import asyncio
-
-    tables = [a for a in asyncio.run(latest_table()) if a.key == "finetune-results"]
-    assert tables, "no finetune-results artifact"
-    rows = tables[0].data if isinstance(tables[0].data, list) else json.loads(tables[0].data)
+    rows = latest_artifacts()["finetune-results"]
     wnli = [r for r in rows if r["task"] == "wnli"]
     assert len(wnli) == 1 and wnli[0]["selected"] == "✓" and wnli[0]["dev per seed (0-100)"].count(":") == 2
     assert "±" in wnli[0]["dev mean ± sd (0-100)"] and wnli[0]["final split"] == "dev (also used for selection)"
     assert any(r["task"] == "swag" and r["failed seeds"] == "1,2" for r in rows)
 
-    async def run_names():
-        async with get_client() as client:
-            return ({t.name for t in await client.read_task_runs()},
-                    {r.name for r in await client.read_flow_runs()})
-
-    names, flow_runs = asyncio.run(run_names())
-    assert {f"finetune-{t}-{ckpt}-{SETTING}-seed{s}" for t in ("wnli", "swag") for s in (1, 2)} <= names
-    assert f"finetune-wnli+swag-{ckpt}" in flow_runs
+    jobs = {f"finetune-{t}-{ckpt}-{SETTING}-seed{s}" for t in ("wnli", "swag") for s in (1, 2)}
+    with get_client(sync_client=True) as client:
+        names = {t.name for t in client.read_task_runs(
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=sorted(jobs))))}
+        flow_runs = {r.name for r in client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"finetune-wnli+swag-{ckpt}"])))}
+    assert jobs <= names
+    assert flow_runs == {f"finetune-wnli+swag-{ckpt}"}
 
 
 def test_conlleval_reads_our_prediction_format():
