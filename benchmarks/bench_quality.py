@@ -60,7 +60,8 @@ PRETRAIN_SEED = 42  # the product's default; run k of an arm pre-trains (or init
 
 @dataclass(frozen=True)
 class Recipe:
-    """How a small BERT is pre-trained: product settings of the instances stage and of pre-training."""
+    """How a small BERT is pre-trained: product settings of the instances stage and of pre-training.
+    Model settings a recipe does not name are the demo preset's (pre-LN among them)."""
 
     about: str
     seq: int = 128

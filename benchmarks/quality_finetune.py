@@ -13,11 +13,13 @@ Scores are accuracy and macro-F1 on the 0-100 scale.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 DEFAULT_SETTING = {"learning_rate": 1e-3, "epochs": 6.0, "min_steps": 100, "batch_size": 32, "max_seq_length": 64,
                    "pooling": "cls", "reinit_layers": 0, "layerwise_lr_decay": 1.0}
+ACCELERATOR_VARIABLE = "QUALITY_ACCELERATOR"  # gpu: jobs run on cuda (a study on the device machine)
 
 
 def encode(tokenizer, examples: list, labels: tuple[str, ...], max_seq_length: int) -> list[dict]:
@@ -58,7 +60,8 @@ def finetune(checkpoint: str, data: dict[str, list], split: str, num_labels: int
     epochs = max(s["epochs"], s["min_steps"] / steps_per_epoch)
     cfg = FinetuneConfig(learning_rate=s["learning_rate"], num_train_epochs=epochs, batch_size=s["batch_size"],
                          max_seq_length=s["max_seq_length"], threads=1, pooling=s["pooling"],
-                         reinit_layers=s["reinit_layers"], layerwise_lr_decay=s["layerwise_lr_decay"])
+                         reinit_layers=s["reinit_layers"], layerwise_lr_decay=s["layerwise_lr_decay"],
+                         accelerator=os.environ.get(ACCELERATOR_VARIABLE, "cpu"))
     task = TaskData(kind="classification", num_labels=num_labels, train=data["train"], evals={split: data[split]},
                     finish=lambda s, o: ({}, {}))
     out = train_and_predict(task, str(checkpoint), cfg, seed, pad_id)
