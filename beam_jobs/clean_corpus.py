@@ -41,6 +41,7 @@ from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.sentences import split_paragraphs
+from bert_core.histogram import bin_index
 from bert_core.spill import SPILL_DIR
 
 # How the job works:
@@ -564,9 +565,9 @@ class SummaryFn(beam.CombineFn):
         elif kind == "kept":
             source, stats = value
             acc["kept"][source] = acc["kept"].get(source, 0) + 1
-            for name, edges in (("sentences", D.SENTENCE_BINS), ("chars", D.CHAR_BINS)):
-                label = D.bin_of(stats[name], edges)
-                acc[name][label] = acc[name].get(label, 0) + 1
+            for name, edges in D.LENGTH_EDGES.items():
+                i = bin_index(stats[name], edges)
+                acc[name][i] = acc[name].get(i, 0) + 1
                 acc["totals"][name] = acc["totals"].get(name, 0) + stats[name]
         else:
             key = f"{value['source']}/{value['reason']}"

@@ -1,35 +1,8 @@
-"""Beam on a Dask distributed cluster: Beam's own ``DaskRunner`` with the gaps that break real
-pipelines closed.
+"""Beam on a Dask distributed cluster: Beam's own ``DaskRunner`` with the gaps that lose data
+closed (tagged outputs, finish_bundle outputs, every sink, metrics, side inputs, partitions).
 
     bertpipe corpus ... --runner dask --set shared_storage=true -- --dask_scheduler_file=F
     python -m beam_jobs.clean_corpus ... --runner dask -- --dask_client_address=tcp://HOST:8786
-
-Beam's ``DaskRunner`` turns each transform into a ``dask.bag`` operation. As shipped it
-departs from Beam's model in ways that lose data silently; :class:`DaskRunner` here keeps its
-translation of ``Create``, ``GroupByKey`` and ``Flatten`` and changes the rest:
-
-- **tagged outputs**: the stock runner hands every output of a ``ParDo`` (main and tagged) to
-  every consumer; here a bundle's outputs carry their tag and each consumer reads its own.
-- **finish_bundle outputs**: the stock runner collects a bundle's outputs before it calls
-  ``finish_bundle``, so those are dropped; here they are kept (DoFns that batch elements and
-  emit at the end of a bundle are ordinary Beam).
-- **every sink runs**: the stock runner computes only the last transform it visited, so a
-  pipeline with several sinks runs one of them; here every ``ParDo`` is computed, in one graph
-  (a step that feeds several others runs once).
-- **metrics**: the stock runner's ``metrics()`` raises; here each bundle runs with a Beam
-  ``MetricsContainer`` and the counters of all bundles are summed (committed = attempted).
-- **side inputs**: the stock runner computes a side input's bag inside every task that reads
-  it (the whole upstream graph again, per partition); here it is a task of the graph, computed
-  once and passed to its readers.
-- **partitions**: the stock runner puts up to 128 ``Create`` items in one partition (one task,
-  one worker); here each item is its own partition up to four per worker thread of the
-  cluster (``--dask_npartitions`` / ``--dask_partition_size`` still win). Groups are shuffled
-  with Dask's task shuffle, never through a worker's local disk.
-
-Windows, timestamps, state, timers, splittable DoFns and ``Read`` stay unsupported, as in the
-stock runner (the jobs here use none of them). The cluster is named by Beam's Dask options:
-``--dask_client_address`` or ``--dask_scheduler_file`` (neither: a ``LocalCluster`` in this
-process's machine). The runner prints the cluster's dashboard address when it starts.
 """
 
 from __future__ import annotations
@@ -48,6 +21,33 @@ from apache_beam.runners.dask import transform_evaluator as ops
 from apache_beam.runners.dask.overrides import dask_overrides
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms.sideinputs import SideInputMap
+
+# Beam's DaskRunner turns each transform into a dask.bag operation. As shipped it departs from
+# Beam's model in ways that lose data silently; DaskRunner here keeps its translation of Create,
+# GroupByKey and Flatten and changes the rest:
+# - tagged outputs: the stock runner hands every output of a ParDo (main and tagged) to every
+#   consumer; here a bundle's outputs carry their tag and each consumer reads its own.
+# - finish_bundle outputs: the stock runner collects a bundle's outputs before it calls
+#   finish_bundle, so those are dropped; here they are kept. The runner changes, not the jobs:
+#   their DoFns gather a bundle's records into spill files and pass on only the file names at
+#   the end of the bundle (ordinary Beam); emitting from process would write a file per record.
+# - every sink runs: the stock runner computes only the last transform it visited, so a pipeline
+#   with several sinks runs one of them; here every ParDo is computed, in one graph (a step that
+#   feeds several others runs once).
+# - metrics: the stock runner's metrics() raises; here each bundle runs with a Beam
+#   MetricsContainer and the counters of all bundles are summed (committed = attempted).
+# - side inputs: the stock runner computes a side input's bag inside every task that reads it
+#   (the whole upstream graph again, per partition); here it is a task of the graph, computed
+#   once and passed to its readers.
+# - partitions: the stock runner puts up to 128 Create items in one partition (one task, one
+#   worker); here each item is its own partition up to four per worker thread of the cluster
+#   (--dask_npartitions / --dask_partition_size still win), and a Flatten or a GroupByKey keeps
+#   to that many (the stock runner's add up down the graph). Groups are shuffled with Dask's
+#   task shuffle, never through a worker's local disk.
+# Windows, timestamps, state, timers, splittable DoFns and Read stay unsupported, as in the stock
+# runner (the jobs here use none of them). The cluster is named by Beam's Dask options:
+# --dask_client_address or --dask_scheduler_file (neither: a LocalCluster on this machine). The
+# runner prints the cluster's dashboard address when it starts.
 
 PARTITIONS_PER_THREAD = 4
 MAIN = None  # the tag of a ParDo's main output
@@ -162,11 +162,26 @@ class ParDo(ops.DaskBagOp):
                                         list(args), dict(kwargs), views, *whole)
 
 
+def _bounded(bag, limit: int | None):
+    """``bag`` in at most ``limit`` partitions: a Flatten adds up its inputs' partitions, and a
+    task shuffle costs a task per pair of partitions, so they would multiply down the graph."""
+    return bag.repartition(limit) if limit and bag.npartitions > limit else bag
+
+
 class GroupByKey(ops.DaskBagOp):
-    """Beam's ``GroupByKey`` as a Dask task shuffle (a worker's disk is never shared)."""
+    """Beam's ``GroupByKey`` as a Dask task shuffle (a worker's disk is never shared), over at
+    most ``max_partitions`` partitions."""
 
     def apply(self, input_bag, side_inputs=None):
-        return input_bag.groupby(_key, shuffle="tasks").map(_group)
+        limit = self.bag_kwargs.get("max_partitions")
+        return _bounded(input_bag, limit).groupby(_key, shuffle="tasks").map(_group)
+
+
+class Flatten(ops.Flatten):
+    """Beam's ``Flatten``: the inputs' partitions side by side, at most ``max_partitions``."""
+
+    def apply(self, input_bag, side_inputs=None):
+        return _bounded(super().apply(input_bag, side_inputs), self.bag_kwargs.get("max_partitions"))
 
 
 def _key(item):
@@ -194,7 +209,7 @@ class Create(ops.Create):
 
 
 TRANSLATIONS = {**ops.TRANSLATIONS, ops.apache_beam.ParDo: ParDo, ops._GroupByKeyOnly: GroupByKey,
-                ops._Create: Create}
+                ops._Create: Create, ops._Flatten: Flatten}
 
 
 class _BagVisitor(PipelineVisitor):

@@ -373,7 +373,7 @@ def random_init(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETR
     from bert_core.model.bert import BertForPreTraining
     from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import read_vocab, vocab_file_of
-    from bert_core.pretrain.loop import model_config
+    from bert_core.pretrain.run_folder import model_config
 
     if (folder / "config.json").exists():
         return folder

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from bert_core.histogram import Histogram
+
 if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn
     from matplotlib.figure import Figure
 
@@ -188,27 +190,20 @@ def line_plot(
 
 
 def histogram(
-    values: Iterable[float] | Mapping[Any, int],
+    values: Iterable[float] | Histogram | Mapping[str, Any],
     title: str,
     xlabel: str,
     bins: int = 30,
 ) -> Figure:
-    """A histogram of raw values, or bars of precomputed ``{bin: count}`` (e.g. manifest stats).
-
-    Bins named by a number (``{"128": 40}``) stand at that number; bins named by a range
-    (``{"<2": 1, "2-4": 5, "10-19": 3, "100+": 1}``) stand evenly spaced, in numeric order, under
-    their labels. A manifest read back from JSON lists them as text ("10-19" before "2-4").
-    """
+    """A histogram of raw values, or bars of a stored one (a manifest's ``{"edges", "counts"}``,
+    or its bin labels): one bar per bin, in numeric order, under the bin's label
+    (:meth:`bert_core.histogram.Histogram.labels`), empty bins at either end left out."""
     fig, ax = _figure()
-    if isinstance(values, Mapping) and all(_is_number(k) for k in values):
-        items = sorted(values.items(), key=lambda kv: float(kv[0]))
-        xs = [float(k) for k, _ in items]
-        width = min((b - a for a, b in zip(xs, xs[1:], strict=False)), default=1.0) * 0.9
-        ax.bar(xs, [c for _, c in items], width=width)
-    elif isinstance(values, Mapping):
-        items = sorted(values.items(), key=lambda kv: bin_order(str(kv[0])))
+    if isinstance(values, Histogram | Mapping):
+        stored = values if isinstance(values, Histogram) else Histogram.from_json(values)
+        items = stored.trimmed().items()
         ax.bar(range(len(items)), [c for _, c in items], width=0.9)
-        ax.set_xticks(range(len(items)), [str(k) for k, _ in items],
+        ax.set_xticks(range(len(items)), [label for label, _ in items],
                       rotation=45 if len(items) > 6 else 0, ha="right" if len(items) > 6 else "center")
     else:
         ax.hist(list(values), bins=bins)
@@ -216,19 +211,3 @@ def histogram(
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
-
-
-def bin_order(label: str) -> tuple[float, int]:
-    """Sort key of a bin label: ``"<2"`` < ``"2-4"`` < ``"10-19"`` < ``"100+"`` (by lower bound)."""
-    match = re.match(r"\s*(<)?\s*(-?[0-9.]+)", label)
-    if not match:
-        return (math.inf, 0)
-    return (float(match.group(2)), 0 if match.group(1) else 1)
-
-
-def _is_number(key: Any) -> bool:
-    try:
-        float(key)
-    except (TypeError, ValueError):
-        return False
-    return True

@@ -16,8 +16,9 @@ from bert_core.config import PipelineConfig
 from flows.versions import finished_manifest, output_run_name
 
 
-def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """One table row per length from an instances manifest's stats and counts."""
+def stats_rows(manifest: dict[str, Any], nsp: bool = True) -> list[dict[str, Any]]:
+    """One table row per length from an instances manifest's stats and counts; the share of
+    random next sentences only where the instances have next-sentence pairs (``nsp``)."""
     rows = []
     # the manifest's keys are sorted as text (seq128 < seq64): order by length again
     for name, s in sorted(manifest["stats"].items(), key=lambda kv: kv[1]["max_seq_length"]):
@@ -26,14 +27,15 @@ def stats_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
             "eval_instances": manifest["counts"].get(f"eval_instances_{name}", 0), "tokens": s["tokens"],
             "mean_length": s["mean_length"], "masked_fraction": s["masked_fraction"],
             "mask_token": s["mask_token_fraction"], "kept": s["kept_fraction"],
-            "random_token": s["random_token_fraction"], "random_next": s["random_next_fraction"],
-        })
+            "random_token": s["random_token_fraction"],
+        } | ({"random_next": s["random_next_fraction"]} if nsp else {}))
     return rows
 
 
 @flow(name="instances", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
 def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
-    """MLM + NSP instances from the corpus stage's documents and the vocab stage's vocab."""
+    """Masked-LM instances (with next-sentence pairs where configured) from the corpus stage's
+    documents and the vocab stage's vocab."""
     from beam_jobs.create_instances import create_instances as run_job
     from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
 
@@ -43,11 +45,10 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
         workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args,
         shared_storage=config.shared_storage))
     logger.info("instances: %s", manifest["counts"])
-    publish_table("instances-stats", stats_rows(manifest),
-                  f"MLM/NSP instance statistics of {manifest['uri']}")
+    publish_table("instances-stats", stats_rows(manifest, nsp=config.instances.next_sentence_prediction),
+                  f"Instance statistics of {manifest['uri']}")
     pictures = [
-        markdown_image(histogram(s["counts"]["length_histogram"], f"{name}: instance lengths",
-                                 "tokens (bin start)"), name)
+        markdown_image(histogram(s["length_histogram"], f"{name}: instance lengths", "tokens"), name)
         for name, s in manifest["stats"].items()
     ]
     publish_markdown("instances-lengths", "\n\n".join(pictures), "Instance length histograms")

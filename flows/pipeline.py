@@ -174,7 +174,7 @@ def random_init_model(config: PipelineConfig, vocab: str, output: str):
 
         from bert_core.model.bert import BertForPreTraining
         from bert_core.model.checkpoint import save_pretrained
-        from bert_core.pretrain.loop import model_config
+        from bert_core.pretrain.run_folder import model_config
         from bert_core.vocab.tokenization import load_tokenizer
 
         torch.manual_seed(config.pretrain.seed)

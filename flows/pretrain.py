@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger, task
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
-from bert_core.pretrain.loop import check_run_config, steps_done, total_steps
+from bert_core.pretrain.run_folder import check_run_config, steps_done, total_steps
 from flows.retry import retry_on_infrastructure
 from flows.versions import SKIPPED, is_done, output_run_name
 

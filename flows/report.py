@@ -9,31 +9,16 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
+from bert_core.histogram import Histogram
 from bert_core.pretrain.metrics import kind, read_metrics
 from flows import artifacts
 
-_MAX_LENGTH_ROWS = 200_000  # enough for a histogram; the shards of a real run are far larger
 
-
-def instance_lengths(instances: str) -> dict[int, list[int]]:
-    """Tokens per instance, per sequence length folder, from the finished shards."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    lengths: dict[int, list[int]] = {}
-    manifest = storage.read_manifest(instances)
-    for spec in manifest.get("config", {}).get("lengths", []):
-        seq = int(spec["max_seq_length"])
-        folder = storage.join(instances, f"seq{seq}")
-        values: list[int] = []
-        for shard in storage.shard_uris(folder) if storage.has_manifest(folder) else []:
-            with storage.open_file(shard, "rb") as f:
-                column = pq.read_table(f, columns=["input_ids"]).column("input_ids")
-            values += pc.list_value_length(column).to_pylist()
-            if len(values) >= _MAX_LENGTH_ROWS:
-                break
-        lengths[seq] = values
-    return lengths
+def length_histograms(instances: str) -> dict[str, Histogram]:
+    """The instance length histogram of each sequence length, as the instances manifest stores it."""
+    stats = storage.read_manifest(instances).get("stats", {})
+    return {name: Histogram.from_json(s["length_histogram"]) for name, s in stats.items()
+            if isinstance(s, dict) and s.get("length_histogram")}
 
 
 def objective(nsp: bool) -> str:
@@ -123,13 +108,13 @@ def publish_pipeline_report(
         md.append("## Pre-training\n")
         md += [artifacts.markdown_image(fig, name) + "\n" for name, fig in figures.items()]
         md.append(f"Checkpoints: `{storage.join(run, 'checkpoints')}`, export: `{storage.join(run, 'hf')}`\n")
-    lengths = instance_lengths(instances)
-    if any(lengths.values()):
+    lengths = length_histograms(instances)
+    if any(h.total() for h in lengths.values()):
         md.append("## Instance lengths\n")
-        for seq, values in lengths.items():
-            fig = artifacts.histogram(values, f"Tokens per instance (seq{seq}, n={len(values)})",
-                                      "tokens incl. [CLS]/[SEP]", bins=min(40, seq))
-            md.append(artifacts.markdown_image(fig, f"seq{seq} lengths") + "\n")
+        for name, hist in sorted(lengths.items(), key=lambda kv: (len(kv[0]), kv[0])):
+            fig = artifacts.histogram(hist, f"Tokens per instance ({name}, n={hist.total()})",
+                                      "tokens incl. [CLS]/[SEP]")
+            md.append(artifacts.markdown_image(fig, f"{name} lengths") + "\n")
     md.append("## Fine-tuning\n")
     md.append(_md_table(results, ["checkpoint", "task", "metric", "mean", "sd", "n",
                                   "failed_seeds", "status"]))

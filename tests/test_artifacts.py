@@ -1,4 +1,4 @@
-"""flows/artifacts.py against a real Prefect server (prefect_test_harness runs one on 127.0.0.1)."""
+"""flows/artifacts.py, and against the session's real Prefect server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -8,14 +8,6 @@ import io
 import pytest
 
 from flows import artifacts
-
-
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def _png_bytes(url: str) -> bytes:
@@ -35,29 +27,40 @@ def test_png_data_url_is_a_real_png_of_the_figure():
     assert 300 < image.width <= 480 and 150 < image.height <= 256
 
 
-def test_histogram_takes_values_or_counts():
+def test_histogram_takes_values_or_a_stored_histogram():
     from PIL import Image
 
+    from bert_core.histogram import Histogram
+
+    stored = Histogram.of([64, 64, 96, 128, 128, 128], edges=(1, 33, 65, 97, 129)).to_json()
     for fig in (artifacts.histogram([1, 2, 2, 3, 3, 3], "len", "tokens", bins=3),
-                artifacts.histogram({"128": 40, "64": 10, "96": 5}, "len", "tokens")):
+                artifacts.histogram(stored, "len", "tokens")):
         bars = fig.axes[0].patches
-        assert sorted(round(p.get_height()) for p in bars) in ([1, 2, 3], [5, 10, 40])
+        assert sorted(round(p.get_height()) for p in bars) == [1, 2, 3]
         assert Image.open(io.BytesIO(_png_bytes(artifacts.png_data_url(fig)))).format == "PNG"
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["33-64", "65-96", "97-128"]  # the empty first bin left out
 
 
 def test_length_bins_are_drawn_in_numeric_order_after_a_json_round_trip():
     import json
 
-    # as the corpus manifest stores them: JSON with sorted keys, so "10-19" comes before "2-4"
+    from bert_core.histogram import Histogram
+
+    # a manifest of bin labels, read back from JSON with sorted keys: "10-19" before "2-4"
     bins = json.loads(json.dumps({"<2": 1, "2-4": 5, "5-9": 7, "10-19": 3, "20-49": 2,
                                   "100-199": 4, "1000+": 6}, sort_keys=True))
     assert list(bins)[:3] == ["10-19", "100-199", "1000+"]
     fig = artifacts.histogram(bins, "Sentences per document", "sentences")
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert labels == ["<2", "2-4", "5-9", "10-19", "20-49", "100-199", "1000+"]
-    assert [round(p.get_height()) for p in ax.patches] == [1, 5, 7, 3, 2, 4, 6]
-    assert sorted(["100+", "10-19", "<10", "2-4"], key=artifacts.bin_order) == ["2-4", "<10", "10-19", "100+"]
+    assert labels == ["0-1", "2-4", "5-9", "10-19", "20-49", "50-99", "100-199", "200-999", "1000+"]
+    assert [round(p.get_height()) for p in ax.patches] == [1, 5, 7, 3, 2, 0, 4, 0, 6]
+    # the stored form keeps its order through the same round trip
+    stored = Histogram.from_json(bins).to_json()
+    back = json.loads(json.dumps(stored, sort_keys=True))
+    fig = artifacts.histogram(back, "Sentences per document", "sentences")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == labels
 
 
 def test_numbers_keep_four_significant_digits():
@@ -97,7 +100,7 @@ def test_bad_key_is_refused_before_reaching_the_server():
         artifacts.publish_markdown("Pretrain_Report", "x")
 
 
-def test_artifacts_are_stored_intact_on_a_real_server(prefect_server):
+def test_artifacts_are_stored_intact_on_a_real_server(prefect_api):
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey

@@ -252,12 +252,10 @@ def test_cli_vocab(samples_dir, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_on_the_corpus_stage_output_and_prefect_flow(samples_dir, tmp_path) -> None:
+def test_on_the_corpus_stage_output_and_prefect_flow(prefect_api, samples_dir, tmp_path) -> None:
     """clean (engineer A's stage, real Beam) -> vocab flow under a real Prefect server."""
-    import asyncio
 
-    from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect_server import latest_artifacts
 
     from beam_jobs.clean_corpus import clean
     from bert_core.config import CorpusConfig, load_config
@@ -267,19 +265,14 @@ def test_on_the_corpus_stage_output_and_prefect_flow(samples_dir, tmp_path) -> N
     clean(CorpusConfig(books=[str(samples_dir / "books" / "botchan.txt")]), corpus)
     config = load_config("demo", sets=["workers=1", "vocab.vocab_size=1500", "vocab.num_unused=5"])
     out = str(tmp_path / "vocab")
-    with prefect_test_harness(server_startup_timeout=120):
-        assert vocab_flow(config, corpus, out) == out
-        created = storage.read_manifest(out)["created"]
-        assert vocab_flow(config, corpus, out) == out  # same config and corpus: not redone
-        assert storage.read_manifest(out)["created"] == created
+    assert vocab_flow(config, corpus, out) == out
+    created = storage.read_manifest(out)["created"]
+    assert vocab_flow(config, corpus, out) == out  # same config and corpus: not redone
+    assert storage.read_manifest(out)["created"] == created
 
-        async def latest():
-            async with get_client() as client:
-                return await client.read_latest_artifacts()
-
-        artifacts = {a.key: a for a in asyncio.run(latest())}
+    artifacts = latest_artifacts()
     manifest = storage.read_manifest(out)
     assert manifest["inputs"][0]["stage"] == "corpus"
     assert manifest["counts"]["documents"] == storage.read_manifest(corpus)["counts"]["documents"] == 1
-    report = artifacts["vocab-report"].data
+    report = artifacts["vocab-report"]
     assert "1,500 tokens" in report and "UNK rate" in report and "data:image/png;base64," in report

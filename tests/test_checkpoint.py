@@ -16,7 +16,8 @@ import torch
 
 from bert_core.model.checkpoint import _deepspeed_checkpoint_types
 from bert_core.model.export import load_deepspeed_state_dict
-from bert_core.pretrain.loop import checkpoint_dir, resume, save_checkpoint
+from bert_core.pretrain.checkpoints import fp32_master_model, resume, save_checkpoint
+from bert_core.pretrain.run_folder import checkpoint_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_ds_config import one_rank, tiny_batch, tiny_engine  # noqa: E402, F401 (one_rank: a fixture)
@@ -63,3 +64,10 @@ def test_bf16_checkpoint_resumes_and_exports_weights_only(zero_stage, tmp_path: 
         if name in weights:  # the bf16 weights are the rounded fp32 master weights
             assert torch.equal(value.to(torch.bfloat16), weights[name].detach()), name
     assert optimizer_step(resumed, batch) == expected_third
+
+    # the run's export takes the fp32 master weights, not the bf16 copy the engine trains
+    master = dict(fp32_master_model(resumed).named_parameters())
+    for name, p in resumed.module.named_parameters():
+        assert master[name].dtype == torch.float32
+        assert torch.equal(master[name].detach().to(torch.bfloat16), p.detach()), name
+    assert any(not torch.equal(master[n].detach(), p.detach().float()) for n, p in resumed.module.named_parameters())

@@ -4,8 +4,7 @@ deployments of infra/prefect.yaml served from a process with their schedules."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
+import json
 import subprocess
 import sys
 import time
@@ -15,16 +14,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _wait(check, timeout: float, what: str):
@@ -39,39 +28,34 @@ def _wait(check, timeout: float, what: str):
 
 
 @pytest.mark.slow
-def test_server_prints_its_address_and_serve_registers_the_monthly_refresh(tmp_path):
+def test_server_prints_its_address_and_serve_registers_the_monthly_refresh(prefect_api):
+    """The session's server is ``bertpipe server --port N`` (tests/prefect_server.py)."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect_server import free_port, server_env
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect_server import server_env, stop_process_group
 
     from flows.tools.render import REFRESH_CRON
 
-    bertpipe = str(Path(sys.executable).with_name("bertpipe"))
-    port = free_port()
-    env = server_env(tmp_path / "prefect")
-    server = subprocess.Popen([bertpipe, "server", "--port", str(port)], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    serve = None
-    try:
-        first = server.stdout.readline().decode()
-        assert first.strip() == f"Prefect UI:  http://127.0.0.1:{port}"
-        api = f"http://127.0.0.1:{port}/api"
-        _wait(lambda: urllib.request.urlopen(f"{api}/health", timeout=2).status == 200, 180, "server")
+    assert prefect_api.log.read_text().splitlines()[0] == f"Prefect UI:  {prefect_api.ui}"
+    # the UI in the browser calls the API on this port, not on 4200
+    with urllib.request.urlopen(f"{prefect_api.ui}/ui-settings", timeout=10) as resp:
+        assert json.loads(resp.read())["api_url"] == prefect_api.api
 
-        serve = subprocess.Popen([bertpipe, "serve", "--only", "refresh-corpus/monthly"], cwd=REPO,
-                                 env={**env, "PREFECT_API_URL": api}, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            (deployment,) = _wait(client.read_deployments, 120, "served deployment")
-            assert deployment.name == "monthly"
+    bertpipe = str(Path(sys.executable).with_name("bertpipe"))
+    serve = subprocess.Popen([bertpipe, "serve", "--only", "refresh-corpus/monthly"], cwd=REPO,
+                             env=server_env(prefect_api.home, prefect_api.api), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        with get_client(sync_client=True) as client:
+            only_monthly = DeploymentFilter(name=DeploymentFilterName(any_=["monthly"]))
+            (deployment,) = _wait(lambda: client.read_deployments(deployment_filter=only_monthly), 120,
+                                  "served deployment")
             assert deployment.entrypoint.endswith("flows/refresh.py:refresh_corpus")
             (schedule,) = deployment.schedules
             assert schedule.schedule.cron == REFRESH_CRON and schedule.active
             assert deployment.parameters["lang"] == "en" and "config" in deployment.parameters
     finally:
-        if serve is not None:
-            _stop(serve)
-        _stop(server)
+        stop_process_group(serve)
 
 
 CHATTER = ("Python sdk harness starting", "State channel established", "No semi_persistent_directory",

@@ -30,7 +30,7 @@ from bert_core.corpus import documents as D
 from bert_core.corpus.dumps import plan_reads
 from bert_core.corpus.sentences import split_sentences
 from bert_core.model.checkpoint import CheckpointError
-from bert_core.pretrain import loop
+from bert_core.pretrain import errors, loop
 from bert_core.pretrain.data import InstanceDataError, vocab_file_of
 from flows.cli import app
 
@@ -490,8 +490,8 @@ def test_a_retrained_vocab_is_refused_by_pretraining_in_one_line(retrained, tmp_
     config.write_text(json.dumps(load_config("demo", None, PRETRAIN_SETS).model_dump(mode="json")))
     code = loop.main(["--config", str(config), "--instances", instances, "--output", str(tmp_path / "run")])
     err_lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert code == loop.CONFIG_ERROR_EXIT and len(err_lines) == 1
-    assert err_lines[0].startswith(loop.CONFIG_ERROR_PREFIX) and vocab_txt in err_lines[0]
+    assert code == errors.CONFIG_ERROR_EXIT and len(err_lines) == 1
+    assert err_lines[0].startswith(errors.CONFIG_ERROR_PREFIX) and vocab_txt in err_lines[0]
     assert instances in err_lines[0] and not (tmp_path / "run").exists()
 
 

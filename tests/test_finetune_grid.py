@@ -86,9 +86,9 @@ def final_split_accuracy(job: Path, data: Path) -> float:
 
 
 @pytest.mark.slow
-def test_prefect_flow_runs_the_grid_and_selects_the_rate_that_learns(sentiment_data, tiny_checkpoint, tmp_path):
+def test_prefect_flow_runs_the_grid_and_selects_the_rate_that_learns(prefect_api, sentiment_data, tiny_checkpoint, tmp_path):
     from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
     from bert_core.config import load_config
     from flows.finetune import finetune
@@ -98,18 +98,20 @@ def test_prefect_flow_runs_the_grid_and_selects_the_rate_that_learns(sentiment_d
                                   learning_rates=[1e-9, 1e-3], batch_sizes=[16], epochs=[2],
                                   max_seq_length=16, threads=1, max_parallel_jobs=2)
     output = str(tmp_path / "finetune" / "tiny-bert")
-    with prefect_test_harness(server_startup_timeout=120):
-        assert finetune(cfg, checkpoint=tiny_checkpoint, output=output) == output
+    assert finetune(cfg, checkpoint=tiny_checkpoint, output=output) == output
 
-        async def read():
-            async with get_client() as client:
-                runs = await client.read_task_runs()
-                return {r.name for r in runs}, await client.read_latest_artifacts()
+    names = {f"finetune-sentiment-tiny-bert-{s}-seed{seed}" for s in (WINNER, LOSER) for seed in (1, 2)}
 
-        task_runs, artifacts = asyncio.run(read())
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(task_run_filter=TaskRunFilter(
+                name=TaskRunFilterName(any_=sorted(names))))
+            return {r.name for r in runs}, await client.read_latest_artifacts()
+
+    task_runs, artifacts = asyncio.run(read())
 
     # names and folders say what each job is
-    assert {f"finetune-sentiment-tiny-bert-{s}-seed{seed}" for s in (WINNER, LOSER) for seed in (1, 2)} <= task_runs
+    assert names <= task_runs
     manifest = storage.read_manifest(f"{output}/sentiment")
     assert manifest["counts"] == {"jobs": 4, "succeeded": 4, "failed": 0}
     assert {s["path"] for s in manifest["shards"]} == {"report.md"} | {

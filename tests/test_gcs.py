@@ -134,35 +134,25 @@ def test_pipeline_refuses_a_bucket_run_folder_before_any_work(gcs, tmp_path):
 
 
 @pytest.mark.slow
-def test_whole_pipeline_writes_to_the_bucket(gcs, samples_dir, tmp_path, monkeypatch):
-    """bert_pipeline with storage_root gs://: Beam stages on 2 worker processes, DeepSpeed ranks
-    reading instances from the bucket, the model copied there and fine-tuned from it; a second
-    run finds every manifest in the bucket and skips everything."""
-    from prefect.testing.utilities import prefect_test_harness
+def test_whole_pipeline_on_the_bucket_makes_what_the_local_run_makes(gcs, pipeline_run, samples_dir,
+                                                                      make_pipeline_config, tmp_path):
+    """bert_pipeline with storage_root gs:// and the local run's settings: Beam stages on 2 worker
+    processes, DeepSpeed ranks reading instances from the bucket, the model copied there and
+    fine-tuned from it. Each data stage writes the bytes the local run wrote; a second run finds
+    every manifest in the bucket and skips everything."""
 
     from bert_core import storage
     from flows.pipeline import SKIPPED, bert_pipeline
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     root, runs = f"{gcs}/pipeline", tmp_path / "runs"
-    cfg = load_config("demo", sets=[
-        f"storage_root={root}", f"runs_root={runs}", "workers=2",
-        "corpus.wikipedia=[]", "corpus.text=[]", f"corpus.books=[{samples_dir}/books/botchan.txt]",
-        "vocab.vocab_size=1000",
-        "instances.lengths=[{max_seq_length: 128, max_predictions_per_seq: 20}]",
-        "instances.dupe_factor=1", "instances.num_shards=2",
-        "pretrain.phases=[{max_seq_length: 128, max_steps: 3, global_batch_size: 16, micro_batch_size: 8, "
-        "warmup_steps: 1}]",
-        "pretrain.log_every=1", "pretrain.checkpoint_every=3",
-        "finetune.tasks=[sentiment]", "finetune.seeds=[1]", f"finetune.data_dir={samples_dir}/tasks",
-        "finetune.max_train_examples=32", "finetune.epochs=[1]", "finetune.extra_checkpoints=[]",
-        "finetune.random_init_baseline=false",
-    ])
-    with prefect_test_harness(server_startup_timeout=120):
-        first = bert_pipeline(cfg)
-        second = bert_pipeline(cfg)
+    # the local run's settings; one checkpoint fine-tuned, the local run covers the other two
+    cfg = make_pipeline_config(samples_dir, root, f"runs_root={runs}", "finetune.extra_checkpoints=[]",
+                          "finetune.random_init_baseline=false")
+    assert cfg.workers == 2
+    first = bert_pipeline(cfg)
+    second = bert_pipeline(cfg)
 
-    stages = first["stages"]
+    stages, local = first["stages"], pipeline_run.first["stages"]
     assert {s: v["status"] for s, v in stages.items()} == {
         "corpus": "completed", "vocab": "completed", "instances": "completed", "pretrain": "completed",
         "model": "completed", "finetune": "completed"}
@@ -172,23 +162,33 @@ def test_whole_pipeline_writes_to_the_bucket(gcs, samples_dir, tmp_path, monkeyp
         manifest = storage.read_manifest(out)
         assert manifest["stage"] == stage and manifest["uri"] == out
         assert all(storage.exists(u) for u in storage.shard_uris(out, manifest))
-    # the instances in the bucket are real, balanced Parquet shards
-    seq = storage.read_manifest(f"{stages['instances']['output']}/seq128")
-    counts = [s["count"] for s in seq["shards"]]
-    assert len(counts) == 2 and max(counts) - min(counts) <= 1 and sum(counts) > 0
-    # DeepSpeed's run folder is local; the model in the bucket is its export, byte for byte
+    # the bucket holds the documents, vocab and instances the local run wrote, byte for byte
+    for stage in ("corpus", "vocab", "instances"):
+        ours, theirs = (storage.read_manifest(s[stage]["output"]) for s in (stages, local))
+        assert ours["counts"] == theirs["counts"], stage
+        assert [(s["path"], s["sha256"]) for s in ours["shards"]] == [
+            (s["path"], s["sha256"]) for s in theirs["shards"]], stage
+    for seq in ("seq64", "seq512"):
+        ours, theirs = (storage.read_manifest(f"{s['instances']['output']}/{seq}") for s in (stages, local))
+        assert [s["sha256"] for s in ours["shards"]] == [s["sha256"] for s in theirs["shards"]], seq
+        counts = [s["count"] for s in ours["shards"]]
+        assert len(counts) == 2 and max(counts) - min(counts) <= 1 and sum(counts) > 0
+    # DeepSpeed's run folder is local and trains on those instances as the local run did
     run = stages["pretrain"]["output"]
-    assert run.startswith(str(runs)) and storage.read_manifest(run)["counts"]["steps"] == 3
+    ours, theirs = (storage.read_manifest(r) for r in (run, local["pretrain"]["output"]))
+    assert run.startswith(str(runs)) and ours["counts"] == theirs["counts"]
+    assert ours["stats"]["first_loss"] == pytest.approx(theirs["stats"]["first_loss"], rel=1e-3)
+    # the model in the bucket is its export, byte for byte
     model = storage.read_manifest(stages["model"]["output"])
-    local = {Path(p).name: storage.sha256(str(p)) for p in Path(run, "hf").iterdir() if p.is_file()}
-    assert {s["path"]: s["sha256"] for s in model["shards"]} == local
+    exported = {Path(p).name: storage.sha256(str(p)) for p in Path(run, "hf").iterdir() if p.is_file()}
+    assert {s["path"]: s["sha256"] for s in model["shards"]} == exported
     [job] = first["finetune_jobs"]
     assert job["status"] == "completed" and job["output"].startswith(f"{root}/finetune/")
     ft = storage.read_manifest(job["output"])
     assert ft["config"]["tasks"] == ["sentiment"] and stages["model"]["output"] in json.dumps(ft)
-    selected = ft["stats"]["summary"]["sentiment"]["selected"]  # the setting chosen on dev
-    metrics = json.loads(storage.read_text(f"{job['output']}/{selected}/seed=1/metrics.json"))
-    assert 0.0 <= metrics["main"] <= 1.0
+    ours = ft["stats"]["summary"]["sentiment"]
+    theirs = storage.read_manifest(pipeline_run.first["finetune_jobs"][0]["output"])["stats"]["summary"]["sentiment"]
+    assert ours["final"]["n"] == theirs["final"]["n"] == 1 and 0 <= ours["final"]["mean"] <= 100
     # the second run resumes from the bucket's manifests: nothing is redone
     assert {v["status"] for v in second["stages"].values()} == {SKIPPED}
     assert [j["status"] for j in second["finetune_jobs"]] == [SKIPPED]

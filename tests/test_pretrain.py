@@ -37,8 +37,8 @@ from bert_core.pretrain.launch import (
     prepare_run,
     run_launch,
 )
-from bert_core.pretrain.loop import load_run_config, model_config, steps_done, total_steps
 from bert_core.pretrain.metrics import MetricsLog, MetricsTail, eval_rows, read_metrics
+from bert_core.pretrain.run_folder import load_run_config, model_config, steps_done, total_steps
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data import make_instances  # noqa: E402
@@ -343,7 +343,7 @@ def _rank_pids(launcher_pid: int) -> dict[int, int]:
 
 @pytest.mark.slow
 def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
-    reference_run, instances, tmp_path
+    prefect_api, reference_run, instances, tmp_path
 ):
     """``bertpipe pretrain`` (deepspeed --num_gpus 2) is killed mid-run; the Prefect flow resumes it."""
     run = str(tmp_path / "run")
@@ -368,20 +368,18 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     assert proc.returncode == 3, output[-2000:]  # infrastructure failure: run it again to resume
     assert "run the same command again" in output and not storage.has_manifest(run)
 
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect_server import latest_artifacts
 
     from flows.pretrain import pretrain
 
     config = load_config("demo", None, sets)
-    with prefect_test_harness(server_startup_timeout=120):
-        assert pretrain(config, instances, run) == run
-        artifacts = _latest_artifacts()
+    assert pretrain(config, instances, run) == run
+    artifacts = latest_artifacts()
     assert {"pretrain-progress", "pretrain-metrics", "pretrain-report"} <= set(artifacts)
-    assert artifacts["pretrain-progress"].data == pytest.approx(100.0)
-    table = artifacts["pretrain-metrics"].data
-    table = json.loads(table) if isinstance(table, str) else table
+    assert artifacts["pretrain-progress"] == pytest.approx(100.0)
+    table = artifacts["pretrain-metrics"]
     assert [(r["phase"], r["step"]) for r in table] == ALL_STEPS
-    assert "data:image/png;base64," in artifacts["pretrain-report"].data
+    assert "data:image/png;base64," in artifacts["pretrain-report"]
     # the CPU all-reduce buffers (RAM in /dev/shm) are gone, after the kill as after the resume
     assert set(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*")) <= shm_before
 
@@ -417,7 +415,6 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     reexported = BertForPreTraining.from_pretrained(str(tmp_path / "again")).state_dict()
     assert again and reexported.keys() == exported.keys()
     assert all(torch.equal(reexported[k], exported[k]) for k in exported)
-
 
 
 @pytest.mark.slow
@@ -467,14 +464,3 @@ def test_two_hosts_in_network_namespaces_match_the_one_host_run(reference_run, i
     expected = BertForPreTraining.from_pretrained(storage.read_manifest(reference_run[0])["hf"]).state_dict()
     assert exported.keys() == expected.keys()
     assert all(torch.allclose(exported[k], expected[k], atol=1e-6) for k in expected)
-
-def _latest_artifacts() -> dict:
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-
-    async def latest():
-        async with get_client() as client:
-            return await client.read_latest_artifacts()
-
-    return {a.key: a for a in asyncio.run(latest())}

@@ -1,5 +1,5 @@
 """flows/refresh.py: the scheduled corpus refresh against a dump site on 127.0.0.1 (real sample dump),
-on a real Prefect server (prefect_test_harness): newest finished dump -> download -> clean."""
+on a real Prefect server (the session's): newest finished dump -> download -> clean."""
 
 from __future__ import annotations
 
@@ -44,9 +44,7 @@ def site(tmp_path):
 
 
 @pytest.mark.slow
-def test_refresh_takes_the_newest_finished_dump_and_cleans_it(site, samples_dir, tmp_path):
-    from prefect.testing.utilities import prefect_test_harness
-
+def test_refresh_takes_the_newest_finished_dump_and_cleans_it(prefect_api, site, samples_dir, tmp_path):
     from bert_core.config import load_config
     from flows.refresh import refresh_corpus
 
@@ -55,14 +53,13 @@ def test_refresh_takes_the_newest_finished_dump_and_cleans_it(site, samples_dir,
     _publish(site.root, dump, newest, "in-progress")  # still being written: skipped
     name = _publish(site.root, dump, finished, "done")
     cfg = load_config("demo", sets=[f"storage_root={tmp_path / 'data'}", "corpus.books=[]", "corpus.text=[]", "workers=1"])
-    with prefect_test_harness(server_startup_timeout=120):
-        corpus = refresh_corpus(cfg, lang="en", base_url=site.url)
-        raw = storage.join(str(tmp_path / "data"), "raw", "wikipedia", f"enwiki-{finished}")
-        assert storage.read_manifest(raw)["shards"][0]["path"] == name
-        manifest = storage.read_manifest(corpus)
-        assert manifest["stage"] == "corpus" and manifest["counts"]["wikipedia"]["kept"] > 50
-        assert corpus.startswith(storage.join(str(tmp_path / "data"), "corpus") + "/")
-        # a second refresh downloads nothing and cleans nothing
-        site.requests.clear()
-        assert refresh_corpus(cfg, lang="en", base_url=site.url) == corpus
-        assert not [p for p, _ in site.requests if p.endswith(".bz2")]
+    corpus = refresh_corpus(cfg, lang="en", base_url=site.url)
+    raw = storage.join(str(tmp_path / "data"), "raw", "wikipedia", f"enwiki-{finished}")
+    assert storage.read_manifest(raw)["shards"][0]["path"] == name
+    manifest = storage.read_manifest(corpus)
+    assert manifest["stage"] == "corpus" and manifest["counts"]["wikipedia"]["kept"] > 50
+    assert corpus.startswith(storage.join(str(tmp_path / "data"), "corpus") + "/")
+    # a second refresh downloads nothing and cleans nothing
+    site.requests.clear()
+    assert refresh_corpus(cfg, lang="en", base_url=site.url) == corpus
+    assert not [p for p, _ in site.requests if p.endswith(".bz2")]

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from flows import samples
+from flows.tools import samples
 
 
 def bertpipe(*args, **kw):

@@ -21,6 +21,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import CorpusConfig
+from bert_core.histogram import Histogram
 
 WIKIPEDIA = "wikipedia"
 BOOKS = "books"
@@ -160,19 +161,12 @@ def reject_sort_key(r: Reject) -> tuple[str, ...]:
     return (r["source"], r["id"], r["reason"], r["detail"])
 
 
-# Histogram bin edges (lower bounds): log-ish so both a stub article and a novel fit.
-SENTENCE_BINS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-CHAR_BINS = (0, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
-
-
-def bin_of(value: int, edges: tuple[int, ...]) -> str:
-    """Label of the bin holding value, e.g. ``"10-19"`` or ``"10000+"``."""
-    label = f"<{edges[0]}"
-    for i, lower in enumerate(edges):
-        if value >= lower:
-            upper = edges[i + 1] - 1 if i + 1 < len(edges) else None
-            label = f"{lower}-{upper}" if upper is not None else f"{lower}+"
-    return label
+# Length histogram edges (bert_core.histogram): log-ish so both a stub article and a novel fit;
+# the last bin is open. A kept document has at least one sentence.
+LENGTH_EDGES = {
+    "sentences": (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, None),
+    "chars": (0, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, None),
+}
 
 
 def length_stats(doc: Document) -> dict[str, int]:
@@ -184,7 +178,7 @@ def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list
     """``_MANIFEST.json`` of a corpus folder (call it last): counts per source and reason
     (kept + rejected = read is checked), shard lists with sha256, length histograms.
     ``summary`` holds "read"/"kept" per source, "rejected" per "source/reason", and the
-    "sentences"/"chars" histograms and "totals" of kept documents."""
+    "sentences"/"chars" counts by bin of :data:`LENGTH_EDGES` and "totals" of kept documents."""
     counts: dict[str, Any] = {}
     for source in sorted(set(summary["read"]) | set(summary["kept"])):
         rejected = {k.split("/", 1)[1]: v for k, v in sorted(summary["rejected"].items())
@@ -206,17 +200,11 @@ def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list
     if cfg.text_format == "google":
         extra["text_shards"] = [storage.shard_entry(storage.join(output, storage.shard_name("text", i, num_shards, "txt")))
                                 for i in range(num_shards)]
-    stats = {
-        "sentences_per_doc": dict(sorted(summary["sentences"].items(), key=lambda kv: _bin_lower(kv[0]))),
-        "chars_per_doc": dict(sorted(summary["chars"].items(), key=lambda kv: _bin_lower(kv[0]))),
-    }
+    stats = {f"{name}_per_doc": Histogram.from_bins(edges, summary[name]).to_json()
+             for name, edges in LENGTH_EDGES.items()}
     return storage.write_manifest(
         output, stage="corpus", config=cfg, inputs=(), shards=shards, counts=counts, stats=stats,
         input_files=inputs, **extra)
-
-
-def _bin_lower(label: str) -> int:
-    return int(label.lstrip("<").split("-")[0].rstrip("+"))
 
 
 # --------------------------------------------------------------------------- reading shards

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bert_core.histogram import Histogram
+
 
 @dataclass
 class InstanceStats:
@@ -39,6 +41,15 @@ class InstanceStats:
     @property
     def bin_width(self) -> int:
         return max(1, self.max_seq_length // 8)
+
+    def length_edges(self) -> list[int]:
+        """Edges of the length histogram: bins of ``bin_width`` tokens from 1 up to the length."""
+        w = self.bin_width
+        return [*range(1, self.max_seq_length + 1, w), (self.max_seq_length - 1) // w * w + w + 1]
+
+    def length_histogram_data(self) -> Histogram:
+        return Histogram.from_bins(self.length_edges(),
+                                   {start // self.bin_width: c for start, c in self.length_histogram.items()})
 
     def add(
         self,
@@ -117,13 +128,17 @@ class InstanceStats:
     def to_dict(self) -> dict[str, Any]:
         """Raw counts (JSON-safe), the inverse of :meth:`from_dict`."""
         out = {k: v for k, v in self.__dict__.items() if k != "length_histogram"}
-        out["length_histogram"] = {str(k): v for k, v in sorted(self.length_histogram.items())}
+        out["length_histogram"] = self.length_histogram_data().to_json()
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InstanceStats:
         data = dict(data)
-        hist = {int(k): int(v) for k, v in data.pop("length_histogram", {}).items()}
+        stored = data.pop("length_histogram", {})
+        if set(stored) == {"edges", "counts"}:  # bins of bin_width tokens, edges at start + 1
+            hist = {int(e) - 1: int(c) for e, c in zip(stored["edges"], stored["counts"], strict=False) if c}
+        else:  # bin start -> count, as manifests stored it before histograms were data
+            hist = {int(k): int(v) for k, v in stored.items()}
         return cls(**data, length_histogram=hist)
 
     def summary(self) -> dict[str, Any]:
@@ -132,7 +147,6 @@ class InstanceStats:
         def frac(a: int, b: int) -> float:
             return round(a / b, 6) if b else 0.0
 
-        w = self.bin_width
         return {
             "max_seq_length": self.max_seq_length,
             "instances": self.instances,
@@ -148,8 +162,6 @@ class InstanceStats:
             "kept_fraction": frac(self.masked_kept, self.masked),
             "random_token_fraction": frac(self.masked_random, self.masked),
             "random_next_fraction": frac(self.random_next, self.with_nsp),
-            "length_histogram": {
-                f"{s + 1}-{s + w}": c for s, c in sorted(self.length_histogram.items())
-            },
+            "length_histogram": self.length_histogram_data().to_json(),
             "counts": self.to_dict(),
         }

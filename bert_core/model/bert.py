@@ -3,27 +3,10 @@
     python -c "from bert_core.model.bert import BertForPreTraining; from bert_core.config import ModelConfig; \
 print(BertForPreTraining(ModelConfig(size='tiny', vocab_size=8000)))"
 
-Module and parameter names equal transformers' ``BertModel`` / ``BertForPreTraining``
-(``bert.encoder.layer.0.attention.self.query.weight``, ``cls.predictions.bias`` ...), so a state
-dict maps 1:1 both ways (see ``bert_core/model/checkpoint.py``). Shapes are commented inline:
-B = batch, T = sequence length, N = real (non-padding) tokens of the batch, H = hidden size,
-nh = heads, hs = H / nh, P = masked positions per sequence, M = real masked positions of the
-batch, V = vocab size.
-
-What makes the pre-training step cheaper than the reference implementation:
-- the MLM head (H x H transform + H x V projection + softmax) runs only at the masked
-  positions (~15% of tokens), never over all B x T positions;
-- the encoder works on the real tokens only: padding is dropped before the first layer and
-  costs no matmuls (attention scatters into the [B, T] grid and gathers back);
-- the last layer, after its attention, goes on with the masked positions and [CLS] only
-  (the other final states are never read; as MosaicBERT does);
-- query/key/value are one matrix multiply (their weights concatenated on the fly, so the
-  parameters keep transformers' names);
-- attention is ``F.scaled_dot_product_attention``, with no mask when a batch has no padding
-  (so the flash kernel may run), or packed FlashAttention (``varlen_attn``) over the real tokens
-  on CUDA in half precision without attention dropout;
-- the index tensors of the unpadding come precomputed from the loader's workers
-  (:func:`pretraining_plan`), so the forward pass never waits for the host.
+Parameter names equal transformers' ``BertForPreTraining``, so a state dict maps 1:1 both ways
+(``bert_core/model/checkpoint.py``). Shapes are commented inline: B = batch, T = sequence length,
+N = real (non-padding) tokens, H = hidden size, nh = heads, hs = H / nh, P = masked positions per
+sequence, M = real masked positions of the batch, V = vocab size.
 """
 
 from __future__ import annotations
@@ -37,6 +20,16 @@ from torch import Tensor, nn
 
 from bert_core.config import ModelConfig
 from bert_core.model.checkpoint import load_into, load_pretrained
+
+# What makes the step cheaper than the reference implementation:
+# - the encoder works on the real tokens only: padding is dropped before the first layer;
+#   attention runs on the packed tokens (varlen FlashAttention on CUDA) or scatters into the
+#   [B, T] grid, with no mask when nothing is padded so SDPA may pick its flash kernel;
+# - the MLM head runs only at the masked positions, and the last layer, after its attention,
+#   goes on with the masked positions and [CLS] only (as MosaicBERT does);
+# - query/key/value are one matrix multiply (weights concatenated on the fly, names kept);
+# - the unpadding indices come precomputed from the loader's workers (pretraining_plan), so the
+#   forward pass never waits for the host.
 
 try:  # packed FlashAttention over variable-length sequences (CUDA only)
     from torch.nn.attention.varlen import varlen_attn

@@ -1,34 +1,10 @@
-"""Pre-training data loader: instance shards -> padded micro-batches, with exact resume.
+"""Pre-training data loader: instance shards -> padded micro-batches with the model's unpadding
+indices, deterministic and exactly resumable.
 
     loader = PretrainingLoader(instances_uri, max_seq_length=128, micro_batch_size=16,
                                rank=0, world_size=2, seed=42)
     for batch in loader: ...            # endless: epochs advance by themselves
     state = loader.state_dict()         # {"epoch": e, "position": micro-batches taken in epoch e}
-
-(``bert_core/pretrain/loop.py`` drives it; ``pytest tests/test_data.py`` checks it.)
-
-Who reads what: the shards of ``<instances>/seq{L}/`` are split over *readers* = ranks x loader
-workers; reader ``k = rank * W + w`` owns shards ``k, k + R, k + 2R, ...`` (R readers). Each reader
-walks its shards in an order drawn from ``(seed, epoch, reader)`` and the rows of each shard in
-an order drawn from ``(seed, epoch, reader, shard)``: a two-level shuffle that needs one shard in
-memory, not the corpus (the instance stage already scattered instances over shards at random).
-
-Every reader yields the same number of micro-batches per epoch, ``min(rows of a reader) //
-micro_batch_size`` over *all* readers, so every rank takes the same number of steps and none
-waits forever in an all-reduce. The rows past that count are the tail of an epoch's
-permutation, a different tail every epoch.
-
-A rank's micro-batch ``j`` of an epoch is reader ``j % W``'s batch ``j // W``. Exact resume: the
-loader's state is (epoch, position); a reader starts at its batch ``ceil((position - w) / W)``,
-turns that into a row offset, skips whole shards by their manifest counts and indexes into the
-shard's permutation. Nothing is replayed, so resuming is instant.
-
-A batch is padded to its longest sequence rounded up to 8 (tensor-core friendly, few shapes);
-``masked_lm_weights`` is 1 for a real prediction and 0 for padding. With ``masking: dynamic``
-in the instances manifest, the stored sequences are unmasked and each sample is masked here by
-``bert_core.instances.masking`` (the instance stage's own masking) with the key
-``stable_hash(seed, "mask", epoch, shard, row)``: a new mask every epoch, the same mask after a
-resume.
 """
 
 from __future__ import annotations
@@ -49,6 +25,29 @@ from bert_core.instances.pairs import VocabIds, stable_hash
 if TYPE_CHECKING:  # pyarrow and torch are imported where used
     import pyarrow as pa
     import torch
+
+# Who reads what: the shards of ``<instances>/seq{L}/`` are split over *readers* = ranks x loader
+# workers; reader ``k = rank * W + w`` owns shards ``k, k + R, k + 2R, ...`` (R readers). Each reader
+# walks its shards in an order drawn from ``(seed, epoch, reader)`` and the rows of each shard in
+# an order drawn from ``(seed, epoch, reader, shard)``: a two-level shuffle that needs one shard in
+# memory, not the corpus (the instance stage already scattered instances over shards at random).
+#
+# Every reader yields the same number of micro-batches per epoch, ``min(rows of a reader) //
+# micro_batch_size`` over *all* readers, so every rank takes the same number of steps and none
+# waits forever in an all-reduce. The rows past that count are the tail of an epoch's
+# permutation, a different tail every epoch.
+#
+# A rank's micro-batch ``j`` of an epoch is reader ``j % W``'s batch ``j // W``. Exact resume: the
+# loader's state is (epoch, position); a reader starts at its batch ``ceil((position - w) / W)``,
+# turns that into a row offset, skips whole shards by their manifest counts and indexes into the
+# shard's permutation. Nothing is replayed, so resuming is instant.
+#
+# A batch is padded to its longest sequence rounded up to 8 (tensor-core friendly, few shapes);
+# ``masked_lm_weights`` is 1 for a real prediction and 0 for padding. With ``masking: dynamic``
+# in the instances manifest, the stored sequences are unmasked and each sample is masked here by
+# ``bert_core.instances.masking`` (the instance stage's own masking) with the key
+# ``stable_hash(seed, "mask", epoch, shard, row)``: a new mask every epoch, the same mask after a
+# resume.
 
 PAD_MULTIPLE = 8
 COLUMNS = ["input_ids", "len_a", "masked_lm_positions", "masked_lm_ids", "next_sentence_label"]
@@ -203,7 +202,7 @@ class Reader:
         return self._order[1]
 
     def samples(self, epoch: int, start: int) -> Iterator[tuple[int, int]]:
-        """(shard index, row) from sample ``start`` of the epoch on; earlier shards are skipped unread."""
+        """(shard index, row) from sample ``start`` of the epoch on; the shards before it are skipped unread."""
         for shard_index in self.shard_order(epoch):
             rows = self.shards[shard_index].rows
             if start >= rows:

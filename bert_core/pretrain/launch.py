@@ -42,13 +42,9 @@ from pathlib import Path
 from bert_core import storage
 from bert_core.config import PipelineConfig, PretrainConfig
 from bert_core.failures import InfrastructureError, Refusal, says_infrastructure
-from bert_core.pretrain.loop import (
-    CONFIG_ERROR_EXIT,
-    CONFIG_ERROR_PREFIX,
-    CONFIG_FILE,
-    check_instances,
-    check_run_config,
-)
+from bert_core.pretrain.errors import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX
+from bert_core.pretrain.loop import check_instances
+from bert_core.pretrain.run_folder import CONFIG_FILE, check_run_config
 
 SCRIPT_MODULE = "bert_core.pretrain"
 DEFAULT_MASTER_PORT = 29500  # DeepSpeed's; the multi-node launchers use it unless one is set
@@ -257,7 +253,7 @@ def launch_pretraining(
     """The plain entry point (CLI, flow): launch, wait, return the run folder (raises on failure).
 
     A run folder of another config (finished, or with checkpoints) is refused with a
-    :class:`~bert_core.pretrain.loop.PretrainConfigError` naming the settings that differ.
+    :class:`~bert_core.pretrain.errors.PretrainConfigError` naming the settings that differ.
     """
     check_run_config(config, output)
     try:  # refused here, before any rank starts

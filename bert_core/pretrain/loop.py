@@ -1,213 +1,47 @@
-"""BERT pre-training (masked LM + next sentence) on a DeepSpeed engine: one process per rank.
+"""BERT pre-training (masked LM + next sentence) on a DeepSpeed engine: the script each rank runs.
 
-    deepspeed --num_gpus 2 --module bert_core.pretrain.loop --config RUN/pretrain_config.json \
+    deepspeed --num_gpus 2 --module bert_core.pretrain --config RUN/pretrain_config.json \
         --instances INSTANCES_URI --output RUN
-    (``bertpipe pretrain`` and ``bert_core.pretrain.launch`` render this command; you rarely type it)
+    (``bertpipe pretrain`` and ``bert_core.pretrain.launch`` render this command)
 
-Every phase of ``config.pretrain.phases`` runs in turn, in the same processes:
-
-- the model is ``BertForPreTraining`` (vocab size from the instances' vocab), built with the
-  same seed on every rank; phase 1 may start from ``--init-checkpoint`` (transformers layout);
-  phase 2+ starts from the previous phase's weights with a fresh optimizer and schedule, as
-  NVIDIA's BERT recipe does;
-- a phase resumes from its latest checkpoint (``RUN/checkpoints/phase{i}/step{N}``): weights,
-  optimizer, LR schedule and the loader position (``client_state``), so the resumed run sees
-  the same batches in the same order; dropout is reseeded from (seed, phase, step, rank), so a
-  resumed run computes the same losses as an uninterrupted one. The files are read weights-only
-  (``bert_core.model.checkpoint.weights_only_loads``: a pickled object never runs); a checkpoint
-  that does not load on every rank (truncated, not weights, ``latest`` garbage or dangling) is
-  skipped with a line saying why, and the next older one is tried;
-- every ``checkpoint_every`` steps all ranks call ``save_checkpoint`` (ZeRO shards are per rank)
-  and only when every rank has written its part does rank 0 point ``latest`` at it, so a failed
-  save (full or read-only disk) never becomes the resume point;
-- rank 0 appends ``RUN/metrics.jsonl`` every ``log_every`` steps: phase, step, loss, mlm_acc,
-  nsp_acc (means over all ranks), lr, seq_per_s, tokens_per_s (non-padding), mfu (with
-  ``peak_flops_per_rank``), cpu_seconds (summed over all ranks since they started);
-- every ``eval_every`` steps and at the end of each phase all ranks evaluate the whole eval split
-  of the phase's length (``seq{L}/eval/``, ``bert_core.pretrain.evaluate``): rank 0 appends a
-  ``"kind": "eval"`` row (masked LM / NSP loss and accuracy) and writes ``Eval/*`` events to
-  the DeepSpeed monitor; instances without an eval split train without evaluation;
-- at the end rank 0 exports ``RUN/hf/`` (transformers layout) and writes ``RUN/_MANIFEST.json``
-  (with each phase's final eval, and the sha256 of the vocab shipped);
-- the vocab is the ``vocab.txt`` the instances name, refused at the start and again at the
-  export when its sha256 is not the one the instances recorded
-  (``bert_core.pretrain.data.check_vocab``).
-
-A problem a retry cannot fix (config, data, checkpoints, a full or read-only disk) exits the
-rank that met it with code 2 after one line starting with ``bertpipe-config-error:``, so the
-launcher classifies the run by the failing rank's own error, not by the "connection closed"
-of the ranks that lost it (see ``bert_core/pretrain/launch.py``); those print one line too.
+Every phase of ``config.pretrain.phases`` runs in turn in the same processes: phase 1 may start
+from ``--init-checkpoint``, a later phase from the weights of the one before, with a fresh optimizer
+and schedule. A phase resumes from its newest checkpoint that loads (``checkpoints.py``) with the
+loader's position, and dropout is reseeded from the position in training, so a resumed run
+computes the losses of an uninterrupted one. Rank 0 appends ``RUN/metrics.jsonl`` every
+``log_every`` steps and an eval row every ``eval_every`` steps and at each phase's end, then
+exports ``RUN/hf/`` and writes ``RUN/_MANIFEST.json``. A problem a retry cannot fix exits the rank
+with one ``bertpipe-config-error:`` line and code 2 (``errors.py``), which the launcher reads.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import pickle
-import re
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bert_core import storage
-from bert_core.config import ConfigError, PipelineConfig, validate
+from bert_core.config import PipelineConfig
 from bert_core.failures import is_comm_error, refusal
+from bert_core.pretrain.checkpoints import (
+    fp32_master_model,
+    resume,
+    save_checkpoint,
+    start_from_phase_before,
+)
+from bert_core.pretrain.errors import (
+    CONFIG_ERROR_EXIT,
+    CONFIG_ERROR_PREFIX,
+    PretrainConfigError,
+    first_line,
+)
 from bert_core.pretrain.metrics import MetricsLog, eval_rows, read_metrics, train_rows
-
-CONFIG_ERROR_EXIT = 2
-CONFIG_ERROR_PREFIX = "bertpipe-config-error:"
-CONFIG_FILE = "pretrain_config.json"
-
-
-class PretrainConfigError(ConfigError):
-    """The run cannot start with this config/data (not an infrastructure failure)."""
-
-
-class CheckpointWriteError(PretrainConfigError):
-    """A checkpoint could not be written (full or read-only disk): a retry fails the same way."""
-
-
-# Operational settings a finished or resumed run may change without changing what it trains.
-_OPERATIONAL = {"launcher", "hostfile", "master_addr", "master_port", "monitor", "threads_per_rank",
-                "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries"}
-
-
-# --------------------------------------------------------------------------- run folder
-
-
-def checkpoint_dir(run: str, phase_index: int) -> str:
-    return storage.join(run, "checkpoints", f"phase{phase_index + 1}")
-
-
-def latest_step(run: str, phase_index: int) -> int | None:
-    """The step ``latest`` names, if it names a saved step of the phase (None when ``latest`` is
-    missing, garbage or dangling)."""
-    ckpt = checkpoint_dir(run, phase_index)
-    latest = storage.join(ckpt, "latest")
-    if not storage.exists(latest):
-        return None
-    tag = storage.read_text(latest).strip()
-    if not re.fullmatch(r"step\d+", tag) or int(tag[4:]) not in saved_steps(run, phase_index):
-        return None
-    return int(tag[4:])
-
-
-def saved_steps(run: str, phase_index: int) -> list[int]:
-    """Steps of the phase's ``step{N}/`` folders that hold a model file, newest first."""
-    files = storage.glob(storage.join(checkpoint_dir(run, phase_index), "step*", "*model_states.pt"))
-    tags = {uri.rsplit("/", 2)[-2] for uri in files}
-    return sorted((int(t[4:]) for t in tags if re.fullmatch(r"step\d+", t)), reverse=True)
-
-
-def resume_candidates(run: str, phase_index: int) -> tuple[list[int], list[str]]:
-    """The steps to try resuming from, newest first, and a note for each thing passed over.
-
-    With a valid ``latest`` these are its step and the older ones (a newer folder is a save that
-    never finished); without one, every saved step.
-    """
-    ckpt = checkpoint_dir(run, phase_index)
-    latest = storage.join(ckpt, "latest")
-    steps, notes = saved_steps(run, phase_index), []
-    named = latest_step(run, phase_index)
-    if named is not None:
-        notes += [f"skipped {ckpt}/step{s}: newer than latest, a save that did not finish"
-                  for s in steps if s > named]
-        steps = [s for s in steps if s <= named]
-    elif storage.exists(latest):
-        text = storage.read_text(latest).strip()
-        notes.append(f"{latest} names {text[:40]!r}, not a saved step of this phase; "
-                     "trying the saved steps, newest first")
-    return steps, notes
-
-
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``section.field: old -> new`` for each training setting of ``model`` and ``pretrain`` that
-    differs (operational ones such as ports and log intervals do not count)."""
-    changes: list[str] = []
-    for section in ("model", "pretrain"):
-        a, b = old.get(section) or {}, new.get(section) or {}
-        for key in sorted(set(a) | set(b)):
-            if key not in _OPERATIONAL:
-                _diff(f"{section}.{key}", a.get(key), b.get(key), changes)
-    return changes
-
-
-def _diff(path: str, a: Any, b: Any, out: list[str]) -> None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            _diff(f"{path}.{key}", a.get(key), b.get(key), out)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _diff(f"{path}.{i}", x, y, out)
-    elif a != b:
-        out.append(f"{path}: {_short(a)} -> {_short(b)}")
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_run_config(config: PipelineConfig, run: str) -> None:
-    """Refuse a run folder that holds (or is half-way through) a run of another config."""
-    if storage.has_manifest(run):
-        old, what = storage.read_manifest(run).get("config") or {}, "was pre-trained"
-    elif storage.exists(storage.join(run, CONFIG_FILE)) and any(
-            saved_steps(run, i) for i in range(len(config.pretrain.phases))):
-        old, what = json.loads(storage.read_text(storage.join(run, CONFIG_FILE))), "is being pre-trained"
-    else:
-        return
-    changes = config_changes(old, config.model_dump(mode="json"))
-    if changes:
-        raise PretrainConfigError(
-            f"{storage.to_uri(run)} {what} with another config ({'; '.join(changes[:4])}"
-            f"{f'; and {len(changes) - 4} more' if len(changes) > 4 else ''}); "
-            "pass a new --output for this config, or the run's own settings to reuse it"
-        )
-
-
-def total_steps(config: PipelineConfig) -> int:
-    return sum(p.max_steps for p in config.pretrain.phases)
-
-
-def steps_done(config: PipelineConfig, rows: list[dict[str, Any]]) -> int:
-    """Optimizer steps finished over all phases, from the last metrics row."""
-    if not rows:
-        return 0
-    last = rows[-1]
-    return sum(p.max_steps for p in config.pretrain.phases[: last["phase"] - 1]) + last["step"]
-
+from bert_core.pretrain.run_folder import checkpoint_dir, latest_step, load_run_config, model_config
 
 # --------------------------------------------------------------------------- setup
-
-
-def load_run_config(uri: str) -> PipelineConfig:
-    return validate(json.loads(storage.read_text(uri)), source=uri)
-
-
-def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str | None = None):  # -> ModelConfig
-    """The encoder's shape: the init checkpoint's own config.json if given, else ``config.model``
-    with the instances' vocab size (rounded up to ``pad_vocab_to_multiple`` rows)."""
-    if init_checkpoint:
-        from bert_core.model.checkpoint import model_config_from_hf
-
-        source = storage.join(init_checkpoint, "config.json")
-        cfg = model_config_from_hf(json.loads(storage.read_text(source)), source=source)
-        if (cfg.vocab_size or 0) < vocab_size:
-            raise PretrainConfigError(
-                f"{source}: vocab_size={cfg.vocab_size} but the instances' vocab has {vocab_size} "
-                "tokens; start from a checkpoint trained with this vocab"
-            )
-        return cfg
-    if config.model.vocab_size is not None and config.model.vocab_size < vocab_size:
-        raise PretrainConfigError(
-            f"model.vocab_size={config.model.vocab_size} is smaller than the instances' vocab "
-            f"({vocab_size} tokens); leave model.vocab_size unset"
-        )
-    return config.model.for_vocab(vocab_size)
 
 
 def _log(rank: int, message: str) -> None:
@@ -219,119 +53,6 @@ def _dropout_seed(seed: int, phase: int, step: int, rank: int, micro: int) -> in
     # Reseeding per micro-batch makes dropout a function of the position in training, not of
     # the process's history, so a resumed run draws the same dropout masks.
     return hash((seed, phase, step, rank, micro)) & 0x7FFF_FFFF
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    # torch's weights-only refusal explains itself over many lines; the global it met says it all
-    unsupported = [line for line in lines if "Unsupported global" in line]
-    return ((unsupported or lines or [type(err).__name__])[0])[:240]
-
-
-def _free_space(folder: str) -> str:
-    path = folder
-    while path and not os.path.exists(path):
-        path = os.path.dirname(path)
-    try:
-        return f"{shutil.disk_usage(path or '.').free / 1e6:,.0f} MB free there"
-    except OSError:
-        return "free space unknown"
-
-
-def _unreadable(err: BaseException) -> str:
-    if isinstance(err, pickle.UnpicklingError):
-        return f"holds pickled objects that are not weights, refused unread ({first_line(err)})"
-    return f"cannot be read, damaged or truncated ({first_line(err)})"
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(engine: Any, ckpt: str, step: int, client_state: dict[str, Any], rank: int) -> None:
-    """Every rank writes its part of ``step{N}``; then rank 0 points ``latest`` at it.
-
-    DeepSpeed's ``save_checkpoint`` ends in a barrier, so when it returns every rank has written;
-    ``latest`` goes through a temporary file and a rename, so it is never half written either.
-    A failed write on this rank is a :class:`CheckpointWriteError` naming the folder.
-    """
-    tag = f"step{step}"
-    try:
-        engine.save_checkpoint(ckpt, tag=tag, client_state=client_state, save_latest=False)
-        if rank == 0:
-            tmp = os.path.join(ckpt, "latest.tmp")
-            with open(tmp, "w") as f:
-                f.write(tag)
-            os.replace(tmp, os.path.join(ckpt, "latest"))
-    except Exception as err:
-        if is_comm_error(err):
-            raise
-        raise CheckpointWriteError(
-            f"{ckpt}/{tag}: cannot write the checkpoint ({first_line(err)}; {_free_space(ckpt)}); free "
-            "space or make the folder writable, then run again (it resumes from the last complete checkpoint)"
-        ) from err
-
-
-def resume(engine: Any, run: str, phase_index: int, rank: int) -> dict[str, Any] | None:
-    """Load the newest checkpoint of the phase that loads on every rank; its client state, or
-    None when the phase has no checkpoint. Each one passed over is logged with the reason."""
-    import torch
-    import torch.distributed as dist
-
-    from bert_core.model.checkpoint import CheckpointError, weights_only_loads
-
-    ckpt = checkpoint_dir(run, phase_index)
-    steps, notes = resume_candidates(run, phase_index)
-    for note in notes:
-        _log(rank, f"phase {phase_index + 1}: {note}")
-    if not steps and not notes:
-        return None
-    skipped = []
-    for step in steps:
-        reason = None
-        try:
-            with weights_only_loads():
-                path, client = engine.load_checkpoint(ckpt, tag=f"step{step}")
-            if path is None or not client:
-                reason = "DeepSpeed found no checkpoint files in it"
-        except Exception as err:
-            if is_comm_error(err):
-                raise
-            reason = _unreadable(err)
-        # Every rank must resume from the same step: one rank's bad shard rules the step out.
-        loaded = torch.tensor([0 if reason else 1], device=engine.device)
-        dist.all_reduce(loaded, op=dist.ReduceOp.MIN)
-        if loaded.item():
-            return client
-        reason = reason or "another rank could not load its part"
-        skipped.append(f"step{step} {reason}")
-        _log(rank, f"phase {phase_index + 1}: skipped checkpoint {ckpt}/step{step}: {reason}")
-    raise CheckpointError(
-        f"{ckpt}: no checkpoint loads ({'; '.join(skipped) or 'no step folder holds a model file'}); "
-        f"restore the folder from a copy, or delete it to train phase {phase_index + 1} from its start"
-    )
-
-
-def start_from_previous_phase(engine: Any, run: str, phase_index: int, previous_steps: int) -> None:
-    """The previous phase's final weights; its optimizer state and LR schedule stay behind."""
-    from bert_core.model.checkpoint import CheckpointError, weights_only_loads
-
-    previous = checkpoint_dir(run, phase_index - 1)
-    try:
-        with weights_only_loads():
-            path, _ = engine.load_checkpoint(previous, tag=f"step{previous_steps}", load_module_only=True,
-                                             load_optimizer_states=False, load_lr_scheduler_states=False)
-        if path is None:
-            raise FileNotFoundError(f"{previous}/step{previous_steps}")
-    except Exception as err:
-        if is_comm_error(err):
-            raise
-        raise CheckpointError(
-            f"{previous}/step{previous_steps}: phase {phase_index + 1} starts from it, but it "
-            f"{_unreadable(err)}; restore it, or delete {previous} to train phase {phase_index} again"
-        ) from None
 
 
 # --------------------------------------------------------------------------- one phase
@@ -400,7 +121,7 @@ def run_phase(
                    f"(loader epoch {loader.epoch}, position {loader.position})")
     elif phase_index > 0:
         # Weights only: the optimizer state and LR schedule start fresh for the new length.
-        start_from_previous_phase(engine, run, phase_index, pre.phases[phase_index - 1].max_steps)
+        start_from_phase_before(engine, run, phase_index, pre.phases[phase_index - 1].max_steps)
         _log(rank, f"phase {phase_index + 1}: starting from phase {phase_index}'s weights")
     if step == 0:
         # DeepSpeed's WarmupLR starts at iteration -1 and its first step() gives iteration 0,
@@ -573,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             engine = result.pop("engine")
             stats.append(result | _phase_stats_from_metrics(args.output, i, phase.global_batch_size,
                                                             prefer=result))
+        model = fp32_master_model(engine)  # every rank: ZeRO gathers the partitions
         if rank == 0:
-            export(config, args, engine.module, vocab_file, stats)
+            export(config, args, model, vocab_file, stats)
         dist.barrier()
         # Gloo's worker threads are joined here rather than torn down by the interpreter's exit,
         # which can abort a rank that has finished ("terminate called without an active exception").

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from bert_core.histogram import Histogram
 from bert_core.vocab.tokenization import CLS, MASK, PAD, SEP, SUBWORD_PREFIX, UNK, Tokenizer
 from bert_core.vocab.wordcount import repeated_words
 
@@ -148,7 +149,8 @@ def vocab_stats(
             "mean": sum(lengths) / len(lengths) if lengths else 0.0,
             "max": max(lengths, default=0),
         },
-        "token_length_histogram": {str(n): c for n, c in sorted(Counter(lengths).items())},
+        "token_length_histogram": Histogram.of(
+            lengths, range(min(lengths, default=1), max(lengths, default=0) + 2)).to_json(),
         "top_tokens": [
             [tok, count] for tok, count in
             zip(tokenizer.convert_ids_to_tokens([i for i, _ in _top(token_freq, top)]),

@@ -7,7 +7,7 @@
     bertpipe corpus --preset demo --output ./bertpipe-data/corpus     (globs from corpus.*)
 
 Runs the Beam job directly (no Prefect), with a progress display while it runs and a table of
-counts (read / kept / rejected by reason) at the end. ``bertpipe clean`` is a hidden alias.
+counts (read / kept / rejected by reason) at the end.
 """
 
 from __future__ import annotations
@@ -105,4 +105,3 @@ def format_counts(manifest: dict) -> str:
 def register(app: typer.Typer) -> None:
     extra = {"allow_extra_args": True}  # Beam options go after `--`; unknown ones are refused
     app.command("corpus", context_settings=extra)(corpus)
-    app.command("clean", context_settings=extra, hidden=True)(corpus)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from bert_core.histogram import Histogram, is_histogram
 from flows.cli.options import user_errors
 
 
@@ -74,24 +75,20 @@ def format_stats(manifest: dict[str, Any]) -> str:
 
     order = list(InstanceStats(max_seq_length=8).summary())  # instance stats in reading order
     for name, block in blocks:
+        if is_histogram(block):
+            lines.append(f"{name}: {Histogram.from_json(block).trimmed().format()}")
+            continue
         lines.append(f"{name}:")
-        keys = sorted(block, key=lambda k: (order.index(k) if k in order else len(order),
-                                            _bin_start(k) or 0, k))
+        keys = sorted(block, key=lambda k: (order.index(k) if k in order else len(order), k))
         for key, value in ((k, block[k]) for k in keys):
             if key == "counts":
                 continue
-            if isinstance(value, dict) and value and all(_bin_start(k) is not None for k in value):
-                value = dict(sorted(value.items(), key=lambda kv: _bin_start(kv[0])))  # histograms
-            if isinstance(value, dict):
+            if is_histogram(value):
+                value = Histogram.from_json(value).trimmed().format()
+            elif isinstance(value, dict):
                 value = ", ".join(f"{k}: {v}" for k, v in value.items())
             lines.append(f"  {key}: {value}")
     return "\n".join(lines)
-
-
-def _bin_start(key: str) -> int | None:
-    """``"17-32"`` or ``"17"`` -> 17 (histogram bins sort by number, not as text)."""
-    head = str(key).split("-", 1)[0]
-    return int(head) if head.isdigit() else None
 
 
 def register(app: typer.Typer) -> None:

@@ -48,7 +48,7 @@ def pretrain(
         sets.append(f"pretrain.master_addr={master_addr}")
     cfg = resolve(preset, config, sets)
 
-    from bert_core.pretrain.loop import check_run_config
+    from bert_core.pretrain.run_folder import check_run_config
 
     try:
         check_run_config(cfg, output)  # before the progress bar: a refusal is one line
@@ -70,8 +70,8 @@ def pretrain(
         LaunchInfraError,
         launch_pretraining,
     )
-    from bert_core.pretrain.loop import steps_done, total_steps
     from bert_core.pretrain.metrics import MetricsTail, train_rows
+    from bert_core.pretrain.run_folder import steps_done, total_steps
 
     columns = (TextColumn("[bold]pre-training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
