@@ -32,7 +32,7 @@ def optimizer_step(engine, batch) -> float:
 
 
 @pytest.mark.usefixtures("one_rank")
-@pytest.mark.parametrize("zero_stage", [1, 2])
+@pytest.mark.parametrize("zero_stage", [1])  # the presets' stage
 def test_bf16_checkpoint_resumes_and_exports_weights_only(zero_stage, tmp_path: Path, capsys):
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
