@@ -26,10 +26,10 @@ demo: $(STAMP) samples
 	$(BIN)/python -m flows.demo --samples $(SAMPLES)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=15
+	$(BIN)/python -m pytest -q -ra --durations=15 -n 2 --dist loadgroup
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m "not slow"
+	$(BIN)/python -m pytest -q -ra -m "not slow" -n 2 --dist loadgroup
 
 bench: $(STAMP) samples
 	$(BIN)/python -m benchmarks.run_all --samples $(SAMPLES)

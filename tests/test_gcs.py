@@ -13,6 +13,10 @@ import pytest
 
 from bert_core.config import ConfigError, load_config
 
+# The whole pipeline runs once per test process (conftest's pipeline_run): with pytest-xdist
+# every module that reads it runs on the same worker.
+pytestmark = pytest.mark.xdist_group("pipeline")
+
 # gcsfs picks its implementation when imported; the emulator speaks only the classic JSON API.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 

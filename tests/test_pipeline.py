@@ -14,6 +14,10 @@ from prefect_server import pipeline_artifact, pipeline_flow_runs
 
 from bert_core.config import load_config
 
+# The whole pipeline runs once per test process (conftest's pipeline_run): with pytest-xdist
+# every module that reads it runs on the same worker.
+pytestmark = pytest.mark.xdist_group("pipeline")
+
 STAGE_FLOWS = {"corpus": 1, "vocab": 1, "instances": 1, "pretrain": 1, "finetune": 3}
 
 

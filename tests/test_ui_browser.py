@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 
+# The whole pipeline runs once per test process (conftest's pipeline_run): with pytest-xdist
+# every module that reads it runs on the same worker.
+pytestmark = pytest.mark.xdist_group("pipeline")
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 NODE_MODULES = Path(os.environ.get("BERTPIPE_NODE_MODULES", REPO / ".venv" / "node" / "node_modules"))
