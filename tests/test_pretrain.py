@@ -464,3 +464,17 @@ def test_two_hosts_in_network_namespaces_match_the_one_host_run(reference_run, i
     expected = BertForPreTraining.from_pretrained(storage.read_manifest(reference_run[0])["hf"]).state_dict()
     assert exported.keys() == expected.keys()
     assert all(torch.allclose(exported[k], expected[k], atol=1e-6) for k in expected)
+
+
+def test_a_run_written_before_a_setting_existed_resumes_under_its_default():
+    """A run folder's config from a version without a field (here the vocab padding) is the same
+    config as today's with that field at its default: the run resumes, it is not refused."""
+    from bert_core.pretrain.run_folder import config_changes
+
+    new = load_config("demo").model_dump(mode="json")
+    old = json.loads(json.dumps(new))
+    del old["model"]["pad_vocab_to_multiple"], old["pretrain"]["compile"]
+    assert config_changes(old, new) == []
+    changed = json.loads(json.dumps(new))
+    changed["model"]["pad_vocab_to_multiple"] = 64
+    assert config_changes(old, changed) == ["model.pad_vocab_to_multiple: 1 -> 64"]

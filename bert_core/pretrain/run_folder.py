@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from bert_core import storage
-from bert_core.config import PipelineConfig, validate
+from bert_core.config import ConfigError, PipelineConfig, validate
 from bert_core.pretrain.errors import PretrainConfigError
 
 CONFIG_FILE = "pretrain_config.json"
@@ -69,7 +69,12 @@ def resume_candidates(run: str, phase_index: int) -> tuple[list[int], list[str]]
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``section.field: old -> new`` for each training setting of ``model`` and ``pretrain`` that
-    differs (operational ones such as ports and log intervals do not count)."""
+    differs (operational ones such as ports and log intervals do not count). A setting that
+    ``old`` lacks (it was written by a version without it) counts as its default."""
+    try:
+        old = validate(old, source="the run's config").model_dump(mode="json")
+    except ConfigError:  # a config of another shape: compare what it holds
+        pass
     changes: list[str] = []
     for section in ("model", "pretrain"):
         a, b = old.get(section) or {}, new.get(section) or {}
