@@ -17,20 +17,15 @@ from typing import Annotated
 import typer
 
 from bert_core.config import ConfigError, validate
-from flows.cli.options import (
-    ConfigOpt,
-    PresetOpt,
-    RunnerOpt,
-    SetOpt,
-    WorkersOpt,
-    resolve,
-    user_errors,
-)
+from flows.cli import options as opt
 
 
 def corpus(
     ctx: typer.Context,
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for the documents.")],
+    preset: opt.PresetOpt = "demo",
+    config: opt.ConfigOpt = None,
+    set_: opt.SetOpt = None,
     wikipedia: Annotated[
         list[str] | None, typer.Option(help="Dump glob (.xml, .xml.bz2); repeatable. Default: corpus.wikipedia.")
     ] = None,
@@ -50,20 +45,17 @@ def corpus(
     title_field: Annotated[
         str | None, typer.Option("--title-field", help="Field holding a record's title (default: from the file).")
     ] = None,
-    workers: WorkersOpt = None,
-    runner: RunnerOpt = None,
     text_format: Annotated[
         str | None, typer.Option("--text-format", help="'google': also one sentence per line files.")
     ] = None,
-    preset: PresetOpt = "demo",
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
+    workers: opt.WorkersOpt = None,
+    runner: opt.RunnerOpt = None,
 ) -> None:
     """Clean Wikipedia dumps, books and text records into document-level sentences (Beam). Extra
     arguments after the options are passed to Beam."""
     from rich.console import Console
 
-    cfg = resolve(preset, config, set_)
+    cfg = opt.resolve(preset, config, set_)
     corpus_cfg = cfg.corpus
     updates = {}
     if wikipedia or books or text:  # explicit inputs replace the preset's globs
@@ -73,7 +65,7 @@ def corpus(
             updates[name] = value
     if text_format:
         updates["text_format"] = text_format
-    with user_errors(ConfigError, code=2):
+    with opt.user_errors(ConfigError, code=2):
         corpus_cfg = validate({**corpus_cfg.model_dump(), **updates}, "corpus options", type(corpus_cfg))
 
     from beam_jobs.clean_corpus import clean as run_job
@@ -82,12 +74,11 @@ def corpus(
     from bert_core.corpus.inputs import InputError
 
     console = Console(stderr=True)
-    with user_errors(InputError, code=2), user_errors(storage.OutputError, EmptyResultError):
+    with opt.user_errors(InputError, code=2), opt.user_errors(storage.OutputError, EmptyResultError):
         with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
                             f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
                             f"up to {workers or cfg.workers} worker(s) ..."):
-            manifest = run_job(corpus_cfg, output, workers=workers or cfg.workers, runner=runner or cfg.beam_runner,
-                               beam_args=[*cfg.beam_args, *ctx.args], shared_storage=cfg.shared_storage)
+            manifest = run_job(corpus_cfg, output, **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_counts(manifest))
 
 

@@ -14,16 +14,8 @@ from typing import Annotated
 
 import typer
 
+from flows.cli import options as opt
 from flows.cli.manifests import format_stats
-from flows.cli.options import (
-    ConfigOpt,
-    PresetOpt,
-    RunnerOpt,
-    SetOpt,
-    WorkersOpt,
-    resolve,
-    user_errors,
-)
 
 
 def instances(
@@ -31,24 +23,23 @@ def instances(
     corpus: Annotated[str, typer.Option(help="Documents folder (corpus stage output).")],
     vocab: Annotated[str, typer.Option(help="Vocab stage folder, or a vocab.txt file.")],
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...) for seq{L}/ shards.")],
-    workers: WorkersOpt = None,
-    runner: RunnerOpt = None,
-    preset: PresetOpt = "demo",
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
+    workers: opt.WorkersOpt = None,
+    runner: opt.RunnerOpt = None,
+    preset: opt.PresetOpt = "demo",
+    config: opt.ConfigOpt = None,
+    set_: opt.SetOpt = None,
 ) -> None:
     """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Extra
     arguments after the options are passed to Beam."""
     from beam_jobs.job import EmptyResultError
     from bert_core.storage import UnfinishedWriteError
 
-    cfg = resolve(preset, config, set_)
+    cfg = opt.resolve(preset, config, set_)
     from beam_jobs.create_instances import create_instances as run_job
 
-    with user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
+    with opt.user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
         manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
-                           workers=workers or cfg.workers, runner=runner or cfg.beam_runner,
-                           beam_args=[*cfg.beam_args, *ctx.args], shared_storage=cfg.shared_storage)
+                           **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_stats(manifest))
 
 

@@ -37,6 +37,13 @@ def user_errors(*kinds: type[BaseException], code: int = 1) -> Iterator[None]:
         raise typer.Exit(code) from None
 
 
+def beam_run(cfg: PipelineConfig, ctx: typer.Context, workers: int | None, runner: str | None) -> dict:
+    """What every Beam stage command hands its job: the worker count, the runner, the Beam
+    arguments of the config and of the command line, and whether the output is shared storage."""
+    return {"workers": workers or cfg.workers, "runner": runner or cfg.beam_runner,
+            "beam_args": [*cfg.beam_args, *ctx.args], "shared_storage": cfg.shared_storage}
+
+
 def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:
     """Load config or exit with the validation message (before any work starts)."""
     with user_errors(ConfigError, code=2):

@@ -15,15 +15,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.options import (
-    ConfigOpt,
-    PresetOpt,
-    RunnerOpt,
-    SetOpt,
-    WorkersOpt,
-    resolve,
-    user_errors,
-)
+from flows.cli import options as opt
 
 
 def vocab(
@@ -35,27 +27,25 @@ def vocab(
     vocab_file: Annotated[
         str | None, typer.Option("--vocab-file", help="Use and validate this vocab.txt instead of training.")
     ] = None,
-    workers: WorkersOpt = None,
-    runner: RunnerOpt = None,
-    preset: PresetOpt = "demo",
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
+    preset: opt.PresetOpt = "demo",
+    config: opt.ConfigOpt = None,
+    set_: opt.SetOpt = None,
+    workers: opt.WorkersOpt = None,
+    runner: opt.RunnerOpt = None,
 ) -> None:
     """Train a WordPiece vocab on the corpus (Beam word counts + HF tokenizers), or validate one."""
     from beam_jobs.job import EmptyResultError
     from bert_core.storage import UnfinishedWriteError
 
-    cfg = resolve(preset, config, set_)
+    cfg = opt.resolve(preset, config, set_)
     vocab_cfg = cfg.vocab
     if vocab_file:
         vocab_cfg = vocab_cfg.model_copy(update={"vocab_file": vocab_file})
     from beam_jobs.build_vocab import build_vocab as run_job
     from bert_core.vocab.training import report_markdown
 
-    with user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
-        manifest = run_job(corpus, output, vocab_cfg, workers=workers or cfg.workers,
-                           runner=runner or cfg.beam_runner, beam_args=[*cfg.beam_args, *ctx.args],
-                           shared_storage=cfg.shared_storage)
+    with opt.user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
+        manifest = run_job(corpus, output, vocab_cfg, **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(report_markdown(manifest))
 
 
