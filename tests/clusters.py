@@ -116,8 +116,7 @@ def namespaced_cluster(shared: Path, n_workers: int = 2, timeout: float = 90) ->
             client.wait_for_workers(n_workers, timeout=timeout)
         yield str(scheduler_file)
     finally:
-        for proc in reversed(procs):
-            stop_process_group(proc, timeout=20)
+        stop_process_group(*procs, timeout=20)
 
 
 class RoundRobinPool:
@@ -192,8 +191,7 @@ def portable_cluster(shared: Path, n_pools: int = 2, timeout: float = 90) -> Ite
     finally:
         if server is not None:
             server.stop(0)
-        for proc in reversed(procs):
-            stop_process_group(proc, timeout=20)
+        stop_process_group(*procs, timeout=20)
 
 
 def netns_refused() -> str | None:

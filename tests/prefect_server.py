@@ -59,18 +59,23 @@ def drain_prefect_workers() -> None:
     run_coro_as_sync(drain())
 
 
-def stop_process_group(proc: subprocess.Popen, timeout: float = 30) -> None:
-    """Stop a process started with ``start_new_session=True`` and its children: SIGINT (Prefect's
-    servers and workers shut down cleanly on it), SIGTERM, then SIGKILL, each with a bounded wait.
-    Never raises: a teardown must not fail a test whose assertions passed."""
+def stop_process_group(*procs: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop processes started with ``start_new_session=True`` and their children, all at once:
+    SIGINT (Prefect's servers and workers and Dask's shut down cleanly on it), SIGTERM, then
+    SIGKILL, each with a bounded wait. Never raises: a teardown must not fail a test whose
+    assertions passed."""
+    left = list(procs)
     for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 15), (signal.SIGKILL, 15)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
+        for proc in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + wait
+        for proc in list(left):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                left.remove(proc)
+        if not left:
             return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,6 @@ from apache_beam.transforms.window import GlobalWindows
 
 from beam_jobs.job import counters
 
-# The whole pipeline runs once per test process (conftest's pipeline_run): with pytest-xdist
-# every module that reads it runs on the same worker.
-pytestmark = pytest.mark.xdist_group("pipeline")
-
 OURS = "beam_jobs.dask_runner.DaskRunner"
 STOCK = "apache_beam.runners.dask.dask_runner.DaskRunner"
 RUNNERS = [OURS, pytest.param(STOCK, marks=pytest.mark.xfail(strict=True, reason="Beam 2.77's DaskRunner"))]

@@ -12,7 +12,8 @@ import pytest
 from bert_core.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
-TASKS = ["sentiment", "ner"]
+TASKS = ["sst2", "ner"]
+FIXTURES = REPO / "tests" / "fixtures" / "tasks"  # a few dozen examples a task
 
 
 def _prefect(*args: str, env: dict[str, str]) -> str:
@@ -41,7 +42,7 @@ def test_finetune_fan_out_runs_on_a_process_pool_worker(prefect_api, samples_dir
 
     cfg = load_config("demo", sets=[
         f"storage_root={tmp_path / 'data'}", f"finetune.tasks={TASKS}", "finetune.seeds=[1]",
-        f"finetune.data_dir={samples_dir}/tasks", "finetune.max_train_examples=16",
+        f"finetune.data_dir={FIXTURES}", "finetune.max_train_examples=16",
         "finetune.learning_rates=[1e-4]", "finetune.epochs=[1]", "finetune.by_checkpoint={}",
         "finetune.deployment=finetune/local", "finetune.threads=1"])
     minilm = str(samples_dir / "models" / "minilm")
