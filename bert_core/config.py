@@ -373,7 +373,7 @@ class FinetuneConfig(_Model):
     setting on dev is selected per task. ``learning_rate: x`` (likewise ``batch_size``,
     ``num_train_epochs``) is the one-point grid ``[x]``, and reads back when the grid has one point."""
 
-    tasks: list[str] = Field(default_factory=lambda: ["sst2"], description="Registered task names.")
+    tasks: list[str] = Field(default_factory=lambda: ["sst2"], description="Registered task names; <task>@<n> is a classification task trained on n of its examples (a learning-curve point).")
     data_dir: str | None = Field(None, description="Folder with one sub-folder of files per task.")
     seeds: list[int] = Field(default_factory=lambda: [1, 2, 3])
     learning_rates: list[float] = Field(

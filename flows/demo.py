@@ -96,6 +96,10 @@ def baseline_lines(cfg: PipelineConfig) -> list[str]:
         label, count = Counter(e.label for e in examples).most_common(1)[0]
         lines.append(f"  sentiment: answering {label!r} to all {len(examples)} test sentences scores "
                      f"{100 * count / len(examples):.1f}")
+    for task in (t for t in cfg.finetune.tasks if "@" in t):
+        base, size = task.split("@")
+        lines.append(f"  {task} is {base} trained on {size} of its labelled examples (one stratified draw, the "
+                     "same for every checkpoint): few labels, where pre-training should pay most")
     for name, settings in cfg.finetune.by_checkpoint.items():
         own = ", ".join(f"{key}={value}" for key, value in settings.items())
         lines.append(f"  {name} is fine-tuned with {own} (finetune.by_checkpoint)")

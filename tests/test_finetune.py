@@ -263,9 +263,62 @@ def test_demo_summary_reads_the_scores_against_the_commoner_class(samples_dir):
     test, _ = read_sentiment(str(samples_dir / "tasks" / "sentiment"), "test")
     share = max(Counter(e.label for e in test).values()) / len(test)
     assert len(test) >= 1000 and 0.5 < share < 0.8  # both classes are there, one more often
-    sentiment, minilm = baseline_lines(cfg)
+    sentiment, few_labels, minilm = baseline_lines(cfg)
     assert f"all {len(test)} test sentences scores {100 * share:.1f}" in sentiment
+    assert few_labels.startswith("  sentiment@300 is sentiment trained on 300 of its labelled examples")
     assert minilm.startswith("  minilm is fine-tuned with learning_rates=") and "max_train_examples" in minilm
+
+
+def test_a_learning_curve_task_is_its_task_on_a_stratified_draw():
+    import random
+    from collections import Counter
+
+    from bert_core.finetune import get_task
+    from bert_core.finetune.data import stratified_subset, training_subset
+    from bert_core.finetune.glue import read_glue
+
+    rows = [{"id": i, "label": label} for i, label in enumerate("a" * 70 + "b" * 25 + "c" * 5)]
+    for size, want in ((3, {"a": 1, "b": 1, "c": 1}), (10, {"a": 7, "b": 2, "c": 1}),
+                       (33, {"a": 23, "b": 8, "c": 2}), (100, {"a": 70, "b": 25, "c": 5})):
+        out = stratified_subset(rows, size, random.Random(1), label=lambda r: r["label"])
+        assert Counter(r["label"] for r in out) == want, size
+        assert [r["id"] for r in out] == sorted(r["id"] for r in out)  # the rows keep their order
+    draws = {tuple(r["id"] for r in stratified_subset(rows, 10, random.Random(s), label=lambda r: r["label"]))
+             for s in range(5)}
+    assert len(draws) > 1  # the rng decides which rows
+
+    task = get_task("SST2@8")
+    assert (task.name, task.base, task.train_size, task.folder) == ("sst2@8", "sst2", 8, "SST-2")
+    train, _ = read_glue("sst2", str(FIXTURES / "SST-2"), "train")
+    first, again = training_subset(task, train), training_subset(get_task("sst2@8"), train)
+    assert [e.guid for e in first] == [e.guid for e in again] and len(first) == 8  # one draw, always
+    assert Counter(e.label for e in first) == {"0": 4, "1": 4}  # 15 and 17 of the 32, in their shares
+    assert training_subset(get_task("sst2"), train) == train
+    for name, needle in (("squad@30", "classification tasks only"), ("sst2@x", "number of training examples"),
+                         ("sst2@0", "number of training examples"), ("nope@3", "unknown task")):
+        with pytest.raises(KeyError, match=needle):
+            get_task(name)
+    with pytest.raises(ValueError, match="asks for 999 training examples"):
+        training_subset(get_task("sst2@999"), train)
+
+
+def test_a_learning_curve_point_is_reported_beside_its_task(tiny_checkpoint, tmp_path):
+    from bert_core import storage
+    from flows.demo import finetune_lines
+
+    cfg = FinetuneConfig(**TINY)
+    run_many(["sst2", "sst2@8"], [1], str(FIXTURES), tiny_checkpoint, cfg, str(tmp_path / "o"),
+             versions={"sst2": "v1", "sst2@8": "v2"})
+    counts = {t: json.loads((tmp_path / "o" / t / SETTING / "seed=1" / "metrics.json").read_text())["counts"]
+              for t in ("sst2", "sst2@8")}
+    assert counts["sst2@8"]["train_examples"] == 8 < counts["sst2"]["train_examples"]
+    assert counts["sst2@8"]["dev_examples"] == counts["sst2"]["dev_examples"]  # scored on the same split
+    assert storage.read_manifest(str(tmp_path / "o" / "sst2@8"))["task"] == "sst2@8"
+    jobs = [{"task": t, "checkpoint": "tiny", "status": "completed", "output": str(tmp_path / "o" / t)}
+            for t in ("sst2", "sst2@8")]
+    header, full, few = finetune_lines(jobs)
+    assert full.lstrip().startswith("sst2 (dev/accuracy") and few.lstrip().startswith("sst2@8 (dev/accuracy")
+    assert "(n=1" in few and "±" in few
 
 
 def test_prefect_flow_fans_out_and_survives_a_failure(prefect_api, tiny_checkpoint, tmp_path):

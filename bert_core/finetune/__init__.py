@@ -5,12 +5,14 @@ a head over :class:`bert_core.model.bert.BertModel`, and the task's official met
 
 ``TASKS`` maps a task name to its :class:`Task`; :func:`get_task` looks one up with a helpful
 error. A task's files live in ``<data_dir>/<task.folder>/`` (or ``--data`` may point at that
-folder itself).
+folder itself). ``<task>@<n>`` names a classification task trained on ``n`` of its training
+examples (one stratified subsample, the same for every checkpoint and seed): a point of the
+learning curve, reported as a task of its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Kind = Literal["classification", "regression", "span", "token", "multiple_choice", "token_features"]
@@ -27,6 +29,12 @@ class Task:
     # The labelled held-out split reported once the setting is chosen on splits[0]; None when the
     # task has none (GLUE/SQuAD test labels are not public), and then splits[0] is reported too.
     final_split: str | None = None
+    train_size: int | None = None  # train on this many training examples (``<task>@<n>``)
+
+    @property
+    def base(self) -> str:
+        """The registered task this one is a learning-curve point of (itself when it is not)."""
+        return self.name.split("@")[0]
 
     @property
     def selection_metric(self) -> str:
@@ -74,10 +82,22 @@ TASKS: dict[str, Task] = {
 
 
 def get_task(name: str) -> Task:
+    """The registered task ``name``, or ``<task>@<n>``: that classification task on ``n`` of its
+    training examples."""
+    base, at, size = name.lower().partition("@")
     try:
-        return TASKS[name.lower()]
+        task = TASKS[base]
     except KeyError:
         raise KeyError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}") from None
+    if not at:
+        return task
+    if not size.isdigit() or int(size) < 1:
+        raise KeyError(f"task {name!r}: after '@' comes the number of training examples, e.g. {base}@300")
+    if task.kind != "classification":
+        raise KeyError(f"task {name!r}: a training-set size applies to classification tasks only "
+                       f"({base} is {task.kind}); use finetune.max_train_examples to cap it")
+    return replace(task, name=f"{base}@{int(size)}", train_size=int(size),
+                   description=f"{task.description}, {int(size)} training examples")
 
 
 def task_dir(data_dir: str, task: Task) -> str:

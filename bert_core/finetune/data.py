@@ -31,6 +31,43 @@ class TaskData:
     rejects: list[dict[str, Any]] = field(default_factory=list)
 
 
+def training_subset(task: Any, examples: Sequence[Any]) -> list[Any]:
+    """The ``task.train_size`` training examples of a learning-curve task (``<task>@<n>``), all
+    of them for any other: one stratified draw seeded by the task's name, so every checkpoint
+    and seed trains on the same examples."""
+    import random
+    import zlib
+
+    if not task.train_size:
+        return list(examples)
+    if task.train_size > len(examples):
+        raise ValueError(f"task {task.name}: asks for {task.train_size} training examples, the "
+                         f"training split has {len(examples)}; choose a smaller size")
+    rng = random.Random(zlib.crc32(task.name.encode()))
+    return stratified_subset(examples, task.train_size, rng, label=lambda e: e.label)
+
+
+def stratified_subset(rows: Sequence[Any], size: int, rng: Any, label: Callable[[Any], Any]) -> list[Any]:
+    """``size`` of ``rows`` drawn by ``rng`` (a ``random.Random``), each ``label(row)`` kept in
+    its share (largest remainder, every label at least once where ``size`` allows); rows keep
+    their order. All rows when ``size`` is not below their count."""
+    if size >= len(rows):
+        return list(rows)
+    by_label: dict[Any, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_label.setdefault(label(row), []).append(i)
+    exact = {label: size * len(ix) / len(rows) for label, ix in by_label.items()}
+    take = {label: max(1, int(x)) if size >= len(by_label) else int(x) for label, x in exact.items()}
+    for label in sorted(exact, key=lambda k: (exact[k] - int(exact[k]), len(by_label[k])), reverse=True):
+        if sum(take.values()) >= size:
+            break
+        take[label] += 1
+    while sum(take.values()) > size:  # the minimum of one per label overshot: trim the largest
+        take[max(take, key=take.get)] -= 1
+    kept = sorted(i for label, ix in by_label.items() for i in rng.sample(ix, take[label]))
+    return [rows[i] for i in kept]
+
+
 def _pad(rows: Sequence[Sequence[int]], value: int, length: int) -> list[list[int]]:
     return [list(r) + [value] * (length - len(r)) for r in rows]
 

@@ -233,9 +233,10 @@ def prepare(task: str, folder: str, tokenizer: Any, cfg: Any) -> Any:
     import numpy as np
 
     from bert_core.finetune import get_task
-    from bert_core.finetune.data import TaskData
+    from bert_core.finetune.data import TaskData, training_subset
 
     spec = get_task(task)
+    task = spec.base  # a learning-curve point (sentiment@300) reads and scores as its task
     labels = list(SENTIMENT_LABELS) if task == "sentiment" else list(GLUE[task].labels)
     read = (lambda s: read_sentiment(folder, s)) if task == "sentiment" else \
         (lambda s: read_glue(task, folder, s))
@@ -244,8 +245,9 @@ def prepare(task: str, folder: str, tokenizer: Any, cfg: Any) -> Any:
     examples: dict[str, list[Example]] = {}
     for split in ("train", *spec.splits):
         ex, rejects = read(split)
-        if split == "train" and cfg.max_train_examples:
-            ex = ex[: cfg.max_train_examples]
+        if split == "train":
+            ex = training_subset(spec, ex)  # before the cap: the same draw whatever the cap
+            ex = ex[: cfg.max_train_examples] if cfg.max_train_examples else ex
         examples[split] = ex
         counts[f"{split}_examples"] = len(ex)
         counts[f"{split}_rejected"] = len(rejects)
