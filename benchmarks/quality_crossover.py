@@ -27,18 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="100,300")
     parser.add_argument("--result", default=str(RESULTS / "quality.json"))
     parser.add_argument("--output", default=str(RESULTS / "quality-crossover.json"))
-    parser.add_argument("--a-setting", help="arm A's setting (JSON) while A is not yet in --result")
-    parser.add_argument("--a-checkpoint", action="append", default=[], help="with --a-setting: A's checkpoints")
     args = parser.parse_args(argv)
     result = json.loads(Path(args.result).read_text())
     task, parts = load_tasks(samples(), False)[args.task]
     sizes = [int(s) for s in args.sizes.split(",")]
     arms = {a["arm"]: a for a in result["arms"] if a["arm"] == "B" or a["arm"].startswith("A ")}
-    if args.a_setting:  # A's runs from the command line: their own curves are then not shown
-        arms["A"] = {"settings": {args.task: {"selected": json.loads(args.a_setting)}},
-                     "runs": [{"seed": Path(c).parent.name, "checkpoint": c, "curve": {args.task: {}}}
-                              for c in args.a_checkpoint]}
-    (a_name,) = [n for n in arms if n.startswith("A")]
+    a_names = [n for n in arms if n.startswith("A ")]
+    if len(a_names) != 1 or "B" not in arms or any(args.task not in a["settings"] for a in arms.values()):
+        raise SystemExit(f"{args.result}: needs arm B and one arm A with a setting for {args.task}; "
+                         "run bench_quality until both have finished a run")
+    (a_name,) = a_names
     swap = {"B": arms[a_name]["settings"][args.task]["selected"], a_name: arms["B"]["settings"][args.task]["selected"]}
     cache = Cache(Path(args.work) / "cache", reuse=True)
     out = {"task": args.task, "sizes": sizes, "runs": []}
@@ -50,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 values = cache.run(pool, jobs, f"{name} seed {run['seed']} at the other arm's setting")
                 by_size = {s: statistics.fmean(v["macro_f1"] for (k, _, _), v in zip(jobs, values, strict=True)
                                                if k["size"] == str(s)) for s in sizes}
-                own = {s: statistics.fmean(j["macro_f1"] for j in run["curve"][args.task][str(s)])
-                       for s in sizes if str(s) in run["curve"][args.task]}
+                own = {s: statistics.fmean(j["macro_f1"] for j in run["curve"][args.task][str(s)]) for s in sizes}
                 out["runs"].append({"arm": name, "seed": run["seed"], "setting": swap[name], "macro_f1": by_size,
                                     "own_setting_macro_f1": own})
                 print(f"{name} seed {run['seed']}: at {swap[name]} {by_size}; at its own {own}", flush=True)
