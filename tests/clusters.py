@@ -8,9 +8,11 @@ Dask: one ``dask scheduler`` and ``n_workers`` ``dask worker`` processes (one th
 Beam's portable worker protocol: Beam's Python job service (``local_job_service_main``, the
 runner) and ``n_pools`` SDK worker pools (``worker_pool_main``, what runs beside a Flink or
 Spark task manager), behind one address that hands each ``StartWorker`` to the next pool in turn
-(as a Kubernetes Service in front of worker pods would). Each worker or pool runs in its own mount namespace (``unshare -m``) with a private tmpfs over ``/tmp`` (its
-scratch, and every local path of the driver under it), and ``shared`` mounted back into it at
-the same path, as network storage would be: what one worker writes under ``/tmp`` no other
+(as a Kubernetes Service in front of worker pods would). Each worker or pool runs in its own
+mount namespace (``unshare -m``) with a private tmpfs over ``/tmp`` (its scratch, and every local
+path of the driver under it), and ``shared`` mounted back into it at the same path, as network
+storage would be; this checkout and its Python environment come back too where they lie under
+``/tmp``, as a worker's image holds the code. What one worker writes under ``/tmp`` no other
 worker and not the driver sees; what it writes under ``shared`` they all do. Workers start in
 ``/``, so a relative path that reached one would name another folder than on the driver.
 
@@ -35,20 +37,35 @@ from pathlib import Path
 
 from tests.prefect_server import stop_process_group
 
-# In the worker's new mount namespace: keep `shared` aside, cover /tmp with a tmpfs, put
-# `shared` back at its path. The namespace and its mounts end with the worker.
+# In the worker's new mount namespace: keep each path of KEEP (one per line, outer first) aside,
+# cover /tmp (and /dev/shm) with a tmpfs, put each kept path back. The namespace and its mounts end
+# with the worker.
 WORKER_SCRIPT = """set -e
 mount --make-rprivate /
-aside=$(mktemp -d /run/bertpipe-shared.XXXXXX)
-mount --bind "$SHARED" "$aside"
+aside=$(mktemp -d /run/bertpipe-keep.XXXXXX)
+IFS='
+'
+i=0
+for path in $KEEP; do i=$((i + 1)); mkdir "$aside/$i"; mount --bind "$path" "$aside/$i"; done
 mount -t tmpfs -o size=2g bertpipe-private /tmp
 [ -z "$PRIVATE_SHM" ] || mount -t tmpfs -o size=1g bertpipe-shm /dev/shm
-mkdir -p "$SHARED"
-mount --move "$aside" "$SHARED"
+i=0
+for path in $KEEP; do i=$((i + 1)); mkdir -p "$path"; mount --move "$aside/$i" "$path"; rmdir "$aside/$i"; done
 rmdir "$aside" 2>/dev/null || true
+unset IFS
 cd /
 exec "$@"
 """
+MASKED = (Path("/tmp"), Path("/dev/shm"))
+
+
+def kept_paths(shared: Path) -> str:
+    """What a worker sees of this machine's disk, for KEEP: ``shared``, and the code its image
+    would hold (this checkout, this Python's environment) where a masked folder would hide it."""
+    code = [Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve()]
+    paths = [Path(shared).resolve()] + [p for p in code if any(p.is_relative_to(m) for m in MASKED)]
+    outer = [p for p in paths if not any(p != q and p.is_relative_to(q) for q in paths)]
+    return "\n".join(str(p) for p in sorted(set(outer), key=lambda p: len(p.parts)))
 
 
 def namespaces_refused() -> str | None:
@@ -77,7 +94,7 @@ def _starter(shared: Path, name: str, procs: list[subprocess.Popen]):
     logs = shared.parent / f"{name}-logs"
     logs.mkdir(exist_ok=True)
     root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "SHARED": str(shared),
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "KEEP": kept_paths(shared),
            "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
 
@@ -237,5 +254,5 @@ def two_hosts(subnet: str = "10.213.7") -> Iterator[list[dict[str, str]]]:
 def on_host(host: dict[str, str], shared: Path, argv: list[str]) -> list[str]:
     """``argv`` run on ``host``: in its network namespace, in a mount namespace of its own with
     private /tmp and /dev/shm, ``shared`` mounted back at its path."""
-    return ["ip", "netns", "exec", host["netns"], "env", f"SHARED={shared}", "PRIVATE_SHM=1",
+    return ["ip", "netns", "exec", host["netns"], "env", f"KEEP={kept_paths(shared)}", "PRIVATE_SHM=1",
             *IN_OWN_NAMESPACE, *argv]
