@@ -56,33 +56,17 @@ def pretrain(instances: str, name: str, steps: int, out: Path, seed: int = 42) -
     """One pre-training variant; its transformers folder."""
     import torch
 
-    from bert_core.finetune.train import linear_warmup_decay
+    from benchmarks.quality_search import train_mlm
     from bert_core.model.bert import BertForPreTraining
     from bert_core.model.checkpoint import save_pretrained
-    from bert_core.model.weight_decay import param_groups
-    from bert_core.pretrain.data import PretrainingLoader, read_vocab, vocab_file_of
+    from bert_core.pretrain.data import read_vocab, vocab_file_of
 
     pre_ln, lr, wd = PRETRAIN[name]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(seed)
     vocab_file = vocab_file_of(instances)
-    model = BertForPreTraining(model_cfg(pre_ln, len(read_vocab(vocab_file)))).to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, wd), lr=lr, betas=(0.9, 0.999), eps=1e-6)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(max(1, steps // 10), steps))
-    loader = iter(PretrainingLoader(instances, max_seq_length=64, micro_batch_size=64, seed=seed))
-    model.train()
-    log = []
-    for step in range(steps):
-        batch = {k: v.to(device) for k, v in next(loader).items()}
-        result = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                       batch["masked_lm_positions"], batch["masked_lm_ids"], batch["masked_lm_weights"])
-        result["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % 500 == 0 or step == steps - 1:
-            log.append({"step": step, "loss": float(result["mlm_loss"]), "mlm_acc": float(result["mlm_acc"])})
+    model = BertForPreTraining(model_cfg(pre_ln, len(read_vocab(vocab_file))))
+    log = train_mlm(model, instances, steps, lr, wd, seed, device=device)
     folder = out / name
     save_pretrained(model.cpu(), str(folder), vocab_file=vocab_file)
     (folder / "pretrain-log.json").write_text(json.dumps(log))

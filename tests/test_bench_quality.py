@@ -214,3 +214,41 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     again = json.loads(out.read_text())
     assert again["cache"] == {"reused": computed, "computed": 0}
     assert again["endpoints"] == result["endpoints"]
+
+
+@pytest.mark.slow
+def test_the_search_pretrains_each_recipe_and_its_archives_unpack_whole(tmp_path, samples_dir, monkeypatch):
+    """The search's pre-training step on tiny dynamic instances (the real loader, masking, model
+    and optimizer): each recipe trains its own model for its step count (task-adaptive from the
+    staged first run), and its archive, split into parts when large, unpacks to a checkpoint that
+    loads."""
+    import shutil
+
+    from benchmarks import quality_search as qs
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.model.checkpoint import save_pretrained
+    from bert_core.pretrain.data import read_vocab, vocab_file_of
+    from tests.test_data import make_instances
+
+    instances = make_instances(tmp_path / "data", samples_dir, num_shards=1, masking="dynamic")
+    vocab = vocab_file_of(instances)
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    for name in ("instances", "task-instances"):
+        shutil.copytree(instances, stage / name)
+    shutil.copy(vocab, stage / "vocab.txt")
+    first = qs.model_for(qs.RECIPES["chosen"], len(read_vocab(vocab)))
+    save_pretrained(first, str(stage / "first-run"), vocab_file=vocab)
+    (stage / "steps.json").write_text(json.dumps({"vocab": vocab, "steps": {n: 3 for n in qs.RECIPES}}))
+    monkeypatch.setattr(qs, "ARCHIVE_PART", 2**25)  # mini (42 MB with this vocab) in parts, tiny whole
+    out.mkdir()
+    assert qs.pretrain_all(stage, out, ["mini", "mask0.25", "tapt"]) == 0
+    assert {p.name for p in out.iterdir()} >= {"mask0.25.tar", "tapt.tar", "mini.tar.part-00", "mini.tar.part-01"}
+    folder = qs.unpack(out, tmp_path / "unpacked")
+    assert sorted(p.name for p in folder.iterdir()) == ["mask0.25", "mini", "tapt"]
+    layers = {n: BertForPreTraining.from_pretrained(str(folder / n)).config.num_hidden_layers for n in ("mini", "tapt")}
+    assert layers == {"mini": 4, "tapt": 2}
+    logs = {n: json.loads((folder / n / "pretrain-log.json").read_text()) for n in ("mini", "mask0.25", "tapt")}
+    assert all(row["steps"] == 3 and row["log"][-1]["step"] == 2 for row in logs.values())
+    start = first.state_dict()["bert.embeddings.word_embeddings.weight"]
+    tapt = BertForPreTraining.from_pretrained(str(folder / "tapt")).state_dict()["bert.embeddings.word_embeddings.weight"]
+    assert 0 < (tapt - start).abs().max() < 0.1  # moved a few small steps from the staged run, not re-initialised
