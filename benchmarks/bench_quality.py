@@ -616,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="read finished runs and jobs from --work")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
+    parser.add_argument("--reference-only", action="store_true",
+                        help="only TF-IDF and arm C (MiniLM), beside a run that does the rest")
     parser.add_argument("--quick", action="store_true", help="tiny data and settings: checks the bookkeeping only")
     parser.add_argument("--output", default=str(RESULTS / "quality.json"))
     parser.add_argument("--plot", default=str(ROOT / "docs" / "quality.png"))
@@ -704,26 +706,27 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         arms.append(tfidf_arm(cache, pool, tasks, plan))
         write()
-        b: dict = {"arm": "B", "budget_cpu_minutes": 0.0, "settings": {}, "runs": []}
-        arms.append(b)
-        for k in range(plan["runs"]):
-            seed = PRETRAIN_SEED + k
-            folder = random_init(recipe, instances, work / f"random-init-{args.recipe}-seed{seed}"
-                                 f"{'-quick' if args.quick else ''}", seed)
-            run = {"seed": seed, "checkpoint": str(folder)}
-            b["runs"].append(run)
-            evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)
-            write()
-        for budget in args.budgets:
-            a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
-                       "runs": []}
-            arms.append(a)
+        if not args.reference_only:
+            b: dict = {"arm": "B", "budget_cpu_minutes": 0.0, "settings": {}, "runs": []}
+            arms.append(b)
             for k in range(plan["runs"]):
-                checkpoint, key, done = pretrained(budget, PRETRAIN_SEED + k)
-                run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
-                a["runs"].append(run)
-                evaluate_run(cache, pool, a, run, checkpoint, key, tasks, plan)
+                seed = PRETRAIN_SEED + k
+                folder = random_init(recipe, instances, work / f"random-init-{args.recipe}-seed{seed}"
+                                     f"{'-quick' if args.quick else ''}", seed)
+                run = {"seed": seed, "checkpoint": str(folder)}
+                b["runs"].append(run)
+                evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)
                 write()
+            for budget in args.budgets:
+                a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
+                           "runs": []}
+                arms.append(a)
+                for k in range(plan["runs"]):
+                    checkpoint, key, done = pretrained(budget, PRETRAIN_SEED + k)
+                    run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
+                    a["runs"].append(run)
+                    evaluate_run(cache, pool, a, run, checkpoint, key, tasks, plan)
+                    write()
         if not args.no_reference and not args.quick:
             minilm = sample_dir / "models" / "minilm"
             c: dict = {"arm": "C (MiniLM)", "budget_cpu_minutes": None,
