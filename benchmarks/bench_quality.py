@@ -329,6 +329,16 @@ def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path
 # --------------------------------------------------------------------------- checkpoints
 
 
+def pretrain_folder(work: Path, recipe: str, budget: float, ranks: int, seed: int, quick: bool = False) -> Path:
+    """Where arm A's run of ``recipe`` at ``budget`` CPU-minutes with ``seed`` lives under ``work``."""
+    return work / f"pretrain-{recipe}-{budget:g}-r{ranks}-seed{seed}{'-quick' if quick else ''}"
+
+
+def random_init_folder(work: Path, recipe: str, seed: int, quick: bool = False) -> Path:
+    """Where arm B's random init of ``recipe`` with ``seed`` lives under ``work``."""
+    return work / f"random-init-{recipe}-seed{seed}{'-quick' if quick else ''}"
+
+
 def read_rows(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.exists():
@@ -667,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget {budget:g} CPU-min: {steps[budget]} steps ({per_step:.3f} CPU-s a step)", flush=True)
 
     def pretrained(budget: float, seed: int) -> tuple[Path, dict, dict]:
-        folder = work / f"pretrain-{args.recipe}-{budget:g}-r{args.ranks}-seed{seed}{'-quick' if args.quick else ''}"
+        folder = pretrain_folder(work, args.recipe, budget, args.ranks, seed, args.quick)
         done = pretrain(recipe, instances, folder, steps[budget], args.ranks, seed)
         key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks,
                           "pretrain_seed": seed}
@@ -711,8 +721,7 @@ def main(argv: list[str] | None = None) -> int:
             arms.append(b)
             for k in range(plan["runs"]):
                 seed = PRETRAIN_SEED + k
-                folder = random_init(recipe, instances, work / f"random-init-{args.recipe}-seed{seed}"
-                                     f"{'-quick' if args.quick else ''}", seed)
+                folder = random_init(recipe, instances, random_init_folder(work, args.recipe, seed, args.quick), seed)
                 run = {"seed": seed, "checkpoint": str(folder)}
                 b["runs"].append(run)
                 evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)

@@ -151,7 +151,7 @@ def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int) -> dict:
 
     recipe = bq.RECIPES[bq.CHOSEN]
     instances = work / "instances-seq64-packed-dynamic-wordpiece"
-    first_run = work / f"pretrain-{bq.CHOSEN}-{BUDGET_MINUTES:g}-r1-seed{bq.PRETRAIN_SEED}" / "hf"
+    first_run = bq.pretrain_folder(work, bq.CHOSEN, BUDGET_MINUTES, 1, bq.PRETRAIN_SEED) / "hf"
     search = work / "search"
     text = task_text(samples, search)
     corpus = search / "task-corpus"
@@ -265,10 +265,10 @@ def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int
     arms = {name: checkpoints / name for name in RECIPES if (checkpoints / name / "config.json").exists()}
     for k in range(bq.RUNS):
         seed = bq.PRETRAIN_SEED + k
-        run = work / f"pretrain-{bq.CHOSEN}-{BUDGET_MINUTES:g}-r1-seed{seed}" / "hf"
+        run = bq.pretrain_folder(work, bq.CHOSEN, BUDGET_MINUTES, 1, seed) / "hf"
         if run.exists():
             arms[f"protocol A 60 seed {seed}"] = run
-        arms[f"random init seed {seed}"] = work / f"random-init-{bq.CHOSEN}-seed{seed}"
+        arms[f"random init seed {seed}"] = bq.random_init_folder(work, bq.CHOSEN, seed)
     cache = bq.Cache(work / "search" / "cache", reuse=True)
     tasks = {name: qt.load(task, samples) for name, task in qt.TASKS.items()}
     scores: dict[str, dict[str, list[float]]] = {}
