@@ -488,14 +488,14 @@ def tfidf_scores(train: list, evaluate: list, labels: tuple[str, ...], c: float)
 
 def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: dict, sizes, subsamples: int) -> list:
     """The learning-curve jobs of one checkpoint on one task: (cache key, function, arguments)."""
-    from benchmarks import quality_tasks as qt
     from benchmarks.quality_finetune import encoded, finetune
+    from bert_core.finetune.data import subsample
 
     jobs = []
     test, pad = None, 0
     for size in sizes:
         for k in range(subsamples):
-            train = qt.subsample(parts["train"], size, k, task.name)
+            train = subsample(parts["train"], size, task.name, k)
             data, pad = encoded(str(checkpoint), {"train": train} | ({} if test else {"test": parts["test"]}),
                                 task.labels, 64)
             test = test or data["test"]
@@ -531,7 +531,7 @@ def curve_of(values: list[dict], jobs: list) -> dict[str, list[dict]]:
 
 def evaluate_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: dict, tasks: dict, plan: dict) -> None:
     """Setting (first run of the arm), learning curve, probe and held-out MLM accuracy of one run."""
-    from benchmarks import quality_tasks as qt
+    from bert_core.finetune.data import subsample
 
     label = f"{arm['arm']} seed {run['seed']}"
     for name, (task, parts) in tasks.items():
@@ -540,7 +540,7 @@ def evaluate_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: 
         setting = arm["settings"][name]["selected"]
         jobs = finetune_jobs(checkpoint, ckpt_key, task, parts, setting, plan["sizes"], plan["subsamples"])
         run.setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"{label} {name} curve"), jobs)
-        probe_train = qt.subsample(parts["train"], min(PROBE_SIZE, len(parts["train"])), 0, name)
+        probe_train = subsample(parts["train"], PROBE_SIZE, name)
         extra = [(ckpt_key | {"task": name, "measure": "probe", "size": PROBE_SIZE}, linear_probe,
                   (str(checkpoint), probe_train, parts["test"], task.labels)),
                  (ckpt_key | {"task": name, "measure": "heldout-mlm"}, heldout_mlm_accuracy,
@@ -553,7 +553,7 @@ def evaluate_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: 
 
 
 def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
-    from benchmarks import quality_tasks as qt
+    from bert_core.finetune.data import subsample
 
     arm: dict = {"arm": "TF-IDF + LR", "budget_cpu_minutes": None, "settings": {}, "runs": [{"seed": None}]}
     for name, (task, parts) in tasks.items():
@@ -564,7 +564,7 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
         arm["settings"][name] = {"selected": {"C": c}}
         jobs = [({"arm": "tfidf", "task": name, "C": c, "size": size_name(size), "subsample": k, "split": "test",
                   "quick": plan["quick"]}, tfidf_scores,
-                 (qt.subsample(parts["train"], size, k, name), parts["test"], task.labels, c))
+                 (subsample(parts["train"], size, name, k), parts["test"], task.labels, c))
                 for size in plan["sizes"] for k in range(plan["subsamples"])]
         jobs = [(key | {"seed": None}, fn, a) for key, fn, a in jobs]
         arm["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"TF-IDF {name}"), jobs)

@@ -164,6 +164,7 @@ def own_setting(rows: list[dict], checkpoint: str, task: str) -> dict:
 def compare(out: Path, samples: Path, names: list[str], jobs: int) -> int:
     from benchmarks import quality_tasks as qt
     from benchmarks.quality_finetune import encoded, finetune
+    from bert_core.finetune.data import subsample
 
     rows = [json.loads(line) for line in (out / "finetune.jsonl").read_text().splitlines()]
     work = []
@@ -173,7 +174,7 @@ def compare(out: Path, samples: Path, names: list[str], jobs: int) -> int:
             for which, chosen in (("shared", SHARED), ("own", own_setting(rows, name, task_name))):
                 setting = FINETUNE[chosen["variant"]] | {"learning_rate": chosen["learning_rate"], "epochs": 10}
                 for k in range(5):
-                    train = qt.subsample(parts["train"], 300, k, task_name)
+                    train = subsample(parts["train"], 300, task_name, k)
                     data, pad = encoded(str(out / name), {"train": train, "test": parts["test"]}, task.labels, 64)
                     key = {"task": task_name, "checkpoint": name, "which": which, **chosen, "subsample": k}
                     work.append((key, (str(out / name), data, "test", len(task.labels), setting, 1 + k, pad)))
@@ -189,6 +190,7 @@ def compare(out: Path, samples: Path, names: list[str], jobs: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import quality_tasks as qt
     from benchmarks.quality_finetune import encoded, finetune
+    from bert_core.finetune.data import subsample
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--instances", required=True)
@@ -237,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             for task_name, parts in tasks.items():
                 task = qt.TASKS[task_name]
                 for k in range(3):
-                    train = qt.subsample(parts["train"], size, k, task_name)
+                    train = subsample(parts["train"], size, task_name, k)
                     for ck_name, ckpt in checkpoints.items():
-                        data, pad = encoded(ckpt, {"train": train, "dev": qt.subsample(parts["dev"], args.dev_limit, 0, task_name)},
+                        data, pad = encoded(ckpt, {"train": train, "dev": subsample(parts["dev"], args.dev_limit, task_name)},
                                             task.labels, 64)
                         for variant in variants:
                             for lr in lrs:

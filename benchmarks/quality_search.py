@@ -261,6 +261,7 @@ def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int
     from benchmarks import bench_quality as bq
     from benchmarks import quality_tasks as qt
     from benchmarks.quality_finetune import encoded, finetune
+    from bert_core.finetune.data import subsample
 
     arms = {name: checkpoints / name for name in RECIPES if (checkpoints / name / "config.json").exists()}
     for k in range(bq.RUNS):
@@ -278,7 +279,7 @@ def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int
                 task = qt.TASKS[task_name]
                 work_list = []
                 for k in range(subsamples):
-                    train = qt.subsample(parts["train"], SIZE, k, task_name)
+                    train = subsample(parts["train"], SIZE, task_name, k)
                     data, pad = encoded(str(ckpt), {"train": train, "dev": parts["dev"]}, task.labels, 64)
                     key = {"search": arm, "weights": weights_digest(ckpt), "task": task_name, "size": SIZE,
                            "subsample": k, "setting": SETTINGS[task_name]}

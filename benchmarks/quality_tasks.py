@@ -1,6 +1,6 @@
 """The quality benchmark's tasks: real labelled text that ``bertpipe samples fetch`` brings, each
-pinned by the sha256 of its files, split once into a training pool, dev and test, with the
-stratified subsamples of the learning curve and the pre-training text that leaves them out.
+pinned by the sha256 of its files, split once into a training pool, dev and test, and the pre-training text that leaves them out
+(the learning curve's stratified subsamples are the product's ``bert_core.finetune.data.subsample``).
 
     python -m benchmarks.quality_tasks            # each task's sizes, labels and sha256 check
 
@@ -113,23 +113,6 @@ def split(task: Task, examples: list, seed: int = SPLIT_SEED) -> dict[str, list]
 def load(task: Task, samples: Path) -> dict[str, list]:
     check_pins(task, samples)
     return split(task, task.read(samples))
-
-
-def subsample(train: list, size: int | None, k: int, task: str) -> list:
-    """Subsample ``k`` of ``size`` training examples, stratified by label (each label's share of
-    the pool, rounded, at least one each); ``None`` = the whole pool. The same (task, size, k)
-    always gives the same examples, for every arm."""
-    if size is None or size >= len(train):
-        return list(train)
-    rng = np.random.default_rng([SPLIT_SEED, size, k, sum(task.encode())])
-    by_label: dict[str, list[int]] = {}
-    for i, e in enumerate(train):
-        by_label.setdefault(e.label, []).append(i)
-    labels = sorted(by_label)
-    quota = {lab: max(1, round(size * len(by_label[lab]) / len(train))) for lab in labels}
-    quota[max(labels, key=lambda lab: len(by_label[lab]))] += size - sum(quota.values())
-    chosen = [i for lab in labels for i in rng.choice(by_label[lab], quota[lab], replace=False).tolist()]
-    return [train[i] for i in sorted(chosen)]
 
 
 def held_out_keys(example) -> set[str]:

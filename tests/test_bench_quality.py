@@ -91,12 +91,16 @@ def test_split_is_fixed_disjoint_and_sized():
 
 
 def test_subsamples_are_stratified_paired_and_distinct():
+    from bert_core.finetune import get_task
+    from bert_core.finetune.data import subsample, training_subset
+
     pool = [example(f"t{i}", "neg" if i < 70 else "pos", str(i)) for i in range(100)]
-    first = qt.subsample(pool, 20, 0, "sentiment")
+    first = subsample(pool, 20, "sentiment", draw=0)
     assert len(first) == 20 and sum(e.label == "pos" for e in first) == 6  # the pool's 30% share
-    assert qt.subsample(pool, 20, 0, "sentiment") == first  # the same for every arm
-    assert qt.subsample(pool, 20, 1, "sentiment") != first
-    assert qt.subsample(pool, None, 3, "sentiment") == pool
+    assert subsample(pool, 20, "sentiment", draw=0) == first  # the same for every arm
+    assert subsample(pool, 20, "sentiment", draw=1) != first
+    assert subsample(pool, None, "sentiment", draw=3) == pool
+    assert training_subset(get_task("sentiment@20"), pool) == first  # `<task>@<n>` is draw 0
 
 
 def test_held_out_texts_are_found_in_the_corpus_and_removed_from_the_tweets(tmp_path):

@@ -270,20 +270,21 @@ def test_demo_summary_reads_the_scores_against_the_commoner_class(samples_dir):
 
 
 def test_a_learning_curve_task_is_its_task_on_a_stratified_draw():
-    import random
     from collections import Counter
 
+    import numpy as np
+
     from bert_core.finetune import get_task
-    from bert_core.finetune.data import stratified_subset, training_subset
+    from bert_core.finetune.data import stratified_subset, subsample, training_subset
     from bert_core.finetune.glue import read_glue
 
     rows = [{"id": i, "label": label} for i, label in enumerate("a" * 70 + "b" * 25 + "c" * 5)]
     for size, want in ((3, {"a": 1, "b": 1, "c": 1}), (10, {"a": 7, "b": 2, "c": 1}),
                        (33, {"a": 23, "b": 8, "c": 2}), (100, {"a": 70, "b": 25, "c": 5})):
-        out = stratified_subset(rows, size, random.Random(1), label=lambda r: r["label"])
+        out = stratified_subset(rows, size, np.random.default_rng(1), label=lambda r: r["label"])
         assert Counter(r["label"] for r in out) == want, size
         assert [r["id"] for r in out] == sorted(r["id"] for r in out)  # the rows keep their order
-    draws = {tuple(r["id"] for r in stratified_subset(rows, 10, random.Random(s), label=lambda r: r["label"]))
+    draws = {tuple(r["id"] for r in stratified_subset(rows, 10, np.random.default_rng(s), label=lambda r: r["label"]))
              for s in range(5)}
     assert len(draws) > 1  # the rng decides which rows
 
@@ -294,6 +295,7 @@ def test_a_learning_curve_task_is_its_task_on_a_stratified_draw():
     assert [e.guid for e in first] == [e.guid for e in again] and len(first) == 8  # one draw, always
     assert Counter(e.label for e in first) == {"0": 4, "1": 4}  # 15 and 17 of the 32, in their shares
     assert training_subset(get_task("sst2"), train) == train
+    assert first == subsample(train, 8, "sst2", draw=0) != subsample(train, 8, "sst2", draw=1)
     for name, needle in (("squad@30", "classification tasks only"), ("sst2@x", "number of training examples"),
                          ("sst2@0", "number of training examples"), ("nope@3", "unknown task")):
         with pytest.raises(KeyError, match=needle):

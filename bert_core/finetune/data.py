@@ -31,41 +31,48 @@ class TaskData:
     rejects: list[dict[str, Any]] = field(default_factory=list)
 
 
+SUBSAMPLE_SEED = 20240601
+
+
 def training_subset(task: Any, examples: Sequence[Any]) -> list[Any]:
     """The ``task.train_size`` training examples of a learning-curve task (``<task>@<n>``), all
-    of them for any other: one stratified draw seeded by the task's name, so every checkpoint
-    and seed trains on the same examples."""
-    import random
-    import zlib
-
+    of them for any other: draw 0 of :func:`subsample` for the task, so every checkpoint and seed
+    trains on the same examples."""
     if not task.train_size:
         return list(examples)
     if task.train_size > len(examples):
         raise ValueError(f"task {task.name}: asks for {task.train_size} training examples, the "
                          f"training split has {len(examples)}; choose a smaller size")
-    rng = random.Random(zlib.crc32(task.name.encode()))
-    return stratified_subset(examples, task.train_size, rng, label=lambda e: e.label)
+    return subsample(examples, task.train_size, task.base)
+
+
+def subsample(examples: Sequence[Any], size: int | None, task: str, draw: int = 0) -> list[Any]:
+    """Draw number ``draw`` of ``size`` labelled examples (``.label``) of ``task``, stratified by
+    label; ``None`` means all of them. The same (task, size, draw) always gives the same examples."""
+    import numpy as np
+
+    if size is None or size >= len(examples):
+        return list(examples)
+    rng = np.random.default_rng([SUBSAMPLE_SEED, size, draw, sum(task.encode())])
+    return stratified_subset(examples, size, rng, label=lambda e: e.label)
 
 
 def stratified_subset(rows: Sequence[Any], size: int, rng: Any, label: Callable[[Any], Any]) -> list[Any]:
-    """``size`` of ``rows`` drawn by ``rng`` (a ``random.Random``), each ``label(row)`` kept in
-    its share (largest remainder, every label at least once where ``size`` allows); rows keep
-    their order. All rows when ``size`` is not below their count."""
+    """``size`` of ``rows`` drawn by ``rng`` (a ``numpy.random.Generator``), each ``label(row)``
+    kept in its share, rounded (every label at least once where ``size`` allows; the commonest
+    label takes what rounding leaves over); rows keep their order. All rows when ``size`` is not
+    below their count."""
     if size >= len(rows):
         return list(rows)
     by_label: dict[Any, list[int]] = {}
     for i, row in enumerate(rows):
         by_label.setdefault(label(row), []).append(i)
-    exact = {label: size * len(ix) / len(rows) for label, ix in by_label.items()}
-    take = {label: max(1, int(x)) if size >= len(by_label) else int(x) for label, x in exact.items()}
-    for label in sorted(exact, key=lambda k: (exact[k] - int(exact[k]), len(by_label[k])), reverse=True):
-        if sum(take.values()) >= size:
-            break
-        take[label] += 1
-    while sum(take.values()) > size:  # the minimum of one per label overshot: trim the largest
-        take[max(take, key=take.get)] -= 1
-    kept = sorted(i for label, ix in by_label.items() for i in rng.sample(ix, take[label]))
-    return [rows[i] for i in kept]
+    labels = sorted(by_label)
+    least = 1 if size >= len(labels) else 0
+    take = {lab: max(least, round(size * len(by_label[lab]) / len(rows))) for lab in labels}
+    take[max(labels, key=lambda lab: len(by_label[lab]))] += size - sum(take.values())
+    kept = [i for lab in labels for i in rng.choice(by_label[lab], take[lab], replace=False).tolist()]
+    return [rows[i] for i in sorted(kept)]
 
 
 def _pad(rows: Sequence[Sequence[int]], value: int, length: int) -> list[list[int]]:
