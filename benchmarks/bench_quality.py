@@ -334,7 +334,7 @@ def pretrain_folder(work: Path, recipe: str, budget: float, ranks: int, seed: in
     return work / f"pretrain-{recipe}-{budget:g}-r{ranks}-seed{seed}{'-quick' if quick else ''}"
 
 
-def random_init_folder(work: Path, recipe: str, seed: int, quick: bool = False) -> Path:
+def baseline_folder(work: Path, recipe: str, seed: int, quick: bool = False) -> Path:
     """Where arm B's random init of ``recipe`` with ``seed`` lives under ``work``."""
     return work / f"random-init-{recipe}-seed{seed}{'-quick' if quick else ''}"
 
@@ -374,23 +374,20 @@ def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int,
         return done
 
 
-def random_init(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETRAIN_SEED) -> Path:
-    """Arm B: the model config pre-training would build, random weights drawn from ``seed`` as
-    pre-training draws its initial weights, the same vocab."""
-    import torch
-
+def baseline(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETRAIN_SEED) -> Path:
+    """Arm B: the product's random init (``bert_core.pretrain.in_process.random_init``) of the
+    model config pre-training would build for ``seed``, with the same vocab."""
     from bert_core.config import load_config
-    from bert_core.model.bert import BertForPreTraining
     from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import read_vocab, vocab_file_of
+    from bert_core.pretrain.in_process import random_init
     from bert_core.pretrain.run_folder import model_config
 
     if (folder / "config.json").exists():
         return folder
     cfg = load_config("demo", None, recipe.pretrain_sets(1, 1, seed))
     vocab_file = vocab_file_of(str(instances))
-    torch.manual_seed(cfg.pretrain.seed)
-    model = BertForPreTraining(model_config(cfg, len(read_vocab(vocab_file))))
+    model = random_init(model_config(cfg, len(read_vocab(vocab_file))), cfg.pretrain.seed)
     save_pretrained(model, str(folder), vocab_file=vocab_file, lowercase=cfg.vocab.lowercase)
     return folder
 
@@ -721,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
             arms.append(b)
             for k in range(plan["runs"]):
                 seed = PRETRAIN_SEED + k
-                folder = random_init(recipe, instances, random_init_folder(work, args.recipe, seed, args.quick), seed)
+                folder = baseline(recipe, instances, baseline_folder(work, args.recipe, seed, args.quick), seed)
                 run = {"seed": seed, "checkpoint": str(folder)}
                 b["runs"].append(run)
                 evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)

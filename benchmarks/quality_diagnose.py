@@ -53,37 +53,33 @@ def model_cfg(pre_layer_norm: bool, vocab_size: int):
 
 
 def pretrain(instances: str, name: str, steps: int, out: Path, seed: int = 42) -> str:
-    """One pre-training variant; its transformers folder."""
+    """One pre-training variant, by the product's in-process steps; its transformers folder."""
     import torch
 
-    from benchmarks.quality_search import train_mlm
-    from bert_core.model.bert import BertForPreTraining
     from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import read_vocab, vocab_file_of
+    from bert_core.pretrain.in_process import random_init, short_run, train_mlm
 
     pre_ln, lr, wd = PRETRAIN[name]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(seed)
     vocab_file = vocab_file_of(instances)
-    model = BertForPreTraining(model_cfg(pre_ln, len(read_vocab(vocab_file))))
-    log = train_mlm(model, instances, steps, lr, wd, seed, device=device)
+    model = random_init(model_cfg(pre_ln, len(read_vocab(vocab_file))), seed)
+    log = train_mlm(model, instances, short_run(64, steps, 64, lr, wd, seed), device=device)
     folder = out / name
     save_pretrained(model.cpu(), str(folder), vocab_file=vocab_file)
     (folder / "pretrain-log.json").write_text(json.dumps(log))
     return str(folder)
 
 
-def random_init(instances: str, out: Path, pre_layer_norm: bool, seed: int = 42) -> str:
-    import torch
-
-    from bert_core.model.bert import BertForPreTraining
+def baseline(instances: str, out: Path, pre_layer_norm: bool, seed: int = 42) -> str:
+    """The product's random init of the variant's model, saved beside the pre-trained ones."""
     from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import read_vocab, vocab_file_of
+    from bert_core.pretrain.in_process import random_init
 
-    torch.manual_seed(seed)
     vocab_file = vocab_file_of(instances)
     name = f"random-init-{'preln' if pre_layer_norm else 'postln'}"
-    save_pretrained(BertForPreTraining(model_cfg(pre_layer_norm, len(read_vocab(vocab_file)))), str(out / name),
+    save_pretrained(random_init(model_cfg(pre_layer_norm, len(read_vocab(vocab_file))), seed), str(out / name),
                     vocab_file=vocab_file)
     return str(out / name)
 
@@ -211,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.pretrain.split(",") if n]
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         futures = {pool.submit(pretrain, args.instances, n, args.steps, out): n for n in names}
-        checkpoints = {"random-init-preln": random_init(args.instances, out, True),
-                       "random-init-postln": random_init(args.instances, out, False)}
+        checkpoints = {"random-init-preln": baseline(args.instances, out, True),
+                       "random-init-postln": baseline(args.instances, out, False)}
         for f in as_completed(futures):
             checkpoints[futures[f]] = f.result()
             print(json.dumps({"pretrained": futures[f], "minutes": round((time.perf_counter() - started) / 60, 2),

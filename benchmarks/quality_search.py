@@ -13,8 +13,8 @@ this machine's CPU against a step of the chosen one (both timed here in-process 
 Task-adaptive pre-training (Gururangan et al. 2020) continues the protocol's first 60-minute run
 with 5 more CPU-minutes of masked LM on the tasks' training pools (text only, no labels).
 
-Pre-training runs in-process with the product's model, loader and optimizer settings
-(:func:`train_mlm`), on the GPU when there is one: the device changes rounding, not the recipe;
+Pre-training runs in-process (the product's ``bert_core.pretrain.in_process``: its random init,
+model, loader and optimizer settings), on the GPU when there is one: the device changes rounding, not the recipe;
 ``chosen`` runs there too, as the control for the device. Each checkpoint is fine-tuned on 300
 labels of each task, 5 stratified subsamples and seeds, at the protocol's arm-A setting of the
 task, and scored on dev (the search never reads test); beside them the protocol's own 60-minute
@@ -32,7 +32,7 @@ import sys
 import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,48 +71,29 @@ RECIPES = {
 }
 
 
-def model_for(variant: Variant, vocab_size: int, init: str | None = None):
-    from bert_core.config import ModelConfig
-    from bert_core.model.bert import BertForPreTraining
-
-    if init:
-        return BertForPreTraining.from_pretrained(init)
-    return BertForPreTraining(ModelConfig(size=variant.size, vocab_size=vocab_size, max_position_embeddings=512,
-                                          pre_layer_norm=True))
-
-
-def train_mlm(model, instances: str, steps: int, learning_rate: float, weight_decay: float, seed: int,
-              masked_lm_prob: float | None = None, max_predictions: int | None = None, device: str = "cpu",
-              log_every: int = 500, on_step=None) -> list[dict]:
-    """Masked-LM steps with the product's optimizer settings (AdamW β 0.9/0.999, ε 1e-6, weight
-    decay on matrices only, linear warmup over 10% then linear decay, clipping 1.0), batch 64 at 64
-    tokens from ``instances``; the loss and accuracy every ``log_every`` steps."""
+def model_for(variant: Variant, vocab_size: int, seed: int = 42, init: str | None = None):
+    """The variant's model from the product's random init for ``seed``, or ``init``'s weights
+    (the steps that follow draw their dropout from ``seed`` either way)."""
     import torch
 
-    from bert_core.finetune.train import linear_warmup_decay
-    from bert_core.model.weight_decay import param_groups
-    from bert_core.pretrain.data import PretrainingLoader, to_device
+    from bert_core.config import ModelConfig
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.pretrain.in_process import random_init
 
-    model.to(device).train()
-    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(max(1, steps // 10), steps))
-    loader = PretrainingLoader(instances, max_seq_length=64, micro_batch_size=64, seed=seed)
-    if masked_lm_prob is not None:
-        loader.masking = replace(loader.masking, masked_lm_prob=masked_lm_prob, max_predictions_per_seq=max_predictions)
-    batches = iter(loader)
-    log = []
-    for step in range(steps):
-        result = model(**to_device(next(batches), device))
-        result["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if on_step:
-            on_step(step)
-        if step % log_every == 0 or step == steps - 1:
-            log.append({"step": step, "loss": float(result["mlm_loss"]), "mlm_acc": float(result["mlm_acc"])})
-    return log
+    if init:
+        torch.manual_seed(seed)
+        return BertForPreTraining.from_pretrained(init)
+    return random_init(ModelConfig(size=variant.size, vocab_size=vocab_size, max_position_embeddings=512,
+                                   pre_layer_norm=True), seed)
+
+
+def train(variant: Variant, model, instances: str, steps: int, seed: int, device: str = "cpu", **kwargs) -> list[dict]:
+    """The product's in-process masked-LM steps at the variant's settings: batch 64 at 64 tokens."""
+    from bert_core.pretrain.in_process import short_run, train_mlm
+
+    config = short_run(64, steps, 64, variant.learning_rate, variant.weight_decay, seed)
+    masking = {"masked_lm_prob": variant.masked_lm_prob, "max_predictions_per_seq": variant.max_predictions}
+    return train_mlm(model, instances, config, device=device, masking=masking, **kwargs)
 
 
 # --------------------------------------------------------------------------- prepare (here)
@@ -123,11 +104,9 @@ def cpu_seconds_per_step(variant: Variant, instances: str, vocab_size: int, warm
     import torch
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     marks: dict[int, float] = {}
-    train_mlm(model_for(variant, vocab_size), instances, warmup + timed, variant.learning_rate, variant.weight_decay,
-              0, variant.masked_lm_prob, variant.max_predictions, log_every=10**9,
-              on_step=lambda s: marks.setdefault(s, time.process_time()))
+    train(variant, model_for(variant, vocab_size, seed=0), instances, warmup + timed, 0, log_every=10**9,
+          on_step=lambda s: marks.setdefault(s, time.process_time()))
     return (marks[warmup + timed - 1] - marks[warmup - 1]) / timed
 
 
@@ -190,11 +169,9 @@ def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42) ->
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.set_num_threads(2)  # the host's cores shared by the recipes' loaders
-    torch.manual_seed(seed)
-    model = model_for(variant, len(read_vocab(vocab_file)), str(stage_dir / "first-run") if variant.tapt else None)
+    model = model_for(variant, len(read_vocab(vocab_file)), seed, str(stage_dir / "first-run") if variant.tapt else None)
     started = time.perf_counter()
-    log = train_mlm(model, instances, steps, variant.learning_rate, variant.weight_decay, seed,
-                    variant.masked_lm_prob, variant.max_predictions, device)
+    log = train(variant, model, instances, steps, seed, device)
     folder = Path(out) / name
     save_pretrained(model.cpu(), str(folder), vocab_file=vocab_file)
     row = {"recipe": name, "steps": steps, "device": device, "wall_minutes": (time.perf_counter() - started) / 60,
@@ -269,7 +246,7 @@ def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int
         run = bq.pretrain_folder(work, bq.CHOSEN, BUDGET_MINUTES, 1, seed) / "hf"
         if run.exists():
             arms[f"protocol A 60 seed {seed}"] = run
-        arms[f"random init seed {seed}"] = bq.random_init_folder(work, bq.CHOSEN, seed)
+        arms[f"random init seed {seed}"] = bq.baseline_folder(work, bq.CHOSEN, seed)
     cache = bq.Cache(work / "search" / "cache", reuse=True)
     tasks = {name: qt.load(task, samples) for name, task in qt.TASKS.items()}
     scores: dict[str, dict[str, list[float]]] = {}

@@ -167,18 +167,15 @@ def publish_model(run: str, output: str):
 
 
 @task(cache_policy=NO_CACHE, task_run_name="random-init-model")
-def random_init_model(config: PipelineConfig, vocab: str, output: str):
-    """The pre-trained model's architecture and vocab with seeded random weights (the baseline)."""
+def save_random_init(config: PipelineConfig, vocab: str, output: str):
+    """The pre-trained model's architecture and vocab with the weights its run started from (the baseline)."""
     def work() -> None:
-        import torch
-
-        from bert_core.model.bert import BertForPreTraining
         from bert_core.model.checkpoint import save_pretrained
+        from bert_core.pretrain.in_process import random_init
         from bert_core.pretrain.run_folder import model_config
         from bert_core.vocab.tokenization import load_tokenizer
 
-        torch.manual_seed(config.pretrain.seed)
-        model = BertForPreTraining(model_config(config, load_tokenizer(vocab).vocab_size))
+        model = random_init(model_config(config, load_tokenizer(vocab).vocab_size), config.pretrain.seed)
         save_pretrained(model, output, vocab_file=storage.join(vocab, "vocab.txt"),
                         lowercase=config.vocab.lowercase)
         files = storage.list_files(output)
@@ -241,7 +238,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     checkpoints = {"pretrained": pretrained}
     if config.finetune.random_init_baseline:
         checkpoints["random-init"] = storage.join(config.storage_root, "models", f"random-init-{version}")
-        stages["random-init"] = unwrap(random_init_model(config, vocab, checkpoints["random-init"]))
+        stages["random-init"] = unwrap(save_random_init(config, vocab, checkpoints["random-init"]))
     for extra in config.finetune.extra_checkpoints:
         name = checkpoint_name(extra)
         if name in checkpoints:

@@ -29,6 +29,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import FinetuneConfig
+from bert_core.model.schedule import linear_warmup_decay
 
 
 def prepare_task(task_name: str, data_dir: str, tokenizer: Any, cfg: FinetuneConfig) -> Any:
@@ -53,17 +54,6 @@ def prepare_task(task_name: str, data_dir: str, tokenizer: Any, cfg: FinetuneCon
 
         return swag.prepare(folder, tokenizer, cfg, splits=task.splits)
     raise ValueError(f"task {task.name}: kind {task.kind} is not trained by this loop")
-
-
-def linear_warmup_decay(warmup_steps: int, total_steps: int):
-    """LR multiplier: 0 -> 1 over the warmup steps, then linearly down to 0 at the last step."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return factor
 
 
 def reinit_top_layers(bert: Any, n: int) -> None:
