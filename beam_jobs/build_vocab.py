@@ -1,8 +1,6 @@
 """Beam job: documents -> WordPiece vocab (``vocab.txt``, ``tokenizer.json``, ``_MANIFEST.json``).
 
-    bertpipe vocab --corpus ./bertpipe-data/corpus --output ./bertpipe-data/vocab
-    python -m beam_jobs.build_vocab --corpus CORPUS_URI --output VOCAB_URI [--preset demo] \\
-        [--set vocab.vocab_size=30522] [--vocab-size N] [--cased] [--vocab-file VOCAB_TXT] [-- beam args]
+    bertpipe vocab --corpus ./bertpipe-data/corpus --output ./bertpipe-data/vocab [--vocab-size N] [--cased]
 
 Output: ``vocab.txt`` (id = line number), ``tokenizer.json`` (transformers-loadable),
 ``_MANIFEST.json`` (stage "vocab"; ``config`` = VocabConfig with ``strip_accents`` resolved;
@@ -28,14 +26,13 @@ from beam_jobs.job import (
     check_produced,
     check_shared_storage,
     counters,
-    job_parser,
-    parse_job_args,
+    forward_to_cli,
     resolve_runner,
     run_pipeline,
 )
 from bert_core import storage
-from bert_core.config import VocabConfig
-from bert_core.vocab.tokenization import Tokenizer, check_vocab_file
+from bert_core.config import ConfigError, VocabConfig
+from bert_core.vocab.tokenization import Tokenizer, VocabError, check_vocab_file
 from bert_core.vocab.wordcount import iter_counts, min_count_for, read_count_of_counts
 
 # How the job works:
@@ -239,7 +236,7 @@ def build_vocab(
     output = storage.to_uri(output)
     corpus = storage.to_uri(corpus) if corpus else None
     if corpus is None and cfg.vocab_file is None:
-        raise ValueError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
+        raise ConfigError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
     given = check_vocab_file(cfg.vocab_file, cfg) if cfg.vocab_file else None
     corpus_manifest = storage.read_manifest(corpus) if corpus else None  # refuses unfinished corpora
     if corpus_manifest:
@@ -260,11 +257,11 @@ def build_vocab(
             tokenizer = given
         else:
             if not has_words:
-                raise ValueError(f"corpus {corpus} has no words to train a vocab on; check the corpus stage's counts")
+                raise VocabError(f"corpus {corpus} has no words to train a vocab on; check the corpus stage's counts")
             count_of_counts = read_count_of_counts(scratch)
             min_count = min_count_for(count_of_counts, cfg.max_words)
             if min_count > max(count_of_counts):
-                raise ValueError(f"vocab.max_words={cfg.max_words} keeps no word of corpus {corpus}: the "
+                raise ConfigError(f"vocab.max_words={cfg.max_words} keeps no word of corpus {corpus}: the "
                                  f"{count_of_counts[max(count_of_counts)]} most frequent words tie; raise it")
             counters |= left_out(count_of_counts, min_count)
             # the sorted counts stream from the scratch files at each pass, never held here
@@ -284,27 +281,5 @@ def build_vocab(
                                   shards=files, counts=counts, stats=stats)
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry: the shared job options plus the vocab's own; unknown ones go to Beam."""
-    parser = job_parser(__doc__.split("\n", 1)[0])
-    parser.add_argument("--corpus", default=None, help="Corpus stage folder URI (documents + manifest).")
-    parser.add_argument("--output", required=True, help="Output folder URI.")
-    parser.add_argument("--vocab-file", default=None, help="Validate and use this vocab.txt instead of training.")
-    parser.add_argument("--vocab-size", type=int, default=None, help="Trained vocab size (default: vocab.vocab_size).")
-    parser.add_argument("--cased", action="store_true", help="Keep case and accents (a cased model).")
-    args, cfg, beam_args = parse_job_args(parser, argv)
-    updates: dict[str, Any] = {}
-    if args.vocab_file:
-        updates["vocab_file"] = args.vocab_file
-    if args.vocab_size:
-        updates["vocab_size"] = args.vocab_size
-    if args.cased:
-        updates["lowercase"] = False
-    vocab_cfg = VocabConfig.model_validate({**cfg.vocab.model_dump(), **updates})
-    return build_vocab(args.corpus, args.output, vocab_cfg, cfg.workers, cfg.beam_runner, beam_args,
-                       shared_storage=cfg.shared_storage)
-
-
 if __name__ == "__main__":
-    manifest = run()
-    print(f"vocab of {manifest['counts']['vocab_size']} tokens at {manifest['uri']}")
+    forward_to_cli("vocab")

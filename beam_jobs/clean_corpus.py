@@ -3,8 +3,6 @@
     bertpipe corpus --wikipedia 'samples/wikipedia/*.xml.bz2' --books 'samples/books/*.txt' \\
         --output ./bertpipe-data/corpus --workers 2
     bertpipe corpus --text 'data/*.jsonl.zst' --text-field text --output ./bertpipe-data/corpus
-    python -m beam_jobs.clean_corpus --wikipedia ... --output ... [--preset demo] [--set corpus.num_shards=8] \\
-        [--workers N] [-- beam args]
 
 Every record read ends as a kept document or one reject with its reason; the output layout and
 schema are defined in ``bert_core/corpus/documents.py``, and the output bytes do not depend on the
@@ -28,10 +26,9 @@ from beam_jobs.job import (
     LOCAL_RUNNER,
     check_produced,
     check_shared_storage,
+    forward_to_cli,
     is_local,
-    job_parser,
     local_workers,
-    parse_job_args,
     resolve_runner,
     run_pipeline,
 )
@@ -690,30 +687,5 @@ def _checked_manifest(output: str, files: int, total_bytes: int) -> dict[str, An
     return manifest
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry: the shared job options plus the inputs; unknown ones go to Beam.
-    ``--wikipedia``/``--books``/``--text`` given replace all of the config's globs (the text
-    fields come from ``--set corpus.text_field=...``)."""
-    parser = job_parser(__doc__.split("\n", 1)[0])
-    parser.add_argument("--wikipedia", action="append", default=[], help="Dump glob (repeatable).")
-    parser.add_argument("--books", action="append", default=[], help="Book glob (repeatable).")
-    parser.add_argument("--text", action="append", default=[], help="JSON lines / Parquet glob (repeatable).")
-    parser.add_argument("--output", required=True, help="Output folder URI.")
-    parser.add_argument("--bytes-per-worker", type=int, default=LOCAL_BYTES_PER_WORKER,
-                        help="Local runner: one worker process per this many input bytes, up to "
-                        "--workers (0: start them all).")
-    args, cfg, beam_args = parse_job_args(parser, argv)
-    corpus = cfg.corpus
-    if args.wikipedia or args.books or args.text:
-        corpus = CorpusConfig.model_validate({**corpus.model_dump(), "wikipedia": args.wikipedia,
-                                              "books": args.books, "text": args.text})
-    return clean(corpus, args.output, cfg.workers, cfg.beam_runner, beam_args,
-                 bytes_per_worker=args.bytes_per_worker, shared_storage=cfg.shared_storage)
-
-
 if __name__ == "__main__":
-    import logging
-
-    logging.getLogger().setLevel(logging.WARNING)
-    manifest = run()
-    print(json.dumps(manifest["counts"], indent=2))
+    forward_to_cli("corpus")

@@ -1,8 +1,6 @@
 """Beam job: documents -> masked-LM + NSP instances in balanced Parquet shards, per sequence length.
 
-    python -m beam_jobs.create_instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI \
-        [--preset demo] [--set instances.dupe_factor=5] [-- beam args]
-    bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI   (same thing)
+    bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI [--set instances.dupe_factor=5]
 
 Output (the "instances" contract)::
 
@@ -35,7 +33,6 @@ workers. With ``eval_fraction: 0`` no eval folder is written.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -47,8 +44,7 @@ from beam_jobs.job import (
     LOCAL_RUNNER,
     check_produced,
     check_shared_storage,
-    job_parser,
-    parse_job_args,
+    forward_to_cli,
     resolve_runner,
     run_pipeline,
 )
@@ -79,7 +75,7 @@ from bert_core.instances.spill import (
     write_pool_instances,
 )
 from bert_core.spill import spill_folder
-from bert_core.vocab.tokenization import load_tokenizer
+from bert_core.vocab.tokenization import VocabError, load_tokenizer
 
 # How it stays streaming, bounded and deterministic:
 #
@@ -384,7 +380,7 @@ def create_instances(
     vocab_used = vocab_record(vocab)  # before tokenizing: the ids come from these bytes
     vocab_ids = VocabIds.from_tokenizer(load_tokenizer(vocab, lowercase))
     if min(vocab_ids.cls_id, vocab_ids.sep_id, vocab_ids.mask_id) < 0:
-        raise ValueError(f"vocab {vocab} lacks [CLS], [SEP] or [MASK]; instances need all three: "
+        raise VocabError(f"vocab {vocab} lacks [CLS], [SEP] or [MASK]; instances need all three: "
                          "use a BERT vocab (the vocab stage always adds them)")
     shards = storage.shard_uris(corpus, corpus_manifest)
     storage.check_writable(output)
@@ -413,17 +409,5 @@ def _checked_manifest(output: str, documents: int) -> dict[str, Any]:
     return manifest
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry: the shared job options plus the instances' own; unknown ones go to Beam."""
-    parser = job_parser(__doc__.split("\n")[0])
-    parser.add_argument("--corpus", required=True, help="Documents folder (corpus stage output).")
-    parser.add_argument("--vocab", required=True, help="Vocab stage folder, or a vocab.txt.")
-    parser.add_argument("--output", required=True, help="Output folder for seq{L}/ shards.")
-    args, cfg, beam_args = parse_job_args(parser, argv)
-    return create_instances(args.corpus, args.vocab, args.output, cfg.instances,
-                            lowercase=cfg.vocab.lowercase, workers=cfg.workers,
-                            runner=cfg.beam_runner, beam_args=beam_args, shared_storage=cfg.shared_storage)
-
-
 if __name__ == "__main__":
-    print(json.dumps(run()["counts"], indent=2))
+    forward_to_cli("instances")

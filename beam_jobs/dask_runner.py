@@ -2,7 +2,7 @@
 closed (tagged outputs, finish_bundle outputs, every sink, metrics, side inputs, partitions).
 
     bertpipe corpus ... --runner dask --set shared_storage=true -- --dask_scheduler_file=F
-    python -m beam_jobs.clean_corpus ... --runner dask -- --dask_client_address=tcp://HOST:8786
+    bertpipe vocab ... --runner dask -- --dask_client_address=tcp://HOST:8786
 """
 
 from __future__ import annotations

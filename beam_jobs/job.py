@@ -1,17 +1,13 @@
-"""The skeleton every Beam job here stands on: command line, pipeline options, run, counters,
-and reading the documents shards of a corpus.
+"""The skeleton every Beam job here stands on: pipeline options, run, counters, and reading the
+documents shards of a corpus.
 
-    python -m beam_jobs.<job> [job options] [--preset demo] [--config FILE] [--set a.b=c ...]
-        [--workers N] [--runner NAME] [-- beam pipeline options]
-
-Every job's ``run(argv)`` takes the same ``--preset/--config/--set`` as ``bertpipe``, plus its
-own options; options it does not know (and everything after ``--``) go to Beam, after the
-config's ``beam_args``.
+A job is a function that takes its stage's config, its inputs and output, and Beam's own options
+(``workers``, ``runner``, ``beam_args``); ``bertpipe <stage>`` is its command line, and
+``python -m beam_jobs.<job>`` forwards there (:func:`forward_to_cli`).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
@@ -20,15 +16,15 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineResult
 
 from bert_core import storage
-from bert_core.config import PipelineConfig, load_config
 from bert_core.corpus.documents import read_sentences
+from bert_core.failures import Refusal
 
 # The runner is named through Beam's ``PipelineOptions`` (``--runner``). The local default,
 # :data:`LOCAL_RUNNER`, is Beam's in-process FnApiRunner (the engine the DirectRunner runs batch
@@ -72,29 +68,9 @@ HARNESS_CHATTER = re.compile(
 # --------------------------------------------------------------------------- command line
 
 
-def job_parser(description: str) -> argparse.ArgumentParser:
-    """A job's parser with the options every job takes; the job adds its own."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--preset", default="demo", help="Preset the config starts from.")
-    parser.add_argument("--config", default=None, help="YAML file shaped like a preset; overrides it.")
-    parser.add_argument("--set", dest="sets", action="append", default=[],
-                        help="Override one field, e.g. instances.dupe_factor=2 (repeatable).")
-    parser.add_argument("--workers", type=int, default=None, help="Local Beam worker processes (default: workers).")
-    parser.add_argument("--runner", default=None, help="Beam runner (default: beam_runner).")
-    return parser
-
-
-def parse_job_args(parser: argparse.ArgumentParser,
-                   argv: list[str] | None) -> tuple[argparse.Namespace, PipelineConfig, list[str]]:
-    """Parsed job options, the resolved config (``--workers`` and the runner applied:
-    :func:`resolve_runner`) and the Beam arguments (the config's ``beam_args``, then the unknown
-    ones)."""
-    args, unknown = parser.parse_known_args(argv)
-    cfg = load_config(args.preset, args.config, args.sets)
-    updates = {"workers": args.workers, "beam_runner": args.runner}
-    cfg = cfg.model_copy(update={k: v for k, v in updates.items() if v is not None})
-    runner, beam_args = resolve_runner(cfg.beam_runner, [*cfg.beam_args, *unknown])
-    return args, cfg.model_copy(update={"beam_runner": runner}), beam_args
+def forward_to_cli(command: str) -> NoReturn:
+    """Run ``bertpipe <command>`` with this process's arguments: the one command line."""
+    os.execv(sys.executable, [sys.executable, "-m", "flows.cli", command, *sys.argv[1:]])
 
 
 # --------------------------------------------------------------------------- running
@@ -144,7 +120,7 @@ def check_shared_storage(stage: str, runner: str, shared_storage: bool,
                 "or one machine")
 
 
-class EmptyResultError(RuntimeError):
+class EmptyResultError(RuntimeError, Refusal):
     """A job read a non-empty input and produced nothing."""
 
 

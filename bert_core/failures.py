@@ -1,5 +1,6 @@
 """Which failures a retry can fix: the machine or the network, never the config, the data or a
-full disk. The launcher, the per-rank loop and the Prefect retry condition all ask this module.
+full disk. The command line, the launcher, the per-rank loop, the download and the Prefect retry
+condition all ask this module.
 
 An error says its kind by its type: the config, data and checkpoint errors of every stage derive
 from :class:`Refusal` (fix the input; a retry fails the same way) and a failed launch of the
@@ -11,8 +12,10 @@ that torch.distributed, gloo, NCCL and HTTP clients raise, by their message.
 from __future__ import annotations
 
 import errno
+import http.client
 import re
 import subprocess
+import urllib.error
 from typing import Any
 
 from pydantic import ValidationError
@@ -58,7 +61,7 @@ def refusal(err: BaseException) -> str | None:
         if isinstance(cause, OSError) and cause.errno in DISK_ERRNOS:
             where = cause.filename or "the run folder"
             return (f"{where}: {cause.strerror}; free space or make it writable, then run again "
-                    "(it resumes from the last complete checkpoint)")
+                    "(it resumes where it stopped)")
         cause = cause.__cause__ if cause.__cause__ is not cause else None
     return None
 
@@ -72,7 +75,9 @@ def is_infrastructure_error(err: BaseException | None) -> bool:
     """True for failures of the machine, network or launcher; False for config and data errors."""
     if err is None or isinstance(err, NEVER_RETRIED) or refusal(err) is not None:
         return False
-    if isinstance(err, (InfrastructureError, ConnectionError, TimeoutError)):
+    if isinstance(err, urllib.error.HTTPError):  # the server's fault may pass; the request's will not
+        return err.code >= 500 or err.code == 429
+    if isinstance(err, (InfrastructureError, ConnectionError, TimeoutError, http.client.HTTPException)):
         return True
     if isinstance(err, OSError) and err.errno in INFRA_ERRNOS:
         return True
@@ -82,6 +87,12 @@ def is_infrastructure_error(err: BaseException | None) -> bool:
     if says_infrastructure(text):
         return True
     return is_infrastructure_error(err.__cause__) if err.__cause__ is not err else False
+
+
+def is_infrastructure_exit(code: int, output: str) -> bool:
+    """A process that failed with ``code`` was killed (a signal, the OOM killer) or says in its
+    ``output`` that the machine or the network failed."""
+    return code < 0 or code >= 128 or says_infrastructure(output)
 
 
 def is_comm_error(err: BaseException) -> bool:

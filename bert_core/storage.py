@@ -39,7 +39,7 @@ class ManifestError(ValueError, Refusal):
     """A manifest, or a shard it lists, does not hold what the manifest promises."""
 
 
-class OutputError(ValueError):
+class OutputError(ValueError, Refusal):
     """An output folder that cannot be written (under a file, read-only, no space)."""
 
 
@@ -280,7 +280,7 @@ def read_manifest(folder: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or not {"shards", "schema_version"} & set(manifest):
         raise ManifestError(f"{to_uri(path)} is not a bertpipe manifest; re-run the stage that produces it")
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(
+        raise ManifestError(
             f"{path}: schema_version {manifest.get('schema_version')} is not {SCHEMA_VERSION}; "
             "re-run the stage with this version of bertpipe"
         )

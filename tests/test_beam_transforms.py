@@ -4,6 +4,7 @@ runner chosen by beam_jobs/job.py) with assert_that/equal_to, on tiny real input
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -273,18 +274,17 @@ def test_local_worker_processes_take_arrow_buffers_from_the_system_allocator(tmp
     assert (pa.default_memory_pool().backend_name, {k: os.environ.get(k) for k in WORKER_MEMORY_ENV}) == before
 
 
-def test_every_job_parses_preset_config_set_and_passes_the_rest_to_beam(tmp_path) -> None:
-    from beam_jobs.job import job_parser, parse_job_args
+@pytest.mark.parametrize("job, command", [("clean_corpus", "corpus"), ("build_vocab", "vocab"),
+                                          ("create_instances", "instances")])
+def test_a_job_module_run_as_a_script_is_its_bertpipe_command(job, command) -> None:
+    import subprocess
+    import sys
 
-    overlay = tmp_path / "overlay.yaml"
-    overlay.write_text("beam_args: [--temp_location=/tmp/beam]\nvocab: {vocab_size: 500}\n")
-    parser = job_parser("a job")
-    parser.add_argument("--output", required=True)
-    args, cfg, beam_args = parse_job_args(parser, [
-        "--output", "o", "--config", str(overlay), "--set", "workers=3", "--runner", "FlinkRunner",
-        "--flink_master=host:8081", "--", "--parallelism=2"])
-    assert args.output == "o" and cfg.workers == 3 and cfg.vocab.vocab_size == 500
-    assert cfg.beam_runner == "FlinkRunner"
-    assert beam_args == ["--temp_location=/tmp/beam", "--flink_master=host:8081", "--", "--parallelism=2"]
-    _, cfg, _ = parse_job_args(parser, ["--output", "o", "--workers", "1"])
-    assert cfg.workers == 1 and cfg.beam_runner == "FnApiRunner"
+    done = subprocess.run([sys.executable, "-m", f"beam_jobs.{job}", "--help"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert f"Usage: bertpipe {command} [OPTIONS]" in done.stdout
+    if command == "vocab":
+        assert "--vocab-size" in done.stdout and "--cased" in done.stdout
+    if command == "corpus":
+        assert "--bytes-per-worker" in done.stdout

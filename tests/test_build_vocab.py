@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_jobs.build_vocab import build_vocab, run
+from beam_jobs.build_vocab import build_vocab
 from bert_core import storage
 from bert_core.config import VocabConfig
 from bert_core.vocab.tokenization import Tokenizer, VocabError, load_tokenizer
@@ -190,13 +190,20 @@ def test_max_words_bound_trains_on_the_most_frequent_words_and_counts_the_rest(c
 
 
 def test_cased_vocab_keeps_case_and_accents(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
     docs = [{"doc_id": f"wiki:{i}", "source": "wikipedia", "title": "t",
              "sentences": ["Émile Zola wrote in Paris.", "THE END of Émile's story, in Paris again."] * 3}
             for i in range(4)]
     (tmp_path / "corpus").mkdir()
     corpus = write_corpus(tmp_path / "corpus", docs, num_shards=1)
-    manifest = run(["--corpus", corpus, "--output", str(tmp_path / "vocab"), "--cased", "--vocab-size", "200",
-                    "--set", "vocab.num_unused=2", "--set", "vocab.min_frequency=1", "--workers", "1"])
+    done = CliRunner().invoke(app, ["vocab", "--corpus", corpus, "--output", str(tmp_path / "vocab"), "--cased",
+                                    "--vocab-size", "200", "--set", "vocab.num_unused=2", "--set",
+                                    "vocab.min_frequency=1", "--workers", "1"])
+    assert done.exit_code == 0, done.output
+    manifest = storage.read_manifest(str(tmp_path / "vocab"))
     assert manifest["config"]["lowercase"] is False and manifest["config"]["strip_accents"] is False
     vocab = set(Path(tmp_path / "vocab" / "vocab.txt").read_text(encoding="utf-8").split("\n"))
     assert "É" in vocab and "P" in vocab and "é" not in vocab
@@ -206,13 +213,13 @@ def test_cased_vocab_keeps_case_and_accents(tmp_path) -> None:
 def test_vocab_file_is_validated_and_measured_not_trained(corpus, samples_dir, tmp_path) -> None:
     given = samples_dir / "models" / "minilm" / "vocab.txt"
     out = tmp_path / "given"
-    manifest = run(["--corpus", corpus, "--output", str(out), "--vocab-file", str(given)])
+    manifest = build_vocab(corpus, str(out), VocabConfig(vocab_file=str(given)))
     assert (out / "vocab.txt").read_bytes() == given.read_bytes()
     assert manifest["counts"]["trained"] is False and manifest["counts"]["vocab_size"] == 30522
     assert manifest["config"]["vocab_file"] == str(given)
     assert manifest["stats"]["unk_rate"] < 0.001 and manifest["stats"]["used_tokens"] > 5000
     # without a corpus it only validates (no Beam run, no stats)
-    alone = run(["--output", str(tmp_path / "alone"), "--vocab-file", str(given)])
+    alone = build_vocab(None, str(tmp_path / "alone"), VocabConfig(vocab_file=str(given)))
     assert alone["stats"] == {} and alone["inputs"] == []
 
 
@@ -226,7 +233,7 @@ def test_bad_vocab_files_are_refused_with_the_fix(tmp_path, text, fix) -> None:
     bad = tmp_path / "vocab.txt"
     bad.write_text(text, encoding="utf-8")
     with pytest.raises(VocabError, match=fix) as err:
-        run(["--output", str(tmp_path / "out"), "--vocab-file", str(bad)])
+        build_vocab(None, str(tmp_path / "out"), VocabConfig(vocab_file=str(bad)))
     assert str(bad) in str(err.value)
     assert not storage.has_manifest(str(tmp_path / "out"))
 

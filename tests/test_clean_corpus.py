@@ -13,7 +13,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from beam_jobs.clean_corpus import clean, local_workers, run
+from beam_jobs.clean_corpus import clean, local_workers
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
@@ -312,10 +312,17 @@ def test_cli_runs_and_fails_fast_on_missing_input(tiny_inputs, tmp_path) -> None
     assert "corpus" in listed
 
 
-def test_run_takes_the_shared_job_options(tiny_inputs, tmp_path) -> None:
+def test_cli_takes_the_job_options_and_passes_the_rest_to_beam(tiny_inputs, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
     wiki, book = tiny_inputs
-    manifest = run(["--wikipedia", wiki, "--output", str(tmp_path / "o"), "--preset", "demo",
-                    "--set", "corpus.num_shards=2", "--workers", "1", "--", "--direct_num_workers=1"])
+    done = CliRunner().invoke(app, ["corpus", "--wikipedia", wiki, "--output", str(tmp_path / "o"), "--preset",
+                                    "demo", "--set", "corpus.num_shards=2", "--workers", "2",
+                                    "--bytes-per-worker", str(1 << 30), "--", "--direct_num_workers=1"])
+    assert done.exit_code == 0, done.output
+    manifest = storage.read_manifest(str(tmp_path / "o"))
     assert manifest["counts"]["wikipedia"]["kept"] == 1 and "books" not in manifest["counts"]
     assert len(manifest["shards"]) == 2
 

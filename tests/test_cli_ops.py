@@ -94,7 +94,7 @@ def test_corpus_command_with_worker_processes_prints_no_harness_chatter(samples_
 
 
 def test_server_env_points_the_ui_at_its_own_port(monkeypatch):
-    from flows.cli.ops import server_env
+    from flows.cli.server import server_env
 
     monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:4200/api")
     monkeypatch.delenv("PREFECT_UI_API_URL", raising=False)

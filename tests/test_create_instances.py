@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from beam_jobs.create_instances import create_instances, run
+from beam_jobs.create_instances import create_instances
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec, load_config
 from bert_core.corpus.sentences import split_sentences
@@ -194,17 +194,22 @@ def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(prefect_api, c
     assert "instances-lengths" in artifacts
 
 
-def test_run_takes_the_shared_job_options_and_passes_the_rest_to_beam(corpus, vocab_file, runs, tmp_path) -> None:
+def test_cli_takes_the_job_options_and_passes_the_rest_to_beam(corpus, vocab_file, runs, tmp_path) -> None:
+    from flows.cli import app
+
     out = str(tmp_path / "run")
     sets = ["instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10},"
             " {max_seq_length: 128, max_predictions_per_seq: 20}]",
             "instances.dupe_factor=3", "instances.num_shards=3", "instances.seed=7",
             "instances.next_sentence_prediction=true", "instances.masking=static",
             "pretrain.phases=[{max_seq_length: 128, micro_batch_size: 16, global_batch_size: 32}]"]
-    argv = ["--corpus", corpus, "--vocab", vocab_file, "--output", out, "--preset", "demo", "--workers", "1"]
+    argv = ["instances", "--corpus", corpus, "--vocab", vocab_file, "--output", out, "--preset", "demo",
+            "--workers", "1"]
     for s in sets:
         argv += ["--set", s]
-    manifest = run([*argv, "--", "--direct_num_workers=3"])  # Beam options after --
+    done = CliRunner().invoke(app, [*argv, "--", "--direct_num_workers=3"])  # Beam options after --
+    assert done.exit_code == 0, done.output
+    manifest = storage.read_manifest(out)
     assert manifest["config"] == storage.read_manifest(runs[1])["config"]
     for length in (64, 128):  # one random-next pool here, four in `runs`: same config, own bytes
         shards = storage.read_manifest(storage.join(out, f"seq{length}"))["shards"]

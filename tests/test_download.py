@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,6 +19,7 @@ from bert_core import storage
 from bert_core.corpus.download import (
     ChecksumError,
     DownloadError,
+    TransferError,
     download_wikipedia,
     list_dump_files,
 )
@@ -135,7 +140,7 @@ def test_killed_process_resumes_from_the_part_file(site, dump, tmp_path):
     _site_tree(site.root, dump)
     site.cut_after, site.cuts_left = 500_000, 1
     out, stage = str(tmp_path / "raw"), str(tmp_path / "stage")
-    with pytest.raises(DownloadError, match="run the same command again to resume"):
+    with pytest.raises(TransferError, match="run the same command again to resume"):
         download_wikipedia("en", DATE, out, base=site.url, staging=stage, retries=0)
     assert (tmp_path / "stage" / (NAME + ".part")).stat().st_size == 500_000
     assert not storage.has_manifest(out)
@@ -175,3 +180,27 @@ def test_cli_download_wikipedia(site, dump, tmp_path, monkeypatch):
     assert (out / NAME).stat().st_size == dump.stat().st_size and (out / "_MANIFEST.json").exists()
     bad = CliRunner().invoke(app, ["download", "wikipedia", "--date", "June", "--to", str(out)])
     assert bad.exit_code == 1 and "expected YYYYMMDD" in bad.output
+
+
+def test_a_full_disk_is_not_retried(site, dump, tmp_path):
+    """The staging folder is a 64 KiB tmpfs in the download's own mount namespace: the first
+    write fails with ENOSPC, and the command says so in one line after one request, no retry."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) on this machine")
+    _site_tree(site.root, dump)
+    stage, out = tmp_path / "stage", tmp_path / "raw"
+    stage.mkdir()
+    script = (f'mount -t tmpfs -o size=64k bertpipe-full "{stage}" && exec "$0" -m flows.cli download wikipedia '
+              f'--date {DATE} --to "{out}" --staging "{stage}" --retries 3')
+    env = {**os.environ, "BERTPIPE_DUMPS_URL": site.url,
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable],
+                          capture_output=True, text=True, env=env, timeout=120)
+    if "mount" in done.stderr and "permission denied" in done.stderr.lower():
+        pytest.skip(f"mount namespaces are not permitted here: {done.stderr.strip()}")
+    failed = [line for line in done.stderr.splitlines() if "No space left on device" in line]
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert len(failed) == 1 and "free space" in failed[0] and "Traceback" not in done.stderr, done.stderr
+    assert "retry" not in done.stderr
+    assert [p for p, _ in site.requests if p.endswith(".bz2")] == [f"/enwiki/{DATE}/{NAME}"]
+    assert not storage.has_manifest(str(out))

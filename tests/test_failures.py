@@ -12,7 +12,7 @@ from bert_core.failures import is_comm_error, is_infrastructure_error, refusal
 
 def test_retry_only_infrastructure_errors():
     from bert_core.config import ConfigError
-    from bert_core.corpus.download import ChecksumError, DownloadError
+    from bert_core.corpus.download import ChecksumError, DownloadError, TransferError
     from bert_core.model.checkpoint import CheckpointError
     from bert_core.pretrain.data import InstanceDataError
     from bert_core.pretrain.launch import LaunchConfigError, LaunchError, LaunchInfraError
@@ -21,10 +21,10 @@ def test_retry_only_infrastructure_errors():
     retried = [ConnectionResetError(104, "reset"), TimeoutError("read timed out"),
                RuntimeError("torch.distributed.DistNetworkError: rendezvous timeout after 900 s"),
                subprocess.CalledProcessError(1, ["deepspeed"], stderr=b"gloo connectFullMesh timeout"),
-               DownloadError("GET http://x/y: HTTP 503"), LaunchInfraError("exit -9", -9, []),
+               TransferError("GET http://x/y: HTTP 503"), LaunchInfraError("exit -9", -9, []),
                OSError(errno.EHOSTUNREACH, "no route")]
     never = [ConfigError("pretrain.nodes: bad"), ValueError("max_seq_length too long"),
-             UnfinishedWriteError("no manifest"), ChecksumError("sha1 mismatch, connection reset"),
+             UnfinishedWriteError("no manifest"), DownloadError("HTTP 404, connection reset"), ChecksumError("sha1 mismatch, connection reset"),
              KeyError("input_ids"), subprocess.CalledProcessError(2, ["deepspeed"], stderr=b"bad arg"),
              LaunchConfigError("bad input, connection reset", 2, []), LaunchError("exit 1", 1, []),
              CheckpointError("truncated"), InstanceDataError("bad shard"), ManifestError("bad json"),

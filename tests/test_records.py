@@ -229,11 +229,10 @@ def test_cli_reads_text_records_with_named_fields(news, tmp_path) -> None:
     assert {(d["doc_id"], d["title"]) for d in docs} == {("text:100", "Story 0"), ("text:101", "Story 1"),
                                                          ("text:102", "Story 2")}
     assert rejects[0]["id"] == "text:7" and "line 4: field 'body' is missing" in rejects[0]["detail"]
-    # the job's own entry takes --text too; the fields come from --set
-    from beam_jobs.clean_corpus import run
-
-    manifest = run(["--text", str(tmp_path / "*.jsonl"), "--output", str(tmp_path / "r"), "--workers", "1",
-                    "--set", "corpus.text_field=body"])
+    # the fields come from --set too
+    done = CliRunner().invoke(app, ["corpus", "--text", str(tmp_path / "*.jsonl"), "--output", str(tmp_path / "r"),
+                                    "--workers", "1", "--set", "corpus.text_field=body"])
+    manifest = storage.read_manifest(str(tmp_path / "r"))
     assert manifest["counts"]["text"]["kept"] == 3 and set(manifest["counts"]) >= {"text", "documents"}
     missing = CliRunner().invoke(app, ["corpus", "--text", str(tmp_path / "none/*.parquet"),
                                        "--output", str(tmp_path / "x")])

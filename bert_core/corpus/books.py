@@ -23,6 +23,7 @@ import re
 
 from bert_core.corpus import documents as D
 from bert_core.corpus.documents import MAX_LINE_CHARS
+from bert_core.failures import Refusal
 
 # Longest line a wrapped book may have; a longer one is not a book (and would be one "paragraph").
 
@@ -38,7 +39,7 @@ _PRODUCED_BY = re.compile(r"^\s*(?:Produced|Prepared|Transcribed) by\b.*$", re.I
 _SENTENCE_END = re.compile(r"[.!?:\"'\u201d\u2019)\]]$")
 
 
-class BookError(ValueError):
+class BookError(ValueError, Refusal):
     """A file among the books that is not a readable book; ``reason`` names the reject."""
 
     def __init__(self, reason: str, detail: str) -> None:

@@ -228,7 +228,7 @@ def read_sentences(uri: str, batch_rows: int = 256, part: int = 0,
         shard = pq.ParquetFile(f)
         missing = set(DOCUMENT_COLUMNS) - set(shard.schema_arrow.names)
         if missing:
-            raise ValueError(f"documents shard {uri} has no column(s) {sorted(missing)}; it is not "
+            raise storage.ManifestError(f"documents shard {uri} has no column(s) {sorted(missing)}; it is not "
                              "a corpus stage output: re-run `bertpipe corpus` or fix --corpus")
         by_group = shard.num_row_groups >= parts
         batch_index = 0

@@ -35,19 +35,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bert_core import storage
-from bert_core.failures import Refusal
+from bert_core.failures import InfrastructureError, Refusal, is_infrastructure_error
 
 DEFAULT_BASE_URL = "https://dumps.wikimedia.org"
 JOBS = ("articlesdump", "articlesmultistreamdump")
 _CHUNK = 1 << 20
 
 
-class DownloadError(RuntimeError):
-    """The dump cannot be fetched as asked (missing, unfinished, or the network gave up)."""
+class DownloadError(Refusal):
+    """The dump cannot be fetched as asked (a bad date or language, missing or unfinished)."""
 
 
-class ChecksumError(DownloadError, Refusal):
+class ChecksumError(DownloadError):
     """A downloaded file does not have the sha1 the dump site lists for it."""
+
+
+class TransferError(InfrastructureError):
+    """The network or the dump site gave up; running the same command again resumes."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,10 @@ def _get(url: str, timeout: float) -> bytes:
             return resp.read()
     except urllib.error.HTTPError as err:
         hint = " (no dump for this date/lang? see the dump index)" if err.code == 404 else ""
-        raise DownloadError(f"GET {url}: HTTP {err.code}{hint}") from None
+        kind = TransferError if is_infrastructure_error(err) else DownloadError
+        raise kind(f"GET {url}: HTTP {err.code}{hint}") from None
     except (urllib.error.URLError, OSError) as err:
-        raise DownloadError(f"GET {url}: {err}; check the network or --base-url") from None
+        raise TransferError(f"GET {url}: {err}; check the network or --base-url") from None
 
 
 def parse_sha1sums(text: str) -> dict[str, str]:
@@ -172,15 +177,17 @@ def fetch_resumable(
         except urllib.error.HTTPError as err:
             if err.code == 416 and have:  # asked past the end: the part is already whole
                 return part
-            if err.code < 500:
+            if not is_infrastructure_error(err):
                 raise DownloadError(f"GET {url}: HTTP {err.code}") from None
             reason: object = f"HTTP {err.code}"
         except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
+            if not is_infrastructure_error(err):  # a full disk, say: a retry fails the same way
+                raise
             reason = err
         attempt += 1
         if attempt > retries:
             have = part.stat().st_size if part.exists() else 0
-            raise DownloadError(
+            raise TransferError(
                 f"GET {url}: gave up after {retries} retries ({reason}); {have} bytes kept in "
                 f"{part}: run the same command again to resume"
             )

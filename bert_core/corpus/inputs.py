@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from bert_core import storage
+from bert_core.config import ConfigError
 from bert_core.corpus.books import book_stem
 
 
-class InputError(ValueError):
-    """Missing input paths or empty globs: raised before any work starts."""
+class InputError(ConfigError):
+    """Missing input paths or empty globs of the config: raised before any work starts."""
 
 
 def expand_inputs(patterns: Iterable[str], what: str) -> list[str]:

@@ -25,6 +25,7 @@ from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.books import unwrap
 from bert_core.corpus.sentences import split_paragraphs
+from bert_core.failures import Refusal
 
 # How records are read:
 #
@@ -68,7 +69,7 @@ class RecordItem:
     first_row: int = 1  # row number of the row group's first row
 
 
-class _RecordError(ValueError):
+class _RecordError(ValueError, Refusal):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason, self.detail = reason, detail

@@ -28,7 +28,7 @@ def prepare_output(output: str, config: InstanceConfig) -> None:
     if storage.has_manifest(output):
         stage = storage.read_manifest(output).get("stage")
         if stage != "instances":
-            raise ValueError(f"{output} holds the output of the {stage!r} stage; "
+            raise storage.OutputError(f"{output} holds the output of the {stage!r} stage; "
                              "give the instances their own --output folder")
     storage.remove(storage.join(output, storage.MANIFEST))
     storage.remove(storage.join(output, SPILL_DIR))

@@ -41,8 +41,8 @@ from pathlib import Path
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, PretrainConfig
-from bert_core.failures import InfrastructureError, Refusal, says_infrastructure
-from bert_core.pretrain.errors import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX
+from bert_core.failures import InfrastructureError, is_infrastructure_exit
+from bert_core.pretrain.errors import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, PretrainConfigError
 from bert_core.pretrain.loop import check_instances
 from bert_core.pretrain.run_folder import CONFIG_FILE, check_run_config
 
@@ -51,6 +51,7 @@ DEFAULT_MASTER_PORT = 29500  # DeepSpeed's; the multi-node launchers use it unle
 HOSTFILE = "hostfile"
 # What remote ranks need from the launching shell (DeepSpeed forwards PYTHON* itself).
 FORWARDED_ENV = ("OMP_NUM_THREADS", "DS_ACCELERATOR")
+
 
 class LaunchError(RuntimeError):
     """A pre-training launch failed; ``exit_code`` and the last output lines say how."""
@@ -61,7 +62,7 @@ class LaunchError(RuntimeError):
         self.tail = tail
 
 
-class LaunchConfigError(LaunchError, Refusal):
+class LaunchConfigError(LaunchError, PretrainConfigError):
     """A rank refused the config or the data: fix the input; a retry would fail the same way."""
 
 
@@ -96,7 +97,7 @@ def launcher_argv(
     argv = ["deepspeed"]
     if cfg.launcher == "local":
         if cfg.nodes != 1:
-            raise ValueError(
+            raise PretrainConfigError(
                 f"pretrain.launcher=local runs on one machine but pretrain.nodes={cfg.nodes}; "
                 "use launcher=hostfile (ssh) or launcher=no_ssh (one launcher per node)"
             )
@@ -106,7 +107,7 @@ def launcher_argv(
                  "--num_gpus", str(cfg.procs_per_node)]
     else:  # no_ssh
         if node_rank is None or not 0 <= node_rank < cfg.nodes:
-            raise ValueError(
+            raise PretrainConfigError(
                 f"launcher=no_ssh needs --node-rank in [0, {cfg.nodes}) (this node's index); got {node_rank}"
             )
         argv += ["--hostfile", hostfile or str(cfg.hostfile), "--no_ssh", "--node_rank", str(node_rank),
@@ -205,12 +206,12 @@ def run_launch(
     lines = list(tail)
     if config_error is not None or code == CONFIG_ERROR_EXIT:
         raise LaunchConfigError(f"pre-training stopped: {config_error or lines[-1:]}", code, lines)
-    text = "\n".join(lines)
     # A killed rank shows as the launcher's exit code, a lost peer or network in the output.
-    if code < 0 or code >= 128 or says_infrastructure(text):
+    if is_infrastructure_exit(code, "\n".join(lines)):
         raise LaunchInfraError(
-            f"pre-training launch failed (exit {code}) for an infrastructure reason; retry to resume "
-            f"from the last checkpoint. Last lines:\n" + "\n".join(lines[-8:]), code, lines)
+            f"pre-training launch failed (exit {code}) for an infrastructure reason. Last lines:\n"
+            + "\n".join(lines[-8:]) + "\nrun the same command again to resume from the last checkpoint",
+            code, lines)
     raise LaunchError(f"pre-training failed (exit {code}). Last lines:\n" + "\n".join(lines[-15:]), code, lines)
 
 

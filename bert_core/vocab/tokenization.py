@@ -21,6 +21,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import VocabConfig
+from bert_core.failures import Refusal
 
 # The pipeline is google-research/bert's ``FullTokenizer``: clean text (drop NUL, U+FFFD and
 # control characters, whitespace -> space), put spaces around CJK ideographs, lowercase and strip
@@ -156,8 +157,8 @@ class _PrintableChunkCache(dict):
         return packed
 
 
-class VocabError(ValueError):
-    """A vocab file that cannot be used. The message names the file, the line and the fix."""
+class VocabError(ValueError, Refusal):
+    """A vocab that cannot be made or used. The message names the file, the line and the fix."""
 
 
 def parse_vocab(text: str, source: str = "vocab.txt") -> dict[str, int]:

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from bert_core.config import ConfigError
 from bert_core.histogram import Histogram
 from bert_core.vocab.tokenization import CLS, MASK, PAD, SEP, SUBWORD_PREFIX, UNK, Tokenizer
 from bert_core.vocab.wordcount import repeated_words
@@ -80,7 +81,7 @@ def train_wordpiece(
     # Exactly the ## pieces the trainer would create itself, but with ids fixed up front.
     fixed = specials + [SUBWORD_PREFIX + c for c in continued]
     if vocab_size < len(fixed) + len(alphabet):
-        raise ValueError(
+        raise ConfigError(
             f"vocab_size={vocab_size} is too small: the special tokens, the alphabet and its "
             f"'##' pieces alone take {len(fixed) + len(alphabet)}; raise vocab.vocab_size or "
             "lower vocab.limit_alphabet / vocab.num_unused"

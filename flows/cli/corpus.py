@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from bert_core.config import ConfigError, validate
+from bert_core.config import validate
 from flows.cli import options as opt
 
 
@@ -50,9 +50,13 @@ def corpus(
     ] = None,
     workers: opt.WorkersOpt = None,
     runner: opt.RunnerOpt = None,
+    bytes_per_worker: Annotated[
+        int | None, typer.Option("--bytes-per-worker", help="Local runner: one worker process per this many "
+                                 "bytes of input, up to --workers (0: start them all).")
+    ] = None,
 ) -> None:
-    """Clean Wikipedia dumps, books and text records into document-level sentences (Beam). Extra
-    arguments after the options are passed to Beam."""
+    """Clean Wikipedia dumps, books and text records into document-level sentences (Beam). Arguments
+    after `--` go to Beam."""
     from rich.console import Console
 
     cfg = opt.resolve(preset, config, set_)
@@ -65,20 +69,15 @@ def corpus(
             updates[name] = value
     if text_format:
         updates["text_format"] = text_format
-    with opt.user_errors(ConfigError, code=2):
-        corpus_cfg = validate({**corpus_cfg.model_dump(), **updates}, "corpus options", type(corpus_cfg))
+    corpus_cfg = validate({**corpus_cfg.model_dump(), **updates}, "corpus options", type(corpus_cfg))
 
-    from beam_jobs.clean_corpus import clean as run_job
-    from beam_jobs.job import EmptyResultError
-    from bert_core import storage
-    from bert_core.corpus.inputs import InputError
+    from beam_jobs.clean_corpus import LOCAL_BYTES_PER_WORKER, clean
 
-    console = Console(stderr=True)
-    with opt.user_errors(InputError, code=2), opt.user_errors(storage.OutputError, EmptyResultError):
-        with console.status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
-                            f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
-                            f"up to {workers or cfg.workers} worker(s) ..."):
-            manifest = run_job(corpus_cfg, output, **opt.beam_run(cfg, ctx, workers, runner))
+    per_worker = LOCAL_BYTES_PER_WORKER if bytes_per_worker is None else bytes_per_worker
+    with Console(stderr=True).status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
+                                     f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
+                                     f"up to {workers or cfg.workers} worker(s) ..."):
+        manifest = clean(corpus_cfg, output, bytes_per_worker=per_worker, **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_counts(manifest))
 
 
@@ -91,8 +90,3 @@ def format_counts(manifest: dict) -> str:
     c = manifest["counts"]
     lines.append(f"  documents {c['documents']}, sentences {c['sentences']}, chars {c['chars']}")
     return "\n".join(lines)
-
-
-def register(app: typer.Typer) -> None:
-    extra = {"allow_extra_args": True}  # Beam options go after `--`; unknown ones are refused
-    app.command("corpus", context_settings=extra)(corpus)

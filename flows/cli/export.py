@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 
 def export(
@@ -30,15 +30,8 @@ def export(
     set_: SetOpt = None,
 ) -> None:
     """Export a checkpoint to the transformers layout (config.json + model.safetensors + vocab)."""
-    from bert_core.model.checkpoint import CheckpointError
     from bert_core.model.export import export_checkpoint
 
     cfg = resolve(preset, config, set_)
-    with user_errors(CheckpointError, FileNotFoundError):
-        out = export_checkpoint(source, output, like=cfg.model, vocab_file=vocab, tag=tag,
-                                lowercase=cfg.vocab.lowercase)
+    out = export_checkpoint(source, output, like=cfg.model, vocab_file=vocab, tag=tag, lowercase=cfg.vocab.lowercase)
     typer.echo(f"exported {source} -> {out}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("export")(export)

@@ -11,11 +11,28 @@ prints the grid on 0-100; ``bertpipe stats <output>`` shows it again.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from bert_core.failures import Refusal
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
+
+
+class TaskDataError(Refusal):
+    """A task file, checkpoint or setting that fine-tuning or feature extraction cannot use."""
+
+
+@contextmanager
+def task_data_refused() -> Iterator[None]:
+    """``bert_core.finetune`` says a bad input with ValueError or KeyError (RuntimeError when
+    every job of a grid failed); here each is the user's input to fix, so a :class:`Refusal`."""
+    try:
+        yield
+    except (ValueError, KeyError, RuntimeError) as err:
+        raise TaskDataError(err.args[0] if isinstance(err, KeyError) and err.args else str(err)) from None
 
 
 def finetune(
@@ -59,7 +76,7 @@ def finetune(
             why = err.errors()[0]["msg"].removeprefix("Value error, ") if hasattr(err, "errors") else err
             typer.secho(f"{option} {value!r}: {why}", fg="red", err=True)
             raise typer.Exit(2) from None
-    with user_errors(FileNotFoundError, ValueError, KeyError, RuntimeError):
+    with task_data_refused():
         if use_prefect:
             from flows.finetune import finetune as finetune_flow
 
@@ -94,7 +111,7 @@ def features(
     """
     from bert_core.finetune.features import extract_file, rejects_uri
 
-    with user_errors(FileNotFoundError, ValueError):
+    with task_data_refused():
         c = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
                          max_seq_length=max_seq_length, threads=threads)
     typer.echo(f"{input_}: read {c['read']}, kept {c['kept']}, rejected {c['rejected']}")
@@ -103,8 +120,3 @@ def features(
     if c["rejected"]:
         typer.echo(f"rejects in {rejects_uri(output)}")
     typer.echo(f"wrote {c['kept']} sentences of {layers} features to {output}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("finetune")(finetune)
-    app.command("features")(features)

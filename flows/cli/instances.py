@@ -29,19 +29,11 @@ def instances(
     config: opt.ConfigOpt = None,
     set_: opt.SetOpt = None,
 ) -> None:
-    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Extra
-    arguments after the options are passed to Beam."""
-    from beam_jobs.job import EmptyResultError
-    from bert_core.storage import UnfinishedWriteError
-
+    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Arguments
+    after `--` go to Beam."""
     cfg = opt.resolve(preset, config, set_)
-    from beam_jobs.create_instances import create_instances as run_job
+    from beam_jobs.create_instances import create_instances
 
-    with opt.user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
-        manifest = run_job(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
-                           **opt.beam_run(cfg, ctx, workers, runner))
+    manifest = create_instances(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
+                                **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_stats(manifest))
-
-
-def register(app: typer.Typer) -> None:
-    app.command("instances", context_settings={"allow_extra_args": True})(instances)

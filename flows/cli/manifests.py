@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 
 from bert_core.histogram import Histogram, is_histogram
-from flows.cli.options import user_errors
 
 
 def stats(
@@ -22,10 +21,9 @@ def stats(
     as_json: Annotated[bool, typer.Option("--json", help="The raw stats as JSON.")] = False,
 ) -> None:
     """Print the counts and statistics stored in a folder's manifest."""
-    from bert_core.storage import UnfinishedWriteError, read_manifest
+    from bert_core.storage import read_manifest
 
-    with user_errors(UnfinishedWriteError, ValueError):
-        manifest = read_manifest(uri)
+    manifest = read_manifest(uri)
     if as_json:
         typer.echo(json.dumps({"counts": manifest["counts"], "stats": manifest["stats"]}, indent=2))
     elif manifest["stage"] in ("finetune", "finetune-index"):
@@ -42,19 +40,18 @@ def verify(
     """Check every shard of a folder (and of its sub-folders) against its manifest: size and sha256."""
     from bert_core import storage
 
-    with user_errors(storage.UnfinishedWriteError, storage.ManifestError):
-        storage.read_manifest(uri)
-        found = storage.glob(storage.join(uri, "**", storage.MANIFEST))
-        folders = sorted({storage.to_uri(uri).rstrip("/"), *(m.rsplit("/", 1)[0] for m in found)})
-        bad = 0
-        for folder in folders:
-            manifest = storage.read_manifest(folder)
-            problems = storage.shard_problems(folder, manifest, checksums=True)
-            bad += len(problems)
-            for problem in problems:
-                typer.secho(f"  {problem}", fg="red", err=True)
-            status = "ok" if not problems else f"{len(problems)} problem(s)"
-            typer.echo(f"{status}: {folder} ({len(manifest['shards'])} shards, {manifest['stage']} stage)")
+    storage.read_manifest(uri)
+    found = storage.glob(storage.join(uri, "**", storage.MANIFEST))
+    folders = sorted({storage.to_uri(uri).rstrip("/"), *(m.rsplit("/", 1)[0] for m in found)})
+    bad = 0
+    for folder in folders:
+        manifest = storage.read_manifest(folder)
+        problems = storage.shard_problems(folder, manifest, checksums=True)
+        bad += len(problems)
+        for problem in problems:
+            typer.secho(f"  {problem}", fg="red", err=True)
+        status = "ok" if not problems else f"{len(problems)} problem(s)"
+        typer.echo(f"{status}: {folder} ({len(manifest['shards'])} shards, {manifest['stage']} stage)")
     if bad:
         typer.secho(f"{bad} shard(s) do not match their manifest; re-run the stage that wrote them",
                     fg="red", err=True)
@@ -89,8 +86,3 @@ def format_stats(manifest: dict[str, Any]) -> str:
                 value = ", ".join(f"{k}: {v}" for k, v in value.items())
             lines.append(f"  {key}: {value}")
     return "\n".join(lines)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("stats")(stats)
-    app.command("verify")(verify)

@@ -2,39 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
-from bert_core.config import ConfigError, PipelineConfig, load_config, preset_names
+from bert_core.config import PipelineConfig, load_config, preset_names
 
-# Options every command that reads config takes.
 PresetOpt = Annotated[str, typer.Option("--preset", "-p", help=f"Preset: {', '.join(preset_names())}.")]
 ConfigOpt = Annotated[
     str | None, typer.Option("--config", "-c", help="YAML file shaped like a preset; overrides it.")
 ]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),
+]
+# Options of the Beam stages; Beam's own options go after `--`.
 WorkersOpt = Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")]
 RunnerOpt = Annotated[
     str | None,
     typer.Option(help="Beam runner: local, dask (a Dask cluster: -- --dask_scheduler_file=F or "
                       "--dask_client_address=A), or a Beam runner name (default: config beam_runner)."),
 ]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),
-]
-
-
-@contextmanager
-def user_errors(*kinds: type[BaseException], code: int = 1) -> Iterator[None]:
-    """An expected error of these kinds ends the command with its one-line message, no traceback."""
-    try:
-        yield
-    except kinds as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(code) from None
 
 
 def beam_run(cfg: PipelineConfig, ctx: typer.Context, workers: int | None, runner: str | None) -> dict:
@@ -45,6 +33,5 @@ def beam_run(cfg: PipelineConfig, ctx: typer.Context, workers: int | None, runne
 
 
 def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:
-    """Load config or exit with the validation message (before any work starts)."""
-    with user_errors(ConfigError, code=2):
-        return load_config(preset, config, sets or [])
+    """The config of a command: the preset, then the file, then each ``--set``."""
+    return load_config(preset, config, sets or [])

@@ -50,11 +50,7 @@ def pretrain(
 
     from bert_core.pretrain.run_folder import check_run_config
 
-    try:
-        check_run_config(cfg, output)  # before the progress bar: a refusal is one line
-    except ValueError as err:
-        typer.secho(str(err), fg="red", err=True)
-        raise typer.Exit(2) from None
+    check_run_config(cfg, output)  # before the progress bar: a refusal is one line
 
     from rich.progress import (
         BarColumn,
@@ -64,12 +60,8 @@ def pretrain(
         TimeRemainingColumn,
     )
 
-    from bert_core.pretrain.launch import (
-        LaunchConfigError,
-        LaunchError,
-        LaunchInfraError,
-        launch_pretraining,
-    )
+    from bert_core.failures import InfrastructureError, Refusal
+    from bert_core.pretrain.launch import LaunchError, launch_pretraining
     from bert_core.pretrain.metrics import MetricsTail, train_rows
     from bert_core.pretrain.run_folder import steps_done, total_steps
 
@@ -86,25 +78,16 @@ def pretrain(
             if rows:
                 bar.update(job, completed=steps_done(cfg, rows), description=f"loss {rows[-1]['loss']:.4f}")
 
-        failure: tuple[str, str, int] | None = None  # said after the bar's last line: the last word
+        failed: LaunchError | None = None  # said after the bar's last line: the last word
         try:
             run = launch_pretraining(cfg, instances, output, init_checkpoint, node_rank, on_line)
-        except LaunchConfigError as err:
-            failure = (str(err), "red", 2)
-        except LaunchInfraError as err:
-            failure = (f"{err}\nrun the same command again to resume", "yellow", 3)
         except LaunchError as err:
-            failure = (str(err), "red", 1)
-        except ValueError as err:  # e.g. launcher=no_ssh without --node-rank
-            failure = (str(err), "red", 2)
+            if isinstance(err, (Refusal, InfrastructureError)):
+                raise  # said by the command line's one rule (flows/cli/main.py)
+            failed = err
         else:
             bar.update(job, completed=steps_done(cfg, metrics.poll()))
-    if failure is not None:
-        message, colour, code = failure
-        typer.secho(message, fg=colour, err=True)
-        raise typer.Exit(code)
+    if failed is not None:  # the job itself failed: its last lines say how
+        typer.secho(str(failed), fg="red", err=True)
+        raise typer.Exit(1)
     typer.echo(f"pre-trained model: {run}/hf")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("pretrain")(pretrain)

