@@ -14,14 +14,11 @@ import bz2
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import measure  # noqa: E402
 from benchmarks.common import samples as samples_dir  # noqa: E402
 from bert_core.corpus.dedup import normalize  # noqa: E402
 from bert_core.corpus.sentences import split_sentences  # noqa: E402
@@ -153,51 +151,17 @@ def distinct_multistream(xml: bytes, target_mb: float, distinct: Path | None, ou
     return write_multistream(header, pages, footer, out / "enwiki-distinct-multistream.xml.bz2"), size / 1e6
 
 
-def _tree_rss(pid: int) -> tuple[int, int]:
-    """Resident bytes of a process and all its descendants, and how many processes that is."""
-    total, todo, count = 0, [pid], 0
-    while todo:
-        p = todo.pop()
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    count += 1
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return total, count
-
-
 Run = tuple[float, int, float, int]  # wall seconds, peak RSS bytes, CPU seconds, processes
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> Run:
     """(wall seconds, peak RSS of the process tree in bytes, CPU seconds of the tree, most
-    processes seen at once) of one command. CPU time counts every reaped descendant and does
-    not grow when other jobs share the cores, so it is the steadier measure on a busy machine."""
-    peak = [0, 0]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def watch() -> None:
-        while proc.poll() is None:
-            rss, count = _tree_rss(proc.pid)
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], count)
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    _, err = proc.communicate()
-    seconds = time.perf_counter() - start
-    watcher.join()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{err.decode()[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return seconds, peak[0], cpu, peak[1]
+    processes seen at once) of one command, by ``benchmarks.common.measure``. CPU time counts
+    every descendant and does not grow when other jobs share the cores, so it is the steadier
+    measure on a busy machine."""
+    with tempfile.TemporaryDirectory(prefix="bench-clean-log-") as tmp:
+        r = measure(cmd, Path(tmp) / "command.log", env, every=0.1)
+    return r["wall_s"], round(r["peak_rss_mb"] * 1e6), r["cpu_s"], int(r["processes"])
 
 
 def median_run(runs: list[Run]) -> Run:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_scale import measure, raw_inputs  # noqa: E402
-from benchmarks.common import machine  # noqa: E402
+from benchmarks.common import machine, tree_cpu  # noqa: E402
 from benchmarks.common import samples as samples_dir  # noqa: E402
 
 # Each stage runs as the product runs it (python -m beam_jobs.clean_corpus, build_vocab,
@@ -39,26 +39,6 @@ from benchmarks.common import samples as samples_dir  # noqa: E402
 
 STAGES = ("clean", "vocab", "instances")
 WORKERS = 2
-
-
-def tree_cpu(pids: list[int]) -> float:
-    """CPU-seconds so far of these processes and all their descendants."""
-    import psutil
-
-    total = 0.0
-    for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            continue
-        for proc in procs:
-            try:
-                times = proc.cpu_times()
-                total += times.user + times.system + times.children_user + times.children_system
-            except psutil.Error:
-                continue
-    return total
 
 
 class Cluster:

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import machine
+from benchmarks.common import hf_labels, machine, welch
 from bert_core.config import ModelConfig, preset_dict
 from bert_core.model.bert import BertForPreTraining
 from bert_core.model.checkpoint import save_pretrained
@@ -87,16 +87,6 @@ def _vocab_size(instances: Path, manifest: dict) -> int:
             return len(vocab.read_text(encoding="utf-8").splitlines())
     vocab = instances.parent / "vocab" / "vocab.txt"
     return len(vocab.read_text(encoding="utf-8").splitlines())
-
-
-def hf_labels(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Masked positions/ids -> transformers' [B, T] labels (-100 where nothing is predicted)."""
-    B, T = batch["input_ids"].shape
-    labels = torch.full((B, T), -100, dtype=torch.long)
-    real = batch["masked_lm_weights"] > 0
-    rows = torch.arange(B)[:, None].expand_as(real)
-    labels[rows[real], batch["masked_lm_positions"][real]] = batch["masked_lm_ids"][real]
-    return labels
 
 
 def forward(kind: str, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -193,15 +183,6 @@ def twin_models(vocab_size: int, dropout: float, seed: int, work: Path) -> tuple
     return ours, theirs
 
 
-def welch(a: list[float], b: list[float]) -> tuple[float, float]:
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        return float("nan"), float("nan")
-    t = stats.ttest_ind(a, b, equal_var=False)
-    return float(t.statistic), float(t.pvalue)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", default=str(ROOT / "samples"))
@@ -262,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['step']:>6} | {cell(row['ours_mlm_loss']):>20} | {cell(row['transformers_mlm_loss']):>20} | "
               f"{cell(row['ours_mlm_acc'], 3):>14} | {cell(row['transformers_mlm_acc'], 3):>14}")
     last = rows[-1]
-    t, p = welch(last["ours_mlm_loss"], last["transformers_mlm_loss"])
+    w = welch(last["ours_mlm_loss"], last["transformers_mlm_loss"])
+    t, p = w["t"], w["p"]
     gap = statistics.fmean(last["ours_mlm_loss"]) - statistics.fmean(last["transformers_mlm_loss"])
     agree = math.isnan(p) or p > 0.01
     print(f"\nfinal eval MLM loss gap (ours - transformers) {gap:+.4f}, Welch t {t:.2f}, p {p:.3f}: "

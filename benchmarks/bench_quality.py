@@ -46,7 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import machine, samples
+from benchmarks.common import machine, samples, welch
+from bert_core.pretrain.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
@@ -144,22 +145,6 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def welch_interval(a: list[float], b: list[float], level: float = 0.95) -> dict[str, float]:
-    """mean(a) - mean(b) with its Welch t interval; df by Welch–Satterthwaite."""
-    from scipy import stats
-
-    gain = statistics.fmean(a) - statistics.fmean(b)
-    if len(a) < 2 or len(b) < 2:
-        return {"gain": gain, "ci_low": math.nan, "ci_high": math.nan, "df": math.nan}
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return {"gain": gain, "ci_low": gain, "ci_high": gain, "df": math.inf}
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
-    return {"gain": gain, "ci_low": gain - half, "ci_high": gain + half, "df": df}
-
-
 def best_setting(scored: list[tuple[dict, float]]) -> dict:
     """The setting with the highest dev score; ties go to the first listed."""
     return max(enumerate(scored), key=lambda item: (item[1][1], -item[0]))[1][0]
@@ -214,9 +199,9 @@ def endpoints(arms: list[dict], tasks: list[str], sizes: list[str]) -> list[dict
             for task in tasks:
                 ta = [v for r in arm["runs"] if (v := run_value(r, [task], size)) is not None]
                 tb = [v for r in base["runs"] if (v := run_value(r, [task], size)) is not None]
-                per_task[task] = welch_interval(ta, tb) | {"runs": [len(ta), len(tb)]}
+                per_task[task] = welch(ta, tb) | {"runs": [len(ta), len(tb)]}
             out.append({"arm": arm["arm"], "budget_cpu_minutes": arm["budget_cpu_minutes"], "size": size,
-                        "runs": [len(a), len(b)], **welch_interval(a, b), "per_task": per_task,
+                        "runs": [len(a), len(b)], **welch(a, b), "per_task": per_task,
                         "regression": sorted(t for t, g in per_task.items() if g["gain"] < 0) if size == "300" else []})
     return out
 
@@ -339,13 +324,6 @@ def baseline_folder(work: Path, recipe: str, seed: int, quick: bool = False) -> 
     return work / f"random-init-{recipe}-seed{seed}{'-quick' if quick else ''}"
 
 
-def read_rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
-
-
 def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> dict:
     """``bertpipe pretrain`` with the recipe's settings for ``steps``, resumed from the run's last
     checkpoint when a killed session left one: CPU minutes, final eval. ``run/done.json`` holds the
@@ -363,7 +341,7 @@ def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int,
             cmd += ["--set", s]
         started = time.perf_counter()
         cpu = bertpipe(cmd, run.parent / f"{run.name}.log")
-        rows = read_rows(run)
+        rows = read_metrics(str(run))
         evals = [r for r in rows if r.get("kind") == "eval"]
         train = [r for r in rows if r.get("kind", "train") == "train"]
         done = {"steps": steps, "cpu_minutes_this_session": cpu / 60,
@@ -666,9 +644,9 @@ def main(argv: list[str] | None = None) -> int:
         calibration = {"calibration": asdict(recipe), "ranks": args.ranks, "steps": args.calibration_steps}
         per_step = cache.lookup(calibration)
         if per_step is None:
-            per_step = cpu_per_step(read_rows_after(pretrain(recipe, instances, work / f"calibration-{args.recipe}",
-                                                             args.calibration_steps, args.ranks),
-                                                    work / f"calibration-{args.recipe}"))
+            calibration_run = work / f"calibration-{args.recipe}"
+            pretrain(recipe, instances, calibration_run, args.calibration_steps, args.ranks)
+            per_step = cpu_per_step(read_metrics(str(calibration_run)))
             cache.store(calibration, per_step)
         steps[budget] = steps_in_budget(budget, per_step)
         print(f"budget {budget:g} CPU-min: {steps[budget]} steps ({per_step:.3f} CPU-s a step)", flush=True)
@@ -776,10 +754,6 @@ def replace_recipe(recipe: Recipe, **changes) -> Recipe:
 
 def manifest_digest(folder: Path) -> str:
     return hashlib.sha256((folder / "_MANIFEST.json").read_bytes()).hexdigest()[:16]
-
-
-def read_rows_after(done: dict, run: Path) -> list[dict]:
-    return read_rows(run)
 
 
 def floats(text: str) -> list[float]:

@@ -21,11 +21,8 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 # Inputs and measures:
@@ -51,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import common  # noqa: E402
 from benchmarks.common import machine  # noqa: E402
 from benchmarks.common import samples as samples_dir  # noqa: E402
 
@@ -60,63 +58,9 @@ SAMPLE_EVERY = 0.2  # seconds between samples of the process tree
 WORKERS = 2
 
 
-# ---------------------------------------------------------------- measuring one command
-
-
-def tree_usage(pid: int, cpu_seen: dict[int, float]) -> int:
-    """Resident bytes of a process and all its descendants; records each one's CPU seconds."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    rss = 0
-    cmdlines: dict[int, list[str]] = {}
-    for proc in procs:
-        try:
-            cmdlines[proc.pid] = proc.cmdline()
-        except psutil.Error:
-            continue
-    for proc in procs:
-        try:
-            with proc.oneshot():
-                if proc.pid != pid and cmdlines.get(proc.pid) == cmdlines.get(proc.ppid()):
-                    continue  # forked, not yet exec'd (e.g. to run git): the parent's own pages
-                rss += proc.memory_info().rss
-                times = proc.cpu_times()
-                cpu_seen[proc.pid] = times.user + times.system
-        except psutil.Error:
-            continue
-    return rss
-
-
 def measure(argv: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, float]:
-    """Run one command: wall seconds, CPU seconds and peak RSS (MB) of its process tree."""
-    peak, cpu_seen = [0], {}
-    start = time.perf_counter()
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
-        done = threading.Event()
-
-        def watch() -> None:
-            while not done.is_set():
-                peak[0] = max(peak[0], tree_usage(proc.pid, cpu_seen))
-                done.wait(SAMPLE_EVERY)
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        done.set()
-        watcher.join()
-    wall = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise RuntimeError(f"{' '.join(argv[:3])} ... exited {code}; last lines of {log}:\n"
-                           f"{log.read_text()[-3000:]}")
-    cpu = max(usage.ru_utime + usage.ru_stime, sum(cpu_seen.values()))
-    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": round(peak[0] / 1e6, 1)}
+    """One command's wall time, CPU and peak RSS of its process tree (``benchmarks.common.measure``)."""
+    return common.measure(argv, log, env, every=SAMPLE_EVERY)
 
 
 # ---------------------------------------------------------------- the inputs at one size

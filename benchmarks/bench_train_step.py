@@ -35,6 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchmarks.common import hf_labels  # noqa: E402
+
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20
 
@@ -121,16 +123,6 @@ def make_pair(size: str, vocab_size: int, seed: int = 0, attention_dropout: floa
     missing, unexpected = ref.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"cls.predictions.decoder.weight"}, (missing, unexpected)
     return cfg, ours.train(), ref.train(), getattr(ref.config, "_attn_implementation", "?")
-
-
-def hf_labels(batch):
-    import torch
-
-    labels = torch.full_like(batch["input_ids"], -100)
-    for i in range(labels.shape[0]):
-        real = batch["masked_lm_weights"][i] > 0
-        labels[i, batch["masked_lm_positions"][i][real]] = batch["masked_lm_ids"][i][real]
-    return labels
 
 
 def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int) -> dict:

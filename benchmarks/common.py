@@ -1,9 +1,13 @@
-"""What every benchmark needs: the sample data and the name of the machine it ran on."""
+"""What every benchmark needs: the sample data, the machine it ran on, what one command costs
+(wall time, CPU and memory of its process tree), Welch's interval and transformers' MLM labels."""
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 
@@ -36,3 +40,128 @@ def machine() -> dict[str, str | int]:
         "torch": torch.__version__,
         "os": platform.platform(terse=True),
     }
+
+
+# --------------------------------------------------------------------------- one command's cost
+
+
+def process_tree(pid: int) -> list:
+    """A process and its descendants (``psutil.Process``), without the forks that have not yet
+    run their own program (a child with its parent's command line, such as one about to exec
+    ``git``): they share their parent's pages and would count them twice."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    cmdlines: dict[int, list[str]] = {}
+    for proc in procs:
+        try:
+            cmdlines[proc.pid] = proc.cmdline()
+        except psutil.Error:
+            continue
+    kept = []
+    for proc in procs:
+        try:
+            if proc.pid == pid or cmdlines.get(proc.pid) != cmdlines.get(proc.ppid()):
+                kept.append(proc)
+        except psutil.Error:
+            continue
+    return kept
+
+
+def tree_cpu(pids: list[int]) -> float:
+    """CPU seconds so far of these processes, their descendants and the children they reaped."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        for proc in process_tree(pid):
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                continue
+    return total
+
+
+def measure(argv: list[str], log: Path, env: dict[str, str] | None = None, every: float = 0.2) -> dict[str, float]:
+    """Run one command (``env`` added to this one's, output to ``log``): wall seconds, CPU seconds
+    of its process tree (the larger of what ``wait4`` reports for it and its reaped children and
+    the sum over every process seen), peak RSS of the tree in MB (the sum over its processes,
+    sampled every ``every`` seconds) and the most processes seen at once."""
+    import psutil
+
+    peak, cpu_seen = {"rss": 0, "processes": 0}, {}
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                rss, procs = 0, process_tree(proc.pid)
+                for p in procs:
+                    try:
+                        with p.oneshot():
+                            rss += p.memory_info().rss
+                            times = p.cpu_times()
+                            cpu_seen[p.pid] = times.user + times.system
+                    except psutil.Error:
+                        continue
+                peak["rss"], peak["processes"] = max(peak["rss"], rss), max(peak["processes"], len(procs))
+                done.wait(every)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        done.set()
+        watcher.join()
+    wall = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])} ... exited {code}; last lines of {log}:\n"
+                           f"{log.read_text()[-3000:]}")
+    cpu = max(usage.ru_utime + usage.ru_stime, sum(cpu_seen.values()))
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": round(peak["rss"] / 1e6, 1),
+            "processes": peak["processes"]}
+
+
+# --------------------------------------------------------------------------- statistics and labels
+
+
+def welch(a: list[float], b: list[float], level: float = 0.95) -> dict[str, float]:
+    """mean(a) - mean(b) with its Welch t interval at ``level`` (df by Welch–Satterthwaite), the t
+    statistic and its two-sided p-value; NaN where a side has fewer than two values."""
+    import math
+    import statistics
+
+    from scipy import stats
+
+    gain = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return {"gain": gain, "ci_low": math.nan, "ci_high": math.nan, "df": math.nan, "t": math.nan, "p": math.nan}
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return {"gain": gain, "ci_low": gain, "ci_high": gain, "df": math.inf, "t": math.nan, "p": math.nan}
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    t = gain / se
+    return {"gain": gain, "ci_low": gain - half, "ci_high": gain + half, "df": df, "t": t,
+            "p": float(2 * stats.t.sf(abs(t), df))}
+
+
+def hf_labels(batch: dict):
+    """An instances batch's masked positions and ids as transformers' ``[B, T]`` MLM labels
+    (-100 where nothing is predicted)."""
+    import torch
+
+    B, T = batch["input_ids"].shape
+    labels = torch.full((B, T), -100, dtype=torch.long)
+    real = batch["masked_lm_weights"] > 0
+    rows = torch.arange(B)[:, None].expand_as(real)
+    labels[rows[real], batch["masked_lm_positions"][real]] = batch["masked_lm_ids"][real]
+    return labels

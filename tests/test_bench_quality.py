@@ -19,8 +19,8 @@ from benchmarks.bench_quality import (
     mean_sd,
     steps_in_budget,
     train_cpu_seconds,
-    welch_interval,
 )
+from benchmarks.common import welch
 from bert_core.finetune.glue import Example
 
 
@@ -28,20 +28,22 @@ def example(text: str, label: str = "positive", guid: str = "x") -> Example:
     return Example(guid=guid, text_a=text, text_b=None, label=label)
 
 
-def test_welch_interval_matches_scipy_and_satterthwaite_df():
+def test_welch_matches_scipy_and_satterthwaite_df():
     a = [0.81, 0.83, 0.80, 0.84, 0.82]
     b = [0.70, 0.75, 0.66, 0.73, 0.71, 0.69]
-    out = welch_interval(a, b)
-    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    out = welch(a, b)
+    test = stats.ttest_ind(a, b, equal_var=False)
+    ci = test.confidence_interval(0.95)
+    assert (out["t"], out["p"]) == pytest.approx((test.statistic, test.pvalue))
     assert out["gain"] == pytest.approx(sum(a) / 5 - sum(b) / 6)
     assert (out["ci_low"], out["ci_high"]) == pytest.approx((ci.low, ci.high))
     va, vb = stats.tvar(a) / 5, stats.tvar(b) / 6
     assert out["df"] == pytest.approx((va + vb) ** 2 / (va**2 / 4 + vb**2 / 5))
 
 
-def test_welch_interval_edge_cases():
-    assert math.isnan(welch_interval([0.9], [0.5, 0.6])["ci_low"])
-    flat = welch_interval([0.8, 0.8], [0.7, 0.7])
+def test_welch_edge_cases():
+    assert math.isnan(welch([0.9], [0.5, 0.6])["ci_low"])
+    flat = welch([0.8, 0.8], [0.7, 0.7])
     assert flat["ci_low"] == flat["ci_high"] == pytest.approx(0.1)
 
 

@@ -157,7 +157,7 @@ def test_a_fork_that_has_not_exec_ed_is_counted_once() -> None:
     import sys
     import time
 
-    from benchmarks.bench_scale import tree_usage
+    from benchmarks.common import process_tree
 
     code = ("import os, time\nblock = bytearray(64 << 20)\nblock[::4096] = b'x' * len(block[::4096])\n"
             "if os.fork() == 0:\n    time.sleep(30)\nelse:\n    time.sleep(30)\n")
@@ -169,9 +169,23 @@ def test_a_fork_that_has_not_exec_ed_is_counted_once() -> None:
             time.sleep(0.05)
         time.sleep(0.3)
         parent = psutil.Process(proc.pid).memory_info().rss
-        assert tree_usage(proc.pid, {}) < parent * 1.2  # the child shares the parent's pages
+        tree = process_tree(proc.pid)
+        assert [p.pid for p in tree] == [proc.pid]  # the child shares the parent's pages
+        assert sum(p.memory_info().rss for p in tree) < parent * 1.2
     finally:
         for child in psutil.Process(proc.pid).children():
             child.kill()
         proc.kill()
         proc.wait()
+
+
+def test_measure_counts_the_whole_tree(tmp_path) -> None:
+    import sys
+
+    from benchmarks.common import measure
+
+    code = ("import subprocess, sys\nblock = bytearray(32 << 20)\nblock[::4096] = b'x' * len(block[::4096])\n"
+            "subprocess.run([sys.executable, '-c', 'import time; time.sleep(0.6)'], check=True)\nprint('done')\n")
+    result = measure([sys.executable, "-c", code], tmp_path / "log", every=0.05)
+    assert result["processes"] == 2 and result["peak_rss_mb"] > 32 and result["cpu_s"] > 0
+    assert result["wall_s"] >= 0.6 and (tmp_path / "log").read_text() == "done\n"
