@@ -33,13 +33,14 @@ from beam_jobs.job import (
     run_pipeline,
 )
 from beam_jobs.job import counters as job_counters
+from beam_jobs.sorted_runs import WriteSortedRuns, identity
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.sentences import split_paragraphs
 from bert_core.histogram import bin_index
-from bert_core.spill import SPILL_DIR
+from bert_core.sorted_runs import SPILL_DIR
 
 # How the job works:
 #
@@ -58,7 +59,7 @@ from bert_core.spill import SPILL_DIR
 # Memory does not grow with the corpus, on the local runner too (which holds every element that
 # passes between steps in its own process, and materializes a Flatten of several inputs): records
 # pass between steps as sorted runs in temporary files under the output (``_spill/``,
-# ``bert_core/spill.py``) and only the file names are shuffled; each source is cleaned
+# ``bert_core/sorted_runs.py``) and only the file names are shuffled; each source is cleaned
 # alone (no Flatten of documents); the verdicts meet the documents by shard (``CoGroupByKey`` of
 # file names, no side inputs) and a shard is written as one merge of sorted streams, a Parquet row
 # group at a time. The only side input is the job's summary (counts and histograms).
@@ -84,7 +85,6 @@ BANDS = "bands"
 # over every article would cost a large share of the job's CPU (and 8 band records per article)
 # for almost no hits.
 NEAR_DEDUP_SOURCES = (D.BOOKS, D.TEXT)
-SPILL_CHARS = 4 << 20  # characters of records a worker holds (per kind) before it spills them
 ROW_GROUP_CHARS = 2 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
 LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
 
@@ -249,7 +249,7 @@ class ReadTextRecords(beam.PTransform):
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
 
 
-# --------------------------------------------------------------------------- spilling
+# --------------------------------------------------------------------------- sorted runs of each kind
 
 
 def _doc_key(doc: D.Document) -> tuple[str, str]:
@@ -278,61 +278,16 @@ def _band_key(record: tuple) -> tuple[str, str]:
     return record[0], record[1][0]
 
 
-def _identity(record: Any) -> Any:
-    return record
-
-
-def _small(_: Any) -> int:
-    return 100  # about the characters of a fingerprint, verdict or reject
-
-
 def _band_weight(record: tuple) -> int:
     return 100 + 4 * len(record[1][1])
 
 
-class SpillFn(beam.DoFn):
-    """Records -> ``(bucket, run file)``: each bundle's records are written by bucket to sorted
-    runs (:mod:`bert_core.spill`) under the job's output, and only the file names are
-    shuffled. The local runner keeps every shuffled element in memory, so shuffling the records
-    themselves would make its memory grow with the corpus."""
-
-    def __init__(self, output: str, kind: str, num_buckets: int, bucket_of, key=_identity, weight=_small):
-        self.output, self.kind, self.num_buckets = output, kind, num_buckets
-        self.bucket_of, self.key, self.weight = bucket_of, key, weight
-
-    def start_bundle(self) -> None:
-        self.buffers: dict[int, list[Any]] = {}
-        self.size = 0
-
-    def process(self, record: Any) -> Iterator[tuple[int, str]]:
-        self.buffers.setdefault(self.bucket_of(record, self.num_buckets), []).append(record)
-        self.size += self.weight(record)
-        if self.size >= SPILL_CHARS:
-            yield from self._flush()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        from apache_beam.transforms.window import GlobalWindows
-
-        for bucket, uri in self._flush():
-            yield GlobalWindows.windowed_value((bucket, uri))
-
-    def _flush(self) -> Iterator[tuple[int, str]]:
-        from bert_core.spill import write_run
-
-        for bucket, records in sorted(self.buffers.items()):
-            # a unique name: a retried bundle's files are simply never referenced
-            uri = storage.join(self.output, SPILL_DIR, storage.unique_name(f"{self.kind}-{bucket:05d}", "pkl"))
-            write_run(uri, records, self.key)
-            yield bucket, uri
-        self.buffers, self.size = {}, 0
+def spill_docs(output: str, n: int) -> WriteSortedRuns:
+    return WriteSortedRuns(output, "docs", n, _doc_bucket, _doc_key, _doc_weight)
 
 
-def spill_docs(output: str, n: int) -> SpillFn:
-    return SpillFn(output, "docs", n, _doc_bucket, _doc_key, _doc_weight)
-
-
-def spill_rejects(output: str, n: int) -> SpillFn:
-    return SpillFn(output, "rejects", n, _reject_bucket, D.reject_sort_key)
+def spill_rejects(output: str, n: int) -> WriteSortedRuns:
+    return WriteSortedRuns(output, "rejects", n, _reject_bucket, D.reject_sort_key)
 
 
 # --------------------------------------------------------------------------- cleaning
@@ -340,9 +295,9 @@ def spill_rejects(output: str, n: int) -> SpillFn:
 
 class CleanFn(beam.DoFn):
     """Per document: the filters, then the duplicate fingerprints (the exact-duplicate key and,
-    for near duplicates, its LSH band entries), each record spilled at once by its own
-    :class:`SpillFn`. Main output: the documents' runs; tagged: the runs of filter rejects,
-    exact keys and band entries.
+    for near duplicates, its LSH band entries), each record written at once to sorted runs
+    (:class:`~beam_jobs.sorted_runs.WriteSortedRuns`). Main output: the documents' runs; tagged:
+    the runs of filter rejects, exact keys and band entries.
 
     One step for all of it: every step the documents pass through costs the runner an
     operation to set up and a hop per element. Only the small fingerprints are compared to find duplicates;
@@ -355,8 +310,8 @@ class CleanFn(beam.DoFn):
         self.spills = {
             None: spill_docs(output, num_buckets),
             REJECTS: spill_rejects(output, num_buckets),
-            EXACT: SpillFn(output, "exact", num_buckets, _key_bucket),
-            BANDS: SpillFn(output, "bands", num_buckets, _key_bucket, _band_key, _band_weight),
+            EXACT: WriteSortedRuns(output, "exact", num_buckets, _key_bucket),
+            BANDS: WriteSortedRuns(output, "bands", num_buckets, _key_bucket, _band_key, _band_weight),
         }
 
     def setup(self) -> None:
@@ -427,10 +382,10 @@ class CleanDocuments(beam.PTransform):
 def _exact_verdicts(element: tuple[int, Iterable[str]]) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
     """One bucket of content keys (runs) -> exact-duplicate verdicts, one group at a time."""
     from bert_core.corpus.dedup import exact_losers
-    from bert_core.spill import group_sorted, merge_runs
+    from bert_core.sorted_runs import group_sorted, merge_runs
 
     _, runs = element
-    for content, records in group_sorted(merge_runs(sorted(runs), _identity), _first):
+    for content, records in group_sorted(merge_runs(sorted(runs), identity), _first):
         if len(records) > 1:
             yield from exact_losers((content, [member for _, member in records]))
 
@@ -438,7 +393,7 @@ def _exact_verdicts(element: tuple[int, Iterable[str]]) -> Iterator[tuple[tuple[
 def _near_verdicts(element: tuple[int, Iterable[str]], threshold: float) -> Iterator[tuple[str, tuple[str, float]]]:
     """One bucket of LSH band entries (runs) -> (doc_id, (similar smaller doc_id, similarity))."""
     from bert_core.corpus.dedup import near_duplicates_in_bucket
-    from bert_core.spill import group_sorted, merge_runs
+    from bert_core.sorted_runs import group_sorted, merge_runs
 
     _, runs = element
     for _, records in group_sorted(merge_runs(sorted(runs), _band_key), _first):
@@ -470,13 +425,13 @@ class FindDuplicates(beam.PTransform):
             runs["exact"]
             | "GroupContentRuns" >> beam.GroupByKey()
             | "FindExactDuplicates" >> beam.FlatMap(_exact_verdicts)
-            | "SpillExactVerdicts" >> beam.ParDo(SpillFn(output, "dup", n, _key_bucket))
+            | "SpillExactVerdicts" >> beam.ParDo(WriteSortedRuns(output, "dup", n, _key_bucket))
         )
         near = (
             runs["bands"]
             | "GroupBandRuns" >> beam.GroupByKey()
             | "FindNearDuplicates" >> beam.FlatMap(_near_verdicts, self.cfg.near_dup_threshold)
-            | "SpillNearVerdicts" >> beam.ParDo(SpillFn(output, "near", n, _key_bucket))
+            | "SpillNearVerdicts" >> beam.ParDo(WriteSortedRuns(output, "near", n, _key_bucket))
         )
         return {"exact": exact, "near": near}
 
@@ -488,14 +443,14 @@ def _write_shard(element, output: str, num_shards: int, text_format: str) -> Ite
     """Write one documents shard and its rejects shard from their runs, applying the duplicate
     verdicts as one merge of sorted streams; yields the shard's partial summary."""
     from bert_core.corpus.dedup import apply_verdicts
-    from bert_core.spill import merge_runs, write_run
+    from bert_core.sorted_runs import merge_runs, write_run
 
     index, runs = element
     summary = SummaryFn()
     acc = summary.create_accumulator()
     docs = merge_runs(sorted(runs["docs"]), _doc_key)
-    exact = merge_runs(sorted(runs["exact"]), _identity)
-    near = merge_runs(sorted(runs["near"]), _identity)
+    exact = merge_runs(sorted(runs["exact"]), identity)
+    near = merge_runs(sorted(runs["near"]), identity)
     text = storage.join(output, storage.shard_name("text", index, num_shards, "txt")) if text_format == "google" else None
     writer = D.DocumentShardWriter(storage.join(output, storage.shard_name("docs", index, num_shards, "parquet")), text,
                            ROW_GROUP_CHARS)

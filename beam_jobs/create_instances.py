@@ -54,6 +54,14 @@ from bert_core.corpus.documents import count_documents, read_sentences
 from bert_core.instances.batch import instance_shard_name
 from bert_core.instances.manifest import prepare_output, vocab_record, write_manifests
 from bert_core.instances.pairs import VocabIds
+from bert_core.instances.pool_files import (
+    InstanceShardWriter,
+    RowRange,
+    read_pool,
+    spill_rejects,
+    spill_tokenized_documents,
+    write_pool_instances,
+)
 from bert_core.instances.sharding import (
     EVAL,
     MIN_DOCS_PER_BUCKET,
@@ -66,15 +74,7 @@ from bert_core.instances.sharding import (
     set_folder,
     split_pools,
 )
-from bert_core.instances.spill import (
-    InstanceShardWriter,
-    RowRange,
-    read_pool,
-    spill_rejects,
-    spill_tokenized_documents,
-    write_pool_instances,
-)
-from bert_core.spill import spill_folder
+from bert_core.sorted_runs import spill_folder
 from bert_core.vocab.tokenization import VocabError, load_tokenizer
 
 # How it stays streaming, bounded and deterministic:
@@ -97,7 +97,7 @@ from bert_core.vocab.tokenization import VocabError, load_tokenizer
 #   evenly.
 #
 # Memory: no shuffle and no side input carries text or instances. Workers write tokenized
-# documents and instances to spill files under ``OUT/_spill/`` (``bert_core.instances.spill``,
+# documents and instances to spill files under ``OUT/_spill/`` (``bert_core.instances.pool_files``,
 # through fsspec, so workers need not share a disk) and pass on only their names and sizes: the
 # pool shuffle ("GroupBuckets") carries a few file names per pool, the shard shuffle
 # ("GroupShards") a row range of a spill file per piece and shard, the layout a count per piece,
@@ -112,7 +112,7 @@ from bert_core.vocab.tokenization import VocabError, load_tokenizer
 # Why this shape (speed): Beam charges per element and per shuffle, so elements are spill files
 # of many tokenized documents of one pool and whole pieces, never one document or instance.
 # Instances are made a pool at a time (pairs as token ranges, then numpy assembly and masking of
-# a window of rows: ``bert_core.instances.spill.write_pool_instances``), shards are written from
+# a window of rows: ``bert_core.instances.pool_files.write_pool_instances``), shards are written from
 # the arrays and their stats are counted without a Python loop per row.
 
 NAMESPACE = "instances"
@@ -209,7 +209,7 @@ class CreateInstances(beam.DoFn):
     """One random-next pool (bucket ``b`` of ``split``: its spill files of documents) -> for
     every length, its instances in a spill file, as pieces keyed ``((length, split), (g, b))``:
     piece ``g`` holds the instances whose key is ``g`` modulo the split's number of pools,
-    sorted by key (rows of the file: :class:`bert_core.instances.spill.RowRange`); and each
+    sorted by key (rows of the file: :class:`bert_core.instances.pool_files.RowRange`); and each
     piece's size on the 'sizes' output. Eval pools make one pass (dupe_factor 1)."""
 
     def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: dict[str, int], output: str) -> None:

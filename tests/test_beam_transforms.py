@@ -31,7 +31,7 @@ from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec
 from bert_core.corpus import documents as D
 from bert_core.corpus.sentences import split_sentences
 from bert_core.instances.pairs import VocabIds
-from bert_core.spill import SPILL_DIR, read_run, write_run
+from bert_core.sorted_runs import SPILL_DIR, read_run, write_run
 from bert_core.vocab.tokenization import load_tokenizer
 from bert_core.vocab.wordcount import count_key, count_words, read_counts
 

@@ -1,5 +1,5 @@
 """Memory that does not grow with the corpus, in the corpus and vocab jobs (beam_jobs/clean_corpus.py,
-beam_jobs/build_vocab.py, bert_core/spill.py): what the local runner holds is only what
+beam_jobs/build_vocab.py, bert_core/sorted_runs.py): what the local runner holds is only what
 passes between steps, so only run file names, work items and summaries may pass; no side input
 grows with the corpus; the driver plans a dump from its head; a shard is written a row group at
 a time. Real Beam graphs, real files."""
@@ -16,14 +16,14 @@ import pytest
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from beam_jobs import clean_corpus
+from beam_jobs import clean_corpus, sorted_runs
 from beam_jobs.build_vocab import CountWords, plan_parts
 from beam_jobs.job import pipeline_options
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.dumps import plan_reads, read_pages
-from bert_core.spill import group_sorted, merge_runs, read_run, write_run
+from bert_core.sorted_runs import group_sorted, merge_runs, read_run, write_run
 
 SAMPLE_DUMP = "wikipedia/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2"
 # Steps whose outputs are small whatever the corpus: run file names, work items, counts.
@@ -134,7 +134,7 @@ def test_a_big_shard_is_written_a_row_group_at_a_time(samples_dir, tmp_path, mon
     monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 1 << 30)
     clean_corpus.clean(cfg, str(whole), workers=1)
     monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 200_000)
-    monkeypatch.setattr(clean_corpus, "SPILL_CHARS", 300_000)  # several runs per shard to merge
+    monkeypatch.setattr(sorted_runs, "RUN_CHARS", 300_000)  # several runs per shard to merge
     groups = tmp_path / "groups"
     clean_corpus.clean(cfg, str(groups), workers=1)
     name = storage.shard_name("docs", 0, 1, "parquet")

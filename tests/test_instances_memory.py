@@ -1,4 +1,4 @@
-"""bert_core/instances/spill.py and the instances job's spill steps: what crosses a shuffle is
+"""bert_core/instances/pool_files.py and the instances job's spill steps: what crosses a shuffle is
 file names and row ranges, and the rows read back are the rows the in-memory algorithm makes.
 Real tokenizer (the sample MiniLM vocab), real sentences, real Parquet, real Beam."""
 
@@ -19,8 +19,7 @@ from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec
 from bert_core.instances.batch import InstanceBatch, create_instance_batch
 from bert_core.instances.pairs import DocumentPool, VocabIds
-from bert_core.instances.sharding import TRAIN, assign_shards, make_layout, pieces_by_group
-from bert_core.instances.spill import (
+from bert_core.instances.pool_files import (
     InstanceShardWriter,
     RowRange,
     merge_rejects,
@@ -29,6 +28,7 @@ from bert_core.instances.spill import (
     spill_tokenized_documents,
     write_pool_instances,
 )
+from bert_core.instances.sharding import TRAIN, assign_shards, make_layout, pieces_by_group
 from bert_core.instances.stats import InstanceStats
 from bert_core.vocab.tokenization import load_tokenizer
 

@@ -5,7 +5,7 @@
                                   short_seq_prob=0.1, vocab=vocab_ids)
     write_instance_shards(batch, "out/seq128", num_shards=4)   # the "instances" contract
     (beam_jobs/create_instances.py makes the same rows per random-next pool, a window at a time:
-    bert_core.instances.spill.write_pool_instances)
+    bert_core.instances.pool_files.write_pool_instances)
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import InstanceConfig
+from bert_core.instances.pool_files import merge_rejects
 from bert_core.instances.sharding import EVAL, TRAIN, set_folder
-from bert_core.instances.spill import merge_rejects
 from bert_core.instances.stats import InstanceStats
-from bert_core.spill import SPILL_DIR
+from bert_core.sorted_runs import SPILL_DIR
 
 
 def prepare_output(output: str, config: InstanceConfig) -> None:

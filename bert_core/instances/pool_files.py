@@ -1,6 +1,6 @@
-"""The instances job's spill files (tokenized documents, a pool's instances, rejects) and its
-Parquet shard writer (:class:`InstanceShardWriter`). The folder and the bounded merge are
-:mod:`bert_core.spill`'s, shared with the corpus job.
+"""The instances job's files of each random-next pool (its tokenized documents, its instances),
+its rejects, and the Parquet shard writer (:class:`InstanceShardWriter`). The folder and the
+bounded merge are :mod:`bert_core.sorted_runs`'s.
 
     (beam_jobs/create_instances.py writes and reads them; all under OUT/_spill/, removed at the end)
 
@@ -31,7 +31,7 @@ from bert_core.instances.masking import MaskingSpec
 from bert_core.instances.pairs import DocumentPool, VocabIds
 from bert_core.instances.sharding import piece_bounds
 from bert_core.instances.stats import InstanceStats
-from bert_core.spill import MERGE_FAN_IN, check_fan_in, fewer_runs
+from bert_core.sorted_runs import MERGE_FAN_IN, check_fan_in, fewer_runs
 
 # Why files: a local runner keeps what crosses a shuffle in its own process, and Beam elements
 # are charged by the element; a file per few megabytes costs neither. They are Arrow IPC files, uncompressed: each is
@@ -266,7 +266,7 @@ def spill_rejects(uri: str, rejects: list[dict]) -> int:
 def merge_rejects(uris: Iterable[str], out: str, *, fan_in: int = MERGE_FAN_IN) -> int:
     """Sorted reject spill files -> one file sorted by id (ties in the order of the sorted
     names), streamed (a line per input held); returns how many. At most ``fan_in`` files are read
-    at once (:func:`bert_core.spill.fewer_runs`)."""
+    at once (:func:`bert_core.sorted_runs.fewer_runs`)."""
     check_fan_in(fan_in)
     with fewer_runs(sorted(uris), fan_in, _merge_lines, "jsonl") as few:
         return _merge_lines(few, out)

@@ -1,16 +1,12 @@
-"""Spill files: what the steps of a Beam job hand each other through storage, so that a shuffle
-carries file names, never the records. The corpus and instances stages share this.
+"""Sorted runs: records written to storage sorted by a key, and merged back in key order with
+a bounded number of open files, so that a Beam shuffle carries file names, never the records.
 
-    from bert_core.spill import spill_folder, write_run, merge_runs
     write_run(uri, records, key)                 # sorted by key, one pickle per record
     for record in merge_runs(uris, key): ...      # all runs in key order, one record per open run
 
-Beam's local runner keeps every shuffled element in its own process, so shuffling the records
-themselves would make its memory grow with the corpus. A sorted run is read back one record at a
-time, so a step that merges runs (e.g. writes one output shard) holds one record per open run.
-A merge reads at most ``MERGE_FAN_IN`` runs at once (:func:`fewer_runs`), however many there
-are. The files are the job's own temporary files under ``<output>/_spill/`` (fsspec, so workers
-need not share a disk), removed before the job's manifest is written; never user input.
+A merge holds one record per open run and reads at most ``MERGE_FAN_IN`` runs at once
+(:func:`fewer_runs`). The runs are a job's temporary files under ``<output>/_spill/``, removed
+before its manifest is written.
 """
 
 from __future__ import annotations

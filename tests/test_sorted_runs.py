@@ -1,4 +1,4 @@
-"""bert_core/spill.py: merging many sorted runs with a bounded number of open files."""
+"""bert_core/sorted_runs.py: merging many sorted runs with a bounded number of open files."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bert_core import storage
-from bert_core.instances.spill import merge_rejects, spill_rejects
-from bert_core.spill import MERGE_FAN_IN, merge_runs, write_run
+from bert_core.instances.pool_files import merge_rejects, spill_rejects
+from bert_core.sorted_runs import MERGE_FAN_IN, merge_runs, write_run
 
 
 def _key(record: tuple[int, int, int]) -> int:
@@ -112,7 +112,7 @@ def test_a_fan_in_below_two_is_refused(tmp_path, fan_in) -> None:
 
 
 def test_many_reject_files_merge_a_few_at_a_time(tmp_path) -> None:
-    """bert_core/instances/spill.py: the same merge, of JSON-lines reject files sorted by id."""
+    """bert_core/instances/pool_files.py: the same merge, of JSON-lines reject files sorted by id."""
     rng = random.Random(4)
     folder = tmp_path / "rejects"
     uris = []
