@@ -21,7 +21,9 @@ learning-curve protocol (the full text, with the results, is ``docs/quality.md``
   probe per layer, held-out MLM accuracy on each task's text, and the regression check (A - B at
   300 labels per task; negative = ``REGRESSION``).
 - **Bookkeeping**: every pre-training run and fine-tuning job is cached under ``--work`` by a
-  hash of its settings, so ``--reuse`` resumes a killed session without redoing finished work.
+  hash of its settings, so ``--reuse`` resumes a killed session without redoing finished work;
+  the finished jobs travel as one file (``--pack-cache``), which ``--reuse`` unpacks into a
+  missing cache.
 
 Writes ``bench-results/quality.json`` (every run, subsample and seed) and ``docs/quality.png``.
 """
@@ -51,6 +53,7 @@ from bert_core.pretrain.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
+CACHE_ARCHIVE = ROOT / "docs" / "results" / "quality-cache.tar.xz"  # the protocol's finished jobs
 
 
 # --------------------------------------------------------------------------- recipes
@@ -208,11 +211,15 @@ def endpoints(arms: list[dict], tasks: list[str], sizes: list[str]) -> list[dict
 
 class Cache:
     """Finished work on disk, one JSON file per job, named by a hash of everything that decides its
-    result; with ``reuse`` a job whose file exists is read, not run again."""
+    result; with ``reuse`` a job whose file exists is read, not run again. With ``reuse`` and no
+    folder yet, the folder starts as ``archive`` holds it (:func:`pack_cache`): finished jobs
+    travel to another machine as that one file."""
 
-    def __init__(self, folder: Path, reuse: bool) -> None:
+    def __init__(self, folder: Path, reuse: bool, archive: Path | None = None) -> None:
         self.folder, self.reuse = folder, reuse
         self.hits = self.misses = 0
+        if reuse and archive is not None and archive.exists() and not folder.exists():
+            unpack_cache(archive, folder)
         folder.mkdir(parents=True, exist_ok=True)
 
     def path(self, key: dict) -> Path:
@@ -246,6 +253,37 @@ class Cache:
             if n % 5 == 0 or n == len(todo):
                 print(f"  {label}: {n}/{len(todo)} jobs done", flush=True)
         return values
+
+
+def pack_cache(folder: Path, archive: Path) -> int:
+    """Every finished job of a :class:`Cache` folder into one ``.tar.xz``, in name order and
+    without owners or times, so the same jobs give the same bytes; the number of jobs."""
+    import tarfile
+
+    def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = 0, 0, 0, "", "", 0o644
+        return info
+
+    files = sorted(folder.glob("*.json"))
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_name(f"{archive.name}.{os.getpid()}.part")
+    with tarfile.open(tmp, "w:xz") as tar:
+        for f in files:
+            tar.add(f, arcname=f.name, filter=plain)
+    tmp.replace(archive)
+    return len(files)
+
+
+def unpack_cache(archive: Path, folder: Path) -> None:
+    """The jobs of a :func:`pack_cache` archive as a :class:`Cache` folder (written whole, then renamed)."""
+    import tarfile
+
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp.replace(folder)
 
 
 # --------------------------------------------------------------------------- data
@@ -599,6 +637,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-steps", type=int, default=40)
     parser.add_argument("--jobs", type=int, default=1, help="fine-tuning jobs side by side (one thread each)")
     parser.add_argument("--reuse", action="store_true", help="read finished runs and jobs from --work")
+    parser.add_argument("--cache-archive", default=None,
+                        help="finished jobs as one file: --reuse starts --work's cache from it when the cache is "
+                             f"missing; --pack-cache writes it (default: {CACHE_ARCHIVE.relative_to(ROOT)}, none "
+                             "with --quick)")
+    parser.add_argument("--pack-cache", action="store_true", help="write --work's finished jobs to --cache-archive")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
     parser.add_argument("--reference-only", action="store_true",
@@ -610,8 +653,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = {"sizes": list(QUICK["sizes"] if args.quick else SIZES), "subsamples": QUICK["subsamples"] if args.quick
             else SUBSAMPLES, "runs": QUICK["runs"] if args.quick else RUNS, "grid": QUICK["grid"] if args.quick else GRID,
             "quick": args.quick}
-    sample_dir = Path(args.samples) if args.samples else samples()
+    archive = Path(args.cache_archive) if args.cache_archive else None if args.quick else CACHE_ARCHIVE
     work = Path(args.work)
+    if args.pack_cache:
+        if archive is None:
+            parser.error("--pack-cache with --quick needs --cache-archive")
+        print(f"wrote {pack_cache(work / 'cache', archive)} finished jobs to {archive}")
+        return 0
+    sample_dir = Path(args.samples) if args.samples else samples()
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     info = machine()
@@ -632,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         recipe = replace_recipe(recipe, global_batch=QUICK["global_batch"])
     instances = instances_for(recipe, corpus, vocab, work)
-    cache = Cache(work / "cache", args.reuse)
+    cache = Cache(work / "cache", args.reuse, archive)
     base_key = {"recipe": asdict(recipe), "instances": manifest_digest(instances), "quick": args.quick,
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
 

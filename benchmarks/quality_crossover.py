@@ -16,7 +16,7 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.bench_quality import RESULTS, Cache, finetune_jobs, load_tasks
+from benchmarks.bench_quality import CACHE_ARCHIVE, RESULTS, Cache, finetune_jobs, load_tasks
 from benchmarks.common import samples
 
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                          "run bench_quality until both have finished a run")
     (a_name,) = a_names
     swap = {"B": arms[a_name]["settings"][args.task]["selected"], a_name: arms["B"]["settings"][args.task]["selected"]}
-    cache = Cache(Path(args.work) / "cache", reuse=True)
+    cache = Cache(Path(args.work) / "cache", reuse=True, archive=CACHE_ARCHIVE)
     out = {"task": args.task, "sizes": sizes, "runs": []}
     with ProcessPoolExecutor(1) as pool:
         for name, arm in arms.items():

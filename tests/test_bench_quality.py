@@ -138,6 +138,25 @@ def test_cache_reads_finished_jobs_only_with_reuse(tmp_path):
         assert fresh.run(pool, jobs, "t") == [0, 1, 4] and fresh.misses == 3
 
 
+def test_a_fresh_cache_folder_resumes_from_the_packed_file(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.bench_quality import pack_cache
+
+    done = tmp_path / "here"
+    with ThreadPoolExecutor(1) as pool:
+        Cache(done, reuse=True).run(pool, [({"job": n}, pow, (n, 2)) for n in range(3)], "t")
+        archive = tmp_path / "quality-cache.tar.xz"
+        assert pack_cache(done, archive) == 3
+        assert pack_cache(done, tmp_path / "again.tar.xz") == 3
+        assert (tmp_path / "again.tar.xz").read_bytes() == archive.read_bytes()  # the same jobs, the same bytes
+
+        never = [({"job": n}, divmod, (n, 0)) for n in range(3)]  # would fail if it ran
+        there = Cache(tmp_path / "there" / "cache", reuse=True, archive=archive)
+        assert there.run(pool, never, "t") == [0, 1, 4] and (there.hits, there.misses) == (3, 0)
+        assert not Cache(tmp_path / "elsewhere", reuse=False, archive=archive).lookup({"job": 0})
+
+
 def test_endpoints_are_over_runs_and_flag_a_regression_at_300():
     def run(scores_by_task):
         return {"curve": {t: {"300": [{"macro_f1": s} for s in ss]} for t, ss in scores_by_task.items()}}
@@ -187,7 +206,10 @@ def write_tiny_samples(folder) -> None:
 def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_path):
     """The whole protocol on tiny data (real corpus, vocab, instances and DeepSpeed pre-training
     stages, the product's fine-tuning loop): the JSON holds every arm, run, task, size and
-    subsample with its seed; a second run with --reuse computes nothing again."""
+    subsample with its seed; a second run with --reuse, its cache unpacked from the packed file,
+    computes nothing again."""
+    import shutil
+
     from benchmarks.bench_quality import QUICK, main
 
     samples = tmp_path / "samples"
@@ -216,7 +238,11 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     computed = result["cache"]["computed"]
     assert computed > 0
 
-    assert main(argv + ["--reuse"]) == 0
+    # another machine: the finished jobs travel as one file, and --reuse starts the cache from it
+    archive = tmp_path / "quality-cache.tar.xz"
+    assert main(argv + ["--pack-cache", "--cache-archive", str(archive)]) == 0
+    shutil.rmtree(work / "cache")
+    assert main(argv + ["--reuse", "--cache-archive", str(archive)]) == 0
     again = json.loads(out.read_text())
     assert again["cache"] == {"reused": computed, "computed": 0}
     assert again["endpoints"] == result["endpoints"]
