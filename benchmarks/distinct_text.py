@@ -194,11 +194,14 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-_RST_ROLE = re.compile(r":[\w:+-]+:`([^`<]*?)\s*(?:<[^`>]*>)?`")
-_RST_LINK = re.compile(r"`([^`<]+?)\s*<[^`>]*>`__?")
-_RST_REF = re.compile(r"`([^`]+)`__?")
-_RST_LITERAL = re.compile(r"``(.+?)``")
-_RST_EMPHASIS = re.compile(r"\*\*?([^*\s][^*]*?)\*\*?")
+# Inline markup that keeps its text (group 1), unwrapped in this order.
+_RST_INLINE = (
+    re.compile(r":[\w:+-]+:`([^`<]*?)\s*(?:<[^`>]*>)?`"),  # :role:`text <target>`
+    re.compile(r"`([^`<]+?)\s*<[^`>]*>`__?"),  # `text <url>`_
+    re.compile(r"``(.+?)``"),  # ``literal``
+    re.compile(r"`([^`]+)`__?"),  # `reference`_
+    re.compile(r"\*\*?([^*\s][^*]*?)\*\*?"),  # *emphasis*, **strong**
+)
 _RST_ADORNMENT = re.compile(r"^([=\-~^\"'`#*+_.:<>])\1{2,}\s*$")
 _RST_TABLE_BORDER = re.compile(r"^[=-]+(?:\s+[=-]+)+$")
 _RST_DIRECTIVE = re.compile(r"^\.\.\s+([\w:-]+)::")
@@ -245,11 +248,8 @@ def rst_paragraphs(text: str) -> Iterator[str]:
         kept.append(line)
     for block in _blocks(kept):
         paragraph = " ".join(_RST_BULLET.sub("", ln.strip()) for ln in block)
-        paragraph = _RST_ROLE.sub(r"\1", paragraph)
-        paragraph = _RST_LINK.sub(r"\1", paragraph)
-        paragraph = _RST_LITERAL.sub(r"\1", paragraph)
-        paragraph = _RST_REF.sub(r"\1", paragraph)
-        paragraph = _RST_EMPHASIS.sub(r"\1", paragraph)
+        for inline in _RST_INLINE:
+            paragraph = inline.sub(r"\1", paragraph)
         paragraph = re.sub(r"\b(\w+)_\b", r"\1", paragraph)  # word_ references
         paragraph = " ".join(paragraph.split())
         if is_prose(paragraph):
