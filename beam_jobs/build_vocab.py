@@ -218,17 +218,17 @@ def left_out(count_of_counts: dict[int, int], min_count: int) -> dict[str, int]:
             "min_word_count": min_count}
 
 
-def build_vocab(
+def run(
+    cfg: VocabConfig,
     corpus: str | None,
     output: str,
-    cfg: VocabConfig,
     workers: int = 1,
     runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
     shared_storage: bool = False,
 ) -> dict[str, Any]:
     """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest.
-    ``runner``, ``beam_args`` and ``shared_storage``: as for ``beam_jobs.clean_corpus.clean``."""
+    ``runner``, ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`."""
     from bert_core.vocab.training import train_wordpiece, vocab_stats
 
     runner, beam_args = resolve_runner(runner, beam_args)

@@ -583,9 +583,9 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
     )
 
 
-def clean(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,
-          beam_args: Iterable[str] = (), counters: dict[str, int] | None = None,
-          bytes_per_worker: int = LOCAL_BYTES_PER_WORKER, shared_storage: bool = False) -> dict[str, Any]:
+def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,
+        beam_args: Iterable[str] = (), counters: dict[str, int] | None = None,
+        bytes_per_worker: int = LOCAL_BYTES_PER_WORKER, shared_storage: bool = False) -> dict[str, Any]:
     """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
 
     ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, ``dask``,

@@ -351,11 +351,11 @@ def build_pipeline(p: beam.Pipeline, shards: list[str], output: str, config: Ins
     )
 
 
-def create_instances(
+def run(
+    config: InstanceConfig,
     corpus: str,
     vocab: str,
     output: str,
-    config: InstanceConfig,
     *,
     lowercase: bool = True,
     workers: int = 2,
@@ -366,7 +366,7 @@ def create_instances(
 ) -> dict[str, Any]:
     """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt;
     ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools; ``runner``,
-    ``beam_args`` and ``shared_storage``: as for ``beam_jobs.clean_corpus.clean``."""
+    ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`."""
     runner, beam_args = resolve_runner(runner, beam_args)
     check_shared_storage("instances", runner, shared_storage,
                          [("output", output), ("corpus", corpus), ("vocab", vocab)])

@@ -1,9 +1,9 @@
 """The skeleton every Beam job here stands on: pipeline options, run, counters, and reading the
 documents shards of a corpus.
 
-A job is a function that takes its stage's config, its inputs and output, and Beam's own options
-(``workers``, ``runner``, ``beam_args``); ``bertpipe <stage>`` is its command line, and
-``python -m beam_jobs.<job>`` forwards there (:func:`forward_to_cli`).
+Each job is a function ``run(cfg, <inputs>, output, ...)`` that takes its stage's config and
+Beam's own options (``workers``, ``runner``, ``beam_args``); ``bertpipe <stage>`` is its command
+line, and ``python -m beam_jobs.<job>`` forwards there (:func:`forward_to_cli`).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-unused", type=int, default=10)
     args = parser.parse_args(argv)
 
-    from beam_jobs.build_vocab import build_vocab
+    from beam_jobs import build_vocab
     from bert_core.config import VocabConfig
 
     lines = [line for line in corpus_lines(samples()) if line.strip()]
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         for workers in (1, 2):
             out = os.path.join(tmp, f"vocab{workers}")
             start = time.perf_counter()
-            build_vocab(corpus, out, cfg, workers=workers)
+            build_vocab.run(cfg, corpus, out, workers=workers)
             ours_s[workers] = time.perf_counter() - start
         ours = set(Path(tmp, "vocab1", "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1])
         same_bytes = Path(tmp, "vocab1", "vocab.txt").read_bytes() == Path(tmp, "vocab2", "vocab.txt").read_bytes()

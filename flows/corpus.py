@@ -2,7 +2,7 @@
 
     bertpipe corpus --wikipedia GLOB --books GLOB --text GLOB --output URI   (the same work without Prefect)
 
-Runs ``beam_jobs.clean_corpus.clean`` and publishes its counts (``corpus-counts``: kept and
+Runs ``beam_jobs.clean_corpus.run`` and publishes its counts (``corpus-counts``: kept and
 rejected by reason) and length histograms (``corpus-lengths``).
 """
 
@@ -33,11 +33,11 @@ def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def clean_corpus(config: PipelineConfig, output: str) -> str:
     """Clean ``config.corpus.wikipedia`` dumps, ``config.corpus.books`` and ``config.corpus.text``
     records into documents."""
-    from beam_jobs.clean_corpus import clean
+    from beam_jobs import clean_corpus as job
     from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
 
     logger = get_run_logger()
-    manifest = finished_manifest("corpus", output, lambda: clean(
+    manifest = finished_manifest("corpus", output, lambda: job.run(
         config.corpus, output, workers=config.workers, runner=config.beam_runner,
         beam_args=config.beam_args, shared_storage=config.shared_storage))
     counts = manifest["counts"]

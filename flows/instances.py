@@ -2,7 +2,7 @@
 
     bertpipe instances --corpus C --vocab V --output O    (the same work without Prefect)
 
-Runs ``beam_jobs.create_instances.create_instances`` and publishes its statistics
+Runs ``beam_jobs.create_instances.run`` and publishes its statistics
 (``instances-stats``) and length histogram (``instances-lengths``).
 """
 
@@ -36,12 +36,12 @@ def stats_rows(manifest: dict[str, Any], nsp: bool = True) -> list[dict[str, Any
 def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
     """Masked-LM instances (with next-sentence pairs where configured) from the corpus stage's
     documents and the vocab stage's vocab."""
-    from beam_jobs.create_instances import create_instances as run_job
+    from beam_jobs import create_instances as job
     from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
 
     logger = get_run_logger()
-    manifest = finished_manifest("instances", output, lambda: run_job(
-        corpus, vocab, output, config.instances, lowercase=config.vocab.lowercase,
+    manifest = finished_manifest("instances", output, lambda: job.run(
+        config.instances, corpus, vocab, output, lowercase=config.vocab.lowercase,
         workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args,
         shared_storage=config.shared_storage))
     logger.info("instances: %s", manifest["counts"])

@@ -2,7 +2,7 @@
 
     bertpipe vocab --corpus C --output O [--vocab-file F]   (the same work without Prefect)
 
-Runs ``beam_jobs.build_vocab.build_vocab`` and publishes the ``vocab-report`` artifact.
+Runs ``beam_jobs.build_vocab.run`` and publishes the ``vocab-report`` artifact.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from flows.versions import finished_manifest, output_run_name
 @flow(name="vocab", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
 def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
     """A WordPiece vocab trained on the corpus stage's documents (or ``config.vocab.vocab_file``)."""
-    from beam_jobs.build_vocab import build_vocab as run_job
+    from beam_jobs import build_vocab as job
     from flows.artifacts import histogram, markdown_image, publish_markdown
 
     logger = get_run_logger()
-    manifest = finished_manifest("vocab", output, lambda: run_job(
-        corpus, output, config.vocab, workers=config.workers, runner=config.beam_runner,
+    manifest = finished_manifest("vocab", output, lambda: job.run(
+        config.vocab, corpus, output, workers=config.workers, runner=config.beam_runner,
         beam_args=config.beam_args, shared_storage=config.shared_storage))
     logger.info("vocab: %s", manifest["counts"])
     md = report_markdown(manifest)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_jobs.build_vocab import build_vocab
+from beam_jobs import build_vocab
 from bert_core import storage
 from bert_core.config import VocabConfig
 from bert_core.vocab.tokenization import Tokenizer, VocabError, load_tokenizer
@@ -65,7 +65,7 @@ def corpus(sentences_by_doc, tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def one_worker(corpus, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("vocab1"))
-    build_vocab(corpus, out, SMALL, workers=1)
+    build_vocab.run(SMALL, corpus, out, workers=1)
     return out
 
 
@@ -106,7 +106,7 @@ def test_vocab_layout_manifest_and_stats(one_worker, sentences_by_doc) -> None:
 
 def test_same_bytes_with_one_and_two_workers(corpus, one_worker, tmp_path) -> None:
     out = str(tmp_path / "vocab2")
-    build_vocab(corpus, out, SMALL, workers=2)
+    build_vocab.run(SMALL, corpus, out, workers=2)
     for name in ("vocab.txt", "tokenizer.json"):
         assert digest(out, name) == digest(one_worker, name), name
     assert storage.read_manifest(out)["stats"] == storage.read_manifest(one_worker)["stats"]
@@ -155,7 +155,7 @@ def test_max_words_bound_leaves_the_vocab_unchanged_when_the_corpus_fits(corpus,
                                                                           tmp_path) -> None:
     distinct = len(count_words(s for d in sentences_by_doc for s in d["sentences"] if s))
     out = str(tmp_path / "fits")
-    build_vocab(corpus, out, SMALL.model_copy(update={"max_words": distinct}), workers=2)
+    build_vocab.run(SMALL.model_copy(update={"max_words": distinct}), corpus, out, workers=2)
     for name in ("vocab.txt", "tokenizer.json"):
         assert digest(out, name) == digest(one_worker, name), name
     counts = storage.read_manifest(out)["counts"]
@@ -173,7 +173,7 @@ def test_max_words_bound_trains_on_the_most_frequent_words_and_counts_the_rest(c
     words = count_words(s for d in sentences_by_doc for s in d["sentences"] if s)
     cfg = SMALL.model_copy(update={"max_words": 3000})
     out = str(tmp_path / "bounded")
-    build_vocab(corpus, out, cfg, workers=2)
+    build_vocab.run(cfg, corpus, out, workers=2)
     manifest = storage.read_manifest(out)
     counts, t = manifest["counts"], manifest["counts"]["min_word_count"]
     kept = sorted(((w, c) for w, c in words.items() if c >= t), key=count_key)
@@ -213,13 +213,13 @@ def test_cased_vocab_keeps_case_and_accents(tmp_path) -> None:
 def test_vocab_file_is_validated_and_measured_not_trained(corpus, samples_dir, tmp_path) -> None:
     given = samples_dir / "models" / "minilm" / "vocab.txt"
     out = tmp_path / "given"
-    manifest = build_vocab(corpus, str(out), VocabConfig(vocab_file=str(given)))
+    manifest = build_vocab.run(VocabConfig(vocab_file=str(given)), corpus, str(out))
     assert (out / "vocab.txt").read_bytes() == given.read_bytes()
     assert manifest["counts"]["trained"] is False and manifest["counts"]["vocab_size"] == 30522
     assert manifest["config"]["vocab_file"] == str(given)
     assert manifest["stats"]["unk_rate"] < 0.001 and manifest["stats"]["used_tokens"] > 5000
     # without a corpus it only validates (no Beam run, no stats)
-    alone = build_vocab(None, str(tmp_path / "alone"), VocabConfig(vocab_file=str(given)))
+    alone = build_vocab.run(VocabConfig(vocab_file=str(given)), None, str(tmp_path / "alone"))
     assert alone["stats"] == {} and alone["inputs"] == []
 
 
@@ -233,7 +233,7 @@ def test_bad_vocab_files_are_refused_with_the_fix(tmp_path, text, fix) -> None:
     bad = tmp_path / "vocab.txt"
     bad.write_text(text, encoding="utf-8")
     with pytest.raises(VocabError, match=fix) as err:
-        build_vocab(None, str(tmp_path / "out"), VocabConfig(vocab_file=str(bad)))
+        build_vocab.run(VocabConfig(vocab_file=str(bad)), None, str(tmp_path / "out"))
     assert str(bad) in str(err.value)
     assert not storage.has_manifest(str(tmp_path / "out"))
 
@@ -241,7 +241,7 @@ def test_bad_vocab_files_are_refused_with_the_fix(tmp_path, text, fix) -> None:
 def test_unfinished_corpus_is_refused(tmp_path) -> None:
     (tmp_path / "corpus").mkdir()
     with pytest.raises(storage.UnfinishedWriteError, match="no _MANIFEST.json"):
-        build_vocab(str(tmp_path / "corpus"), str(tmp_path / "vocab"), SMALL)
+        build_vocab.run(SMALL, str(tmp_path / "corpus"), str(tmp_path / "vocab"))
 
 
 def test_cli_vocab(samples_dir, tmp_path) -> None:
@@ -264,12 +264,12 @@ def test_on_the_corpus_stage_output_and_prefect_flow(prefect_api, samples_dir, t
 
     from prefect_server import latest_artifacts
 
-    from beam_jobs.clean_corpus import clean
+    from beam_jobs import clean_corpus
     from bert_core.config import CorpusConfig, load_config
     from flows.vocab import build_vocab as vocab_flow
 
     corpus = str(tmp_path / "corpus")
-    clean(CorpusConfig(books=[str(samples_dir / "books" / "botchan.txt")]), corpus)
+    clean_corpus.run(CorpusConfig(books=[str(samples_dir / "books" / "botchan.txt")]), corpus)
     config = load_config("demo", sets=["workers=1", "vocab.vocab_size=1500", "vocab.num_unused=5"])
     out = str(tmp_path / "vocab")
     assert vocab_flow(config, corpus, out) == out

@@ -13,7 +13,8 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from beam_jobs.clean_corpus import clean, local_workers
+from beam_jobs import clean_corpus
+from beam_jobs.clean_corpus import local_workers
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
@@ -73,7 +74,7 @@ def books_dir(samples_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def sample_run(samples_dir, books_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("corpus1")
-    clean(sample_config(samples_dir, books_dir), str(out), workers=1)
+    clean_corpus.run(sample_config(samples_dir, books_dir), str(out), workers=1)
     return out
 
 
@@ -144,7 +145,7 @@ def test_duplicates_name_the_document_they_duplicate(sample_run) -> None:
 @pytest.mark.slow
 def test_same_bytes_whatever_the_number_of_workers(samples_dir, books_dir, sample_run, tmp_path) -> None:
     # bytes_per_worker=0: two worker processes even for an input this small
-    clean(sample_config(samples_dir, books_dir), str(tmp_path), workers=2, bytes_per_worker=0)
+    clean_corpus.run(sample_config(samples_dir, books_dir), str(tmp_path), workers=2, bytes_per_worker=0)
     assert folder_digest(tmp_path) == folder_digest(sample_run)
     assert len(folder_digest(tmp_path)) == 6  # 3 document shards + 3 reject shards
     first = storage.read_manifest(str(sample_run))
@@ -226,7 +227,7 @@ def bad_run(tmp_path_factory) -> Path:
     cfg = CorpusConfig(wikipedia=[str(src / "*.xml*")], books=[str(books / "*")], text_format="google",
                        dedup_near=False)
     counters: dict[str, int] = {}
-    clean(cfg, str(out), workers=1, counters=counters)
+    clean_corpus.run(cfg, str(out), workers=1, counters=counters)
     (books / "oneline.txt").unlink()
     return out, counters
 
@@ -275,9 +276,9 @@ def test_missing_paths_and_empty_globs_fail_at_once(tmp_path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         expand_inputs([str(tmp_path / "nope.xml.bz2")], "wikipedia")
     with pytest.raises(InputError, match="matched no files"):
-        clean(CorpusConfig(books=[str(tmp_path / "*.txt")]), str(tmp_path / "out"))
+        clean_corpus.run(CorpusConfig(books=[str(tmp_path / "*.txt")]), str(tmp_path / "out"))
     with pytest.raises(InputError, match="no inputs"):
-        clean(CorpusConfig(), str(tmp_path / "out"))
+        clean_corpus.run(CorpusConfig(), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
 
@@ -333,14 +334,14 @@ def test_prefect_flow_publishes_counts(prefect_api, tiny_inputs, tmp_path) -> No
     from prefect_server import latest_artifacts
 
     from bert_core.config import load_config
-    from flows.corpus import clean_corpus
+    from flows.corpus import clean_corpus as corpus_flow
 
     wiki, book = tiny_inputs
     config = load_config("demo", sets=["workers=1", f"corpus.wikipedia=[{wiki}]", f"corpus.books=[{book}]", "corpus.text=[]"])
     out = str(tmp_path / "corpus")
-    assert clean_corpus(config, out) == out
+    assert corpus_flow(config, out) == out
     created = storage.read_manifest(out)["created"]
-    assert clean_corpus(config, out) == out  # same config and inputs: not redone
+    assert corpus_flow(config, out) == out  # same config and inputs: not redone
     assert storage.read_manifest(out)["created"] == created
 
     artifacts = latest_artifacts()

@@ -132,11 +132,11 @@ def test_a_big_shard_is_written_a_row_group_at_a_time(samples_dir, tmp_path, mon
     cfg = CorpusConfig(wikipedia=[str(samples_dir / SAMPLE_DUMP)], books=[], num_shards=1)
     whole = tmp_path / "whole"
     monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 1 << 30)
-    clean_corpus.clean(cfg, str(whole), workers=1)
+    clean_corpus.run(cfg, str(whole), workers=1)
     monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 200_000)
     monkeypatch.setattr(sorted_runs, "RUN_CHARS", 300_000)  # several runs per shard to merge
     groups = tmp_path / "groups"
-    clean_corpus.clean(cfg, str(groups), workers=1)
+    clean_corpus.run(cfg, str(groups), workers=1)
     name = storage.shard_name("docs", 0, 1, "parquet")
     assert pq.ParquetFile(str(whole / name)).num_row_groups == 1
     assert pq.ParquetFile(str(groups / name)).num_row_groups > 5

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from beam_jobs.create_instances import create_instances
+from beam_jobs import create_instances
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec, load_config
 from bert_core.corpus.sentences import split_sentences
@@ -59,7 +59,7 @@ def runs(corpus, vocab_file, tmp_path_factory) -> dict[int, str]:
     out = {}
     for workers in (1, 2):
         folder = str(tmp_path_factory.mktemp(f"instances-w{workers}"))
-        create_instances(corpus, vocab_file, folder, CONFIG, workers=workers, min_docs_per_bucket=10)
+        create_instances.run(CONFIG, corpus, vocab_file, folder, workers=workers, min_docs_per_bucket=10)
         out[workers] = folder
     return out
 
@@ -220,14 +220,14 @@ def test_a_vocab_without_specials_is_refused_before_any_work(corpus, tmp_path) -
     bad = tmp_path / "vocab.txt"
     bad.write_text("[PAD]\n[UNK]\nthe\nnews\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"\[CLS\]|\[MASK\]") as err:
-        create_instances(corpus, str(bad), str(tmp_path / "out"), CONFIG, workers=1)
+        create_instances.run(CONFIG, corpus, str(bad), str(tmp_path / "out"), workers=1)
     assert str(bad) in str(err.value)
     assert not (tmp_path / "out").exists()
 
 
 def test_output_of_another_stage_is_refused(corpus, vocab_file) -> None:
     with pytest.raises(ValueError, match="holds the output of the 'corpus' stage"):
-        create_instances(corpus, vocab_file, corpus, CONFIG, workers=1)
+        create_instances.run(CONFIG, corpus, vocab_file, corpus, workers=1)
     assert storage.read_manifest(corpus)["stage"] == "corpus"  # left alone
 
 
@@ -238,4 +238,4 @@ def test_a_shard_that_is_not_documents_names_the_file(tmp_path, vocab_file) -> N
         pq.write_table(pa.table({"text": ["hello"]}), f)
     storage.write_manifest(folder, stage="corpus", config={}, shards=[storage.shard_entry(shard, 1)])
     with pytest.raises(Exception, match="docs-00000-of-00001.parquet has no column"):
-        create_instances(folder, vocab_file, str(tmp_path / "out"), CONFIG, workers=1)
+        create_instances.run(CONFIG, folder, vocab_file, str(tmp_path / "out"), workers=1)

@@ -165,14 +165,14 @@ def test_an_empty_result_fails_in_one_line(tiny_corpus, address, tmp_path) -> No
     """The stock runner drops what a DoFn emits in finish_bundle and reports no counters: the
     vocab job reads documents and counts no word. The job says so, in one line, and writes no
     manifest."""
-    from beam_jobs.build_vocab import build_vocab
+    from beam_jobs import build_vocab
     from beam_jobs.job import EmptyResultError
     from bert_core import storage
     from bert_core.config import VocabConfig
 
     out = tmp_path / "vocab"
     with pytest.raises(EmptyResultError) as err:
-        build_vocab(str(tiny_corpus), str(out), VocabConfig(vocab_size=600), runner=STOCK,
+        build_vocab.run(VocabConfig(vocab_size=600), str(tiny_corpus), str(out), runner=STOCK,
                     beam_args=[f"--dask_client_address={address}"], shared_storage=True)
     documents = storage.read_manifest(str(tiny_corpus))["counts"]["documents"]
     assert str(err.value).startswith(f"vocab: 0 word counts from {documents} documents of corpus {tiny_corpus}; ")
@@ -207,13 +207,13 @@ def test_a_runner_among_the_beam_arguments_wins() -> None:
 @pytest.fixture(scope="module")
 def tiny_corpus(samples_dir, tmp_path_factory) -> Path:
     """Documents from text records (botchan's chapters), cleaned on the local runner."""
-    from beam_jobs.clean_corpus import clean
+    from beam_jobs import clean_corpus
     from bert_core.config import CorpusConfig
 
     root = tmp_path_factory.mktemp("tiny")
     write_records(samples_dir, root / "records.jsonl", 12)
     out = root / "corpus"
-    clean(CorpusConfig(text=[str(root / "records.jsonl")], num_shards=2), str(out), workers=1)
+    clean_corpus.run(CorpusConfig(text=[str(root / "records.jsonl")], num_shards=2), str(out), workers=1)
     return out
 
 

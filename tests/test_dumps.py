@@ -166,7 +166,7 @@ def test_job_output_is_the_same_for_one_or_two_workers(tmp_path) -> None:
     pages of incompressible text (cheap to reject, big enough for several items)."""
     import base64
 
-    from beam_jobs.clean_corpus import clean
+    from beam_jobs import clean_corpus
 
     rng = random.Random(11)
     pages = []
@@ -186,8 +186,8 @@ def test_job_output_is_the_same_for_one_or_two_workers(tmp_path) -> None:
 
     cfg = CorpusConfig(wikipedia=[str(single)], num_shards=2, min_chars_per_doc=10, min_sentences_per_doc=1)
     one, two = tmp_path / "one", tmp_path / "two"
-    clean(cfg, str(one), workers=1)
-    clean(cfg, str(two), workers=2)
+    clean_corpus.run(cfg, str(one), workers=1)
+    clean_corpus.run(cfg, str(two), workers=2)
     assert digest(one) == digest(two)
     counts = json.loads((two / storage.MANIFEST).read_text())["counts"]["wikipedia"]
     assert counts["read"] == 400 and counts["kept"] + counts["rejected"] == 400

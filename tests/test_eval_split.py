@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_create_instances import write_corpus
 
-from beam_jobs.create_instances import create_instances
+from beam_jobs import create_instances
 from bert_core import storage
 from bert_core.config import InstanceConfig, SequenceSpec
 from bert_core.instances.batch import InstanceBatch, create_instance_batch
@@ -72,7 +72,7 @@ def doc_of_token(own_words, vocab_file) -> dict[int, str]:
 @pytest.fixture(scope="module")
 def split_run(corpus, vocab_file, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("split"))
-    create_instances(corpus, vocab_file, out, CONFIG, workers=1, min_docs_per_bucket=MIN_DOCS_PER_BUCKET)
+    create_instances.run(CONFIG, corpus, vocab_file, out, workers=1, min_docs_per_bucket=MIN_DOCS_PER_BUCKET)
     return out
 
 
@@ -185,7 +185,7 @@ def test_eval_manifests_and_statistics(split_run, vocab_file) -> None:
 def test_eval_fraction_zero_writes_no_eval_folder(corpus, vocab_file, doc_of_token, tmp_path) -> None:
     out = str(tmp_path / "no-eval")
     config = CONFIG.model_copy(update={"eval_fraction": 0.0})
-    manifest = create_instances(corpus, vocab_file, out, config, workers=1, min_docs_per_bucket=MIN_DOCS_PER_BUCKET)
+    manifest = create_instances.run(config, corpus, vocab_file, out, workers=1, min_docs_per_bucket=MIN_DOCS_PER_BUCKET)
     assert not (tmp_path / "no-eval" / "seq32" / "eval").exists()
     assert manifest["counts"]["eval_documents"] == 0 and manifest["counts"]["eval_instances_seq32"] == 0
     assert storage.read_manifest(storage.join(out, "seq32"))["counts"]["eval_instances"] == 0

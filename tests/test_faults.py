@@ -22,8 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from beam_jobs.clean_corpus import clean
-from beam_jobs.create_instances import create_instances
+from beam_jobs import clean_corpus, create_instances
 from bert_core import storage
 from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec, load_config
 from bert_core.corpus import documents as D
@@ -74,7 +73,7 @@ def test_corrupt_gzip_book_is_one_reject_and_the_other_books_are_kept(tmp_path) 
     nul = book_text("With NULs", chapters=60)  # the NUL lies past the head that marks binary files
     (books / "nul.txt").write_text(nul[:9000] + nul[9000:].replace("old town", "old\x00 town", 1))
     out = tmp_path / "corpus"
-    clean(CorpusConfig(books=[str(books / "*")], dedup_near=False), str(out), workers=1)
+    clean_corpus.run(CorpusConfig(books=[str(books / "*")], dedup_near=False), str(out), workers=1)
     manifest = storage.read_manifest(str(out))
     c = counts_add_up(manifest, "books")
     assert (c["read"], c["kept"], c["rejected"]) == (3, 2, 1)
@@ -103,7 +102,7 @@ def test_utf16_bz2_dump_larger_than_a_split_is_read_not_thrown_away(tmp_path) ->
     assert dump.stat().st_size > 256 << 10
     assert [item.kind for item in plan_reads(str(dump))] == ["whole"]
     out = tmp_path / "corpus"
-    clean(CorpusConfig(wikipedia=[str(dump)]), str(out), workers=1)
+    clean_corpus.run(CorpusConfig(wikipedia=[str(dump)]), str(out), workers=1)
     c = counts_add_up(storage.read_manifest(str(out)), "wikipedia")
     assert (c["read"], c["kept"]) == (399, 399)
 
@@ -118,7 +117,7 @@ def test_single_line_page_is_rejected_not_split_into_many_sentences(tmp_path) ->
     dump.write_text('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">\n'
                     + pages + "</mediawiki>\n")
     out = tmp_path / "corpus"
-    clean(CorpusConfig(wikipedia=[str(dump)]), str(out), workers=1)
+    clean_corpus.run(CorpusConfig(wikipedia=[str(dump)]), str(out), workers=1)
     c = counts_add_up(storage.read_manifest(str(out)), "wikipedia")
     assert (c["read"], c["kept"], c["rejected_by_reason"]) == (2, 1, {D.LINE_TOO_LONG: 1})
 
@@ -192,7 +191,7 @@ def test_misspelled_option_of_a_beam_stage_is_refused(command, tmp_path) -> None
 def small_corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("faults")
     (root / "book.txt").write_text(book_text("A book"))
-    clean(CorpusConfig(books=[str(root / "book.txt")]), str(root / "corpus"), workers=1)
+    clean_corpus.run(CorpusConfig(books=[str(root / "book.txt")]), str(root / "corpus"), workers=1)
     return root / "corpus"
 
 
@@ -455,7 +454,7 @@ def retrained(samples_dir, tokens, tmp_path_factory) -> dict[str, Path]:
     corpus = write_corpus(samples_dir, root / "corpus")
     vocab = write_vocab(root / "vocab", tokens, num_unused=994)
     instances = root / "instances"
-    create_instances(str(corpus), str(vocab), str(instances), CONFIG, workers=1)
+    create_instances.run(CONFIG, str(corpus), str(vocab), str(instances), workers=1)
     made_with = storage.read_manifest(str(instances))
     assert made_with["vocab_file"] == str(vocab / "vocab.txt")
     assert made_with["vocab_sha256"] == storage.sha256(str(vocab / "vocab.txt"))
@@ -536,7 +535,7 @@ def test_a_copied_corpus_folder_works_from_its_new_place(retrained, tokens, tmp_
     shutil.rmtree(first)  # the old place is gone; its manifest inside still names it
     assert json.loads((moved / storage.MANIFEST).read_text())["uri"] == str(retrained["corpus"])
     vocab = write_vocab(tmp_path / "vocab", tokens, num_unused=994)
-    manifest = create_instances(str(moved), str(vocab), str(tmp_path / "instances"), CONFIG, workers=1)
+    manifest = create_instances.run(CONFIG, str(moved), str(vocab), str(tmp_path / "instances"), workers=1)
     corpus_input = next(entry for entry in manifest["inputs"] if entry["stage"] == "corpus")
     assert corpus_input["uri"] == str(moved)
     assert manifest["counts"]["documents_read"] == 30 and manifest["counts"]["instances_seq64"] > 0

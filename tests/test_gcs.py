@@ -103,14 +103,13 @@ def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
     """The real Beam corpus and vocab stages, reading a local book and writing gs://."""
     import pyarrow.parquet as pq
 
-    from beam_jobs.build_vocab import build_vocab
-    from beam_jobs.clean_corpus import clean
+    from beam_jobs import build_vocab, clean_corpus
     from bert_core import storage
     from bert_core.config import CorpusConfig, VocabConfig
     from bert_core.vocab.tokenization import load_tokenizer
 
     corpus = storage.join(gcs, "corpus", "v1")
-    manifest = clean(CorpusConfig(books=[str(samples_dir / "books" / "botchan.txt")]), corpus)
+    manifest = clean_corpus.run(CorpusConfig(books=[str(samples_dir / "books" / "botchan.txt")]), corpus)
     assert manifest["uri"] == corpus
     docs = 0
     for shard in storage.shard_uris(corpus):
@@ -121,7 +120,7 @@ def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
     assert docs == manifest["counts"]["books"]["kept"] >= 1
 
     vocab = storage.join(gcs, "vocab", "v1")
-    build_vocab(corpus, vocab, VocabConfig(vocab_size=600, min_frequency=2, num_unused=0))
+    build_vocab.run(VocabConfig(vocab_size=600, min_frequency=2, num_unused=0), corpus, vocab)
     tokenizer = load_tokenizer(vocab)
     assert tokenizer.vocab_size == 600
     assert storage.read_manifest(vocab)["inputs"][0]["uri"] == corpus

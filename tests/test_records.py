@@ -15,7 +15,7 @@ import pytest
 import zstandard
 from test_clean_corpus import read_all
 
-from beam_jobs.clean_corpus import clean
+from beam_jobs import clean_corpus
 from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus.records import file_keys
@@ -59,7 +59,7 @@ def text_run(news, tmp_path_factory) -> tuple[Path, str]:
                                          + zstd.compress(jsonl([{"text": a} for a in news[30:36]])))
     pq.write_table(pa.table({"text": news[36:48], "n": list(range(12))}), src / "table.parquet", row_group_size=5)
     out = str(tmp_path_factory.mktemp("text_out"))
-    clean(CorpusConfig(text=[str(src / "*")]), out, workers=1)
+    clean_corpus.run(CorpusConfig(text=[str(src / "*")]), out, workers=1)
     return src, out
 
 
@@ -96,7 +96,7 @@ def test_jsonl_gz_zst_and_parquet_records_become_documents(news, text_run) -> No
 @pytest.mark.slow
 def test_same_bytes_when_row_groups_and_files_spread_over_two_workers(text_run, tmp_path) -> None:
     src, out = text_run
-    clean(CorpusConfig(text=[str(src / "*")]), str(tmp_path), workers=2)
+    clean_corpus.run(CorpusConfig(text=[str(src / "*")]), str(tmp_path), workers=2)
 
     def digest(folder: str) -> dict[str, str]:
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
@@ -140,7 +140,7 @@ def bad_run(news, tmp_path_factory) -> tuple[Path, dict[str, list[dict]], dict, 
     pq.write_table(pa.table({"body": [news[70]]}), src / "other.parquet")
     out = str(tmp_path_factory.mktemp("bad_text_out"))
     counters: dict[str, int] = {}
-    clean(CorpusConfig(text=[str(src / "*")], dedup_near=False), out, workers=1, counters=counters)
+    clean_corpus.run(CorpusConfig(text=[str(src / "*")], dedup_near=False), out, workers=1, counters=counters)
     docs, rejects, manifest = read_all(out)
     reasons: dict[str, list[dict]] = {}
     for r in rejects:
@@ -243,18 +243,17 @@ def test_cli_reads_text_records_with_named_fields(news, tmp_path) -> None:
 
 
 def test_vocab_and_instances_run_on_a_text_corpus(text_run, tmp_path) -> None:
-    from beam_jobs.build_vocab import build_vocab
-    from beam_jobs.create_instances import create_instances
+    from beam_jobs import build_vocab, create_instances
     from bert_core.config import InstanceConfig, SequenceSpec, VocabConfig
 
     _, corpus = text_run
     vocab = str(tmp_path / "vocab")
-    build_vocab(corpus, vocab, VocabConfig(vocab_size=600, num_unused=0), workers=1)
+    build_vocab.run(VocabConfig(vocab_size=600, num_unused=0), corpus, vocab, workers=1)
     assert len(storage.read_text(storage.join(vocab, "vocab.txt")).splitlines()) == 600
     out = str(tmp_path / "instances")
     config = InstanceConfig(lengths=[SequenceSpec(max_seq_length=64, max_predictions_per_seq=10)],
                             dupe_factor=1, num_shards=1, seed=3)
-    manifest = create_instances(corpus, vocab, out, config, workers=1, min_docs_per_bucket=8)
+    manifest = create_instances.run(config, corpus, vocab, out, workers=1, min_docs_per_bucket=8)
     rows = sum(pq.ParquetFile(storage.join(out, "seq64", s["path"])).metadata.num_rows
                for s in storage.read_manifest(storage.join(out, "seq64"))["shards"])
     assert rows > 48  # every article is longer than one 64-token instance

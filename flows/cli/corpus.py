@@ -71,13 +71,14 @@ def corpus(
         updates["text_format"] = text_format
     corpus_cfg = validate({**corpus_cfg.model_dump(), **updates}, "corpus options", type(corpus_cfg))
 
-    from beam_jobs.clean_corpus import LOCAL_BYTES_PER_WORKER, clean
+    from beam_jobs import clean_corpus
+    from beam_jobs.clean_corpus import LOCAL_BYTES_PER_WORKER
 
     per_worker = LOCAL_BYTES_PER_WORKER if bytes_per_worker is None else bytes_per_worker
     with Console(stderr=True).status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
                                      f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
                                      f"up to {workers or cfg.workers} worker(s) ..."):
-        manifest = clean(corpus_cfg, output, bytes_per_worker=per_worker, **opt.beam_run(cfg, ctx, workers, runner))
+        manifest = clean_corpus.run(corpus_cfg, output, bytes_per_worker=per_worker, **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_counts(manifest))
 
 

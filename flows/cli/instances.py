@@ -32,8 +32,8 @@ def instances(
     """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Arguments
     after `--` go to Beam."""
     cfg = opt.resolve(preset, config, set_)
-    from beam_jobs.create_instances import create_instances
+    from beam_jobs import create_instances
 
-    manifest = create_instances(corpus, vocab, output, cfg.instances, lowercase=cfg.vocab.lowercase,
+    manifest = create_instances.run(cfg.instances, corpus, vocab, output, lowercase=cfg.vocab.lowercase,
                                 **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_stats(manifest))

@@ -46,8 +46,8 @@ def vocab(
     updates = {"vocab_file": vocab_file, "vocab_size": vocab_size, "lowercase": False if cased else None}
     updates = {name: value for name, value in updates.items() if value is not None}
     vocab_cfg = validate({**cfg.vocab.model_dump(), **updates}, "vocab options", type(cfg.vocab))
-    from beam_jobs.build_vocab import build_vocab
+    from beam_jobs import build_vocab
     from bert_core.vocab.training import report_markdown
 
-    manifest = build_vocab(corpus, output, vocab_cfg, **opt.beam_run(cfg, ctx, workers, runner))
+    manifest = build_vocab.run(vocab_cfg, corpus, output, **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(report_markdown(manifest))
