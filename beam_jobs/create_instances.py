@@ -1,34 +1,10 @@
-"""Beam job: documents -> masked-LM + NSP instances in balanced Parquet shards, per sequence length.
+"""Beam job: documents -> masked-LM (and next-sentence) instances in balanced Parquet shards, per length.
 
     bertpipe instances --corpus CORPUS_URI --vocab VOCAB_URI --output OUT_URI [--set instances.dupe_factor=5]
 
-Output (the "instances" contract)::
-
-    OUT/seq{L}/part-SSSSS-of-NNNNN.parquet   input_ids list<int32>, len_a int32,
-                                             masked_lm_positions list<int32>,
-                                             masked_lm_ids list<int32>, next_sentence_label int8
-    OUT/seq{L}/_MANIFEST.json                shards (sha256, count), stats of that length,
-                                             counts incl. eval_instances
-    OUT/seq{L}/eval/part-SSSSS-of-NNNNN.parquet   the eval split: same columns, own documents
-    OUT/seq{L}/eval/_MANIFEST.json           its shards and stats, split="eval"
-    OUT/rejects.jsonl                        documents that gave no tokens, with the reason
-    OUT/_MANIFEST.json                       written last: InstanceConfig, inputs, per-length stats,
-                                             counts incl. eval_documents, eval_instances_seq{L},
-                                             vocab_file and vocab_sha256 (the vocab.txt the ids
-                                             come from; pre-training and export refuse another)
-
-Rows are unpadded. Segment ids are 0 before ``len_a`` and 1 after. ``next_sentence_label`` is 1
-for a random next, 0 for the actual next, -1 without NSP. With ``masking: dynamic`` the
-masked_lm columns are empty and the loader masks each epoch with ``bert_core.instances.masking``,
-the same masking the job uses.
-
-The eval split is by document (``instances.eval_fraction``, at least
-``instances.min_eval_documents``; ``bert_core.instances.sharding.eval_threshold``): an eval
-document's instances go to ``seq{L}/eval/`` only, training shards never hold its text, and the
-split is part of the random-next pool key, so no B segment crosses it either. Eval instances
-are made by the same algorithm and masking in one pass (dupe_factor 1: more passes would only
-repeat the same text) into ``sharding.EVAL_SHARDS`` shards, a number that does not depend on the
-workers. With ``eval_fraction: 0`` no eval folder is written.
+The rows are the "instances" contract (``bert_core/instances/batch.py``), the folder and its
+manifests are ``bert_core/instances/manifest.py``'s, and the eval split by document is
+``bert_core/instances/sharding.py``'s.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The instances stage's folder: cleared before a run, manifests written after it.
 
+    OUT/seq{L}/part-SSSSS-of-NNNNN.parquet        training instances of length L (batch.py)
+    OUT/seq{L}/eval/part-SSSSS-of-NNNNN.parquet   the eval split: the same columns, its own documents
     OUT/seq{L}/eval/_MANIFEST.json   the eval split of that length: shards, counts, stats, split="eval"
     OUT/seq{L}/_MANIFEST.json        training shards (sha256, count), counts (eval_instances too), stats
     OUT/rejects.jsonl                documents that gave no tokens, with the reason (merged from

@@ -1,6 +1,12 @@
 """Balanced instance shards and random-next pools: the arithmetic behind the instances job.
 
     (beam_jobs/create_instances.py places every piece of instances with these functions)
+
+The eval split is by document (``instances.eval_fraction``, at least
+``instances.min_eval_documents``: :func:`eval_threshold`): an eval document's instances go to
+``seq{L}/eval/`` only, and the split is part of the random-next pool key, so no B segment crosses
+it. Eval instances are made by the same algorithm and masking in one pass into
+:data:`EVAL_SHARDS` shards; with ``eval_fraction: 0`` no eval folder is written.
 """
 
 from __future__ import annotations
