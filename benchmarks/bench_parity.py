@@ -40,9 +40,9 @@ import torch.nn.functional as F
 
 from benchmarks.common import hf_labels, machine, welch
 from bert_core.config import ModelConfig, preset_dict
-from bert_core.model.bert import BertForPreTraining
 from bert_core.model.checkpoint import save_pretrained
 from bert_core.pretrain.data import collate, to_tensors
+from bert_core.pretrain.in_process import random_init
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
@@ -142,6 +142,8 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
 
 def train(kind: str, model: torch.nn.Module, train_rows: pa.Table, held_out: pa.Table, args: argparse.Namespace,
           seed: int) -> dict:
+    """``args.steps`` steps of ``model``, ours or transformers': one plain loop that drives both
+    alike, so not the product's ``train_mlm`` (which drives ours only, with its own loader)."""
     optimizer = torch.optim.AdamW(decay_groups(model, 0.01), lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
     order = np.random.default_rng(seed).permutation(train_rows.num_rows)
     curve, losses = [], []
@@ -173,8 +175,7 @@ def twin_models(vocab_size: int, dropout: float, seed: int, work: Path) -> tuple
     size = preset_dict("demo")["model"]
     cfg = ModelConfig(**{**size, "vocab_size": vocab_size, "hidden_dropout_prob": dropout,
                          "attention_probs_dropout_prob": dropout})
-    torch.manual_seed(seed)
-    ours = BertForPreTraining(cfg)
+    ours = random_init(cfg, seed)
     folder = work / f"init-{seed}-{dropout}"
     save_pretrained(ours, str(folder))
     theirs = HFBertForPreTraining.from_pretrained(str(folder), attn_implementation="eager")

@@ -35,10 +35,8 @@ import hashlib
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -48,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import machine, samples, welch
+from benchmarks.common import machine, measure, samples, welch
 from bert_core.pretrain.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,16 +288,10 @@ def unpack_cache(archive: Path, folder: Path) -> None:
 
 
 def bertpipe(args: list[str], log: Path) -> float:
-    """Run a ``bertpipe`` command as a user types it; its CPU seconds (the whole process tree)."""
+    """Run a ``bertpipe`` command as a user types it, its output added to ``log``; its CPU seconds
+    (the whole process tree, ``benchmarks.common.measure``)."""
     print("  $ bertpipe " + " ".join(args), flush=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(log, "a") as out:
-        code = subprocess.run([sys.executable, "-m", "flows.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                              cwd=ROOT).returncode
-    if code != 0:
-        raise SystemExit(f"bertpipe {args[0]} failed (exit {code}); see {log}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return measure([sys.executable, "-m", "flows.cli", *args], log)["cpu_s"]
 
 
 def corpus_inputs(sample_dir: Path | None = None, tweets: Path | None = None) -> list[tuple[str, str]]:

@@ -88,7 +88,7 @@ def tree_cpu(pids: list[int]) -> float:
 
 
 def measure(argv: list[str], log: Path, env: dict[str, str] | None = None, every: float = 0.2) -> dict[str, float]:
-    """Run one command (``env`` added to this one's, output to ``log``): wall seconds, CPU seconds
+    """Run one command (``env`` added to this one's, output added to ``log``): wall seconds, CPU seconds
     of its process tree (the larger of what ``wait4`` reports for it and its reaped children and
     the sum over every process seen), peak RSS of the tree in MB (the sum over its processes,
     sampled every ``every`` seconds) and the most processes seen at once."""
@@ -96,7 +96,7 @@ def measure(argv: list[str], log: Path, env: dict[str, str] | None = None, every
 
     peak, cpu_seen = {"rss": 0, "processes": 0}, {}
     start = time.perf_counter()
-    with log.open("w") as out:
+    with log.open("a") as out:
         proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
         done = threading.Event()
 
