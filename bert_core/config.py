@@ -288,10 +288,11 @@ class PretrainConfig(_Model):
         "(runs side by side never collide), 29500 for the multi-node launchers."
     )
     # numerics
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fp32 on CPU.")
-    zero_stage: int = Field(
-        0, ge=0, le=3, description="DeepSpeed ZeRO stage; bf16 needs >= 1 (fp32 gradient accumulation)."
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="fp32 on CPU. bf16 at zero_stage 0 is torch autocast over fp32 weights; at "
+        "zero_stage >= 1 DeepSpeed's bf16 weights with fp32 master weights and gradients."
     )
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     optimizer: Literal["adamw", "lamb"] = Field(
         "adamw", description="LAMB (per-layer trust ratio) for very large batches; needs zero_stage 0."
     )
@@ -320,6 +321,20 @@ class PretrainConfig(_Model):
     )
     compile: bool = Field(False, json_schema_extra=VERSIONED_WHEN_SET,
                           description="Run the model through torch.compile.")
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = Field(
+        "inductor", json_schema_extra=VERSIONED_WHEN_SET,
+        description="torch.compile's backend; eager and aot_eager check the graph without generating code."
+    )
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = Field(
+        "default", json_schema_extra=VERSIONED_WHEN_SET,
+        description="torch.compile's mode; reduce-overhead replays CUDA graphs (needs token_buckets)."
+    )
+    token_buckets: int = Field(
+        0, ge=0, json_schema_extra=VERSIONED_WHEN_SET,
+        description="0: batch shapes follow each batch. n > 0: static shapes, so torch.compile "
+        "compiles once per bucket: padded length = max_seq_length, masked rows = micro_batch_size "
+        "x max_predictions_per_seq, real tokens rounded up to one of n sizes. The same losses (dropout masks aside)."
+    )
     threads_per_rank: int = Field(1, ge=1, description="OMP/torch threads per rank on CPU.")
 
     @property
@@ -348,13 +363,14 @@ class PretrainConfig(_Model):
             raise ValueError(
                 f"optimizer=lamb with zero_stage={self.zero_stage}: ZeRO hands the optimizer flat "
                 "partitions, so LAMB's trust ratio would be per partition, not per layer; use "
-                "zero_stage: 0 (with precision fp32 or fp16), or optimizer: adamw"
+                "zero_stage: 0 (any precision), or optimizer: adamw"
             )
-        if self.precision == "bf16" and self.zero_stage == 0:
+        if self.compile_mode != "default" and not self.compile:
+            raise ValueError(f"compile_mode={self.compile_mode} needs compile: true")
+        if self.compile_mode == "reduce-overhead" and not self.token_buckets:
             raise ValueError(
-                "precision=bf16 with zero_stage=0: DeepSpeed accumulates bf16 gradients in fp32 only "
-                "under ZeRO (its BF16_Optimizer at stage 1, which runs on one GPU too); set "
-                "zero_stage: 1, or precision: fp32"
+                "compile_mode=reduce-overhead records one CUDA graph per batch shape; set token_buckets "
+                "(e.g. 8) so that there are a few shapes, not one per batch"
             )
         return self
 

@@ -107,7 +107,9 @@ def test_gpu_presets_pad_the_vocab_and_use_loader_workers():
 
 def test_a_setting_added_later_enters_a_version_only_when_set():
     cfg = load_config("demo")
-    added = {"pad_vocab_to_multiple": 64, "compile": True, "accelerator": "gpu", "precision": "bf16",
+    added = {"pad_vocab_to_multiple": 64, "compile": True, "compile_mode": "max-autotune", "token_buckets": 8,
+             "compile_backend": "eager",
+             "accelerator": "gpu", "precision": "bf16",
              "pooling": "mean", "reinit_layers": 1, "layerwise_lr_decay": 0.8}
     for part in (cfg.model, cfg.pretrain, cfg.finetune):
         own = {k: v for k, v in added.items() if k in type(part).model_fields

@@ -253,3 +253,26 @@ def test_loader_computes_the_unpadding_plan_the_model_would(static_instances):
             computed = model(**{k: batch[k] for k in raw_keys})
         for key in ("loss", "mlm_acc", "nsp_acc"):
             assert torch.equal(given[key], computed[key]), key
+
+
+def test_token_buckets_give_fixed_shapes_and_the_same_losses(static_instances):
+    """Static shapes: every batch is [B, max_seq_length] with [B, max_predictions_per_seq] slots,
+    the encoder's rows one of a few bucket sizes, and the losses those of the exact batch."""
+    from bert_core.config import ModelConfig
+    from bert_core.model.bert import BertForPreTraining
+
+    exact = list(itertools.islice(PretrainingLoader(static_instances, 64, micro_batch_size=4, seed=3), 6))
+    static = list(itertools.islice(PretrainingLoader(static_instances, 64, micro_batch_size=4, seed=3,
+                                                     token_buckets=4), 6))
+    assert {tuple(b["input_ids"].shape) for b in static} == {(4, 64)}
+    assert {tuple(b["masked_lm_positions"].shape) for b in static} == {(4, 16)}  # 10 rounded up to 8s
+    assert {b["token_index"].numel() for b in static} <= {64, 128, 192, 256}
+    assert {b["output_rows"].numel() for b in static} == {4 + 4 * 16}
+    vocab = 1 + max(int(b["input_ids"].max()) for b in exact)
+    torch.manual_seed(0)
+    model = BertForPreTraining(ModelConfig(size="tiny", vocab_size=vocab, max_position_embeddings=64)).eval()
+    with torch.no_grad():
+        for a, b in zip(exact, static, strict=True):
+            out_a, out_b = model(**a), model(**b)
+            for key in ("loss", "mlm_acc", "nsp_acc"):
+                assert float(out_a[key]) == pytest.approx(float(out_b[key]), abs=1e-6), key

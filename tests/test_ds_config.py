@@ -125,7 +125,8 @@ def test_engine_of_every_preset_steps(preset, one_rank):
 @pytest.mark.parametrize(("sets", "words"), [
     (["pretrain.optimizer=lamb", "pretrain.zero_stage=1"], ["optimizer=lamb", "zero_stage=1", "per layer"]),
     (["pretrain.optimizer=lamb", "pretrain.zero_stage=2", "pretrain.precision=bf16"], ["optimizer=lamb"]),
-    (["pretrain.precision=bf16", "pretrain.zero_stage=0"], ["precision=bf16", "zero_stage: 1"]),
+    (["pretrain.compile_mode=reduce-overhead"], ["compile: true"]),
+    (["pretrain.compile=true", "pretrain.compile_mode=reduce-overhead"], ["token_buckets"]),
 ])
 def test_refused_where_deepspeed_cannot_be_right(sets, words):
     with pytest.raises(ConfigError) as err:
@@ -143,3 +144,30 @@ def test_lamb_is_torch_optimizers_per_tensor_lamb_on_gpu_too():
     assert "optimizer" not in ds and "bf16" not in ds
     groups = [{"params": [torch.nn.Parameter(torch.ones(3))], "weight_decay": 0.01}]
     assert isinstance(client_optimizer(pre, pre.phases[0], groups), torch_optimizer.Lamb)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
+def test_bf16_at_zero_0_is_torch_autocast_over_fp32_weights(optimizer, one_rank):
+    """bf16 without ZeRO: no BF16_Optimizer (no per-parameter gradient copies, no host reads in the
+    step), fp32 weights and gradients, the forward under autocast; LAMB's per-tensor trust ratio
+    then runs in bf16 too. DeepSpeed's throughput timers (a device sync per micro-batch) are off."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+
+    sets = ["pretrain.precision=bf16", "pretrain.zero_stage=0", f"pretrain.optimizer={optimizer}"]
+    pre = load_config("bert-base-128", None, [*TINY_ONE_RANK, *sets]).pretrain
+    ds = ds_config(pre, 0)
+    assert "bf16" not in ds and ds["torch_autocast"]["dtype"] == "bfloat16"
+    assert ds["timers"] == {"throughput": {"enabled": False}}
+    engine, optimizer_, _, _ = tiny_engine("bert-base-128", *sets)
+    assert not isinstance(optimizer_, BF16_Optimizer) and not engine.bfloat16_enabled()
+    assert not engine.tput_timer.config.enabled
+    assert all(p.dtype == torch.float32 for p in engine.module.parameters())
+    batch = tiny_batch()
+    losses = []
+    for _ in range(2 * engine.gradient_accumulation_steps()):
+        loss = engine(**batch)["loss"]
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert engine.global_steps == 2 and all(torch.isfinite(torch.tensor(losses)))
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in engine.module.parameters())

@@ -58,10 +58,10 @@ def test_reinit_top_layers_resets_the_top_only():
     with torch.no_grad():
         for p in bert.parameters():
             p.mul_(5.0)  # as pre-training grows the weights
-    bottom = bert.encoder.layer[0].attention.self.query.weight.clone()
+    bottom = bert.encoder.layer[0].attention.self.qkv.weight.clone()
     reinit_top_layers(bert, 1)
-    assert torch.equal(bert.encoder.layer[0].attention.self.query.weight, bottom)
-    assert float(bert.encoder.layer[1].attention.self.query.weight.std()) == pytest.approx(0.02, rel=0.2)
+    assert torch.equal(bert.encoder.layer[0].attention.self.qkv.weight, bottom)
+    assert float(bert.encoder.layer[1].attention.self.qkv.weight.std()) == pytest.approx(0.02, rel=0.2)
     assert float(bert.pooler.dense.weight.std()) == pytest.approx(0.02, rel=0.2)
     assert torch.equal(bert.encoder.ln.weight, torch.ones_like(bert.encoder.ln.weight))
     with pytest.raises(ValueError, match="2 layers"):

@@ -145,11 +145,15 @@ def test_pretraining_losses_and_grads_match_transformers(minilm: Path, tmp_path:
     out["loss"].backward()
     r.loss.backward()
     ours_p, ref_p = dict(ours.named_parameters()), dict(ref.named_parameters())
-    for name in ["bert.embeddings.word_embeddings.weight", "bert.encoder.layer.0.attention.self.query.weight",
-                 "bert.encoder.layer.5.output.dense.weight", "cls.predictions.bias",
-                 "cls.seq_relationship.weight", "bert.pooler.dense.bias"]:
+    for name in ["bert.embeddings.word_embeddings.weight", "bert.encoder.layer.5.output.dense.weight",
+                 "cls.predictions.bias", "cls.seq_relationship.weight", "bert.pooler.dense.bias"]:
         g_ref = ref_p[name].grad
         assert torch.allclose(ours_p[name].grad, g_ref, atol=1e-5, rtol=1e-4), name
+    # the stored q/k/v matrix gets transformers' three gradients, stacked
+    for kind in ("weight", "bias"):
+        attn = "bert.encoder.layer.0.attention.self."
+        g_ref = torch.cat([ref_p[f"{attn}{n}.{kind}"].grad for n in ("query", "key", "value")])
+        assert torch.allclose(ours_p[f"{attn}qkv.{kind}"].grad, g_ref, atol=1e-5, rtol=1e-4), kind
 
 
 def test_mlm_loss_only_sees_real_masked_positions(minilm: Path) -> None:
@@ -168,6 +172,44 @@ def test_mlm_loss_only_sees_real_masked_positions(minilm: Path) -> None:
         no_nsp = model(**{**batch, "next_sentence_label": torch.full((4,), -1)})
         assert no_nsp["nsp_loss"].item() == 0.0 and no_nsp["loss"].item() == pytest.approx(base["mlm_loss"].item())
         assert model(**{**batch, "next_sentence_label": None})["loss"].item() == pytest.approx(base["mlm_loss"].item())
+
+
+@pytest.mark.parametrize("buckets", [1, 3, 64])
+def test_static_shapes_give_the_same_losses_and_gradients(minilm: Path, buckets: int) -> None:
+    """token_buckets pads the batch to fixed shapes (the real tokens rounded up to a bucket with
+    padding positions, every prediction slot a row labelled IGNORE): same losses, same gradients,
+    and shapes that depend only on [B, T], [B, P] and the bucket."""
+    from bert_core.model.bert import IGNORE, pretraining_plan
+
+    batch = _batch(minilm)
+    B, T = batch["input_ids"].shape
+    P = batch["masked_lm_positions"].shape[1]
+    keys = ("attention_mask", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+    dynamic = pretraining_plan(*(batch[k] for k in keys))
+    static = pretraining_plan(*(batch[k] for k in keys), token_buckets=buckets)
+    size = -(-B * T // buckets)
+    n_real = dynamic["token_index"].numel()
+    assert n_real < B * T and static["padded"]
+    assert static["token_index"].numel() == min(B * T, -(-n_real // size) * size)
+    assert torch.equal(static["token_index"][:n_real], dynamic["token_index"])
+    assert static["cu_seqlens"].numel() == B + 1 + -(-size // T)
+    assert int(static["cu_seqlens"][-1]) == static["token_index"].numel()
+    assert static["output_rows"].numel() == B + B * P and static["mlm_labels"].numel() == B * P
+    assert int((static["mlm_labels"] != IGNORE).sum()) == dynamic["mlm_labels"].numel()
+
+    # Dropout off: its masks are drawn over [N, H], so they differ with N (in distribution alike)
+    model = _pretraining_model(minilm).eval()
+    results = []
+    for plan in (dynamic, static):
+        model.zero_grad(set_to_none=True)
+        out = model(**batch, **plan)
+        out["loss"].backward()
+        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (a, grads_a), (b, grads_b) = results
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc"):
+        assert float(a[key].detach()) == pytest.approx(float(b[key].detach()), abs=1e-6), key
+    for name, grad in grads_a.items():
+        assert torch.allclose(grad, grads_b[name], atol=1e-6, rtol=1e-5), name
 
 
 def test_export_cli_round_trips_through_transformers(minilm: Path, tmp_path: Path) -> None:

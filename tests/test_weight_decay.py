@@ -53,7 +53,7 @@ def test_layernorms_and_biases_never_decay(pre_layer_norm):
     assert set(names_of(model, decay["params"])) == want_decay
     assert set(names_of(model, plain["params"])) == want_plain
     assert "bert.embeddings.word_embeddings.weight" in want_decay
-    assert "bert.encoder.layer.0.attention.self.query.weight" in want_decay
+    assert "bert.encoder.layer.0.attention.self.qkv.weight" in want_decay
     assert "cls.predictions.bias" in want_plain
     layer_norms = {f"{p}.{w}" for p, m in model.named_modules() if isinstance(m, nn.LayerNorm)
                    for w in ("weight", "bias")}

@@ -27,7 +27,7 @@ from bert_core.model.checkpoint import load_into, load_pretrained
 #   [B, T] grid, with no mask when nothing is padded so SDPA may pick its flash kernel;
 # - the MLM head runs only at the masked positions, and the last layer, after its attention,
 #   goes on with the masked positions and [CLS] only (as MosaicBERT does);
-# - query/key/value are one matrix multiply (weights concatenated on the fly, names kept);
+# - query/key/value are one stored matrix and one matmul (the state dict keeps transformers' names);
 # - the unpadding indices come precomputed from the loader's workers (pretraining_plan), so the
 #   forward pass never waits for the host.
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Self
 
 PAD_ID = 0  # [PAD] is token 0 in every vocab of the pipeline (and in transformers' BertConfig)
+IGNORE = -100  # a masked-LM label with no prediction behind it (transformers' ignore_index)
 
 
 def _activation(name: str):
@@ -103,7 +104,8 @@ class BertEmbeddings(nn.Module):
 
 
 class _Linear(nn.Module):
-    """A bare ``dense`` holder, so parameter names read ``...query.weight`` like transformers."""
+    """A bare weight and bias holder, so parameter names read like transformers' (``...qkv``
+    excepted, which its state dict splits)."""
 
     def __init__(self, n_in: int, n_out: int) -> None:
         super().__init__()
@@ -111,25 +113,44 @@ class _Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_out))
 
 
+QKV = ("query", "key", "value")
+
+
+def _split_qkv(module: nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
+    """state_dict hook: the stored [3H, H] ``qkv`` as transformers' ``query``/``key``/``value``."""
+    for kind in ("weight", "bias"):
+        fused = state.pop(f"{prefix}qkv.{kind}")
+        for name, part in zip(QKV, fused.detach().chunk(3), strict=True):
+            state[f"{prefix}{name}.{kind}"] = part.clone()  # own storage: safetensors refuses views
+
+
+def _join_qkv(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
+    """load_state_dict pre-hook: transformers' ``query``/``key``/``value`` into the stored ``qkv``."""
+    for kind in ("weight", "bias"):
+        names = [f"{prefix}{name}.{kind}" for name in QKV]
+        if all(name in state for name in names):
+            state[f"{prefix}qkv.{kind}"] = torch.cat([state.pop(name) for name in names])
+
+
 class BertSelfAttention(nn.Module):
+    """Query, key and value are one stored [3H, H] matrix: one matmul, and nothing concatenated
+    or split per step. Its state dict reads transformers' separate ``query``/``key``/``value``."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         H = cfg.hidden_size
         self.num_heads = cfg.num_attention_heads
-        self.query = _Linear(H, H)
-        self.key = _Linear(H, H)
-        self.value = _Linear(H, H)
+        self.qkv = _Linear(H, 3 * H)  # rows: query, key, value
         self.dropout_p = cfg.attention_probs_dropout_prob
+        self.register_state_dict_post_hook(_split_qkv)
+        self.register_load_state_dict_pre_hook(_join_qkv)
 
     def forward(self, x: Tensor, tokens: Tokens) -> Tensor:
         N, H = x.shape  # N = the real tokens of the batch (B * T when there is no padding)
         B, T, nh = tokens.batch, tokens.length, self.num_heads
         dropout_p = self.dropout_p if self.training else 0.0
-        # One matmul for q, k and v: [N, H] @ [H, 3H] -> [N, 3H]
-        w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3H, H]
-        b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # [3H]
-        qkv = F.linear(x, w, b)  # [N, 3H]
-        if tokens.varlen(x, dropout_p):
+        qkv = F.linear(x, self.qkv.weight, self.qkv.bias)  # [N, H] @ [H, 3H] -> [N, 3H]
+        if tokens.varlen(qkv, dropout_p):
             # FlashAttention over the packed real tokens: no [B, T] grid, no mask
             q, k, v = qkv.view(N, 3, nh, H // nh).unbind(1)  # each [N, nh, hs]
             y = varlen_attn(q, k, v, tokens.cu_seqlens, tokens.cu_seqlens, T, T)  # [N, nh, hs]
@@ -257,11 +278,12 @@ class Tokens:
         self.cu_seqlens = cu_seqlens  # [B + 1] int32 offsets of each sequence in [N]
         self.attn_mask = padding_mask(attention_mask, dtype) if padded else None  # [B, 1, 1, T]
 
-    def varlen(self, x: Tensor, dropout_p: float) -> bool:
-        """Packed FlashAttention applies: CUDA, half precision, padding, no attention dropout
-        (``varlen_attn`` has none)."""
-        return (self.keep is not None and varlen_attn is not None and x.is_cuda
-                and x.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0)
+    def varlen(self, qkv: Tensor, dropout_p: float) -> bool:
+        """Packed FlashAttention applies: CUDA, padding, no attention dropout (``varlen_attn`` has
+        none), and q/k/v in half precision (under autocast the layer's input is fp32, its
+        projection ``qkv`` is not)."""
+        return (self.keep is not None and varlen_attn is not None and qkv.is_cuda
+                and qkv.dtype in (torch.bfloat16, torch.float16) and dropout_p == 0.0)
 
     def unpad(self, x: Tensor) -> Tensor:
         """[B, T, D] -> [N, D]."""
@@ -275,27 +297,40 @@ class Tokens:
         return x.view(self.batch, self.length, x.shape[-1])
 
 
-def unpadding_plan(attention_mask: Tensor, output_positions: Tensor | None = None) -> dict:
+def unpadding_plan(attention_mask: Tensor, output_positions: Tensor | None = None,
+                   token_buckets: int = 0) -> dict:
     """The index tensors the encoder runs on, from a [B, T] attention mask (on the host).
 
     ``padded`` (a bool), ``token_index`` ([N] flat positions of the real tokens), ``cu_seqlens``
     ([B + 1] int32) and, with ``output_positions`` ([S] flat positions ``b * T + t``),
     ``output_rows``: the rows in [N] of every [CLS] and then of those positions. Reading a
     mask's values waits for the device, so the pre-training loader calls this on its workers.
+
+    With ``token_buckets`` > 0 the shapes do not depend on the batch's lengths: N is rounded up
+    to a multiple of B*T / token_buckets with padding positions, which no real token attends to
+    and nothing reads, and ``cu_seqlens`` gets a fixed number of extra entries that cut them into
+    sequences of at most T.
     """
     B, T = attention_mask.shape
     real = attention_mask.reshape(-1) != 0  # [B*T]
     token_index = real.nonzero().squeeze(1)  # [N]
+    n_real = token_index.numel()
     lengths = real.view(B, T).sum(1, dtype=torch.int32)  # [B]
-    plan = {"padded": token_index.numel() != B * T, "token_index": token_index,
-            "cu_seqlens": F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))}
+    cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))  # [B + 1]
+    if token_buckets:
+        size = -(-B * T // token_buckets)
+        extra = min(B * T, -(-n_real // size) * size) - n_real
+        token_index = torch.cat([token_index, (~real).nonzero().squeeze(1)[:extra]])  # [N_bucket]
+        cuts = torch.arange(1, -(-size // T) + 1, dtype=torch.int32, device=real.device) * T  # [K]
+        cu_seqlens = torch.cat([cu_seqlens, (n_real + cuts).clamp(max=n_real + extra)])  # [B + 1 + K]
+    plan = {"padded": n_real != B * T, "token_index": token_index, "cu_seqlens": cu_seqlens}
     if output_positions is not None:
         row_of = torch.full((B * T,), -1, dtype=torch.long, device=token_index.device)
         row_of[token_index] = torch.arange(token_index.numel(), device=token_index.device)
         flat = torch.cat([torch.arange(B, device=token_index.device) * T, output_positions.long()])
         rows = row_of[flat]  # [B + S]
-        if bool((rows < 0).any()):
-            bad = flat[rows < 0][:3].tolist()
+        if bool((rows < 0).any()) or bool((rows[B:] >= n_real).any()):
+            bad = flat[(rows < 0) | (rows >= n_real)][:3].tolist()
             raise ValueError(
                 f"positions {[(p // T, p % T) for p in bad]} (batch row, token) are padding "
                 "(attention_mask 0); masked_lm_positions must point at real tokens"
@@ -305,14 +340,20 @@ def unpadding_plan(attention_mask: Tensor, output_positions: Tensor | None = Non
 
 
 def pretraining_plan(attention_mask: Tensor, masked_lm_positions: Tensor, masked_lm_ids: Tensor,
-                     masked_lm_weights: Tensor) -> dict:
+                     masked_lm_weights: Tensor, token_buckets: int = 0) -> dict:
     """:func:`unpadding_plan` for a pre-training batch: the encoder's indices, the rows of the
-    real masked positions (``masked_lm_weights`` > 0) and their labels ``mlm_labels`` ([M])."""
+    masked positions and their labels ``mlm_labels``: the M real ones (``masked_lm_weights`` > 0),
+    or with ``token_buckets`` all B*P of them, ``IGNORE`` where there is no prediction."""
     B, T = attention_mask.shape
     real = masked_lm_weights.reshape(-1) > 0  # [B*P]
     flat = (masked_lm_positions + T * torch.arange(B, device=masked_lm_positions.device)[:, None]).reshape(-1)
-    plan = unpadding_plan(attention_mask, flat[real])
-    plan["mlm_labels"] = masked_lm_ids.reshape(-1)[real].long()  # [M]
+    labels = masked_lm_ids.reshape(-1).long()
+    if token_buckets:  # padding predictions point at position 0 ([CLS], a real token)
+        plan = unpadding_plan(attention_mask, torch.where(real, flat, flat - flat % T), token_buckets)
+        plan["mlm_labels"] = labels.masked_fill(~real, IGNORE)  # [B*P]
+    else:
+        plan = unpadding_plan(attention_mask, flat[real])
+        plan["mlm_labels"] = labels[real]  # [M]
     return plan
 
 
@@ -467,12 +508,12 @@ class BertForPreTraining(FromPretrained, nn.Module):
         picked = out.last_hidden_state  # [M, H]
         labels = plan["mlm_labels"]  # [M]
         logits = self.mlm_logits(picked)  # [M, V]
-        if labels.numel():  # a shape, known without waiting for the device
-            mlm_loss = F.cross_entropy(logits.float(), labels)  # mean over the M real positions
-            mlm_acc = (logits.argmax(-1) == labels).float().mean()
-        else:  # a batch without predictions: zero loss that still touches the graph
-            mlm_loss = logits.sum() * 0.0
-            mlm_acc = picked.new_zeros((), dtype=torch.float32)
+        # Sums over the real predictions divided by their count: no branch on the labels, a
+        # batch without predictions still touches the graph, and IGNORE rows count for nothing.
+        predicted = labels != IGNORE
+        count = predicted.sum().clamp(min=1)
+        mlm_loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE, reduction="sum") / count
+        mlm_acc = ((logits.argmax(-1) == labels) & predicted).sum() / count
 
         nsp_loss = nsp_acc = mlm_loss.new_zeros(())
         if next_sentence_label is not None:

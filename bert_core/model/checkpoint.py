@@ -168,7 +168,8 @@ def _load_weights(folder: str) -> dict[str, torch.Tensor]:
 
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers/TF names -> ours: ``bert.`` prefix on encoder keys, gamma/beta -> weight/bias,
-    tied decoder weight and the ``position_ids`` buffer dropped."""
+    a stored ``qkv`` split into query/key/value, tied decoder weight and the ``position_ids``
+    buffer dropped."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         key = key.removeprefix("module.")  # DDP / DeepSpeed wrappers
@@ -182,6 +183,11 @@ def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
             continue  # a buffer we compute, and a tie to bert.embeddings.word_embeddings.weight
         if key == "cls.predictions.decoder.bias":
             out.setdefault("cls.predictions.bias", value)
+            continue
+        if key.endswith((".self.qkv.weight", ".self.qkv.bias")):  # our stored q/k/v (a ZeRO checkpoint)
+            prefix, kind = key.rsplit(".qkv.", 1)
+            for name, part in zip(("query", "key", "value"), value.chunk(3), strict=True):
+                out[f"{prefix}.{name}.{kind}"] = part.clone()
             continue
         out[key] = value
     return out

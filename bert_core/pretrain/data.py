@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # pyarrow and torch are imported where used
 # turns that into a row offset, skips whole shards by their manifest counts and indexes into the
 # shard's permutation. Nothing is replayed, so resuming is instant.
 #
-# A batch is padded to its longest sequence rounded up to 8 (tensor-core friendly, few shapes);
+# A batch is padded to its longest sequence rounded up to 8 (tensor-core friendly, few shapes),
+# or with ``token_buckets`` to the phase's length and ``max_predictions_per_seq`` (fixed shapes);
 # ``masked_lm_weights`` is 1 for a real prediction and 0 for padding. With ``masking: dynamic``
 # in the instances manifest, the stored sequences are unmasked and each sample is masked here by
 # ``bert_core.instances.masking`` (the instance stage's own masking) with the key
@@ -240,8 +241,9 @@ def _pad_lists(lists: pa.ListArray, width: int, fill: int = 0) -> np.ndarray:
     return out
 
 
-def collate(table: pa.Table, max_seq_length: int) -> dict[str, np.ndarray]:
-    """Instance rows (in order) -> padded arrays: the inputs of ``BertForPreTraining.forward``."""
+def collate(table: pa.Table, max_seq_length: int, max_predictions: int | None = None) -> dict[str, np.ndarray]:
+    """Instance rows (in order) -> padded arrays: the inputs of ``BertForPreTraining.forward``.
+    With ``max_predictions`` the shapes are fixed: [B, max_seq_length] and [B, max_predictions]."""
     import pyarrow.compute as pc
 
     ids = table.column("input_ids").combine_chunks()
@@ -255,6 +257,13 @@ def collate(table: pa.Table, max_seq_length: int) -> dict[str, np.ndarray]:
     T = min(round_up(longest), round_up(max_seq_length))
     positions = table.column("masked_lm_positions").combine_chunks()
     P = round_up(int(pc.list_value_length(positions).to_numpy().max(initial=1)))
+    if max_predictions is not None:
+        if P > round_up(max_predictions):
+            raise InstanceDataError(
+                f"an instance has more than max_predictions_per_seq={max_predictions} masked "
+                "positions; the shard does not match its manifest, re-run the instances stage"
+            )
+        T, P = round_up(max_seq_length), round_up(max_predictions)
     input_ids = _pad_lists(ids, T)  # [B, T]
     arange = np.arange(T)[None, :]
     len_a = table.column("len_a").to_numpy().astype(np.int64)[:, None]
@@ -298,7 +307,7 @@ def to_tensors(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
-def model_inputs(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+def model_inputs(batch: dict[str, np.ndarray], token_buckets: int = 0) -> dict[str, Any]:
     """A collated batch as the keyword arguments of ``BertForPreTraining.forward``, with the
     unpadding indices and masked-LM labels computed here, on the host (the loader's workers),
     so the forward pass never waits for them."""
@@ -306,7 +315,19 @@ def model_inputs(batch: dict[str, np.ndarray]) -> dict[str, Any]:
 
     tensors = to_tensors(batch)
     return tensors | pretraining_plan(tensors["attention_mask"], tensors["masked_lm_positions"],
-                                      tensors["masked_lm_ids"], tensors["masked_lm_weights"])
+                                      tensors["masked_lm_ids"], tensors["masked_lm_weights"], token_buckets)
+
+
+def max_predictions_of(instances: str, max_seq_length: int) -> int:
+    """``max_predictions_per_seq`` of the instances' ``seq{max_seq_length}`` set, from the manifest."""
+    cfg = storage.read_manifest(instances).get("config") or {}
+    specs = [s for s in cfg.get("lengths", []) if s.get("max_seq_length") == max_seq_length]
+    if not specs or "max_predictions_per_seq" not in specs[0]:
+        raise InstanceDataError(
+            f"{instances}: manifest config has no max_predictions_per_seq for max_seq_length="
+            f"{max_seq_length}; static shapes (pretrain.token_buckets) need it: re-run the instances stage"
+        )
+    return int(specs[0]["max_predictions_per_seq"])
 
 
 def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
@@ -345,7 +366,7 @@ class ReaderStream:
                 w = (info.id + self.position) % W  # the reader this worker serves, rotated for a resume
                 js = range(position + (w - position) % W, L.batches_per_epoch, W)
             for j in js:
-                yield model_inputs(L.batch(epoch, j))
+                yield model_inputs(L.batch(epoch, j), L.token_buckets)
             epoch, position = epoch + 1, 0
 
 
@@ -363,6 +384,7 @@ class PretrainingLoader:
         workers: int = 0,
         vocab_file: str | None = None,
         pin_memory: bool = False,
+        token_buckets: int = 0,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -374,6 +396,8 @@ class PretrainingLoader:
         self.workers_per_rank = max(1, workers)
         self.pin_memory = pin_memory
         self.masking = masking_spec(self.instances, max_seq_length, vocab_file)
+        self.token_buckets = token_buckets  # > 0: static shapes (BertForPreTraining's plan)
+        self.max_predictions = max_predictions_of(self.instances, max_seq_length) if token_buckets else None
         all_readers = split_shards(list_shards(self.instances, max_seq_length),
                                    world_size * self.workers_per_rank)
         per_reader = min(sum(s.rows for s in shards) for shards in all_readers) // micro_batch_size
@@ -425,7 +449,7 @@ class PretrainingLoader:
                              for s, r in picks], dtype=np.uint64)
             table = mask_rows(table, self.masking, keys)
         try:
-            return collate(table, self.max_seq_length)
+            return collate(table, self.max_seq_length, self.max_predictions)
         except InstanceDataError as err:
             shards = sorted({reader.shards[s].uri for s, _ in picks})
             raise InstanceDataError(f"{', '.join(shards)}: {err}") from None

@@ -3,27 +3,12 @@
     python -c "from bert_core.config import load_config; from bert_core.pretrain.ds_config import ds_config; \
 import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, '/tmp/run'), indent=1))"
 
-- batch: ``train_batch_size`` = the phase's global batch, ``train_micro_batch_size_per_gpu``,
-  ``gradient_accumulation_steps`` = global / (micro x ranks) (the config validates divisibility);
-- precision fp32 / bf16 / fp16 (dynamic loss scaling), ZeRO stage, gradient clipping; bf16
-  names its gradient accumulation dtype, fp32, rather than leaving it to DeepSpeed's default
-  (the model's dtype): at ZeRO 1 DeepSpeed then runs its ``BF16_Optimizer`` (fp32 master weights,
-  fp32 gradients), at ZeRO 2 its ZeRO optimizer accumulating in fp32. ZeRO 0 has no fp32
-  accumulation for bf16 (DeepSpeed refuses the mix), so the config asks for ZeRO >= 1 with bf16;
-- AdamW with the paper's settings (β 0.9/0.999, ε 1e-6, weight decay 0.01) in DeepSpeed's
-  optimizer section, always torch's ``AdamW`` (``torch_adam: true``): nothing is compiled when
-  the engine starts (DeepSpeed's FusedAdam needs nvcc and ninja), and on GPU ``fused: true``
-  gives torch's one-kernel CUDA update;
-- LAMB: torch-optimizer's ``Lamb`` (a maintained library), built by :func:`client_optimizer`
-  on CPU and GPU alike, with no optimizer section in the config. Its trust ratio is per tensor,
-  i.e. per layer as in the LAMB paper; ZeRO would hand it flat partitions instead, so the
-  config refuses LAMB with ZeRO >= 1;
-- ``WarmupDecayLR`` with ``warmup_type: linear`` (its default warms up on a log curve): linear
-  warmup to the peak, then linear decay to 0 at ``max_steps``;
-- a CSV or TensorBoard monitor under ``<run>/monitor``.
-
-Weight decay skips biases and LayerNorm parameters: the optimizer gets the two groups of
-:func:`bert_core.model.weight_decay.param_groups`.
+Batch sizes, precision, ZeRO stage, clipping, AdamW (always torch's, fused on GPU: nothing to
+compile at start-up), the linear warm-up and decay, a monitor. bf16 at ZeRO 0 is torch autocast
+over fp32 weights (DeepSpeed's ``torch_autocast``, gradients reduced in fp32); at ZeRO >= 1 it is
+DeepSpeed's bf16 weights with fp32 master weights and fp32 gradient accumulation. DeepSpeed's
+throughput timers stay off: they synchronize the device on every micro-batch, and the loop
+reports its own rates. LAMB is torch-optimizer's per-tensor ``Lamb``, built here outside DeepSpeed.
 """
 
 from __future__ import annotations
@@ -54,6 +39,7 @@ def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None)
         "zero_optimization": {"stage": cfg.zero_stage},
         "steps_per_print": 10**9,  # our own metrics.jsonl reports progress
         "wall_clock_breakdown": False,
+        "timers": {"throughput": {"enabled": False}},
         "seed": cfg.seed,
         "scheduler": {
             "type": "WarmupDecayLR",
@@ -67,7 +53,10 @@ def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None)
             },
         },
     }
-    if cfg.precision == "bf16":
+    if cfg.precision == "bf16" and cfg.zero_stage == 0:
+        # An empty list of "lower precision safe modules": every gradient is reduced in fp32.
+        out["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    elif cfg.precision == "bf16":
         out["bf16"] = {"enabled": True}
         out["data_types"] = {"grad_accum_dtype": "fp32"}
     elif cfg.precision == "fp16":

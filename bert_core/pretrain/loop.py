@@ -58,45 +58,63 @@ def _dropout_seed(seed: int, phase: int, step: int, rank: int, micro: int) -> in
 # --------------------------------------------------------------------------- one phase
 
 
+def build_engine(config: PipelineConfig, phase_index: int, vocab_size: int, init_checkpoint: str | None = None,
+                 run: str | None = None, ds_overrides: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """The phase's model (seeded: the same initial weights on every rank) in a DeepSpeed engine,
+    compiled when the config says so. Returns (engine, LR scheduler). ``ds_overrides`` are
+    merged into the rendered DeepSpeed config's top level (the GPU check measures with them)."""
+    import deepspeed
+    import torch
+
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.model.weight_decay import param_groups
+    from bert_core.pretrain.ds_config import client_optimizer, ds_config, uses_client_optimizer
+
+    pre = config.pretrain
+    phase = pre.phases[phase_index]
+    torch.manual_seed(pre.seed)
+    if phase_index == 0 and init_checkpoint:
+        model = BertForPreTraining.from_pretrained(init_checkpoint)
+    else:
+        model = BertForPreTraining(model_config(config, vocab_size, init_checkpoint))
+    groups = param_groups(model, pre.weight_decay)
+    optimizer = client_optimizer(pre, phase, groups) if uses_client_optimizer(pre) else None
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=model, model_parameters=groups, optimizer=optimizer,
+        config=ds_config(pre, phase_index, run) | (ds_overrides or {}),
+    )
+    if pre.compile:
+        # Without token buckets every batch has its own shapes (padded length, real tokens,
+        # masked positions), so the graph is compiled for dynamic shapes.
+        kwargs = {"dynamic": not pre.token_buckets}
+        if pre.compile_backend == "inductor":  # the modes are inductor's
+            kwargs["mode"] = pre.compile_mode
+        engine.compile(backend=pre.compile_backend, compile_kwargs=kwargs)
+    return engine, scheduler
+
+
 def run_phase(
     config: PipelineConfig, instances: str, run: str, phase_index: int, vocab_size: int,
     init_checkpoint: str | None, rank: int, world_size: int,
 ) -> dict[str, Any]:
     """Train one phase to its ``max_steps`` (resuming if it has checkpoints); returns its stats."""
-    import deepspeed
     import torch
     import torch.distributed as dist
 
     from bert_core.device import peak_flops
-    from bert_core.model.bert import BertForPreTraining, flops_per_token
-    from bert_core.model.weight_decay import param_groups
+    from bert_core.model.bert import flops_per_token
     from bert_core.pretrain.data import PretrainingLoader, to_device
-    from bert_core.pretrain.ds_config import client_optimizer, ds_config, uses_client_optimizer
     from bert_core.pretrain.evaluate import EvalSplit, eval_folder, evaluate
 
     pre = config.pretrain
     phase = pre.phases[phase_index]
     ckpt = checkpoint_dir(run, phase_index)
     mcfg = model_config(config, vocab_size, init_checkpoint)
-
-    torch.manual_seed(pre.seed)  # same initial weights on every rank
-    if phase_index == 0 and init_checkpoint:
-        model = BertForPreTraining.from_pretrained(init_checkpoint)
-    else:
-        model = BertForPreTraining(mcfg)
-    groups = param_groups(model, pre.weight_decay)
-    optimizer = client_optimizer(pre, phase, groups) if uses_client_optimizer(pre) else None
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=model, model_parameters=groups, optimizer=optimizer,
-        config=ds_config(pre, phase_index, run),
-    )
-    if pre.compile:
-        # Batch shapes vary (padded length, real tokens, masked positions): compile for dynamic shapes.
-        engine.compile(compile_kwargs={"dynamic": True})
+    engine, scheduler = build_engine(config, phase_index, vocab_size, init_checkpoint, run)
     loader = PretrainingLoader(
         instances, phase.max_seq_length, phase.micro_batch_size, rank=rank, world_size=world_size,
         seed=pre.seed + phase_index, workers=pre.loader_workers, vocab_file=config.vocab.vocab_file,
-        pin_memory=engine.device.type == "cuda",
+        pin_memory=engine.device.type == "cuda", token_buckets=pre.token_buckets,
     )
     metrics = MetricsLog(run) if rank == 0 else None
     eval_split = EvalSplit.open(
@@ -141,6 +159,7 @@ def run_phase(
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, mlm_acc, nsp_acc, micro-batches
     one = torch.ones((), device=device)
     sequences = tokens = 0  # this rank's, since the last log line
+    save_seconds = 0.0  # spent saving checkpoints, since the last log line
     t0 = time.perf_counter()
     engine.train()
     while step < phase.max_steps:
@@ -177,7 +196,8 @@ def run_phase(
                 "seq_per_s": seqs / seconds, "tokens_per_s": tokens_per_s,
                 "mfu": (flops_per_token(mcfg, round(mean_len)) * tokens_per_s / (peak * world_size))
                 if peak else None,
-                "epoch": loader.epoch, "cpu_seconds": cpu, "time": time.time(),
+                "epoch": loader.epoch, "cpu_seconds": cpu, "checkpoint_seconds": save_seconds,
+                "time": time.time(),
             }
             if metrics:
                 metrics.append(row)
@@ -185,6 +205,7 @@ def run_phase(
                        f"mlm_acc {row['mlm_acc']:.3f} nsp_acc {row['nsp_acc']:.3f} lr {row['lr']:.2e} "
                        f"{row['seq_per_s']:.1f} seq/s {tokens_per_s:.0f} tok/s")
             sequences = tokens = 0
+            save_seconds = 0.0
             t0 = time.perf_counter()
         if eval_split is not None and (step == phase.max_steps or (pre.eval_every and step % pre.eval_every == 0)):
             # Before the checkpoint: a resume from it keeps this row and never evaluates again.
@@ -206,7 +227,9 @@ def run_phase(
             t_save = time.perf_counter()
             save_checkpoint(engine, ckpt, step, {"step": step, "loader": loader.state_dict(),
                                                  "phase": phase_index + 1}, rank)
-            t0 += time.perf_counter() - t_save
+            saving = time.perf_counter() - t_save
+            t0 += saving  # the rates are training's; the saves are reported apart
+            save_seconds += saving
     return {"engine": engine, "first_loss": first_loss, "last_loss": last_loss, "steps": step,
             "sequences": step * phase.global_batch_size}
 
