@@ -70,18 +70,20 @@ def run_name() -> str:
 @flow(name="finetune", flow_run_name=run_name, log_prints=True, timeout_seconds=24 * 3600)
 def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_name: str | None = None,
              job: dict[str, Any] | None = None) -> Any:
-    """Fine-tune ``checkpoint`` on every ``finetune.tasks`` x setting x seed; select per task;
-    write ``output`` (the checkpoint's folder) and return it. Given ``job`` (``{task, setting,
-    seed}``, as the fan-out sends it to a deployment), run that one job into its folder under
-    ``output`` and return its metrics."""
+    """Fine-tune ``checkpoint`` (a folder, or ``models:current``) on every ``finetune.tasks`` x
+    setting x seed; select per task; write ``output`` (the checkpoint's folder) and return it.
+    Given ``job`` (``{task, setting, seed}``, as the fan-out sends it to a deployment), run that
+    one job into its folder under ``output`` and return its metrics."""
     from bert_core.finetune import get_task
     from bert_core.finetune.grid import checkpoint_name as name_of
     from bert_core.finetune.grid import job_name, settings
     from bert_core.finetune.report import clear_task, summarize, table_rows, write_results
+    from bert_core.registry import resolve_checkpoint
     from flows.artifacts import publish_table
     from flows.versions import checkpoint_identity, finetune_version
 
     logger = get_run_logger()
+    checkpoint = resolve_checkpoint(checkpoint, config.storage_root)
     cfg = config.finetune
     if not cfg.data_dir:
         raise ValueError("finetune.data_dir is not set; point it at a folder with one sub-folder per task")

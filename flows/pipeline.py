@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig
 from bert_core.finetune.grid import checkpoint_name
+from bert_core.registry import resolve_checkpoint
 from flows.dispatch import run_on_deployment
 from flows.retry import retry_on_infrastructure
 from flows.versions import (
@@ -240,6 +241,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
         checkpoints["random-init"] = storage.join(config.storage_root, "models", f"random-init-{version}")
         stages["random-init"] = unwrap(save_random_init(config, vocab, checkpoints["random-init"]))
     for extra in config.finetune.extra_checkpoints:
+        extra = resolve_checkpoint(extra, config.storage_root)
         name = checkpoint_name(extra)
         if name in checkpoints:
             raise ConfigError(f"finetune.extra_checkpoints: {extra} would share the folder finetune/{name} "

@@ -38,7 +38,8 @@ def task_data_refused() -> Iterator[None]:
 def finetune(
     task: Annotated[list[str], typer.Option("--task", "-t", help="Task name (repeatable, or a,b).")],
     data: Annotated[str, typer.Option(help="Folder with one sub-folder per task, or the task's own folder.")],
-    checkpoint: Annotated[str, typer.Option(help="Our runs' hf/ folder or any transformers BERT folder.")],
+    checkpoint: Annotated[str, typer.Option(help="Our runs' hf/ folder, any transformers BERT folder, "
+                                                 "or models:current (models:<version>).")],
     output: Annotated[str, typer.Option(help="Output folder or URI (gs://...).")],
     seeds: Annotated[str | None, typer.Option(help="Comma-separated seeds, e.g. 1,2,3.")] = None,
     learning_rates: Annotated[str | None, typer.Option(help="Grid, e.g. 5e-5,3e-5,2e-5.")] = None,
@@ -54,6 +55,7 @@ def finetune(
     from bert_core.finetune import TASKS
     from bert_core.finetune.grid import checkpoint_name
     from bert_core.finetune.report import format_table, run_many, table_rows, task_stats
+    from bert_core.registry import resolve_checkpoint
     from flows.versions import checkpoint_identity, finetune_version
 
     tasks = [t.strip().lower() for item in task for t in item.split(",") if t.strip()]
@@ -62,6 +64,7 @@ def finetune(
         typer.secho(f"unknown task(s) {unknown}; choose from {', '.join(sorted(TASKS))}", fg="red", err=True)
         raise typer.Exit(2)
     cfg = resolve(preset, config, set_)
+    checkpoint = resolve_checkpoint(checkpoint, cfg.storage_root)
     cfg.finetune.tasks = tasks
     cfg.finetune.data_dir = data
     for option, field, value, kind in (("--seeds", "seeds", seeds, int),
@@ -96,13 +99,17 @@ def finetune(
 
 
 def features(
-    checkpoint: Annotated[str, typer.Option(help="Transformers-layout BERT folder.")],
+    checkpoint: Annotated[str, typer.Option(help="Transformers-layout BERT folder, or models:current "
+                                                 "(models:<version>).")],
     input_: Annotated[str, typer.Option("--input", help="Text file (one sentence a line) or CoNLL file.")],
     output: Annotated[str, typer.Option(help="Parquet file to write.")],
     layers: Annotated[str, typer.Option(help="last | sum_last_four | concat_last_four | all | second_to_last")] = "last",
     input_format: Annotated[str, typer.Option("--format", help="text | conll (auto from the name if omitted)")] = "",
     max_seq_length: Annotated[int, typer.Option(help="Word pieces per window, specials included.")] = 128,
     threads: Annotated[int, typer.Option(help="torch threads")] = 2,
+    preset: PresetOpt = "demo",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Extract frozen contextual token features (the paper's feature-based approach) to Parquet.
 
@@ -110,7 +117,9 @@ def features(
     ``<output>.rejects.jsonl``. An input with no sentence kept exits 1 with one line.
     """
     from bert_core.finetune.features import extract_file, rejects_uri
+    from bert_core.registry import resolve_checkpoint
 
+    checkpoint = resolve_checkpoint(checkpoint, resolve(preset, config, set_).storage_root)
     with task_data_refused():
         c = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
                          max_seq_length=max_seq_length, threads=threads)

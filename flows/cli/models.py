@@ -1,0 +1,83 @@
+"""``bertpipe models``: the model registry of the config's storage root.
+
+    bertpipe models list
+    bertpipe models show VERSION          (or current, previous)
+    bertpipe models promote VERSION
+    bertpipe models rollback
+
+The work is ``bert_core.registry``; ``models:current`` (or ``models:<version>``) names a
+registered model wherever a command takes a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
+
+VersionArg = Annotated[str, typer.Argument(help="A registered version, or current / previous.")]
+
+
+def _registry(preset: str, config: str | None, set_: list[str] | None):
+    from bert_core.registry import Registry, registry_root
+
+    return Registry(registry_root(resolve(preset, config, set_).storage_root))
+
+
+def _version(registry: Any, ref: str) -> str:
+    from bert_core.registry import ALIASES, RegistryError
+
+    if ref not in ALIASES:
+        return ref
+    version = registry.aliases()[ref]
+    if version is None:
+        raise RegistryError(f"the registry {registry.root} has no {ref} model yet")
+    return version
+
+
+def format_versions(records: list[dict[str, Any]], aliases: dict[str, Any]) -> str:
+    """One line per version: alias, version, parent, dump date, steps, tokens, gate decision."""
+    marks = {aliases.get(a): a for a in ("previous", "current") if aliases.get(a)}
+    header = f"{'alias':<9} {'version':<14} {'parent':<14} {'dump':<9} {'steps':>7} {'tokens':>11}  gate"
+    lines = [header]
+    for r in records:
+        gate = r.get("gate") or {}
+        lines.append(f"{marks.get(r['version'], ''):<9} {r['version']:<14} {r.get('parent') or '-':<14} "
+                     f"{r.get('dump_date') or '-':<9} {r.get('steps', 0):>7} {r.get('tokens_seen', 0):>11}  "
+                     f"{gate.get('decision', '-')}")
+    return "\n".join(lines)
+
+
+def models_list(preset: PresetOpt = "demo", config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Every registered model version, oldest first, with the aliases."""
+    registry = _registry(preset, config, set_)
+    records = registry.versions()
+    if not records:
+        typer.echo(f"no model versions in {registry.root} yet; `bertpipe refresh` makes the first")
+        return
+    typer.echo(format_versions(records, registry.aliases()))
+
+
+def models_show(version: VersionArg, preset: PresetOpt = "demo", config: ConfigOpt = None,
+                set_: SetOpt = None) -> None:
+    """A version's whole record (lineage, inputs, suite scores, gate decision) as JSON."""
+    registry = _registry(preset, config, set_)
+    typer.echo(json.dumps(registry.get(_version(registry, version)), indent=2, sort_keys=True))
+
+
+def models_promote(version: VersionArg, preset: PresetOpt = "demo", config: ConfigOpt = None,
+                   set_: SetOpt = None) -> None:
+    """Make a version current by hand (its folder must be whole); the old current becomes previous."""
+    registry = _registry(preset, config, set_)
+    aliases = registry.promote(_version(registry, version))
+    typer.echo(f"current: {aliases['current']} (previous: {aliases['previous'] or '-'})")
+
+
+def models_rollback(preset: PresetOpt = "demo", config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Make the previous model current again."""
+    aliases = _registry(preset, config, set_).rollback()
+    typer.echo(f"current: {aliases['current']} (previous: {aliases['previous'] or '-'})")
+
