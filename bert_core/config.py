@@ -529,6 +529,37 @@ class FinetuneConfig(_Model):
                                        "epochs": [num_train_epochs]})
 
 
+# --------------------------------------------------------------------------- refresh
+
+
+class RefreshConfig(_Model):
+    """The scheduled refresh: a newer dump -> pre-training continued from the current model ->
+    the evaluation suite -> the gate against the current model -> promotion."""
+
+    lang: str = Field("en", min_length=2, description="Wikipedia language of the refreshed dump.")
+    vocab: Literal["keep", "retrain"] = Field(
+        "keep", description="keep: the current model's vocab (versions stay comparable); retrain: a "
+        "new vocab from the new corpus, which starts a new model line (from scratch).")
+    init: Literal["continue", "scratch"] = Field(
+        "continue", description="continue: start from the current model's weights; scratch: a random init.")
+    max_steps: int = Field(200, ge=1, description="The budget of a continued run: optimizer steps, "
+                           "one phase at the first phase's sequence length and batch.")
+    learning_rate: float | None = Field(None, gt=0, description="Peak rate of a continued run, warmed "
+                                        "up again from 0; None: the first phase's.")
+    warmup_steps: int = Field(10, ge=0, description="Warmup steps of a continued run.")
+    min_documents: int = Field(1, ge=1, description="A refreshed corpus with fewer documents is refused.")
+    mlm_loss_band: float = Field(0.05, ge=0, description="The gate: held-out masked-LM loss (new eval "
+                                 "documents, and the previous dump's) may exceed the current model's by this.")
+    finetune_band: float = Field(1.0, ge=0, description="The gate: a fine-tune task's final score (0-100) "
+                                 "may fall below the current model's by this plus the larger seed sd.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RefreshConfig:
+        if self.warmup_steps > self.max_steps:
+            raise ValueError(f"refresh.warmup_steps={self.warmup_steps} exceeds refresh.max_steps={self.max_steps}")
+        return self
+
+
 # --------------------------------------------------------------------------- pipeline
 
 
@@ -563,6 +594,7 @@ class PipelineConfig(_Model):
     model: ModelConfig = Field(default_factory=ModelConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig)
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:

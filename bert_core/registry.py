@@ -159,15 +159,26 @@ class Registry:
                                 "only at whole models")
         with self.lock(f"promote {version}"):
             aliases = self.aliases()
+            if aliases["current"] == version:
+                return aliases
             if expect_current is not False and aliases["current"] != expect_current:
                 raise RegistryError(
                     f"cannot promote {version}: it was judged against {expect_current or 'no model'}, "
                     f"but current is now {aliases['current']} (another refresh promoted it); run the "
                     "refresh again to judge against the new current")
-            if aliases["current"] == version:
-                return aliases
             history = [*aliases["history"], version]
             return self._move(history, f"promote {version}")
+
+    def settle(self, version: str) -> str:
+        """Carry out the gate's recorded decision for ``version``: "promoted" or "kept". A promotion
+        that crashed before the aliases moved is finished; one rolled back by hand is not redone."""
+        record = self.get(version)
+        if (record.get("gate") or {}).get("decision") != "promote":
+            return "kept"
+        if not record.get("promoted"):
+            self.promote(version, expect_current=record.get("parent"))
+            self.register({"version": version, "promoted": _now()})
+        return "promoted"
 
     def rollback(self) -> dict[str, Any]:
         """Make ``previous`` current again; refused when there is no previous model."""

@@ -188,7 +188,8 @@ def save_random_init(config: PipelineConfig, vocab: str, output: str):
     return run_once("random-init model", output, work)
 
 
-def _stage(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
+def stage_once(stage: str, config: PipelineConfig, output: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Run one stage's flow into ``output`` unless finished; its status and output."""
     # Pre-training retries its launch inside its own flow (pretrain.launch_retries), only there.
     run = run_stage.with_options(retries=0) if stage == "pretrain" else run_stage
     return unwrap(run(stage, config, output, inputs))
@@ -210,11 +211,11 @@ def data_stages(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     ``config.beam_runner``: each stage's status and output."""
     stages: dict[str, dict[str, Any]] = {}
     corpus = corpus_folder(config)
-    stages["corpus"] = _stage("corpus", config, corpus, {})
+    stages["corpus"] = stage_once("corpus", config, corpus, {})
     vocab = vocab_folder(config, corpus)
-    stages["vocab"] = _stage("vocab", config, vocab, {"corpus": corpus})
+    stages["vocab"] = stage_once("vocab", config, vocab, {"corpus": corpus})
     instances = instances_folder(config, corpus, vocab)
-    stages["instances"] = _stage("instances", config, instances, {"corpus": corpus, "vocab": vocab})
+    stages["instances"] = stage_once("instances", config, instances, {"corpus": corpus, "vocab": vocab})
     return stages
 
 
@@ -229,7 +230,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
 
     version = pretrain_version(config, instances, vocab)
     run = storage.join(runs, "pretrain", version)
-    stages["pretrain"] = _stage("pretrain", config, run, {"instances": instances})
+    stages["pretrain"] = stage_once("pretrain", config, run, {"instances": instances})
 
     pretrained = storage.join(run, "hf")
     if config.runs_root:

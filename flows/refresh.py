@@ -1,20 +1,27 @@
-"""Corpus refresh: download the newest finished Wikipedia dump, then clean it (with the books).
+"""The refresh loop: the newest finished Wikipedia dump -> corpus -> instances with the current
+model's vocab -> pre-training continued from the current model -> the evaluation suite -> the
+gate -> promotion in the model registry.
 
-    bertpipe serve --only refresh-corpus/monthly      (the monthly schedule of infra/prefect.yaml)
+    bertpipe refresh --date 20261201
+    bertpipe serve --only refresh/monthly         (the monthly schedule of infra/prefect.yaml)
 
-The corpus lands in the folder ``bert_pipeline`` computes for the same config, so the next
-pipeline run picks it up.
+Each part is the existing stage flow, skipped when its folder is finished, and a dump already
+refreshed with these settings is found in the registry, so a killed refresh resumes and a second
+one for the same dump computes nothing. The logic is ``bert_core.refresh`` and
+``bert_core.registry``; ``refresh-corpus`` is the first half alone (dump -> corpus).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from bert_core import storage
-from bert_core.config import PipelineConfig
+from bert_core.config import PipelineConfig, config_hash
+from bert_core.registry import Registry, registry_root
 from flows.retry import retry_on_infrastructure
 from flows.versions import SKIPPED, corpus_folder, is_done
 
@@ -57,6 +64,18 @@ def download(lang: str, date: str, to: str, base_url: str | None) -> str:
     return to
 
 
+def with_dump(config: PipelineConfig, lang: str, date: str | None,
+              base_url: str | None) -> tuple[str, PipelineConfig]:
+    """Inside a flow: find (unless ``date``) and download a dump; the dump's date and the config
+    whose corpus reads it (beside the configured books and text)."""
+    dates = [date] if date else candidate_dates(dt.datetime.now(dt.timezone.utc).date())
+    date = find_dump(lang, dates, base_url)
+    raw = download(lang, date, storage.join(config.storage_root, "raw", "wikipedia", f"{lang}wiki-{date}"),
+                   base_url)
+    corpus_cfg = config.corpus.model_copy(update={"wikipedia": [storage.join(raw, "*.bz2")]})
+    return date, config.model_copy(update={"corpus": corpus_cfg})
+
+
 def refresh_run_name() -> str:
     """``enwiki-20240601``, or ``enwiki-latest`` when the newest finished dump is looked up."""
     from prefect.runtime import flow_run
@@ -72,14 +91,156 @@ def refresh_corpus(
     """Download a dump (newest finished one unless ``date``) and clean it; returns the corpus URI."""
     from flows.corpus import clean_corpus
 
-    dates = [date] if date else candidate_dates(dt.datetime.now(dt.timezone.utc).date())
-    date = find_dump(lang, dates, base_url)
-    raw = download(lang, date, storage.join(config.storage_root, "raw", "wikipedia", f"{lang}wiki-{date}"),
-                   base_url)
-    corpus_cfg = config.corpus.model_copy(update={"wikipedia": [storage.join(raw, "*.bz2")]})
-    config = config.model_copy(update={"corpus": corpus_cfg})
+    _, config = with_dump(config, lang, date, base_url)
     output = corpus_folder(config)
     if is_done(output):
         get_run_logger().info("corpus: %s, %s has a manifest", SKIPPED, output)
         return output
     return clean_corpus(config, output)
+
+
+# --------------------------------------------------------------------------- the whole loop
+
+
+def loop_run_name() -> str:
+    """``refresh/enwiki-20261201``; ``refresh/enwiki-latest`` until the newest dump is found."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    config = p["config"]
+    lang = config.refresh.lang if isinstance(config, PipelineConfig) else config.get("refresh", {}).get("lang", "en")
+    return f"refresh/{lang}wiki-{p.get('date') or 'latest'}"
+
+
+def _rename_run(name: str) -> None:
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=name)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="score-mlm-{label}")
+def score_mlm(config: PipelineConfig, label: str, model: str, eval_sets: dict[str, str]) -> dict[str, Any]:
+    """Held-out masked-LM scores of ``model`` on each eval set (name -> instances folder)."""
+    from bert_core.refresh import eval_length, mlm_scores
+
+    return {name: mlm_scores(model, instances, eval_length(config), config.instances.seed)
+            for name, instances in eval_sets.items()}
+
+
+def run_suite(config: PipelineConfig, version: str, model: str, parent: dict[str, Any] | None,
+              instances: str, same_vocab: bool) -> dict[str, Any]:
+    """Inside a flow: the suite's scores of the new model and, on the same documents and tasks,
+    of the current one (``parent``). Masked-LM scores need a shared vocab; fine-tuning does not."""
+    from bert_core.refresh import finetune_scores
+    from flows.pipeline import fan_out_finetune
+    from flows.versions import finetune_folder
+
+    eval_sets = {"new_dump": instances}
+    if parent and same_vocab:
+        eval_sets["previous_dump"] = parent["instances"]
+    suite: dict[str, Any] = {"new": {"mlm": score_mlm(config, version, model, eval_sets)}, "current": None}
+    if parent:
+        suite["current"] = {"mlm": score_mlm(config, parent["version"], parent["model"], eval_sets)
+                            if same_vocab else {}}
+    if config.finetune.tasks:
+        checkpoints = {version: model} | ({parent["version"]: parent["model"]} if parent else {})
+        fan_out_finetune(config, checkpoints)
+        for label, side in ((version, "new"), (parent and parent["version"], "current")):
+            if label:
+                suite[side]["finetune"] = finetune_scores(finetune_folder(config, label), config.finetune.tasks)
+    suite["definition"] = {"eval_sets": sorted(eval_sets), "tasks": config.finetune.tasks,
+                           "seeds": config.finetune.seeds}
+    return suite
+
+
+@flow(name="refresh", flow_run_name=loop_run_name, log_prints=True)
+def refresh(config: PipelineConfig, date: str | None = None, base_url: str | None = None) -> dict[str, Any]:
+    """Refresh the model on the newest finished dump (or ``date``'s); returns the version, the
+    gate's decision and whether it was promoted."""
+    from bert_core.refresh import (
+        check_corpus_floor,
+        continued_config,
+        gate,
+        model_identity,
+        run_counts,
+    )
+    from flows.pipeline import publish_model, runs_base, stage_once
+    from flows.versions import instances_folder, pretrain_version, unwrap, vocab_folder
+
+    logger = get_run_logger()
+    r = config.refresh
+    registry = Registry(registry_root(config.storage_root))
+    runs = runs_base(config)
+    date, config = with_dump(config, r.lang, date, base_url)
+    _rename_run(f"refresh/{r.lang}wiki-{date}")
+
+    corpus = stage_once("corpus", config, corpus_folder(config), {})["output"]
+    check_corpus_floor(storage.read_manifest(corpus), r)
+    settings = r.model_dump(mode="json")
+    done = [v for v in registry.versions() if v.get("corpus") == storage.to_uri(corpus) and v.get("refresh") == settings]
+    parent_version = done[-1]["parent"] if done else registry.current()
+    parent = registry.get(parent_version) if parent_version else None
+
+    same_vocab = parent is not None and r.vocab == "keep"
+    if same_vocab:
+        vocab = parent["vocab"]
+        storage.read_manifest(vocab)  # refused in one line when the current model's vocab is gone
+    else:
+        vocab = stage_once("vocab", config, vocab_folder(config, corpus), {"corpus": corpus})["output"]
+    instances = stage_once("instances", config, instances_folder(config, corpus, vocab),
+                           {"corpus": corpus, "vocab": vocab})["output"]
+
+    init = parent["model"] if same_vocab and r.init == "continue" else None
+    train_cfg = continued_config(config) if init else config
+    version = config_hash(pretrain_version(train_cfg, instances, vocab), model_identity(init))
+    run = storage.join(runs, "pretrain", version)
+    stage_once("pretrain", train_cfg, run, {"instances": instances, "init_checkpoint": init})
+    model = unwrap(publish_model(run, storage.join(registry.root, version)))["output"]
+
+    if not registry.has(version) or not registry.get(version).get("gate"):
+        counts = run_counts(storage.read_manifest(run))
+        registry.register({
+            "version": version, "parent": parent_version, "line": vocab.rstrip("/").rsplit("/", 1)[-1],
+            "model": storage.to_uri(model), "run": storage.to_uri(run), "corpus": storage.to_uri(corpus),
+            "vocab": storage.to_uri(vocab), "instances": storage.to_uri(instances), "dump_date": date,
+            "lang": r.lang, "init": "continue" if init else "scratch", "run_steps": counts["steps"],
+            "steps": counts["steps"] + (parent or {}).get("steps", 0) * bool(init),
+            "tokens_seen": counts["tokens"] + (parent or {}).get("tokens_seen", 0) * bool(init),
+            "refresh": settings,
+        })
+        suite = run_suite(config, version, model, parent, instances, same_vocab)
+        decision = gate(suite["new"], suite["current"], r)
+        registry.register({"version": version, "suite": suite, "gate": decision})
+    else:
+        logger.info("refresh: %s, %s was already judged for this dump", SKIPPED, version)
+    record = registry.get(version)
+    outcome = registry.settle(version)
+    logger.info("refresh %s: %s (%s)", version, outcome, record["gate"]["why"])
+    publish_refresh_artifacts(registry, record, outcome)
+    return {"version": version, "parent": parent_version, "dump_date": date, "outcome": outcome,
+            "gate": record["gate"], "current": registry.current()}
+
+
+def publish_refresh_artifacts(registry: Registry, record: dict[str, Any], outcome: str) -> None:
+    """``models-registry``: every version with its lineage and scores; ``refresh-report``: new vs
+    current per metric and the decision."""
+    from flows.artifacts import publish_markdown, publish_table
+
+    aliases = registry.aliases()
+    marks = {aliases.get(a): a for a in ("previous", "current") if aliases.get(a)}
+    rows = []
+    for r in registry.versions():
+        mlm = ((r.get("suite") or {}).get("new") or {}).get("mlm", {}).get("new_dump", {})
+        rows.append({"alias": marks.get(r["version"], ""), "version": r["version"], "parent": r.get("parent") or "",
+                     "dump": r.get("dump_date"), "steps": r.get("steps"), "tokens": r.get("tokens_seen"),
+                     "mlm_loss": mlm.get("mlm_loss"), "gate": (r.get("gate") or {}).get("decision", "")})
+    publish_table("models-registry", rows, f"Model versions in {registry.root}; current: {aliases['current']}")
+    g = record["gate"]
+    md = [f"**{record['version']}** (dump {record.get('dump_date')}, parent {record.get('parent') or '-'}): "
+          f"**{outcome}**. {g['why']}", "", "| metric | new | current | worse by | band | ok |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {x['metric']} | {x['new']:.4f} | {x['current']:.4f} | {x['worse_by']:.4f} | {x['band']:.4f} | "
+           f"{'✓' if x['ok'] else '✗'} |" for x in g["rows"]]
+    publish_markdown("refresh-report", "\n".join(md), f"Refresh of {record.get('dump_date')}: new vs current")

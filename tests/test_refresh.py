@@ -3,6 +3,7 @@ on a real Prefect server (the session's): newest finished dump -> download -> cl
 
 from __future__ import annotations
 
+import bz2
 import datetime as dt
 import hashlib
 import json
@@ -63,3 +64,138 @@ def test_refresh_takes_the_newest_finished_dump_and_cleans_it(prefect_api, site,
     site.requests.clear()
     assert refresh_corpus(cfg, lang="en", base_url=site.url) == corpus
     assert not [p for p, _ in site.requests if p.endswith(".bz2")]
+
+
+# --------------------------------------------------------------------------- the whole loop
+
+MONTHS = ("20261101", "20261201")
+EDIT = " The article was revised for the new month, and this sentence was added to it."
+
+
+def _monthly_dumps(sample) -> tuple[str, str]:
+    """Two months of one wiki from the real sample: month two edits every third page of month one
+    and adds new pages (articles of 4-30 kB, redirects left out, to stay small)."""
+    text = bz2.decompress(sample.read_bytes()).decode("utf-8")
+    head, body = text.split("<page>", 1)
+    pages = ["<page>" + p.replace("</mediawiki>", "") for p in body.split("<page>")]
+    pages = [p for p in pages if "<redirect" not in p and 4_000 <= len(p) <= 30_000]
+    old, new = pages[:24], pages[24:]
+    edited = [p.replace("</text>", EDIT + "</text>", 1) if i % 3 == 0 else p for i, p in enumerate(old)]
+    return head + "".join(old) + "</mediawiki>\n", head + "".join(edited + new) + "</mediawiki>\n"
+
+
+def _publish_xml(root, xml: str, date: str) -> None:
+    folder = root / "enwiki" / date
+    folder.mkdir(parents=True)
+    data = bz2.compress(xml.encode("utf-8"))
+    name = f"enwiki-{date}-pages-articles1.xml-p1p99.bz2"
+    (folder / name).write_bytes(data)
+    sha1 = hashlib.sha1(data).hexdigest()
+    (folder / f"enwiki-{date}-sha1sums.txt").write_text(f"{sha1}  {name}\n")
+    (folder / "dumpstatus.json").write_text(json.dumps({"jobs": {"articlesdump": {
+        "status": "done", "files": {name: {"size": len(data), "url": f"/enwiki/{date}/{name}", "sha1": sha1}}}}}))
+
+
+def _refresh_config(samples, root, *sets: str):
+    from bert_core.config import load_config
+
+    return load_config("demo", sets=[
+        f"storage_root={root}", "corpus.books=[]", "corpus.text=[]", "workers=1",
+        "vocab.vocab_size=1000", "instances.dupe_factor=1", "instances.num_shards=1",
+        "instances.min_eval_documents=4", "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
+        "pretrain.procs_per_node=1", "pretrain.log_every=1", "pretrain.checkpoint_every=100",
+        "pretrain.phases=[{max_seq_length: 64, max_steps: 4, global_batch_size: 8, micro_batch_size: 8, "
+        "warmup_steps: 1, learning_rate: 3.0e-3}]",
+        "finetune.tasks=[sentiment]", "finetune.seeds=[1, 2]", f"finetune.data_dir={samples}/tasks",
+        "finetune.max_train_examples=32", "finetune.epochs=[1]", "finetune.learning_rates=[1.0e-3]",
+        "finetune.extra_checkpoints=[]", "finetune.random_init_baseline=false", "finetune.by_checkpoint={}",
+        "refresh.max_steps=3", "refresh.warmup_steps=1", "refresh.mlm_loss_band=0.5",
+        "refresh.finetune_band=100", *sets])
+
+
+def _manifests(root) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime for p in root.rglob("_MANIFEST.json")}
+
+
+@pytest.mark.slow
+def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, samples_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from bert_core.registry import Registry, registry_root
+    from flows.cli.main import app
+    from flows.refresh import refresh
+
+    (sample,) = sorted((samples_dir / "wikipedia").glob("*.xml.bz2"))
+    for date, xml in zip(MONTHS, _monthly_dumps(sample), strict=True):
+        _publish_xml(site.root, xml, date)
+    root = tmp_path / "data"
+    cfg = _refresh_config(samples_dir, root)
+    registry = Registry(registry_root(str(root)))
+
+    first = refresh(cfg, date=MONTHS[0], base_url=site.url)
+    assert (first["outcome"], first["parent"]) == ("promoted", None)
+    second = refresh(cfg, date=MONTHS[1], base_url=site.url)
+    v1, v2 = registry.get(first["version"]), registry.get(second["version"])
+    # the second version continues the first, on the first one's vocab
+    assert v2["parent"] == v1["version"] and v2["init"] == "continue" and v2["vocab"] == v1["vocab"]
+    assert (v1["steps"], v2["steps"]) == (4, 4 + 3) and v2["tokens_seen"] > v1["tokens_seen"] > 0
+    assert v2["corpus"] != v1["corpus"] and v2["dump_date"] == MONTHS[1]
+    # the suite scores both models on the same documents and tasks
+    new, cur = v2["suite"]["new"], v2["suite"]["current"]
+    assert set(new["mlm"]) == set(cur["mlm"]) == {"new_dump", "previous_dump"}
+    assert new["mlm"]["new_dump"]["instances"] == cur["mlm"]["new_dump"]["instances"] > 0
+    assert set(new["finetune"]) == set(cur["finetune"]) == {"sentiment"} and new["finetune"]["sentiment"]["n"] == 2
+    # the gate follows the thresholds, and the alias moves with it
+    rows = v2["gate"]["rows"]
+    assert {r["metric"] for r in rows} == {"mlm_loss:new_dump", "mlm_loss:previous_dump", "finetune:sentiment"}
+    assert all(r["ok"] == (r["worse_by"] <= r["band"]) for r in rows)
+    assert v2["gate"]["decision"] == ("promote" if all(r["ok"] for r in rows) else "keep") == "promote"
+    assert registry.aliases()["current"] == v2["version"] and registry.aliases()["previous"] == v1["version"]
+
+    # a rerun for the same month computes nothing
+    before = _manifests(root)
+    again = refresh(cfg, date=MONTHS[1], base_url=site.url)
+    assert again["version"] == v2["version"] and _manifests(root) == before
+
+    # a refresh made worse on purpose (a huge rate) is kept out, and rollback restores the previous
+    bad = refresh(_refresh_config(samples_dir, root, "refresh.learning_rate=30.0"), date=MONTHS[1], base_url=site.url)
+    assert bad["parent"] == v2["version"] and bad["outcome"] == "kept" and registry.current() == v2["version"]
+    assert "mlm_loss:new_dump" in registry.get(bad["version"])["gate"]["why"]
+    result = CliRunner().invoke(app, ["models", "rollback", "--set", f"storage_root={root}"])
+    assert result.exit_code == 0 and registry.current() == v1["version"]
+
+
+# --------------------------------------------------------------------------- the gate and its inputs
+
+
+def _scores(loss: float, old_loss: float, score: float, sd: float) -> dict:
+    return {"mlm": {"new_dump": {"mlm_loss": loss}, "previous_dump": {"mlm_loss": old_loss}},
+            "finetune": {"sentiment": {"mean": score, "sd": sd, "n": 3}}}
+
+
+def test_the_gate_promotes_unless_a_metric_is_worse_beyond_its_band():
+    from bert_core.config import RefreshConfig
+    from bert_core.refresh import gate
+
+    cfg = RefreshConfig(mlm_loss_band=0.05, finetune_band=1.0)
+    current = _scores(3.00, 3.00, 80.0, 0.5)
+    assert gate(_scores(9.0, 9.0, 0.0, 0.0), None, cfg)["decision"] == "promote"  # the first of its line
+    assert gate(_scores(3.04, 2.90, 78.6, 0.4), current, cfg)["decision"] == "promote"  # inside every band
+    forgot = gate(_scores(2.90, 3.06, 80.0, 0.5), current, cfg)
+    assert forgot["decision"] == "keep" and forgot["why"].startswith("mlm_loss:previous_dump 3.06 vs current 3")
+    noisy = gate(_scores(2.90, 2.90, 77.0, 2.5), current, cfg)  # 3 points down, but seeds spread by 2.5
+    assert noisy["decision"] == "promote"
+    assert gate(_scores(2.90, 2.90, 77.0, 0.5), current, cfg)["decision"] == "keep"
+
+
+def test_a_small_corpus_is_refused_and_a_continued_run_is_rewarmed():
+    from bert_core.config import load_config
+    from bert_core.refresh import CorpusFloorError, check_corpus_floor, continued_config
+
+    cfg = load_config("demo", sets=["refresh.max_steps=30", "refresh.warmup_steps=3", "refresh.learning_rate=1e-4"])
+    with pytest.raises(CorpusFloorError, match="3 documents, below refresh.min_documents=100"):
+        check_corpus_floor({"uri": "c", "counts": {"documents": 3}}, cfg.refresh.model_copy(update={"min_documents": 100}))
+    (phase,) = continued_config(cfg).pretrain.phases
+    first = cfg.pretrain.phases[0]
+    assert (phase.max_steps, phase.warmup_steps, phase.learning_rate) == (30, 3, 1e-4)
+    assert (phase.max_seq_length, phase.global_batch_size) == (first.max_seq_length, first.global_batch_size)

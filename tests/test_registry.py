@@ -143,3 +143,13 @@ def test_features_and_finetune_take_models_current(two, tmp_path, samples_dir):
                                        "--set", f"storage_root={root}"])
     assert unknown.exit_code == 1
     assert "model version 'v9' is not in the registry" in unknown.output
+
+
+def test_a_decided_promotion_that_crashed_is_finished_and_a_rollback_is_not_undone(two):
+    root, reg = two
+    # the gate said promote, then the process died before the aliases moved
+    reg.register({"version": "v2", "gate": {"decision": "promote", "why": "better"}})
+    assert reg.current() == "v1"
+    assert reg.settle("v2") == "promoted" and reg.current() == "v2" and reg.get("v2")["promoted"]
+    reg.rollback()
+    assert reg.settle("v2") == "promoted" and reg.current() == "v1"  # a person's rollback stands

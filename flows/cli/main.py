@@ -29,6 +29,7 @@ from flows.cli.instances import instances
 from flows.cli.manifests import stats, verify
 from flows.cli.models import models_list, models_promote, models_rollback, models_show
 from flows.cli.pretrain import pretrain
+from flows.cli.refresh import refresh
 from flows.cli.run import run
 from flows.cli.samples import samples_fetch
 from flows.cli.serve import serve
@@ -47,6 +48,7 @@ COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., Non
     "stats": stats,
     "verify": verify,
     "run": run,
+    "refresh": refresh,
     "server": server,
     "serve": serve,
     "download": ("Download raw corpora.", {"wikipedia": download_wikipedia}),
