@@ -5,20 +5,13 @@
     make gpu-wheels && make gpu-check                    # the same, with its wheels installed first
 
 It builds its own input (a synthetic vocab and seq128 instances through the project's instance
-code, a few MB), then runs these stages in order, each in its own process under its own
-timeout, each appending one JSON line to ``DIR/gpu_check.jsonl`` and printing a summary line:
-
-1. ``env``: GPU name and memory, torch / CUDA / DeepSpeed versions, whether nvcc is there;
-2. ``e2e``: ``bertpipe``'s real launcher runs ``bert_core.pretrain`` on one GPU, BERT-base at
-   seq128, bf16, 30 steps with checkpoints at 15 and 30: steps/s, real tokens/s, MFU;
-3. ``compare``: our model against transformers' ``BertForPreTraining`` (SDPA) on the same
-   weights and batch, bf16 autocast, fused AdamW, at several micro-batch sizes: tokens/s, MFU,
-   peak memory, ratio; and both without attention dropout (ours then runs packed FlashAttention);
-4. ``numerics``: one batch with dropout off: loss and gradient norm on CPU fp32, GPU fp32 (TF32
-   off) and GPU bf16, and which attention kernels ran;
-5. ``resume``: stage 2's run resumed from step 15 to 30: checkpoints skipped (none expected) and
-   the losses against the uninterrupted run;
-6. ``finetune``: one task fine-tuned on the GPU from stage 2's export: device, examples/s, score.
+code, a few MB), then runs its stages in order, each in its own process under its own timeout,
+each appending one JSON line to ``DIR/gpu_check.jsonl`` and printing a summary line: ``env``
+(the machine), ``e2e`` (BERT-base through ``bertpipe``'s launcher: real tokens/s and MFU between
+logged steps after warm-up, checkpoint saves apart), ``variants`` (the product's engine in
+process on one fixed batch, one change after another: tokens/s, MFU, memory, loss, host
+synchronizations, profile shares), ``compare`` (ours against transformers' BertForPreTraining),
+``e2e_large`` (BERT-large through the launcher), ``numerics``, ``resume`` and ``finetune``.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -38,8 +32,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-STAGES = ("env", "e2e", "compare", "numerics", "resume", "finetune")
-TIMEOUTS = {"env": 60, "e2e": 240, "compare": 150, "numerics": 90, "resume": 180, "finetune": 120}
+STAGES = ("env", "e2e", "variants", "compare", "e2e_large", "numerics", "resume", "finetune")
+TIMEOUTS = {"env": 60, "e2e": 180, "variants": 360, "compare": 150, "e2e_large": 180, "numerics": 90,
+            "resume": 150, "finetune": 120}
 RESULT_PREFIX = "GPU_CHECK_RESULT "
 SEQ = 128
 MAX_PREDICTIONS = 20
@@ -57,8 +52,13 @@ class Plan:
         self.precision = precision or ("fp32" if dry_run else "bf16")
         self.steps, self.checkpoint_at = (4, 2) if dry_run else (30, 15)
         self.log_every = 1 if dry_run else 5
-        self.micro_batch = 8 if dry_run else 128
+        # e2e and variants at the micro-batch of the fastest in-process row (one per step on GPU)
+        self.micro_batch = 8 if dry_run else 256
         self.global_batch = 16 if dry_run else 256
+        self.large_micro_batch = 4 if dry_run else 128
+        self.variant_steps = (1, 1) if dry_run else (5, 14)  # warm-up, timed; then one more for the syncs
+        # the dry run checks the compiled variants' graphs without generating code (minutes on CPU)
+        self.compile_backend = "eager" if dry_run else "inductor"
         self.compare_batches = (4, 8) if dry_run else (32, 128, 256)
         self.compare_steps = (1, 2) if dry_run else (3, 10)  # warm-up, timed
         self.documents = 60 if dry_run else 1200
@@ -123,19 +123,22 @@ def build_data(work: Path, plan: Plan) -> str:
     return str(out)
 
 
-def pretrain_config(work: Path, plan: Plan) -> Any:
+def pretrain_config(work: Path, plan: Plan, size: str | None = None, micro_batch: int | None = None,
+                    extra: tuple[str, ...] = ()) -> Any:
+    """The bert-base-128 preset on one GPU (or CPU), at this check's size, steps and batch."""
     from bert_core.config import load_config
 
-    phase = {"max_seq_length": SEQ, "max_steps": plan.steps, "global_batch_size": plan.global_batch,
-             "micro_batch_size": plan.micro_batch, "learning_rate": 1e-4, "warmup_steps": 3}
+    micro = micro_batch or plan.micro_batch
+    phase = {"max_seq_length": SEQ, "max_steps": plan.steps, "global_batch_size": max(plan.global_batch, micro),
+             "micro_batch_size": micro, "learning_rate": 1e-4, "warmup_steps": 3}
     sets = [
-        f"model.size={plan.size}", "model.pad_vocab_to_multiple=64",
+        f"model.size={size or plan.size}", "model.pad_vocab_to_multiple=64",
         f"pretrain.accelerator={plan.accelerator}", "pretrain.nodes=1", "pretrain.procs_per_node=1",
         f"pretrain.precision={plan.precision}", f"pretrain.zero_stage={1 if plan.precision == 'bf16' else 0}",
         f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.checkpoint_every={plan.checkpoint_at}",
         f"pretrain.log_every={plan.log_every}", "pretrain.eval_every=0", "pretrain.monitor=none",
         f"pretrain.loader_workers={plan.loader_workers}", f"pretrain.threads_per_rank={2 if plan.dry_run else 4}",
-        f"storage_root={work}",
+        f"storage_root={work}", *extra,
     ]
     return load_config("bert-base-128", None, sets)
 
@@ -179,35 +182,208 @@ def stage_env(work: Path, plan: Plan) -> dict[str, Any]:
     return row
 
 
-def stage_e2e(work: Path, plan: Plan) -> dict[str, Any]:
+def launch_and_measure(work: Path, plan: Plan, run: Path, config: Any) -> dict[str, Any]:
+    """Pre-train ``config`` through the real launcher into ``run``. Rates are the metrics rows'
+    after the first logged step (warm-up): real tokens over the wall time between logged steps,
+    with checkpoint saves taken out and reported apart."""
     from bert_core.pretrain.launch import launch_pretraining
     from bert_core.pretrain.metrics import read_metrics, train_rows
 
     instances = build_data(work, plan)
-    config = pretrain_config(work, plan)
-    run = work / "run"
     shutil.rmtree(run, ignore_errors=True)
-    lines: list[str] = []
     t0 = time.perf_counter()
-    launch_pretraining(config, instances, str(run), on_line=lambda line: (lines.append(line), print(line)))
+    launch_pretraining(config, instances, str(run), on_line=print)
     wall = time.perf_counter() - t0
     rows = train_rows(read_metrics(str(run)))
-    timed = [r for r in rows if r["step"] > 1]  # step 1 holds the warm-up
-    span = timed[-1]["time"] - rows[0]["time"] if timed else None
-    steps = timed[-1]["step"] - rows[0]["step"] if timed else 0
-    best = max(timed, key=lambda r: r["tokens_per_s"]) if timed else rows[-1]
+    timed = [r for r in rows if r["step"] > rows[0]["step"]] or rows[-1:]
+    phase = config.pretrain.phases[0]
     return {
-        "model": plan.size, "precision": plan.precision, "micro_batch": plan.micro_batch,
-        "global_batch": plan.global_batch, "steps": rows[-1]["step"], "wall_s": round(wall, 1),
-        "steps_per_s": round(steps / span, 3) if span else None,
-        "tokens_per_s": round(sum(r["tokens_per_s"] for r in timed) / len(timed)) if timed else None,
-        "tokens_per_s_best": round(best["tokens_per_s"]),
-        "mfu": round(sum(r["mfu"] for r in timed) / len(timed), 4) if timed and timed[0]["mfu"] else None,
+        "model": config.model.size, "precision": config.pretrain.precision,
+        "zero_stage": config.pretrain.zero_stage, "micro_batch": phase.micro_batch_size,
+        "global_batch": phase.global_batch_size, "steps": rows[-1]["step"], "wall_s": round(wall, 1),
+        "tokens_per_s": round(statistics.fmean(r["tokens_per_s"] for r in timed)),
+        "seq_per_s": round(statistics.fmean(r["seq_per_s"] for r in timed), 1),
+        "mfu": round(statistics.fmean(r["mfu"] for r in timed), 4) if timed[0].get("mfu") else None,
+        "checkpoint_seconds": round(sum(r.get("checkpoint_seconds", 0.0) for r in rows), 2),
         "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
         "checkpoints": sorted(p.name for p in (run / "checkpoints" / "phase1").glob("step*")),
         "exported": (run / "hf" / "model.safetensors").exists(),
         "losses": {r["step"]: r["loss"] for r in rows},
     }
+
+
+def stage_e2e(work: Path, plan: Plan) -> dict[str, Any]:
+    return launch_and_measure(work, plan, work / "run", pretrain_config(work, plan))
+
+
+def stage_e2e_large(work: Path, plan: Plan) -> dict[str, Any]:
+    """BERT-large (NVIDIA's published figure is for it), checkpointed only at the end."""
+    size = "mini" if plan.dry_run else "large"
+    config = pretrain_config(work, plan, size, plan.large_micro_batch,
+                             (f"pretrain.checkpoint_every={plan.steps}",))
+    return launch_and_measure(work, plan, work / "run-large", config)
+
+
+# Each variant is the one before it plus one change: product settings, or a DeepSpeed section
+# set over the rendered config where the change is DeepSpeed's default against ours (None drops
+# that override again). The baseline is how the product trained before these changes (the
+# stored q/k/v matrix aside, which every variant has).
+VARIANTS: tuple[tuple[str, tuple[str, ...], dict[str, Any]], ...] = (
+    ("baseline", ("model.attention_probs_dropout_prob=0.1", "pretrain.zero_stage=1"),
+     {"timers": {"throughput": {"enabled": True, "synchronized": True}}}),
+    ("timers_off", (), {"timers": None}),
+    ("attention_dropout_0", ("model.attention_probs_dropout_prob=0",), {}),
+    ("immediate_grad_update", (), {"bf16": {"enabled": True, "immediate_grad_update": True}}),
+    ("autocast_zero0", ("pretrain.zero_stage=0",), {"bf16": None}),
+    ("compile", ("pretrain.compile=true",), {}),
+    ("static_shapes", ("pretrain.token_buckets=8",), {}),
+    ("cuda_graphs", ("pretrain.compile_mode=reduce-overhead",), {}),
+)
+KERNEL_CLASSES = (("attention", ("flash", "fmha", "attention", "sdpa", "varlen")),
+                  ("matmul", ("gemm", "mm", "matmul", "cutlass", "xmma", "linear")))
+
+
+def init_one_rank(backend: str) -> None:
+    """This process as rank 0 of a world of 1, as the engine expects from the launcher."""
+    import socket
+
+    import deepspeed
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    deepspeed.init_distributed(dist_backend=backend)
+
+
+def profile_shares(step, device, steps: int) -> dict[str, float]:
+    """Shares of the steps' wall time: matmuls, attention, other (element-wise) kernels, idle."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    busy = {"matmul": 0.0, "attention": 0.0, "elementwise": 0.0}
+    for e in prof.key_averages():
+        spent = e.self_device_time_total if cuda else (e.self_cpu_time_total if e.key.startswith("aten::") else 0)
+        if spent <= 0:
+            continue
+        name = e.key.lower()
+        kind = next((k for k, words in KERNEL_CLASSES if any(w in name for w in words)), "elementwise")
+        busy[kind] += spent
+    shares = {k: round(v / wall_us, 3) for k, v in busy.items()}
+    shares["idle"] = round(max(0.0, 1 - sum(busy.values()) / wall_us), 3)
+    return shares
+
+
+def host_syncs(step, device) -> int | None:
+    """Runs one step: the host synchronizations in it, as torch's sync debug mode reports them
+    (None off CUDA)."""
+    import warnings
+
+    import torch
+
+    if device.type != "cuda":
+        step()
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], ds: dict[str, Any]) -> dict[str, Any]:
+    """The product's engine (``build_engine``) on the loader's first batch, ``variant_steps``
+    optimizer steps with dropout reseeded per step as the loop does."""
+    import torch
+
+    from bert_core.device import peak_flops
+    from bert_core.model.bert import flops_per_token
+    from bert_core.pretrain.data import PretrainingLoader, read_vocab, to_device
+    from bert_core.pretrain.loop import build_engine
+
+    config = pretrain_config(work, plan, extra=("pretrain.precision=bf16", f"pretrain.compile_backend={plan.compile_backend}",
+                                                *sets))
+    pre = config.pretrain
+    torch._dynamo.reset()  # each variant compiles its own model, within dynamo's cache limit
+    vocab_size = len(read_vocab(str(work / "vocab" / "vocab.txt")))
+    engine, scheduler = build_engine(config, 0, vocab_size, ds_overrides=ds)
+    device = engine.device
+    loader = PretrainingLoader(instances, SEQ, plan.micro_batch, seed=1, token_buckets=pre.token_buckets)
+    batch = to_device(next(iter(loader)), device)
+    real_tokens = int(batch["attention_mask"].sum())
+    scheduler.step()
+    losses: list[Any] = []
+
+    def step() -> None:
+        torch.manual_seed(len(losses))
+        out = engine(**batch)
+        engine.backward(out["loss"])
+        engine.step()
+        losses.append(out["loss"].detach())
+
+    warmup, timed = plan.variant_steps
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    seconds = _time_steps(step, 0, timed, device)
+    syncs = host_syncs(step, device)  # the step whose loss is reported
+    last = len(losses) - 1
+    shares = profile_shares(step, device, 1 if plan.dry_run else 3)
+    peak = peak_flops(device, "bf16", pre.peak_flops_per_rank)
+    mcfg = engine.module.config
+    row = {
+        "tokens_per_s": round(real_tokens / seconds), "step_ms": round(seconds * 1e3, 2),
+        "mfu": round(flops_per_token(mcfg, round(real_tokens / plan.micro_batch)) * real_tokens / seconds / peak, 4)
+        if peak else None,
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+        "loss_at_step": [last + 1, float(losses[last])], "host_syncs_per_step": syncs,
+        "profile": shares, "real_tokens": real_tokens, "shape": list(batch["input_ids"].shape),
+        "rows": int(batch["token_index"].numel()),
+    }
+    engine.destroy()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def stage_variants(work: Path, plan: Plan) -> dict[str, Any]:
+    import torch
+
+    instances = build_data(work, plan)
+    init_one_rank("nccl" if torch.cuda.is_available() else "gloo")
+    sets: tuple[str, ...] = ()
+    ds: dict[str, Any] = {}
+    rows = []
+    for name, more_sets, more_ds in VARIANTS:
+        sets, ds = sets + more_sets, ds | more_ds
+        overrides = {k: v for k, v in ds.items() if v is not None}
+        try:
+            row = run_variant(work, plan, instances, sets, overrides)
+        except Exception as err:  # one variant failing (a kernel, a compile) leaves the others
+            row = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
+        rows.append({"variant": name, **row})
+        print(f"variant {name}: {row}", flush=True)
+    base = rows[0].get("loss_at_step")
+    for row in rows:
+        if base is not None and "loss_at_step" in row:
+            row["loss_diff_vs_baseline"] = round(abs(row["loss_at_step"][1] - base[1]), 5)
+        if "tokens_per_s" in row and "tokens_per_s" in rows[0]:
+            row["speedup_vs_baseline"] = round(row["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+    return {"micro_batch": plan.micro_batch, "steps": sum(plan.variant_steps) + 1, "rows": rows}
 
 
 def _models(plan: Plan, vocab_size: int, attention_dropout: float | None = None):
@@ -240,7 +416,7 @@ def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
                  attention_dropout: float | None) -> dict[str, Any]:
     import torch
 
-    from benchmarks.bench_train_step import hf_labels
+    from benchmarks.common import hf_labels
     from bert_core.device import peak_flops
     from bert_core.model.bert import flops_per_token
     from bert_core.pretrain.data import to_device
@@ -407,11 +583,17 @@ def stage_finetune(work: Path, plan: Plan) -> dict[str, Any]:
             "score": metrics["main"], "train": metrics["train"], "counts": metrics["counts"]}
 
 
-STAGE_FUNCTIONS = {"env": stage_env, "e2e": stage_e2e, "compare": stage_compare,
-                   "numerics": stage_numerics, "resume": stage_resume, "finetune": stage_finetune}
+STAGE_FUNCTIONS = {"env": stage_env, "e2e": stage_e2e, "variants": stage_variants, "compare": stage_compare,
+                   "e2e_large": stage_e2e_large, "numerics": stage_numerics, "resume": stage_resume,
+                   "finetune": stage_finetune}
 
 
 # --------------------------------------------------------------------------- driver
+
+
+def e2e_line(r: dict[str, Any]) -> str:
+    return (f"{r['model']} mb {r['micro_batch']}: {r['steps']} steps, {r['tokens_per_s']} tok/s, MFU {r['mfu']}, "
+            f"checkpoints {r['checkpoint_seconds']} s, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
 
 
 def summary(stage: str, row: dict[str, Any]) -> str:
@@ -421,8 +603,12 @@ def summary(stage: str, row: dict[str, Any]) -> str:
     text = {
         "env": lambda: f"{r.get('gpu', 'cpu')} {r.get('gpu_memory_gib', '')} GiB, torch {r['torch']} "
                        f"CUDA {r['cuda']}, DeepSpeed {r['deepspeed']}, nvcc {'yes' if r['nvcc'] else 'no'}",
-        "e2e": lambda: f"{r['steps']} steps, {r['steps_per_s']} steps/s, {r['tokens_per_s']} tok/s, "
-                       f"MFU {r['mfu']}, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}",
+        "e2e": lambda: e2e_line(r),
+        "e2e_large": lambda: e2e_line(r),
+        "variants": lambda: "; ".join(f"{x['variant']} " + (f"{x['tokens_per_s']} tok/s MFU {x['mfu']} "
+                                      f"syncs {x['host_syncs_per_step']} loss {x['loss_at_step'][1]:.3f}"
+                                      if "tokens_per_s" in x else f"FAILED {x['error'][:80]}")
+                                      for x in r["rows"]),
         "compare": lambda: "; ".join(f"mb {x['micro_batch']} (attn dropout {x['attention_dropout']}): ours "
                                      f"{x['ours_tokens_per_s']} tok/s MFU {x['ours_mfu']} vs ref "
                                      f"{x['reference_tokens_per_s']} = {x['ratio']}x" for x in r["rows"]),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check import STAGES
+from benchmarks.gpu_check import STAGES, VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,9 +28,22 @@ def test_dry_run_writes_every_stage(tmp_path):
     assert done.returncode == 0
     r = {row["stage"]: row["result"] for row in rows}
     assert r["env"]["torch"] and r["env"]["deepspeed"][0].isdigit()
-    # the real launcher trained, checkpointed at 2 and 4 and exported
+    # the real launcher trained, checkpointed at 2 and 4 and exported; the rate leaves the saves out
     assert r["e2e"]["steps"] == 4 and r["e2e"]["checkpoints"] == ["step2", "step4"] and r["e2e"]["exported"]
-    assert r["e2e"]["tokens_per_s"] > 0
+    assert r["e2e"]["tokens_per_s"] > 0 and r["e2e"]["checkpoint_seconds"] > 0
+    assert r["e2e_large"]["model"] == "mini" and r["e2e_large"]["checkpoints"] == ["step4"]
+    # every variant ran on the product's engine, one change after another, each with its figures
+    variants = r["variants"]["rows"]
+    assert [v["variant"] for v in variants] == [name for name, _, _ in VARIANTS]
+    for v in variants:
+        assert "error" not in v, v
+        assert v["tokens_per_s"] > 0 and set(v["profile"]) == {"matmul", "attention", "elementwise", "idle"}
+        assert v["loss_at_step"][0] == r["variants"]["steps"]
+        # one fixed batch, dropout off in none of them: the losses stay close to the baseline's
+        assert v["loss_diff_vs_baseline"] < 0.05, v
+    # static shapes: the real tokens rounded up to one of 8 buckets of B x T / 8 rows
+    assert variants[0]["rows"] == variants[0]["real_tokens"]
+    assert variants[-1]["rows"] % (8 * 128 // 8) == 0 and variants[-1]["shape"] == [8, 128]
     # ours and transformers' computed on the same batch at every micro-batch size
     assert [x["micro_batch"] for x in r["compare"]["rows"]] == [4, 8, 8]
     assert all(x["ratio"] > 0 and x["reference_attention"] == "sdpa" for x in r["compare"]["rows"])

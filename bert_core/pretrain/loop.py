@@ -69,14 +69,15 @@ def build_engine(config: PipelineConfig, phase_index: int, vocab_size: int, init
     from bert_core.model.bert import BertForPreTraining
     from bert_core.model.weight_decay import param_groups
     from bert_core.pretrain.ds_config import client_optimizer, ds_config, uses_client_optimizer
+    from bert_core.pretrain.in_process import random_init
 
     pre = config.pretrain
     phase = pre.phases[phase_index]
-    torch.manual_seed(pre.seed)
     if phase_index == 0 and init_checkpoint:
+        torch.manual_seed(pre.seed)  # the heads a checkpoint lacks start the same on every rank
         model = BertForPreTraining.from_pretrained(init_checkpoint)
     else:
-        model = BertForPreTraining(model_config(config, vocab_size, init_checkpoint))
+        model = random_init(model_config(config, vocab_size, init_checkpoint), pre.seed)
     groups = param_groups(model, pre.weight_decay)
     optimizer = client_optimizer(pre, phase, groups) if uses_client_optimizer(pre) else None
     engine, _, _, scheduler = deepspeed.initialize(
