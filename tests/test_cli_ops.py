@@ -42,7 +42,7 @@ def test_server_prints_its_address_and_serve_registers_the_monthly_refresh(prefe
         assert json.loads(resp.read())["api_url"] == prefect_api.api
 
     bertpipe = str(Path(sys.executable).with_name("bertpipe"))
-    serve = subprocess.Popen([bertpipe, "serve", "--only", "refresh-corpus/monthly"], cwd=REPO,
+    serve = subprocess.Popen([bertpipe, "serve", "--only", "refresh/monthly"], cwd=REPO,
                              env=server_env(prefect_api.home, prefect_api.api), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -50,10 +50,10 @@ def test_server_prints_its_address_and_serve_registers_the_monthly_refresh(prefe
             only_monthly = DeploymentFilter(name=DeploymentFilterName(any_=["monthly"]))
             (deployment,) = _wait(lambda: client.read_deployments(deployment_filter=only_monthly), 120,
                                   "served deployment")
-            assert deployment.entrypoint.endswith("flows/refresh.py:refresh_corpus")
+            assert deployment.entrypoint.endswith("flows/refresh.py:refresh")
             (schedule,) = deployment.schedules
             assert schedule.schedule.cron == REFRESH_CRON and schedule.active
-            assert deployment.parameters["lang"] == "en" and "config" in deployment.parameters
+            assert deployment.parameters["config"]["refresh"]["lang"] == "en"
     finally:
         stop_process_group(serve)
 

@@ -164,7 +164,7 @@ def test_prefect_yaml_is_the_rendered_demo_and_names_real_flows():
         assert "config" in flow.parameters.properties
         PipelineConfig.model_validate(d["parameters"]["config"])  # the UI form's defaults are valid
         assert d["work_pool"]["name"] in (PROCESS_POOL, GPU_POOL)
-    assert {"bert-pipeline/local", "refresh-corpus/monthly", "corpus/local", "vocab/local",
+    assert {"bert-pipeline/local", "refresh/monthly", "corpus/local", "vocab/local",
             "instances/local", "pretrain/local", "pretrain/gpu", "finetune/local",
             "finetune/gpu"} == names
     (monthly,) = [d for d in spec["deployments"] if d["name"] == "monthly"]

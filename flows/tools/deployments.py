@@ -1,6 +1,6 @@
 """The deployments of infra/prefect.yaml as runner deployments, for ``bertpipe serve``.
 
-    bertpipe serve --only refresh-corpus/monthly
+    bertpipe serve --only refresh/monthly
 
 ``serve`` runs process-pool deployments from this process, schedules included, with no work pool;
 ``prefect deploy --prefect-file infra/prefect.yaml`` registers the same ones for workers.

@@ -25,8 +25,8 @@ from bert_core.config import PipelineConfig
 INFRA_DIR = Path(__file__).resolve().parents[2] / "infra"
 PROCESS_POOL = "bertpipe-process"
 GPU_POOL = "bertpipe-k8s-gpu"
-# The corpus refresh runs on the 10th of each month: the dump of the 1st has finished its
-# articles job by then; refresh_corpus falls back to an earlier dump if not.
+# The refresh runs on the 10th of each month: the dump of the 1st has finished its articles job
+# by then; the refresh falls back to an earlier dump if not.
 REFRESH_CRON = "0 6 10 * *"
 BEAM_RUNNERS = {"DataflowRunner": "dataflow", "FlinkRunner": "flink", "SparkRunner": "spark"}
 
@@ -179,7 +179,7 @@ def _deployment(name: str, entrypoint: str, description: str, pool: dict, **extr
 
 
 def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings()) -> str:
-    """``infra/prefect.yaml``: a deployment per flow, the monthly refresh, process + GPU pools."""
+    """``infra/prefect.yaml``: a deployment per flow, the monthly model refresh, process + GPU pools."""
     config = cfg.model_dump(mode="json")
     process = {"name": PROCESS_POOL, "work_queue_name": "default"}
     gpu_vars = {"image": settings.image, "gpus": cfg.pretrain.procs_per_node}
@@ -188,9 +188,10 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
     deployments = [
         _deployment("local", "flows/pipeline.py:bert_pipeline",
                     "The whole DAG; finished stages are skipped.", process, parameters=params),
-        _deployment("monthly", "flows/refresh.py:refresh_corpus",
-                    "Download the newest finished Wikipedia dump and clean it into a corpus.",
-                    process, parameters={**params, "lang": "en"},
+        _deployment("monthly", "flows/refresh.py:refresh",
+                    "Refresh the model on the newest finished Wikipedia dump: continued pre-training, "
+                    "the suite, the gate against models:current, promotion.",
+                    process, parameters=params,
                     schedules=[{"cron": REFRESH_CRON, "timezone": "UTC", "active": True}]),
         _deployment("local", "flows/corpus.py:clean_corpus", "Stage 1: dumps + books -> documents.",
                     process, parameters=params),
@@ -225,7 +226,7 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
     for key, anchor in re.findall(r"(\w[\w-]*): &(id\d+)", text):
         text = text.replace(f"&{anchor}", f"&{key}").replace(f"*{anchor}", f"*{key}")
     header = (
-        "# Prefect deployments of bertpipe: one per flow, a monthly corpus refresh, two work pools.\n"
+        "# Prefect deployments of bertpipe: one per flow, the monthly model refresh, two work pools.\n"
         "# GENERATED from the demo preset: `bertpipe infra render --preset demo --out build/infra`\n"
         "# (flows/tools/render.py::prefect_yaml); edit that, not this file.\n"
         "#   prefect work-pool create bertpipe-process --type process\n"
