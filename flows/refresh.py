@@ -226,7 +226,7 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
 def publish_refresh_artifacts(registry: Registry, record: dict[str, Any], outcome: str) -> None:
     """``models-registry``: every version with its lineage and scores; ``refresh-report``: new vs
     current per metric and the decision."""
-    from flows.artifacts import publish_markdown, publish_table
+    from flows.artifacts import line_plot, markdown_image, publish_markdown, publish_table
 
     aliases = registry.aliases()
     marks = {aliases.get(a): a for a in ("previous", "current") if aliases.get(a)}
@@ -243,4 +243,10 @@ def publish_refresh_artifacts(registry: Registry, record: dict[str, Any], outcom
           "|---|---|---|---|---|---|"]
     md += [f"| {x['metric']} | {x['new']:.4f} | {x['current']:.4f} | {x['worse_by']:.4f} | {x['band']:.4f} | "
            f"{'✓' if x['ok'] else '✗'} |" for x in g["rows"]]
+    scored = [r for r in rows if r["mlm_loss"] is not None]
+    if scored:
+        fig = line_plot({"new dump's eval documents": (range(1, len(scored) + 1), [r["mlm_loss"] for r in scored])},
+                        "Held-out masked-LM loss of each version", xlabel="version (oldest first)",
+                        ylabel="mlm loss")
+        md += ["", markdown_image(fig, "suite scores across versions")]
     publish_markdown("refresh-report", "\n".join(md), f"Refresh of {record.get('dump_date')}: new vs current")

@@ -8,6 +8,7 @@ import datetime as dt
 import hashlib
 import json
 import threading
+import uuid
 
 import pytest
 from test_download import DumpSite
@@ -119,6 +120,8 @@ def _manifests(root) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, samples_dir, tmp_path):
+    from prefect import get_client, tags
+    from prefect_server import pipeline_artifact, pipeline_flow_runs
     from typer.testing import CliRunner
 
     from bert_core.registry import Registry, registry_root
@@ -134,7 +137,9 @@ def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, sa
 
     first = refresh(cfg, date=MONTHS[0], base_url=site.url)
     assert (first["outcome"], first["parent"]) == ("promoted", None)
-    second = refresh(cfg, date=MONTHS[1], base_url=site.url)
+    tag = f"refresh-test-{uuid.uuid4().hex[:8]}"
+    with tags(tag):
+        second = refresh(cfg, date=MONTHS[1], base_url=site.url)
     v1, v2 = registry.get(first["version"]), registry.get(second["version"])
     # the second version continues the first, on the first one's vocab
     assert v2["parent"] == v1["version"] and v2["init"] == "continue" and v2["vocab"] == v1["vocab"]
@@ -151,6 +156,13 @@ def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, sa
     assert all(r["ok"] == (r["worse_by"] <= r["band"]) for r in rows)
     assert v2["gate"]["decision"] == ("promote" if all(r["ok"] for r in rows) else "keep") == "promote"
     assert registry.aliases()["current"] == v2["version"] and registry.aliases()["previous"] == v1["version"]
+    # the UI: the run named by its dump, the registry artifact with both versions
+    with get_client(sync_client=True) as client:
+        assert [r.name for name, r in pipeline_flow_runs(client, tag) if name == "refresh"] == [
+            f"refresh/enwiki-{MONTHS[1]}"]
+        table = pipeline_artifact(client, tag, "models-registry")
+        assert [(r["version"], r["alias"]) for r in table] == [(v1["version"], "previous"), (v2["version"], "current")]
+        assert "**promoted**" in pipeline_artifact(client, tag, "refresh-report")
 
     # a rerun for the same month computes nothing
     before = _manifests(root)
