@@ -25,6 +25,10 @@ class SuiteError(Refusal):
     """The evaluation suite cannot run on these instances or models."""
 
 
+class NoDumpError(LookupError, Refusal):
+    """No finished dump among the dates looked at."""
+
+
 class CorpusFloorError(Refusal):
     """A refreshed corpus holds fewer documents than ``refresh.min_documents``."""
 

@@ -37,6 +37,7 @@ def candidate_dates(today: dt.date) -> list[str]:
       cache_policy=NO_CACHE, task_run_name="find-dump-{lang}")
 def find_dump(lang: str, dates: list[str], base_url: str | None) -> str:
     from bert_core.corpus.download import DownloadError, list_dump_files
+    from bert_core.refresh import NoDumpError
 
     logger = get_run_logger()
     reasons = []
@@ -48,7 +49,8 @@ def find_dump(lang: str, dates: list[str], base_url: str | None) -> str:
             continue
         logger.info("newest finished %swiki dump: %s (%d files)", lang, date, len(files))
         return date
-    raise LookupError(f"no finished {lang}wiki articles dump among {dates}:\n" + "\n".join(reasons))
+    raise NoDumpError(f"no finished {lang}wiki articles dump among {', '.join(dates)} ({'; '.join(reasons)}); "
+                      "give --date of a finished dump, or wait for the current one to finish")
 
 
 @task(retries=3, retry_delay_seconds=60, retry_condition_fn=retry_on_infrastructure,

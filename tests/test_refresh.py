@@ -211,3 +211,14 @@ def test_a_small_corpus_is_refused_and_a_continued_run_is_rewarmed():
     first = cfg.pretrain.phases[0]
     assert (phase.max_steps, phase.warmup_steps, phase.learning_rate) == (30, 3, 1e-4)
     assert (phase.max_seq_length, phase.global_batch_size) == (first.max_seq_length, first.global_batch_size)
+
+
+def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli.main import app
+
+    result = CliRunner().invoke(app, ["refresh", "--date", MONTHS[0], "--base-url", site.url,
+                                      "--set", f"storage_root={tmp_path}"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith(f"no finished enwiki articles dump among {MONTHS[0]}")
