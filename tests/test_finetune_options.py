@@ -66,3 +66,38 @@ def test_reinit_top_layers_resets_the_top_only():
     assert torch.equal(bert.encoder.ln.weight, torch.ones_like(bert.encoder.ln.weight))
     with pytest.raises(ValueError, match="2 layers"):
         reinit_top_layers(bert, 3)
+
+
+def test_a_fine_tuning_data_error_is_a_refusal_of_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from bert_core.failures import Refusal
+    from bert_core.finetune import get_task
+    from bert_core.finetune.errors import AllJobsFailed, TaskDataError, TaskFileMissing, UnknownTask
+    from bert_core.finetune.report import write_results
+    from flows.cli import app
+    from flows.cli.main import failure
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    r = CliRunner().invoke(app, ["features", "--checkpoint", str(tmp_path), "--input", str(empty),
+                                 "--output", str(tmp_path / "f.parquet")])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.output.strip() == (f"{empty}: no sentences (the file is empty or blank); give one sentence a "
+                                "line (--format text) or CoNLL columns (word ... tag, blank line between "
+                                "sentences)")
+    assert isinstance(r.exception, SystemExit)  # handled by the one catch, not a crash
+
+    with pytest.raises(UnknownTask) as unknown:
+        get_task("nope")
+    with pytest.raises(AllJobsFailed) as all_failed:
+        write_results(str(tmp_path / "ft"), FinetuneConfig(), str(tmp_path), str(tmp_path),
+                      [{"task": "sst2", "setting": {"name": "lr1e-4"}, "seed": 1, "ok": False,
+                        "error": "TaskFileMissing: train.tsv does not exist"}])
+    for err, builtin in ((TaskDataError("x"), ValueError), (TaskFileMissing("x"), FileNotFoundError),
+                         (unknown.value, KeyError), (all_failed.value, RuntimeError)):
+        assert isinstance(err, Refusal) and isinstance(err, builtin)
+        assert failure(err)[1:] == ("red", 1) and "\n" not in failure(err)[0]
+    assert failure(unknown.value)[0].startswith("unknown task 'nope'; registered tasks: cola")  # no quotes around it
+    assert failure(all_failed.value)[0] == ("every fine-tuning job failed: sst2 lr1e-4 seed=1: "
+                                            "TaskFileMissing: train.tsv does not exist")

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from bert_core.finetune.errors import TaskFileMissing, UnknownTask
+
 Kind = Literal["classification", "regression", "span", "token", "multiple_choice", "token_features"]
 
 
@@ -88,14 +90,14 @@ def get_task(name: str) -> Task:
     try:
         task = TASKS[base]
     except KeyError:
-        raise KeyError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}") from None
+        raise UnknownTask(f"unknown task {name!r}; registered tasks: {', '.join(sorted(TASKS))}") from None
     if not at:
         return task
     if not size.isdigit() or int(size) < 1:
-        raise KeyError(f"task {name!r}: after '@' comes the number of training examples, e.g. {base}@300")
+        raise UnknownTask(f"task {name!r}: after '@' comes the number of training examples, e.g. {base}@300")
     if task.kind != "classification":
-        raise KeyError(f"task {name!r}: a training-set size applies to classification tasks only "
-                       f"({base} is {task.kind}); use finetune.max_train_examples to cap it")
+        raise UnknownTask(f"task {name!r}: a training-set size applies to classification tasks only "
+                          f"({base} is {task.kind}); use finetune.max_train_examples to cap it")
     return replace(task, name=f"{base}@{int(size)}", train_size=int(size),
                    description=f"{task.description}, {int(size)} training examples")
 
@@ -113,7 +115,7 @@ def task_dir(data_dir: str, task: Task) -> str:
     has_other_tasks = any(storage.exists(storage.join(data_dir, f)) for f in folders)
     if storage.exists(data_dir) and not has_other_tasks:
         return storage.to_uri(data_dir)
-    raise FileNotFoundError(
+    raise TaskFileMissing(
         f"no data for task {task.name!r}: {sub} does not exist; put the {task.description} "
         f"files there"
     )

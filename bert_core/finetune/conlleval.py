@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bert_core.finetune.errors import TaskDataError
+
 BOUNDARY = "-X-"
 
 
@@ -136,7 +138,7 @@ def rows_from_lines(
     for number, line in enumerate(lines, 1):
         if line.removesuffix("\n").endswith("\r"):
             name = "FILE" if source == "stdin" else source
-            raise ValueError(
+            raise TaskDataError(
                 f"{source}: line {number} ends in CR LF (Windows line endings), which conlleval.pl "
                 f"refuses; convert the file to LF line endings (dos2unix {name}) and run again"
             )
@@ -144,7 +146,7 @@ def rows_from_lines(
         if features and n_features is None:
             n_features = len(features)
         elif features and len(features) != n_features:
-            raise ValueError(
+            raise TaskDataError(
                 f"{source}: line {number} has {len(features)} columns where earlier lines have "
                 f"{n_features}; every token line needs the same columns (token ... gold guess)"
             )
@@ -152,7 +154,7 @@ def rows_from_lines(
             rows.append((BOUNDARY, "O", "O"))
             continue
         if len(features) < 2:
-            raise ValueError(f"{source}: line {number} {line.rstrip()!r} needs at least a gold and a "
+            raise TaskDataError(f"{source}: line {number} {line.rstrip()!r} needs at least a gold and a "
                              "guessed tag after the token")
         rows.append((features[0], features[-2], features[-1]))
     return rows

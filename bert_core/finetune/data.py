@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from bert_core.finetune.errors import TaskDataError
 from bert_core.finetune.heads import IGNORE_INDEX
 
 # finish(split, outputs) -> (metrics, {file name: JSON-able predictions})
@@ -41,7 +42,7 @@ def training_subset(task: Any, examples: Sequence[Any]) -> list[Any]:
     if not task.train_size:
         return list(examples)
     if task.train_size > len(examples):
-        raise ValueError(f"task {task.name}: asks for {task.train_size} training examples, the "
+        raise TaskDataError(f"task {task.name}: asks for {task.train_size} training examples, the "
                          f"training split has {len(examples)}; choose a smaller size")
     return subsample(examples, task.train_size, task.base)
 

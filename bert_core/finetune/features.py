@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from bert_core import storage
+from bert_core.finetune.errors import TaskDataError, TaskFileMissing
 
 LAYER_CHOICES = ("embeddings", "last", "second_to_last", "sum_last_four", "concat_last_four", "all")
 
@@ -52,7 +53,7 @@ def combine_layers(hidden_states: Sequence[Any], layers: str) -> Any:
         return torch.cat(last4, dim=-1)
     if layers == "all":
         return torch.stack(encoder).sum(0)
-    raise ValueError(f"layers={layers!r}; choose one of {', '.join(LAYER_CHOICES)}")
+    raise TaskDataError(f"layers={layers!r}; choose one of {', '.join(LAYER_CHOICES)}")
 
 
 def feature_dim(hidden_size: int, layers: str) -> int:
@@ -70,7 +71,7 @@ def word_features(
     from bert_core.finetune.ner import encode_sentences
 
     if layers not in LAYER_CHOICES:
-        raise ValueError(f"layers={layers!r}; choose one of {', '.join(LAYER_CHOICES)}")
+        raise TaskDataError(f"layers={layers!r}; choose one of {', '.join(LAYER_CHOICES)}")
     dim = feature_dim(model.config.hidden_size, layers)
     windows = encode_sentences([(list(w), ["O"] * len(w)) for w in sentences], tokenizer, {},
                                max_seq_length)
@@ -98,7 +99,7 @@ def input_format_of(uri: str, input_format: str | None) -> str:
     fmt = input_format or ("conll" if uri.endswith((".conll", "train.txt", "valid.txt", "test.txt",
                                                      ".train", ".testa", ".testb")) else "text")
     if fmt not in ("text", "conll"):
-        raise ValueError(f"--format {fmt!r}: use text or conll")
+        raise TaskDataError(f"--format {fmt!r}: use text or conll")
     return fmt
 
 
@@ -112,7 +113,7 @@ def read_input(uri: str, fmt: str) -> tuple[list[list[str]], list[list[str]] | N
             return [w for w, _ in sentences], [t for _, t in sentences], rejects, len(sentences) + len(rejects)
         lines = [line.split() for line in storage.read_text(uri).splitlines()]
     except UnicodeDecodeError as err:
-        raise ValueError(f"{uri}: not UTF-8 text (byte {err.start}); save the file as UTF-8") from None
+        raise TaskDataError(f"{uri}: not UTF-8 text (byte {err.start}); save the file as UTF-8") from None
     words = [w for w in lines if w]
     return words, None, [], len(words)
 
@@ -152,14 +153,14 @@ def extract_file(
     from bert_core.vocab.tokenization import load_tokenizer
 
     if not storage.exists(input_uri):
-        raise FileNotFoundError(f"{input_uri} does not exist")
+        raise TaskFileMissing(f"{input_uri} does not exist; give a text file (one sentence a line) or a CoNLL file")
     fmt = input_format_of(input_uri, input_format)
     words, tags, rejects, read = read_input(input_uri, fmt)
     counts = count(read, rejects)
     rejects_file = storage.to_uri(rejects_uri(output))
     storage.write_text(rejects_file, "".join(json.dumps(r) + "\n" for r in rejects))
     if not words:
-        raise ValueError(nothing_kept(input_uri, fmt, counts, rejects_file))
+        raise TaskDataError(nothing_kept(input_uri, fmt, counts, rejects_file))
     torch.set_num_threads(threads)
     model = BertModel.from_pretrained(checkpoint)
     feats = word_features(model, load_tokenizer(checkpoint), words, layers, max_seq_length)

@@ -23,6 +23,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.finetune import metrics as M
+from bert_core.finetune.errors import TaskDataError, TaskFileMissing
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def read_tsv(uri: str, spec: GlueSpec) -> tuple[list[Example], list[Reject]]:
         if isinstance(key, int):
             return key
         if key not in header:
-            raise ValueError(
+            raise TaskDataError(
                 f"{uri}: header has no column {key!r} (has {header}); is this the GLUE "
                 f"{spec.folder} file?"
             )
@@ -132,7 +133,7 @@ def read_glue(task: str, folder: str, split: str) -> tuple[list[Example], list[R
     name = f"{split}.tsv"
     uri = storage.join(folder, name)
     if not storage.exists(uri):
-        raise FileNotFoundError(
+        raise TaskFileMissing(
             f"{uri} does not exist; put the GLUE {spec.folder} files (train.tsv, "
             f"{', '.join(spec.dev_files)}) in {folder}"
         )
@@ -161,7 +162,7 @@ def read_sentiment(folder: str, split: str) -> tuple[list[Example], list[Reject]
     """Every ``*.txt`` in ``folder`` (vaderSentiment ``*_GroundTruth.txt``); its train, dev or test part."""
     files = storage.glob(storage.join(folder, "*.txt"))
     if not files:
-        raise FileNotFoundError(
+        raise TaskFileMissing(
             f"no *.txt in {folder}; expected vaderSentiment ground-truth files "
             "(`bertpipe samples fetch` puts them in samples/tasks/sentiment)"
         )
@@ -253,7 +254,7 @@ def prepare(task: str, folder: str, tokenizer: Any, cfg: Any) -> Any:
         counts[f"{split}_rejected"] = len(rejects)
         all_rejects += [r.as_dict() for r in rejects]
     if not examples["train"]:
-        raise ValueError(f"task {task}: no training examples in {folder}")
+        raise TaskDataError(f"task {task}: no training examples in {folder}")
 
     def encode(ex: list[Example]) -> list[dict[str, Any]]:
         enc = encode_pairs(tokenizer, ex, cfg.max_seq_length)

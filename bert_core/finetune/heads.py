@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bert_core.finetune.errors import TaskDataError
 from bert_core.model.bert import BertModel, BertOutput, init_weights
 
 IGNORE_INDEX = -100  # label of positions that take no loss (padding, later word pieces)
@@ -30,7 +31,7 @@ class BertForTask(nn.Module):
         self.bert = bert
         self.kind = kind
         if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling {pooling!r}: use cls (the pooler over [CLS]) or mean")
+            raise TaskDataError(f"pooling {pooling!r}: use cls (the pooler over [CLS]) or mean")
         self.pooling = pooling
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
         out = {"classification": num_labels, "regression": 1, "multiple_choice": 1,

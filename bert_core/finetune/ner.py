@@ -19,6 +19,7 @@ import numpy as np
 
 from bert_core import storage
 from bert_core.finetune import conlleval
+from bert_core.finetune.errors import TaskFileMissing
 from bert_core.finetune.heads import IGNORE_INDEX
 
 Sentence = tuple[list[str], list[str]]  # words, tags
@@ -86,7 +87,7 @@ def _find(folder: str, split: str) -> str:
         uri = storage.join(folder, name)
         if storage.exists(uri):
             return uri
-    raise FileNotFoundError(
+    raise TaskFileMissing(
         f"{folder}: no {split} file ({' or '.join(FILE_NAMES.get(split, (split,)))}); "
         "expected CoNLL-2003 column files"
     )

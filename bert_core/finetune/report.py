@@ -23,6 +23,7 @@ from typing import Any
 from bert_core import storage
 from bert_core.config import FinetuneConfig
 from bert_core.finetune import get_task
+from bert_core.finetune.errors import AllJobsFailed
 
 # The paper's protocol: every setting of the grid runs every seed; per task, the setting with the
 # best mean dev score over seeds is selected, and that setting's mean ± sd over seeds is reported on
@@ -197,7 +198,7 @@ def write_results(
     from bert_core.finetune.grid import checkpoint_name as name_of
 
     if not any(r["ok"] for r in results):
-        raise RuntimeError("every fine-tuning job failed: " + "; ".join(
+        raise AllJobsFailed("every fine-tuning job failed: " + "; ".join(
             f"{r['task']} {r['setting']['name']} seed={r['seed']}: {r['error']}" for r in results))
     name = checkpoint_name or name_of(checkpoint)
     failed: dict[str, dict[str, Any]] = {}

@@ -27,6 +27,7 @@ import numpy as np
 
 from bert_core import storage
 from bert_core.finetune import squad_eval
+from bert_core.finetune.errors import TaskDataError, TaskFileMissing
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _find_files(folder: str) -> tuple[str, str, bool]:
         return train[0], dev[0], False
     if len(files) == 1:
         return files[0], files[0], True
-    raise FileNotFoundError(
+    raise TaskFileMissing(
         f"{folder}: expected train-v1.1.json + dev-v1.1.json (or -v2.0), or a single *.json; "
         f"found {[f.rsplit('/', 1)[-1] for f in files]}"
     )
@@ -57,7 +58,7 @@ def read_squad(uri: str) -> tuple[list[SquadExample], list[dict[str, Any]], list
     try:
         data = json.loads(storage.read_text(uri))["data"]
     except (json.JSONDecodeError, KeyError) as err:
-        raise ValueError(f"{uri}: not a SQuAD JSON file with a 'data' list ({err})") from None
+        raise TaskDataError(f"{uri}: not a SQuAD JSON file with a 'data' list ({err})") from None
     examples, rejects = [], []
     for article in data:
         for paragraph in article["paragraphs"]:

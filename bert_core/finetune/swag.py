@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from bert_core import storage
+from bert_core.finetune.errors import TaskDataError, TaskFileMissing
 from bert_core.finetune.glue import Example, encode_pairs
 
 N_CHOICES = 4
@@ -24,12 +25,12 @@ N_CHOICES = 4
 def read_swag(uri: str) -> tuple[list[tuple[str, str, list[str], int]], list[dict[str, Any]]]:
     """Rows ``(id, context, [4 endings prefixed with sent2], label)`` and rejects."""
     if not storage.exists(uri):
-        raise FileNotFoundError(f"{uri} does not exist; expected SWAG's train.csv / val.csv")
+        raise TaskFileMissing(f"{uri} does not exist; expected SWAG's train.csv / val.csv")
     reader = csv.DictReader(io.StringIO(storage.read_text(uri)))
     need = {"sent1", "sent2", "label", *(f"ending{i}" for i in range(N_CHOICES))}
     missing = need - set(reader.fieldnames or [])
     if missing:
-        raise ValueError(f"{uri}: missing columns {sorted(missing)}; is this a SWAG csv?")
+        raise TaskDataError(f"{uri}: missing columns {sorted(missing)}; is this a SWAG csv?")
     rows, rejects = [], []
     for n, row in enumerate(reader, 2):
         try:

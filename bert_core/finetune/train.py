@@ -29,6 +29,7 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import FinetuneConfig
+from bert_core.finetune.errors import TaskDataError
 from bert_core.model.schedule import linear_warmup_decay
 
 
@@ -61,7 +62,8 @@ def reinit_top_layers(bert: Any, n: int) -> None:
     from bert_core.model.bert import init_weights
 
     if n > len(bert.encoder.layer):
-        raise ValueError(f"reinit_layers={n} but the checkpoint has {len(bert.encoder.layer)} layers")
+        raise TaskDataError(f"finetune.reinit_layers={n} but the checkpoint has {len(bert.encoder.layer)} "
+                            "layers; set it to at most that")
     tops = [*bert.encoder.layer[len(bert.encoder.layer) - n:], bert.pooler, bert.encoder.ln] if n else []
     for module in tops:
         if module is not None:

@@ -11,28 +11,11 @@ prints the grid on 0-100; ``bertpipe stats <output>`` shows it again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
-from bert_core.failures import Refusal
 from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
-
-
-class TaskDataError(Refusal):
-    """A task file, checkpoint or setting that fine-tuning or feature extraction cannot use."""
-
-
-@contextmanager
-def task_data_refused() -> Iterator[None]:
-    """``bert_core.finetune`` says a bad input with ValueError or KeyError (RuntimeError when
-    every job of a grid failed); here each is the user's input to fix, so a :class:`Refusal`."""
-    try:
-        yield
-    except (ValueError, KeyError, RuntimeError) as err:
-        raise TaskDataError(err.args[0] if isinstance(err, KeyError) and err.args else str(err)) from None
 
 
 def finetune(
@@ -79,18 +62,18 @@ def finetune(
             why = err.errors()[0]["msg"].removeprefix("Value error, ") if hasattr(err, "errors") else err
             typer.secho(f"{option} {value!r}: {why}", fg="red", err=True)
             raise typer.Exit(2) from None
-    with task_data_refused():
-        if use_prefect:
-            from flows.finetune import finetune as finetune_flow
+    # A bad task file or setting raises a Refusal (bert_core.finetune.errors): one line, exit 1.
+    if use_prefect:
+        from flows.finetune import finetune as finetune_flow
 
-            finetune_flow(cfg, checkpoint=checkpoint, output=output)
-            index = storage.read_manifest(output)
-        else:
-            ident = checkpoint_identity(checkpoint)
-            versions = {t: finetune_version(cfg, t, ident) for t in tasks}
-            index = run_many(tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune, output,
-                             log=lambda m: typer.echo(m, err=True), checkpoint_name=checkpoint_name(checkpoint),
-                             versions=versions)
+        finetune_flow(cfg, checkpoint=checkpoint, output=output)
+        index = storage.read_manifest(output)
+    else:
+        ident = checkpoint_identity(checkpoint)
+        versions = {t: finetune_version(cfg, t, ident) for t in tasks}
+        index = run_many(tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune, output,
+                         log=lambda m: typer.echo(m, err=True), checkpoint_name=checkpoint_name(checkpoint),
+                         versions=versions)
     typer.echo(format_table(table_rows(task_stats(output, tasks))))
     for f in index.get("failures", []):
         typer.secho(f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}", fg="red", err=True)
@@ -120,9 +103,8 @@ def features(
     from bert_core.registry import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(checkpoint, resolve(preset, config, set_).storage_root)
-    with task_data_refused():
-        c = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
-                         max_seq_length=max_seq_length, threads=threads)
+    c = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,
+                     max_seq_length=max_seq_length, threads=threads)
     typer.echo(f"{input_}: read {c['read']}, kept {c['kept']}, rejected {c['rejected']}")
     for reason, n in c["rejected_by_reason"].items():
         typer.echo(f"  {reason}: {n}")
