@@ -552,6 +552,10 @@ class RefreshConfig(_Model):
                                  "documents, and the previous dump's) may exceed the current model's by this.")
     finetune_band: float = Field(1.0, ge=0, description="The gate: a fine-tune task's final score (0-100) "
                                  "may fall below the current model's by this plus the larger seed sd.")
+    notify_url: str | None = Field(
+        None, pattern=r"^https?://\S+$", description="Webhook that the Prefect automation "
+        "`bertpipe-refresh-notify` POSTs to when a refresh fails or keeps the current model; None: "
+        "no automation. Not part of a version: changing it retrains nothing.")
 
     @model_validator(mode="after")
     def _check(self) -> RefreshConfig:

@@ -9,6 +9,10 @@ Each part is the existing stage flow, skipped when its folder is finished, and a
 refreshed with these settings is found in the registry, so a killed refresh resumes and a second
 one for the same dump computes nothing. The logic is ``bert_core.refresh`` and
 ``bert_core.registry``; ``refresh-corpus`` is the first half alone (dump -> corpus).
+
+With ``refresh.notify_url`` set, each refresh first creates or updates the Prefect automation
+``bertpipe-refresh-notify``: it POSTs JSON to that URL when a refresh run fails or crashes, and
+when the gate keeps the current model (the flow's ``bertpipe.refresh.kept`` event).
 """
 
 from __future__ import annotations
@@ -173,14 +177,17 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
 
     logger = get_run_logger()
     r = config.refresh
+    if r.notify_url:
+        apply_notify_automation(r.notify_url)
     registry = Registry(registry_root(config.storage_root))
     runs = runs_base(config)
     date, config = with_dump(config, r.lang, date, base_url)
-    _rename_run(f"refresh/{r.lang}wiki-{date}")
+    run_name = f"refresh/{r.lang}wiki-{date}"
+    _rename_run(run_name)
 
     corpus = stage_once("corpus", config, corpus_folder(config), {})["output"]
     check_corpus_floor(storage.read_manifest(corpus), r)
-    settings = r.model_dump(mode="json")
+    settings = r.model_dump(mode="json", exclude={"notify_url"})
     done = [v for v in registry.versions() if v.get("corpus") == storage.to_uri(corpus) and v.get("refresh") == settings]
     parent_version = done[-1]["parent"] if done else registry.current()
     parent = registry.get(parent_version) if parent_version else None
@@ -221,6 +228,8 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
     outcome = registry.settle(version)
     logger.info("refresh %s: %s (%s)", version, outcome, record["gate"]["why"])
     publish_refresh_artifacts(registry, record, outcome)
+    if outcome == "kept":
+        emit_kept(run_name, record, registry.current())
     return {"version": version, "parent": parent_version, "dump_date": date, "outcome": outcome,
             "gate": record["gate"], "current": registry.current()}
 
@@ -252,3 +261,64 @@ def publish_refresh_artifacts(registry: Registry, record: dict[str, Any], outcom
                         ylabel="mlm loss")
         md += ["", markdown_image(fig, "suite scores across versions")]
     publish_markdown("refresh-report", "\n".join(md), f"Refresh of {record.get('dump_date')}: new vs current")
+
+
+# --------------------------------------------------------------------------- notification
+
+NOTIFY = "bertpipe-refresh-notify"  # the automation's name, and its Webhook block's
+KEPT_EVENT = "bertpipe.refresh.kept"
+
+# The webhook's JSON body, rendered by the server from the triggering event: a kept refresh
+# (its event's payload) or a refresh run that failed or crashed (its state-change event).
+NOTIFY_PAYLOAD = (
+    '{% if event.event == "' + KEPT_EVENT + '" %}{% set p = event.payload %}'
+    '{{ {"outcome": "kept", "run": p.run, "version": p.version, "dump_date": p.dump_date, '
+    '"current": p.current, "why": p.why, "text": "bertpipe " ~ p.run ~ ": " ~ p.version ~ '
+    '" not promoted, " ~ p.current ~ " stays current: " ~ p.why} | tojson }}'
+    '{% else %}{% set state = event.resource["prefect.state-name"] %}'
+    '{% set message = event.resource["prefect.state-message"] %}'
+    '{{ {"outcome": state | lower, "run": event.resource.name, "why": message, '
+    '"text": "bertpipe " ~ event.resource.name ~ ": " ~ state ~ ": " ~ message} | tojson }}'
+    '{% endif %}'
+)
+
+
+def notify_trigger():
+    """Any run of the ``refresh`` flow that fails, crashes or keeps the current model."""
+    from prefect.events.schemas.automations import EventTrigger, Posture
+
+    return EventTrigger(
+        expect={KEPT_EVENT, "prefect.flow-run.Failed", "prefect.flow-run.Crashed"},
+        match_related={"prefect.resource.role": "flow", "prefect.resource.name": "refresh"},
+        posture=Posture.Reactive, threshold=1)
+
+
+def apply_notify_automation(url: str) -> str:
+    """Create or update the automation ``bertpipe-refresh-notify`` (and its Webhook block) so
+    that it POSTs to ``url``; idempotent. Returns the automation's id."""
+    from prefect import get_client
+    from prefect.blocks.webhook import Webhook
+    from prefect.events.actions import CallWebhook
+    from prefect.events.schemas.automations import AutomationCore
+
+    block_id = Webhook(url=url).save(NOTIFY, overwrite=True)
+    automation = AutomationCore(
+        name=NOTIFY, description="POST to refresh.notify_url when a refresh fails or keeps the current model.",
+        trigger=notify_trigger(), actions=[CallWebhook(block_document_id=block_id, payload=NOTIFY_PAYLOAD)])
+    with get_client(sync_client=True) as client:
+        found = client.read_automations_by_name(NOTIFY)
+        if not found:
+            return str(client.create_automation(automation))
+        client.update_automation(found[0].id, automation)
+        return str(found[0].id)
+
+
+def emit_kept(run_name: str, record: dict[str, Any], current: str | None) -> None:
+    """The event ``bertpipe.refresh.kept``: this run's version was judged and not promoted."""
+    from prefect.events import emit_event
+
+    version = record["version"]
+    emit_event(KEPT_EVENT, resource={"prefect.resource.id": f"bertpipe.model.{version}",
+                                     "prefect.resource.name": version},
+               payload={"run": run_name, "version": version, "dump_date": record.get("dump_date"),
+                        "current": current, "why": record["gate"]["why"]})

@@ -169,6 +169,9 @@ def test_prefect_yaml_is_the_rendered_demo_and_names_real_flows():
             "finetune/gpu"} == names
     (monthly,) = [d for d in spec["deployments"] if d["name"] == "monthly"]
     assert monthly["schedules"][0]["cron"] == REFRESH_CRON
+    # fine-tuning reads the registry's current model unless a run names another checkpoint
+    finetunes = [d for d in spec["deployments"] if d["entrypoint"] == "flows/finetune.py:finetune"]
+    assert [d["parameters"]["checkpoint"] for d in finetunes] == ["models:current"] * 2
 
 
 def test_compose_runs_prefect_on_postgres_on_localhost_only():

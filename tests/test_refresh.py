@@ -1,5 +1,7 @@
-"""flows/refresh.py: the scheduled corpus refresh against a dump site on 127.0.0.1 (real sample dump),
-on a real Prefect server (the session's): newest finished dump -> download -> clean."""
+"""flows/refresh.py: the scheduled refresh against a dump site on 127.0.0.1 (real sample dump), on
+a real Prefect server (the session's): newest finished dump -> download -> clean, then the whole
+loop; its webhook notifications land in a receiver on 127.0.0.1, its runs and artifacts are
+opened in a real browser."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import datetime as dt
 import hashlib
 import json
 import threading
+import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from test_download import DumpSite
+from test_ui_browser import _need_browser, _shoot
 
 from bert_core import storage
 from flows.refresh import candidate_dates
@@ -43,6 +48,60 @@ def site(tmp_path):
     yield server
     server.shutdown()
     server.server_close()
+
+
+class Receiver(ThreadingHTTPServer):
+    """A webhook receiver on 127.0.0.1: the JSON body of every POST, in order."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Hook)
+        self.posts: list[dict] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hook"
+
+    def wait_for(self, match, timeout: float = 60) -> tuple[dict, float]:
+        """The first POST ``match`` accepts, and the seconds waited for it."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            found = [p for p in self.posts if match(p)]
+            if found:
+                return found[0], time.monotonic() - start
+            time.sleep(0.5)
+        raise AssertionError(f"no matching POST to {self.url} within {timeout}s; got {self.posts}")
+
+
+class _Hook(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.posts.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+
+@pytest.fixture
+def receiver(prefect_api):
+    """A receiver; afterwards the notify automation is deleted, so no later test posts to it."""
+    from prefect import get_client
+
+    from flows.refresh import NOTIFY
+
+    server = Receiver()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    with get_client(sync_client=True) as client:
+        for automation in client.read_automations_by_name(NOTIFY):
+            client.delete_automation(automation.id)
 
 
 @pytest.mark.slow
@@ -119,7 +178,7 @@ def _manifests(root) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, samples_dir, tmp_path):
+def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, receiver, samples_dir, tmp_path):
     from prefect import get_client, tags
     from prefect_server import pipeline_artifact, pipeline_flow_runs
     from typer.testing import CliRunner
@@ -169,12 +228,29 @@ def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, sa
     again = refresh(cfg, date=MONTHS[1], base_url=site.url)
     assert again["version"] == v2["version"] and _manifests(root) == before
 
-    # a refresh made worse on purpose (a huge rate) is kept out, and rollback restores the previous
-    bad = refresh(_refresh_config(samples_dir, root, "refresh.learning_rate=30.0"), date=MONTHS[1], base_url=site.url)
+    # a refresh made worse on purpose (a huge rate) is kept out, the webhook hears of it, and
+    # rollback restores the previous
+    bad_cfg = _refresh_config(samples_dir, root, "refresh.learning_rate=30.0", f"refresh.notify_url={receiver.url}")
+    bad = refresh(bad_cfg, date=MONTHS[1], base_url=site.url)
     assert bad["parent"] == v2["version"] and bad["outcome"] == "kept" and registry.current() == v2["version"]
     assert "mlm_loss:new_dump" in registry.get(bad["version"])["gate"]["why"]
+    post, waited = receiver.wait_for(lambda p: p.get("version") == bad["version"])
+    print(f"webhook POST {waited:.1f}s after the kept refresh ended")
+    assert (post["outcome"], post["run"], post["current"]) == ("kept", f"refresh/enwiki-{MONTHS[1]}", v2["version"])
+    assert post["why"] == bad["gate"]["why"] and len(receiver.posts) == 1
     result = CliRunner().invoke(app, ["models", "rollback", "--set", f"storage_root={root}"])
     assert result.exit_code == 0 and registry.current() == v1["version"]
+
+    # what a user sees in the browser: the refresh run by its dump's name, the registry artifact
+    # of the second refresh with both versions
+    _need_browser()
+    with get_client(sync_client=True) as client:
+        (run,) = [r for name, r in pipeline_flow_runs(client, tag) if name == "refresh"]
+        artifact = pipeline_artifact(client, tag, "models-registry", parsed=False)
+    name = f"refresh/enwiki-{MONTHS[1]}"
+    assert name in _shoot(f"{prefect_api.ui}/flows/flow/{run.flow_id}", tmp_path / "refresh.png", name)
+    text = _shoot(f"{prefect_api.ui}/artifacts/artifact/{artifact.id}", tmp_path / "registry.png", v2["version"])
+    assert v1["version"] in text and "current" in text and "previous" in text, text[:2000]
 
 
 # --------------------------------------------------------------------------- the gate and its inputs
@@ -213,12 +289,16 @@ def test_a_small_corpus_is_refused_and_a_continued_run_is_rewarmed():
     assert (phase.max_seq_length, phase.global_batch_size) == (first.max_seq_length, first.global_batch_size)
 
 
-def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site, tmp_path):
+def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site, receiver, tmp_path):
     from typer.testing import CliRunner
 
     from flows.cli.main import app
 
     result = CliRunner().invoke(app, ["refresh", "--date", MONTHS[0], "--base-url", site.url,
-                                      "--set", f"storage_root={tmp_path}"])
+                                      "--set", f"storage_root={tmp_path}", "--set", f"refresh.notify_url={receiver.url}"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert result.output.startswith(f"no finished enwiki articles dump among {MONTHS[0]}")
+    # the failed run reaches the webhook (the automation the refresh applied on the session's server)
+    post, waited = receiver.wait_for(lambda p: p.get("outcome") == "failed")
+    print(f"webhook POST {waited:.1f}s after the refresh failed")
+    assert post["run"] == f"refresh/enwiki-{MONTHS[0]}" and "no finished enwiki articles dump" in post["why"]

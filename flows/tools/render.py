@@ -185,6 +185,9 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
     gpu_vars = {"image": settings.image, "gpus": cfg.pretrain.procs_per_node}
     gpu = {"name": GPU_POOL, "work_queue_name": "training", "job_variables": gpu_vars}
     params = {"config": config}
+    # Fine-tuning reads the registry's current model unless a run names another checkpoint.
+    finetune_params = {"config": config, "checkpoint": "models:current",
+                       "output": f"{cfg.storage_root.rstrip('/')}/finetune/current"}
     deployments = [
         _deployment("local", "flows/pipeline.py:bert_pipeline",
                     "The whole DAG; finished stages are skipped.", process, parameters=params),
@@ -205,9 +208,10 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
                     "Stage 4 on a GPU node of the Kubernetes pool (multi-node: infra/k8s/).", gpu,
                     parameters=params),
         _deployment("local", "flows/finetune.py:finetune",
-                    "Stage 5: one checkpoint x tasks x seeds (target of run_deployment fan-out).",
-                    process, parameters=params),
-        _deployment("gpu", "flows/finetune.py:finetune", "Stage 5 on a GPU pod.", gpu, parameters=params),
+                    "Stage 5: one checkpoint (models:current by default) x tasks x seeds (target of "
+                    "run_deployment fan-out).", process, parameters=finetune_params),
+        _deployment("gpu", "flows/finetune.py:finetune", "Stage 5 on a GPU pod (models:current by default).",
+                    gpu, parameters=finetune_params),
     ]
     doc = {
         "name": "bertpipe",
@@ -218,7 +222,7 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
         "pull": [{"prefect.deployments.steps.set_working_directory": {
             "directory": "{{ $BERTPIPE_HOME }}"}}],
         "definitions": {"work_pools": {"process": process, "gpu": gpu},
-                        "parameters": params},
+                        "parameters": params, "finetune_parameters": finetune_params},
         "deployments": deployments,
     }
     text = yaml.safe_dump(doc, sort_keys=False, width=100)
