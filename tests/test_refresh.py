@@ -290,9 +290,12 @@ def test_a_small_corpus_is_refused_and_a_continued_run_is_rewarmed():
 
 
 def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site, receiver, tmp_path):
+    from prefect import get_client
     from typer.testing import CliRunner
 
+    from bert_core.config import ConfigError, load_config
     from flows.cli.main import app
+    from flows.refresh import NOTIFY, apply_notify_automation
 
     result = CliRunner().invoke(app, ["refresh", "--date", MONTHS[0], "--base-url", site.url,
                                       "--set", f"storage_root={tmp_path}", "--set", f"refresh.notify_url={receiver.url}"])
@@ -302,3 +305,10 @@ def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site
     post, waited = receiver.wait_for(lambda p: p.get("outcome") == "failed")
     print(f"webhook POST {waited:.1f}s after the refresh failed")
     assert post["run"] == f"refresh/enwiki-{MONTHS[0]}" and "no finished enwiki articles dump" in post["why"]
+    # applying it again updates the one automation; a URL that is not http(s) is refused
+    with get_client(sync_client=True) as client:
+        (automation,) = client.read_automations_by_name(NOTIFY)
+        assert apply_notify_automation(receiver.url) == str(automation.id)
+        assert len(client.read_automations_by_name(NOTIFY)) == 1
+    with pytest.raises(ConfigError, match="refresh.notify_url: String should match pattern"):
+        load_config("demo", sets=["refresh.notify_url=hooks.example.com/x"])
