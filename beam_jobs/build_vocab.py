@@ -2,12 +2,7 @@
 
     bertpipe vocab --corpus ./bertpipe-data/corpus --output ./bertpipe-data/vocab [--vocab-size N] [--cased]
 
-Output: ``vocab.txt`` (id = line number), ``tokenizer.json`` (transformers-loadable),
-``_MANIFEST.json`` (stage "vocab"; ``config`` = VocabConfig with ``strip_accents`` resolved;
-``counts``: vocab size, documents, sentences, words, and the words the trainer was given or not:
-``distinct_words_trained``, ``distinct_words_left_out``, ``words_left_out`` (occurrences),
-``min_word_count`` (``t``); ``stats``: see
-:func:`bert_core.vocab.training.vocab_stats`). The bytes of ``vocab.txt`` and ``tokenizer.json``
+``vocab.txt`` gives id = line number; ``tokenizer.json`` loads in transformers. The bytes of both
 depend only on the documents and the config, never on the runner or the number of workers.
 """
 
@@ -228,7 +223,13 @@ def run(
     shared_storage: bool = False,
 ) -> dict[str, Any]:
     """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest.
-    ``runner``, ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`."""
+    ``runner``, ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`.
+
+    The manifest (stage "vocab"): ``config`` = VocabConfig with ``strip_accents`` resolved;
+    ``counts``: vocab size, documents, sentences, words, and :func:`left_out`'s
+    ``distinct_words_trained``, ``distinct_words_left_out``, ``words_left_out`` (occurrences) and
+    ``min_word_count`` (``t``); ``stats``: see :func:`bert_core.vocab.training.vocab_stats`.
+    """
     from bert_core.vocab.training import train_wordpiece, vocab_stats
 
     runner, beam_args = resolve_runner(runner, beam_args)

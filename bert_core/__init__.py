@@ -7,7 +7,4 @@
     pretrain/   DeepSpeed pre-training: loader, loop, config, launcher, metrics log
     finetune/   GLUE, SQuAD, NER, SWAG: readers, heads, official metrics
     config.py   the typed config every stage reads; storage.py fsspec IO and manifests
-
-A stage imports only the stages above it in this list (instances may use vocab, never the
-reverse); ``lint-imports`` checks it.
-"""
+A stage imports only the stages above it in this list; ``lint-imports`` checks it."""

@@ -6,9 +6,6 @@ parameters) is rendered from them. Presets are YAML files in ``bert_core/presets
 shape of :class:`PipelineConfig`.
 
     bertpipe config show --preset demo --set instances.dupe_factor=2
-
-Field names follow the BERT paper and google-research/bert (``masked_lm_prob``,
-``max_predictions_per_seq``, ``short_seq_prob``, ``dupe_factor``, ...).
 """
 
 from __future__ import annotations
@@ -27,6 +24,9 @@ from bert_core.failures import Refusal
 
 class _Model(BaseModel):
     # Unknown keys are typos; refuse them so a misspelt setting never silently does nothing.
+    """Base of every config model. Field names follow the BERT paper and google-research/bert
+    (``masked_lm_prob``, ``max_predictions_per_seq``, ``short_seq_prob``, ``dupe_factor``, ...).
+    """
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 

@@ -5,11 +5,6 @@
     h.to_json()        # {"edges": [1, 2, 5, 10, 100, null], "counts": [0, 1, 1, 1, 1]}
     h.items()          # [("1", 0), ("2-4", 1), ("5-9", 1), ("10-99", 1), ("100+", 1)]
     Histogram.from_json(manifest["stats"]["sentences_per_doc"])          # either stored form
-
-Values are integers (lengths, counts). Bin ``i`` holds ``edges[i] <= v < edges[i + 1]``, so
-``edges`` has one entry more than ``counts``; a last edge of ``None`` leaves the last bin open.
-A manifest that holds a dict of bin labels instead (``{"2-4": 5, "100+": 1}``, ``{"17": 3}``)
-reads back as the same bins, in numeric order.
 """
 
 from __future__ import annotations
@@ -25,6 +20,11 @@ _LABEL = re.compile(r"^(?:<(\d+)|(\d+)\+|(\d+)(?:-(\d+))?)$")
 
 @dataclass(frozen=True)
 class Histogram:
+    """Integer values (lengths, counts) in bins: bin ``i`` holds ``edges[i] <= v < edges[i + 1]``,
+    so ``edges`` has one entry more than ``counts``; a last edge of ``None`` leaves the last bin
+    open. A manifest that holds a dict of bin labels instead (``{"2-4": 5, "100+": 1}``,
+    ``{"17": 3}``) reads back as the same bins, in numeric order.
+    """
     edges: tuple[int | None, ...]
     counts: tuple[int, ...]
 

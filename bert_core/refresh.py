@@ -5,9 +5,7 @@ and the gate that decides whether a new model version replaces the current one.
 
 The suite is paired: the new model and the current one are scored on the same held-out
 documents (the new dump's eval split, and the previous dump's: what the new version forgot) and
-on the same fine-tune tasks and seeds. The gate promotes when no metric is worse than the
-current model's by more than its band: ``refresh.mlm_loss_band`` for a masked-LM loss,
-``refresh.finetune_band`` plus the larger seed sd for a fine-tune score.
+on the same fine-tune tasks and seeds.
 """
 
 from __future__ import annotations
@@ -87,7 +85,12 @@ def finetune_scores(folder: str, tasks: list[str]) -> dict[str, dict[str, float]
 
 def gate(new: dict[str, Any], current: dict[str, Any] | None, refresh: RefreshConfig) -> dict[str, Any]:
     """``{"decision": "promote" | "keep", "why": str, "rows": [...]}`` for the suite's scores of the
-    new model and of the current one (``{"mlm": {name: {...}}, "finetune": {task: {...}}}``)."""
+    new model and of the current one (``{"mlm": {name: {...}}, "finetune": {task: {...}}}``).
+
+    The gate promotes when no metric is worse than the current model's by more than its band:
+    ``refresh.mlm_loss_band`` for a masked-LM loss, ``refresh.finetune_band`` plus the larger seed
+    sd for a fine-tune score.
+    """
     if current is None:
         return {"decision": "promote", "why": "the first model of its line (no current model)", "rows": []}
     rows = []

@@ -4,20 +4,8 @@ aliases ``current`` and ``previous``, in storage (a local folder or ``gs://``).
     bertpipe models list
     bertpipe finetune --checkpoint models:current ...
 
-Layout, under ``<storage_root>/models/``::
-
-    <version>/                  the model (transformers layout) with its _MANIFEST.json
-    _registry/versions/<version>.json
-                                one record: parent, corpus, vocab and instances, dump date,
-                                steps and tokens seen, the suite's scores, the gate's decision
-    _registry/aliases.json      current, previous and the history of current; written last
-    _registry/lock              held while the aliases move
-
 Every file is written whole (a temporary file, then a rename), so a reader sees the old file or
-the new one. The aliases move only to a model whose folder is whole (its manifest and every
-shard as written), inside the lock, and only when ``current`` is still the model the caller
-judged against: two refreshes never both promote, and a crash before the aliases are written
-leaves ``current`` at the old model.
+the new one; the layout is :class:`Registry`'s, the rules for moving an alias :meth:`Registry.promote`'s.
 """
 
 from __future__ import annotations
@@ -86,7 +74,17 @@ def model_problems(model: str) -> list[str]:
 
 
 class Registry:
-    """The registry under ``root`` (``registry_root(storage_root)``)."""
+    """The registry under ``root`` (``registry_root(storage_root)``).
+
+    Layout, under ``<storage_root>/models/``::
+
+        <version>/                  the model (transformers layout) with its _MANIFEST.json
+        _registry/versions/<version>.json
+                                    one record: parent, corpus, vocab and instances, dump date,
+                                    steps and tokens seen, the suite's scores, the gate's decision
+        _registry/aliases.json      current, previous and the history of current; written last
+        _registry/lock              held while the aliases move
+    """
 
     def __init__(self, root: str) -> None:
         self.root = storage.to_uri(root)
@@ -151,6 +149,11 @@ class Registry:
         ``expect_current``: the current model the caller judged against (None: there was none);
         refused when another promotion moved ``current`` meanwhile. ``False`` skips that check
         (a person promoting by hand).
+
+        The aliases move only to a model whose folder is whole (its manifest and every shard as
+        written), inside the lock, and only when ``current`` is still the model the caller judged
+        against: two refreshes never both promote, and a crash before the aliases are written leaves
+        ``current`` at the old model.
         """
         record = self.get(version)
         problems = model_problems(record["model"])

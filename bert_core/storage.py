@@ -1,15 +1,9 @@
 """Storage seam: every read and write of the pipeline goes through here, over fsspec.
 
-Local paths, ``file://``, ``gs://`` (gcsfs) and ``memory://`` all work the same. Filesystems
-are created lazily and cached per process (gcsfs is not fork-safe, so a forked Beam worker or
-DataLoader worker builds its own).
+Local paths, ``file://``, ``gs://`` (gcsfs) and ``memory://`` all work the same.
 
 A folder is trusted only through its ``_MANIFEST.json``, which :func:`write_manifest` writes
 last. :func:`read_manifest` refuses a folder without one: its shards are an unfinished write.
-
-A folder is found by the path it is given, never by the ``uri`` written inside its manifest, so
-a copied folder reads its own files. Each input a manifest names carries the sha256 of that
-input's manifest as it was read; :func:`check_inputs` refuses an input that changed since.
 """
 
 from __future__ import annotations
@@ -59,7 +53,11 @@ def split_protocol(uri: str) -> tuple[str, str]:
 
 
 def filesystem(uri: str) -> fsspec.AbstractFileSystem:
-    """The filesystem for ``uri``, built once per process (never inherited across a fork)."""
+    """The filesystem for ``uri``, built once per process (never inherited across a fork).
+
+    Filesystems are created lazily and cached per process: gcsfs is not fork-safe, so a forked
+    Beam worker or DataLoader worker builds its own.
+    """
     protocol, _ = split_protocol(uri)
     key = (os.getpid(), protocol)
     fs = _FILESYSTEMS.get(key)
@@ -259,7 +257,11 @@ def has_manifest(folder: str) -> bool:
 
 
 def read_manifest(folder: str) -> dict[str, Any]:
-    """The manifest of a finished folder; raises :class:`UnfinishedWriteError` otherwise."""
+    """The manifest of a finished folder; raises :class:`UnfinishedWriteError` otherwise.
+
+    A folder is found by the path it is given, never by the ``uri`` written inside its manifest,
+    so a copied folder reads its own files.
+    """
     path = join(folder, MANIFEST)
     if not exists(path):
         hint = "it does not exist" if not exists(folder) else "its shards are an unfinished write"
@@ -317,7 +319,10 @@ def input_problems(manifest: dict[str, Any], stages: Iterable[str] | None = None
 
 def check_inputs(manifest: dict[str, Any], stages: Iterable[str] | None = None) -> None:
     """Raise :class:`ManifestError` (one line) when an input a manifest names changed or is gone
-    since the folder was made: the folder no longer matches what it was made from."""
+    since the folder was made: the folder no longer matches what it was made from.
+
+    Each input a manifest names carries the sha256 of that input's manifest as it was read.
+    """
     problems = input_problems(manifest, stages)
     if problems:
         consumer, stage = manifest.get("uri", "?"), manifest.get("stage", "?")

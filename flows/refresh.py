@@ -5,14 +5,8 @@ gate -> promotion in the model registry.
     bertpipe refresh --date 20261201
     bertpipe serve --only refresh/monthly         (the monthly schedule of infra/prefect.yaml)
 
-Each part is the existing stage flow, skipped when its folder is finished, and a dump already
-refreshed with these settings is found in the registry, so a killed refresh resumes and a second
-one for the same dump computes nothing. The logic is ``bert_core.refresh`` and
-``bert_core.registry``; ``refresh-corpus`` is the first half alone (dump -> corpus).
-
-With ``refresh.notify_url`` set, each refresh first creates or updates the Prefect automation
-``bertpipe-refresh-notify``: it POSTs JSON to that URL when a refresh run fails or crashes, and
-when the gate keeps the current model (the flow's ``bertpipe.refresh.kept`` event).
+Each part is the existing stage flow, skipped when its folder is finished; the logic is
+``bert_core.refresh`` and ``bert_core.registry``. ``refresh-corpus`` is the first half alone.
 """
 
 from __future__ import annotations
@@ -164,7 +158,13 @@ def run_suite(config: PipelineConfig, version: str, model: str, parent: dict[str
 @flow(name="refresh", flow_run_name=loop_run_name, log_prints=True)
 def refresh(config: PipelineConfig, date: str | None = None, base_url: str | None = None) -> dict[str, Any]:
     """Refresh the model on the newest finished dump (or ``date``'s); returns the version, the
-    gate's decision and whether it was promoted."""
+    gate's decision and whether it was promoted.
+
+    Each part is skipped when its folder is finished, and a dump already refreshed with these
+    settings is found in the registry, so a killed refresh resumes and a second one for the same
+    dump computes nothing. With ``refresh.notify_url`` set, the refresh first applies
+    :func:`apply_notify_automation`.
+    """
     from bert_core.refresh import (
         check_corpus_floor,
         continued_config,
@@ -295,7 +295,11 @@ def notify_trigger():
 
 def apply_notify_automation(url: str) -> str:
     """Create or update the automation ``bertpipe-refresh-notify`` (and its Webhook block) so
-    that it POSTs to ``url``; idempotent. Returns the automation's id."""
+    that it POSTs to ``url``; idempotent. Returns the automation's id.
+
+    The automation POSTs JSON when a refresh run fails or crashes, and when the gate keeps the
+    current model (the flow's ``bertpipe.refresh.kept`` event).
+    """
     from prefect import get_client
     from prefect.blocks.webhook import Webhook
     from prefect.events.actions import CallWebhook

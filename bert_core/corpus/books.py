@@ -3,17 +3,8 @@
     from bert_core.corpus.books import book_paragraphs
     title, paragraphs = book_paragraphs("botchan.txt", open("botchan.txt", "rb").read())
 
-One book is one document. ``.txt`` (and ``.txt.gz``) books are plain text: the Gutenberg header
-and licence footer are cut at their ``*** START/END OF ... ***`` markers, and hard-wrapped lines
-are joined back into paragraphs (a blank line, an indented line, a heading or a short line
-ending a sentence closes a paragraph, so books stored without blank lines still work).
-
-``.md`` plays (Shakespeare in Markdown) become prose-ish paragraphs: one paragraph per speech;
-headings (act/scene), speaker labels (``**HAMLET**``) and italic stage directions
-(``_Enter Ghost_``, ``_[Aside]_``) are dropped; Markdown escapes (``\\[``) are undone.
-
-A file that is not a book raises :class:`BookError` with a reject reason: ``empty_file``,
-``binary_file``, ``invalid_utf8``, ``line_too_long`` (e.g. a 50 MB single line).
+One book is one document: ``.txt`` (and ``.txt.gz``) books are plain text, ``.md`` files are
+plays (Shakespeare in Markdown). A file that is not a book raises :class:`BookError`.
 Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus --books GLOB``).
 """
 
@@ -40,7 +31,11 @@ _SENTENCE_END = re.compile(r"[.!?:\"'\u201d\u2019)\]]$")
 
 
 class BookError(ValueError, Refusal):
-    """A file among the books that is not a readable book; ``reason`` names the reject."""
+    """A file among the books that is not a readable book; ``reason`` names the reject.
+
+    Reasons: ``empty_file``, ``binary_file``, ``invalid_utf8``, ``line_too_long`` (e.g. a 50 MB
+    single line).
+    """
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -89,7 +84,10 @@ def _check_lines(name: str, text: str) -> None:
 
 
 def strip_gutenberg(text: str) -> str:
-    """The book between Project Gutenberg's START and END markers (all of it if none)."""
+    """The book between Project Gutenberg's START and END markers (all of it if none).
+
+    The markers are the ``*** START/END OF ... ***`` lines around the header and licence footer.
+    """
     start = _GUTENBERG_START.search(text)
     if start:
         text = text[start.end() :]
@@ -109,7 +107,11 @@ def _is_heading(line: str) -> bool:
 
 
 def unwrap(text: str) -> list[str]:
-    """Join hard-wrapped lines into paragraphs; headings are dropped."""
+    """Join hard-wrapped lines into paragraphs; headings are dropped.
+
+    A blank line, an indented line, a heading or a short line ending a sentence closes a
+    paragraph, so books stored without blank lines still work.
+    """
     lines = text.split("\n")
     lengths = sorted(len(x.rstrip()) for x in lines if len(x.strip()) > 20)
     # The wrap width: most lines of a wrapped book are close to it.
@@ -148,7 +150,12 @@ _MD_BRACKET_DIRECTION = re.compile(r"\*?\[[^\]\n]*\]\*?")
 
 
 def play_paragraphs(markdown: str) -> tuple[str | None, list[str]]:
-    """(title, one paragraph per speech) of a play in Markdown."""
+    """(title, one paragraph per speech) of a play in Markdown.
+
+    Headings (act/scene), speaker labels (``**HAMLET**``) and italic stage directions
+    (``_Enter Ghost_``, ``_[Aside]_``) are dropped; Markdown escapes (a backslash before ``[``)
+    are undone.
+    """
     title_match = re.search(r"^#\s+(.+)$", markdown, re.M)
     text = _MD_DIRECTION.sub("\n\n", markdown)
     paragraphs: list[str] = []

@@ -5,18 +5,8 @@
     hasher = MinHasher(num_perm=128, threshold=0.8)
     sig = hasher.signature(text); hasher.band_keys(sig); hasher.similarity(sig, other_sig)
 
-Near duplicates are documents whose 5-word shingle sets have an estimated Jaccard similarity
-at or above the threshold. Signatures are split into ``bands`` of ``rows`` values; two
-documents are *candidates* when any band is equal (the classic LSH S-curve, with bands x rows =
-num_perm and its midpoint as near the threshold as those allow), and a candidate pair is
-confirmed on the full signature. Every hash here is stable across processes (never Python's salted ``hash()``), so
-Beam workers on different machines agree. ``beam_jobs/clean_corpus.py`` runs both steps.
-
-Why not ``datasketch``: ``benchmarks/bench_dedup.py`` runs both on overlapping windows of the
-sample texts against exact Jaccard similarities. With the same bands the two find near-duplicate
-pairs with recall and precision within sampling noise of each other (both estimate from the same
-number of permutations); ours computes signatures and LSH buckets faster, and its band keys are plain strings that a Beam
-``GroupByKey`` shares out over workers, where ``MinHashLSH`` is one in-memory index.
+Every hash here is stable across processes (never Python's salted ``hash()``), so Beam workers
+on different machines agree. ``beam_jobs/clean_corpus.py`` runs both steps.
 """
 
 from __future__ import annotations
@@ -101,9 +91,20 @@ def choose_bands(num_perm: int, threshold: float) -> tuple[int, int]:
     return min(options, key=lambda br: abs((1 / br[0]) ** (1 / br[1]) - threshold))
 
 
+# Why not datasketch: benchmarks/bench_dedup.py runs both on the sample texts against exact
+# Jaccard similarities; with the same bands their recall and precision are within sampling noise
+# of each other. Ours computes signatures and LSH buckets faster, and its band keys are plain
+# strings that a Beam GroupByKey shares out over workers, where MinHashLSH is one in-memory index.
 class MinHasher:
     """MinHash signatures; permutation i is the multiply-shift hash h(x) = (a_i*x + b_i) >> 32
-    over 64-bit words (a_i odd), drawn from ``rng``: universal, and no slow modulo."""
+    over 64-bit words (a_i odd), drawn from ``rng``: universal, and no slow modulo.
+
+    Near duplicates are documents whose 5-word shingle sets have an estimated Jaccard similarity
+    at or above the threshold. Signatures are split into ``bands`` of ``rows`` values; two
+    documents are candidates when any band is equal (the classic LSH S-curve, with bands x rows =
+    num_perm and its midpoint as near the threshold as those allow), and a candidate pair is
+    confirmed on the full signature.
+    """
 
     def __init__(self, num_perm: int = 128, threshold: float = 0.8, rng: np.random.Generator | None = None):
         # A fixed default seed: every worker must draw the same permutations.

@@ -1,16 +1,11 @@
 """The documents contract: records, filters, rejects, Parquet/JSONL shards, length histograms.
+Produced by ``bertpipe corpus`` (beam_jobs/clean_corpus.py).
 
-    docs-SSSSS-of-NNNNN.parquet   doc_id: string (stable, source-prefixed: "wiki:12",
-                                  "book:botchan", "text:web:3"), source: string ("wikipedia" |
-                                  "books" | "text"),
+    docs-SSSSS-of-NNNNN.parquet   doc_id: string (stable, source-prefixed: "wiki:12", "book:botchan",
+                                  "text:web:3"), source: string ("wikipedia" | "books" | "text"),
                                   title: string, sentences: list<string> (document order)
     rejects-SSSSS-of-NNNNN.jsonl  {"source", "id", "reason", "detail"[, "duplicate_of"]}
     _MANIFEST.json                written last (bert_core.storage.write_manifest, stage="corpus")
-
-Every record read is either a kept document or exactly one reject, so per source
-``kept + rejected = read``. Rows of a shard are sorted by ``doc_id`` and a document's shard is
-``stable_hash(doc_id) % num_shards``: the bytes depend only on the input, never on the number
-of workers or the order they finish in. Produced by ``bertpipe corpus`` (beam_jobs/clean_corpus.py).
 """
 
 from __future__ import annotations
@@ -89,7 +84,11 @@ def is_reject(record: dict[str, Any]) -> bool:
 
 
 def stable_shard(key: str, num_shards: int) -> int:
-    """Shard of a record: CRC-32 of its id (stable across processes, unlike ``hash``)."""
+    """Shard of a record: CRC-32 of its id (stable across processes, unlike ``hash``).
+
+    A document's shard is this of its ``doc_id`` and the rows of a shard are sorted by ``doc_id``,
+    so the bytes depend only on the input, never on the number of workers or the order they finish.
+    """
     return zlib.crc32(key.encode("utf-8")) % num_shards
 
 
@@ -178,7 +177,11 @@ def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list
     """``_MANIFEST.json`` of a corpus folder (call it last): counts per source and reason
     (kept + rejected = read is checked), shard lists with sha256, length histograms.
     ``summary`` holds "read"/"kept" per source, "rejected" per "source/reason", and the
-    "sentences"/"chars" counts by bin of :data:`LENGTH_EDGES` and "totals" of kept documents."""
+    "sentences"/"chars" counts by bin of :data:`LENGTH_EDGES` and "totals" of kept documents.
+
+    Every record read is either a kept document or exactly one reject, so per source
+    ``kept + rejected = read``.
+    """
     counts: dict[str, Any] = {}
     for source in sorted(set(summary["read"]) | set(summary["kept"])):
         rejected = {k.split("/", 1)[1]: v for k, v in sorted(summary["rejected"].items())

@@ -2,20 +2,10 @@
 
     bertpipe download wikipedia --date 20240601 --lang en --to gs://bucket/raw/enwiki/20240601
 
-The dump site publishes, per wiki and date (``{base}/{lang}wiki/{date}/``):
-
-- ``dumpstatus.json``: every dump job with its status and files (name, url, size, sha1, md5);
-- ``{lang}wiki-{date}-sha1sums.txt``: ``<sha1>  <file name>`` per line.
-
-We take the files of one job (``articlesdump`` = ``pages-articles*.xml*.bz2``, or
-``articlesmultistreamdump``), refuse a job that is not ``done``, cross-check the sha1 of each file
-between the two listings, and download each one to a local ``.part`` file with HTTP ``Range``
-requests, so a broken transfer (or a killed process) continues where it stopped. A file is only
-moved to its destination (any fsspec URI) after its sha1 matches; a finished file is not fetched
-again. ``_MANIFEST.json`` (stage ``download``) is written last.
-
-The base URL is a setting (``base_url=`` or ``$BERTPIPE_DUMPS_URL``) so mirrors and tests
-(a server on 127.0.0.1) work the same.
+Each file of one dump job is fetched with HTTP ``Range`` requests into a local ``.part`` file
+(a broken transfer or a killed process continues where it stopped) and moved to its destination
+(any fsspec URI) only after its sha1 matches. The base URL is a setting (``base_url=`` or
+``$BERTPIPE_DUMPS_URL``) so mirrors and tests (a server on 127.0.0.1) work the same.
 """
 
 from __future__ import annotations
@@ -99,7 +89,14 @@ def parse_sha1sums(text: str) -> dict[str, str]:
 def list_dump_files(
     lang: str, date: str, *, job: str = "articlesdump", base: str | None = None, timeout: float = 30
 ) -> list[DumpFile]:
-    """The files of one finished dump job, with sha1s cross-checked between the two listings."""
+    """The files of one finished dump job, with sha1s cross-checked between the two listings.
+
+    The dump site publishes, per wiki and date (``{base}/{lang}wiki/{date}/``),
+    ``dumpstatus.json`` (every dump job with its status and files: name, url, size, sha1, md5) and
+    ``{lang}wiki-{date}-sha1sums.txt`` (``<sha1>  <file name>`` per line). The job is
+    ``articlesdump`` (``pages-articles*.xml*.bz2``) or ``articlesmultistreamdump``; a job that is
+    not ``done`` is refused.
+    """
     if job not in JOBS:
         raise DownloadError(f"job {job!r}: choose one of {', '.join(JOBS)}")
     root = dump_url(base_url(base), lang, date)
@@ -211,6 +208,8 @@ def download_wikipedia(
 
     Partial files live in ``staging`` (default: a fixed folder under the system temp dir for
     this dump), so running the same command again resumes them.
+
+    A finished file is not fetched again. ``_MANIFEST.json`` (stage ``download``) is written last.
     """
     files = list_dump_files(lang, date, job=job, base=base)
     stage_dir = Path(staging or Path(tempfile.gettempdir()) / f"bertpipe-download-{lang}wiki-{date}")

@@ -5,9 +5,8 @@
         for kind, record in read_pages(item):   # ("page", dict) or ("reject", dict)
             ...
 
-A dump is never read whole. A byte scanner cuts the (decompressed) stream into
-``<page>...</page>`` chunks and each chunk is parsed alone by expat (``ElementTree``), so memory
-is bounded by the largest page and a malformed page is one reject, not the end of the file.
+A dump is never read whole: memory is bounded by the largest page, and a malformed page is one
+reject, not the end of the file.
 """
 
 from __future__ import annotations
@@ -290,7 +289,11 @@ def _peek_utf16(blocks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
-    """Pages of one work item, in file order, as ("page", dict) or ("reject", dict)."""
+    """Pages of one work item, in file order, as ("page", dict) or ("reject", dict).
+
+    A byte scanner cuts the (decompressed) stream into ``<page>...</page>`` chunks and each chunk
+    is parsed alone by expat (``ElementTree``).
+    """
     pages = 0
     buf = b""
     pos = 0  # buf[:pos] is read; pages are cut from buf in place and buf is trimmed once a block

@@ -6,9 +6,7 @@
             ...
 
 Inputs: ``.jsonl`` / ``.ndjson`` (plain, ``.gz`` or ``.zst``), streamed line by line, and
-``.parquet``, read in row batches of the needed columns only. A record's text is the field
-``corpus.text_field``; ``corpus.id_field`` and ``corpus.title_field``, when set, name the fields
-holding its id (a string or an integer) and title (a string). A blank JSON line is not a record.
+``.parquet``, read in row batches of the needed columns only.
 """
 
 from __future__ import annotations
@@ -124,7 +122,10 @@ def plan_records(files: list[str], cfg: CorpusConfig) -> list[RecordItem]:
 
 
 def read_records(item: RecordItem, cfg: CorpusConfig) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``("doc", Document)`` or ``("reject", Reject)`` per record read (see the module docstring)."""
+    """``("doc", Document)`` or ``("reject", Reject)`` per record read (see the module docstring).
+
+    A blank JSON line is not a record.
+    """
     kind = record_format(item.uri)
     if kind is None:
         yield "reject", D.make_reject(
@@ -142,7 +143,12 @@ def read_records(item: RecordItem, cfg: CorpusConfig) -> Iterator[tuple[str, dic
 
 def record_document(record: dict[str, Any], uri: str, key: str, where: str, number: int,
                     cfg: CorpusConfig) -> D.Document | D.Reject:
-    """One record (a dict of field values) -> its document, or a reject naming ``uri`` + ``where``."""
+    """One record (a dict of field values) -> its document, or a reject naming ``uri`` + ``where``.
+
+    A record's text is the field ``corpus.text_field``; ``corpus.id_field`` and
+    ``corpus.title_field``, when set, name the fields holding its id (a string or an integer) and
+    title (a string).
+    """
     place = f"{uri} {where}"
     doc_id = f"text:{key}:{number}"  # the reject's id when the id field itself is bad
     try:

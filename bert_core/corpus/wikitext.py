@@ -4,14 +4,8 @@
     wikitext_to_paragraphs("'''Anarchism''' is a [[political philosophy]].{{cn}}")
     # ['Anarchism is a political philosophy.']
 
-The paper keeps "only the text passages and ignore[s] lists, tables, and headers". A fast
-scanner cuts templates, references, tables and file/category links first, then a light pass turns
-what is left (links, bold/italic, inline tags, headings, lists) into text. A paragraph that still
-shows markup after that goes through ``mwparserfromhell`` (the slow, exact path), and a sentence
-of its result that *still* shows markup is dropped and counted
-(``CleanStats.dropped_markup_sentences``), so no markup reaches the corpus.
-
-Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus``).
+The paper keeps "only the text passages and ignore[s] lists, tables, and headers"; no markup
+reaches the corpus. Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus``).
 """
 
 from __future__ import annotations
@@ -325,7 +319,14 @@ def _without_markup_sentences(text: str, stats: CleanStats) -> str:
 
 
 def wikitext_to_paragraphs(wikitext: str, stats: CleanStats | None = None) -> list[str]:
-    """Text paragraphs of an article in page order (no headings, lists, tables, templates)."""
+    """Text paragraphs of an article in page order (no headings, lists, tables, templates).
+
+    A fast scanner (:func:`prescan`) cuts templates, references, tables and file/category links
+    first, then a light pass turns what is left (links, bold/italic, inline tags, headings, lists)
+    into text. A paragraph that still shows markup after that goes through ``mwparserfromhell``
+    (the slow, exact path), and a sentence of its result that *still* shows markup is dropped and
+    counted (``CleanStats.dropped_markup_sentences``), so no markup reaches the corpus.
+    """
     stats = stats if stats is not None else CleanStats()
     paragraphs = []
     for raw in _paragraph_lines(prescan(wikitext)):

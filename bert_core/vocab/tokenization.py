@@ -6,9 +6,7 @@
     tok = load_tokenizer("bertpipe-data/vocab/<version>")   # a vocab stage, model folder or vocab.txt
 
 The ids equal google-research/bert's ``FullTokenizer`` and transformers' BERT tokenizer with the
-same vocab and casing (the deliberate differences are listed below the imports). ASCII text takes
-a cached path past the full ``tokenizers`` pipeline, with the same ids; its speed is measured by
-``benchmarks/bench_tokenization.py`` (docs/benchmarks.md).
+same vocab and casing (the deliberate differences are listed below the imports).
 """
 
 from __future__ import annotations
@@ -223,7 +221,11 @@ def bert_pre_tokenizer() -> Any:
 
 
 class Tokenizer:
-    """BERT WordPiece tokenizer over a ``{token: id}`` vocab (see the module docstring)."""
+    """BERT WordPiece tokenizer over a ``{token: id}`` vocab (see the module docstring).
+
+    ASCII text takes a cached path past the full ``tokenizers`` pipeline, with the same ids; its
+    speed is measured by ``benchmarks/bench_tokenization.py`` (docs/benchmarks.md).
+    """
 
     def __init__(
         self,

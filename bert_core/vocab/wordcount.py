@@ -3,13 +3,8 @@
     bertpipe vocab --corpus CORPUS_URI --output VOCAB_URI
     (beam_jobs/build_vocab.py calls :func:`count_words` per document, then sums per word)
 
-BERT's basic tokenization (google-research/bert ``BasicTokenizer``): drop control characters,
-put spaces around CJK ideographs, lowercase and strip accents when uncased, split on whitespace
-and punctuation. The normalizer and pre-tokenizer are the exact objects the tokenizer uses
-(:func:`bert_core.vocab.tokenization.bert_normalizer` / ``bert_pre_tokenizer``), so a word counted here
-is a word the trainer and the tokenizer would see in the raw text. Such a word never contains
-whitespace, so ``"word word word"`` splits back into three copies of it (see
-:func:`repeated_words`).
+A word counted here is a word the trainer and the tokenizer would see in the raw text
+(:func:`basic_tokenize`).
 """
 
 from __future__ import annotations
@@ -34,7 +29,15 @@ def _pipeline(lowercase: bool, strip_accents: bool | None) -> tuple[Any, Any]:
 
 
 def basic_tokenize(text: str, lowercase: bool = True, strip_accents: bool | None = None) -> list[str]:
-    """``text`` -> BERT's basic-tokenized words (before WordPiece)."""
+    """``text`` -> BERT's basic-tokenized words (before WordPiece).
+
+    BERT's basic tokenization (google-research/bert ``BasicTokenizer``): drop control characters,
+    put spaces around CJK ideographs, lowercase and strip accents when uncased, split on whitespace
+    and punctuation. The normalizer and pre-tokenizer are the exact objects the tokenizer uses
+    (:func:`bert_core.vocab.tokenization.bert_normalizer` / ``bert_pre_tokenizer``). Such a word
+    never contains whitespace, so ``"word word word"`` splits back into three copies of it (see
+    :func:`repeated_words`).
+    """
     normalizer, pre_tokenizer = _pipeline(lowercase, strip_accents)
     return [word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))]
 
