@@ -2,16 +2,7 @@
 peak FLOP/s its MFU is measured against. Pre-training and fine-tuning both start here, so the
 CPU run and the GPU run take the same code path with a different ``accelerator``.
 
-    python -c "from bert_core.device import resolve_device, peak_flops; \
-d = resolve_device('cpu', 0); print(d, peak_flops(d, 'bf16'))"
-
-- ``accelerator: cpu`` -> ``cpu`` and gloo; ``gpu`` -> ``cuda:<local_rank>`` (made the current
-  CUDA device) and NCCL, which refuses CPU tensors, so every collective's tensors live on the
-  resolved device;
-- fp32 on CUDA runs its matmuls and convolutions in TF32 (10-bit mantissa products, fp32
-  accumulation), as NVIDIA's BERT recipe does; CPU matmuls are left exact;
-- the peak is the card's dense tensor-core rate at the run's precision (TF32 for fp32), from
-  its name; a configured ``peak_flops_per_rank`` wins, and an unknown card has none (no MFU).
+    python -c "from bert_core.device import resolve_device, peak_flops; d = resolve_device('cpu', 0); print(d, peak_flops(d, 'bf16'))"
 """
 
 from __future__ import annotations
@@ -40,7 +31,10 @@ class DeviceError(ConfigError):
 
 
 def dist_backend(accelerator: Accelerator) -> str:
-    """The torch.distributed backend of ``accelerator``: NCCL between GPUs, gloo between CPUs."""
+    """The torch.distributed backend of ``accelerator``: NCCL between GPUs, gloo between CPUs.
+
+    NCCL refuses CPU tensors, so every collective's tensors live on the resolved device.
+    """
     return "nccl" if accelerator == "gpu" else "gloo"
 
 
@@ -66,7 +60,11 @@ def resolve_device(accelerator: Accelerator, local_rank: int = 0) -> torch.devic
 
 def configure_matmul(precision: str, device: torch.device) -> bool:
     """TF32 tensor cores for an fp32 run on CUDA (cuBLAS matmuls and cuDNN); CPU untouched.
-    Returns whether TF32 is on for this run."""
+    Returns whether TF32 is on for this run.
+
+    TF32 is 10-bit mantissa products with fp32 accumulation, as NVIDIA's BERT recipe uses;
+    CPU matmuls are left exact.
+    """
     if device.type != "cuda" or precision != "fp32":
         return False
     torch.backends.cuda.matmul.allow_tf32 = True

@@ -4,10 +4,7 @@ a head over :class:`bert_core.model.bert.BertModel`, and the task's official met
     bertpipe finetune --task squad --data tests/fixtures/tasks --checkpoint samples/models/minilm --output /tmp/ft
 
 ``TASKS`` maps a task name to its :class:`Task`; :func:`get_task` looks one up with a helpful
-error. A task's files live in ``<data_dir>/<task.folder>/`` (or ``--data`` may point at that
-folder itself). ``<task>@<n>`` names a classification task trained on ``n`` of its training
-examples (one stratified subsample, the same for every checkpoint and seed): a point of the
-learning curve, reported as a task of its own.
+error; :func:`task_dir` finds a task's files under ``--data``.
 """
 
 from __future__ import annotations
@@ -85,7 +82,11 @@ TASKS: dict[str, Task] = {
 
 def get_task(name: str) -> Task:
     """The registered task ``name``, or ``<task>@<n>``: that classification task on ``n`` of its
-    training examples."""
+    training examples.
+
+    The subsample is stratified and the same for every checkpoint and seed: a point of the
+    learning curve, reported as a task of its own.
+    """
     base, at, size = name.lower().partition("@")
     try:
         task = TASKS[base]

@@ -1,18 +1,10 @@
 """Entity (chunk) level precision / recall / F1 exactly as CoNLL's ``conlleval.pl``.
 
-A line-by-line port of the official Perl script's chunk logic (``startOfChunk`` /
-``endOfChunk`` over IOB1, IOB2, IOBES and bracket tags), including its quirks: a chunk counts as
-correct only if gold and guess start and end on the same tokens with the same type, and an
-``I-`` after ``O`` opens a chunk. :func:`report` prints the script's own text.
+A line-by-line port of the official Perl script's chunk logic, quirks included.
+:func:`report` prints the script's own text.
 
     python -m bert_core.finetune.conlleval < ground_truth.txt   # same output as conlleval.pl
     python -m bert_core.finetune.conlleval ground_truth.txt     # the same, naming the file in errors
-
-Input is read as the script reads it: fields split on the delimiter, trailing empty fields
-dropped (Perl's ``split``), so a trailing space on a token line changes nothing. A file with
-Windows (CR LF) line endings is refused with one line naming it: ``conlleval.pl`` stops on it
-(its blank lines keep the CR and count as one-column lines) or, without blank lines, reads
-every guessed tag with a CR attached.
 """
 
 from __future__ import annotations
@@ -70,7 +62,12 @@ class Counts:
 
 
 def count_chunks(rows: Iterable[tuple[str, str, str]]) -> Counts:
-    """Count over ``(first_item, gold_tag, guessed_tag)`` rows; a sentence break is ``("-X-", "O", "O")``."""
+    """Count over ``(first_item, gold_tag, guessed_tag)`` rows; a sentence break is ``("-X-", "O", "O")``.
+
+    The script's ``startOfChunk`` / ``endOfChunk`` over IOB1, IOB2, IOBES and bracket tags,
+    quirks included: a chunk counts as correct only if gold and guess start and end on the same
+    tokens with the same type, and an ``I-`` after ``O`` opens a chunk.
+    """
     c = Counts()
     in_correct = False
     last_correct, last_correct_type = "O", ""
@@ -132,6 +129,12 @@ def rows_from_lines(
     """Parse conlleval input: tokens with features, gold tag second-to-last, guess last.
 
     ``source`` names the input in errors (a file name, or ``stdin``).
+
+    Lines are read as the script reads them: fields split on the delimiter, trailing empty
+    fields dropped (Perl's ``split``), so a trailing space on a token line changes nothing. Input
+    with Windows (CR LF) line endings is refused with one line naming it: ``conlleval.pl`` stops on
+    it (its blank lines keep the CR and count as one-column lines) or, without blank lines, reads
+    every guessed tag with a CR attached.
     """
     rows = []
     n_features = None

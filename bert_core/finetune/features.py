@@ -1,22 +1,10 @@
 """Frozen contextual features from any checkpoint (the paper's feature-based approach) -> Parquet.
 
-    bertpipe features --checkpoint samples/models/minilm --input tests/fixtures/tasks/ner/valid.txt \
-        --output features.parquet --layers concat_last_four
+    bertpipe features --checkpoint samples/models/minilm --input tests/fixtures/tasks/ner/valid.txt         --output features.parquet --layers concat_last_four
 
-One vector per *word* (its first word piece, as in the paper's CoNLL ablation), from a choice
-of layers: ``embeddings``, ``last``, ``second_to_last``, ``sum_last_four``, ``concat_last_four``,
-``all`` (sum of every encoder layer). Input is a text file (one sentence a line, words split on
-whitespace) or a CoNLL column file (its tags are kept). Sentences longer than a window are split
-at word boundaries. Output columns: ``sentence_id: int32``, ``words: list<string>``,
-``features: list<list<float32>>`` (words x dim), ``tags: list<string>`` (CoNLL input only);
-the file's schema metadata (key ``bertpipe``, JSON) records checkpoint, input, layers, dim, the
-counts ``{read, kept, rejected, rejected_by_reason}`` (sentences; kept + rejected = read) and
-the rejects file.
-
-Rejects go to ``<output>.rejects.jsonl`` (records ``source``, ``id``, ``reason``, ``detail``; one
-per dropped CoNLL sentence, ``id`` its first bad line), written on every run, empty when nothing
-was dropped. An input with no sentence kept is an error naming the file and the fix, and no
-Parquet file is written.
+One vector per *word* (its first word piece, as in the paper's CoNLL ablation) from a choice
+of layers. Input is a text file (one sentence a line) or a CoNLL column file; rejected
+sentences go to ``<output>.rejects.jsonl``.
 """
 
 from __future__ import annotations
@@ -34,7 +22,11 @@ LAYER_CHOICES = ("embeddings", "last", "second_to_last", "sum_last_four", "conca
 
 
 def combine_layers(hidden_states: Sequence[Any], layers: str) -> Any:
-    """``hidden_states`` = (embeddings, layer 1, ..., layer L), each [B, T, H] -> [B, T, D]."""
+    """``hidden_states`` = (embeddings, layer 1, ..., layer L), each [B, T, H] -> [B, T, D].
+
+    ``layers``: ``embeddings``, ``last``, ``second_to_last``, ``sum_last_four``,
+    ``concat_last_four``, ``all`` (sum of every encoder layer).
+    """
     import torch
 
     encoder = hidden_states[1:]
@@ -91,7 +83,12 @@ def word_features(
 
 
 def rejects_uri(output: str) -> str:
-    """Where the rejects of the features file ``output`` go."""
+    """Where the rejects of the features file ``output`` go.
+
+    ``<output>.rejects.jsonl``: records ``source``, ``id``, ``reason``, ``detail``, one per
+    dropped CoNLL sentence (``id`` its first bad line); written on every run, empty when nothing
+    was dropped.
+    """
     return f"{output}.rejects.jsonl"
 
 
@@ -104,7 +101,11 @@ def input_format_of(uri: str, input_format: str | None) -> str:
 
 
 def read_input(uri: str, fmt: str) -> tuple[list[list[str]], list[list[str]] | None, list[dict[str, Any]], int]:
-    """Words per sentence, tags (CoNLL only), rejects and the number of sentences read."""
+    """Words per sentence, tags (CoNLL only), rejects and the number of sentences read.
+
+    A text file has one sentence a line, words split on whitespace; a CoNLL column file keeps
+    its tags. Sentences longer than a window are split at word boundaries.
+    """
     try:
         if fmt == "conll":
             from bert_core.finetune.ner import read_conll
@@ -144,7 +145,15 @@ def extract_file(
     max_seq_length: int = 128, threads: int = 2,
 ) -> dict[str, Any]:
     """Read ``input_uri``, write its frozen features to the Parquet file ``output`` and its rejects
-    beside it; return the counts (sentences read, kept, rejected, rejected_by_reason)."""
+    beside it; return the counts (sentences read, kept, rejected, rejected_by_reason).
+
+    Output columns: ``sentence_id: int32``, ``words: list<string>``,
+    ``features: list<list<float32>>`` (words x dim), ``tags: list<string>`` (CoNLL input only).
+    The file's schema metadata (key ``bertpipe``, JSON) records checkpoint, input, layers, dim, the
+    counts ``{read, kept, rejected, rejected_by_reason}`` (sentences; kept + rejected = read) and
+    the rejects file. An input with no sentence kept is an error (:func:`nothing_kept`) and no
+    Parquet file is written.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch

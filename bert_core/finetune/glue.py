@@ -5,13 +5,6 @@ dropped silently (``kept + rejected = read``). Single sentences and pairs are en
 ``[CLS] A [SEP] B [SEP]`` by :func:`encode_pairs`.
 
     bertpipe finetune --task mrpc --data glue_data --checkpoint runs/demo/hf --output finetune/demo
-
-Files, as in the GLUE download (``<data>/<folder>/``): CoLA, SST-2, MRPC, STS-B, QQP, MNLI
-(``dev_matched.tsv`` + ``dev_mismatched.tsv``), QNLI, RTE, WNLI: ``train.tsv`` and ``dev.tsv``.
-``sentiment``: the vaderSentiment ground-truth files (``id<TAB>mean rating<TAB>text``); label =
-sign of the mean rating, neutral (0) ratings are rejected with reason ``neutral``; a stable hash
-of the id puts 15% in dev (selection) and 15% in test (the reported score), the rest in train:
-on the fetched sample (7,906 sentences) test holds over 1,000 of them.
 """
 
 from __future__ import annotations
@@ -128,7 +121,11 @@ def read_tsv(uri: str, spec: GlueSpec) -> tuple[list[Example], list[Reject]]:
 
 
 def read_glue(task: str, folder: str, split: str) -> tuple[list[Example], list[Reject]]:
-    """``split`` is ``train`` or one of the task's dev file stems (``dev``, ``dev_matched``...)."""
+    """``split`` is ``train`` or one of the task's dev file stems (``dev``, ``dev_matched``...).
+
+    Files, as in the GLUE download (``<data>/<folder>/``): CoLA, SST-2, MRPC, STS-B, QQP, MNLI
+    (``dev_matched.tsv`` + ``dev_mismatched.tsv``), QNLI, RTE, WNLI: ``train.tsv`` and ``dev.tsv``.
+    """
     spec = GLUE[task]
     name = f"{split}.tsv"
     uri = storage.join(folder, name)
@@ -150,7 +147,11 @@ SENTIMENT_PERCENT = {"dev": 15, "test": 15}  # the rest is train
 
 
 def sentiment_split(key: str) -> str:
-    """``train``, ``dev`` or ``test`` for an example id, the same on every machine and run."""
+    """``train``, ``dev`` or ``test`` for an example id, the same on every machine and run.
+
+    A stable hash of the id puts 15% in dev (selection) and 15% in test (the reported score),
+    the rest in train.
+    """
     # A stable hash, not Python's salted hash(): the split must be the same on every machine.
     bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100
     if bucket < SENTIMENT_PERCENT["dev"]:
@@ -159,7 +160,11 @@ def sentiment_split(key: str) -> str:
 
 
 def read_sentiment(folder: str, split: str) -> tuple[list[Example], list[Reject]]:
-    """Every ``*.txt`` in ``folder`` (vaderSentiment ``*_GroundTruth.txt``); its train, dev or test part."""
+    """Every ``*.txt`` in ``folder`` (vaderSentiment ``*_GroundTruth.txt``); its train, dev or test part.
+
+    Lines are ``id<TAB>mean rating<TAB>text``; label = sign of the mean rating, and neutral
+    (0) ratings are rejected with reason ``neutral``.
+    """
     files = storage.glob(storage.join(folder, "*.txt"))
     if not files:
         raise TaskFileMissing(

@@ -4,11 +4,7 @@
 
 A setting is one point of ``learning_rates`` x ``batch_sizes`` x ``epochs`` (the paper's grid:
 {5e-5, 3e-5, 2e-5} x {16, 32} x {2, 3, 4}); a job is one (task, setting, seed). Names say what a
-job is, so the UI, the logs and the folders read alike::
-
-    finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2                    (task run / flow run name)
-    finetune/minilm/sst2/lr3e-5-bs32-ep3/seed=2/metrics.json      (its folder: <output>/<task>/...,
-                                                                   <output> the checkpoint's folder)
+job is, so the UI, the logs and the folders read alike.
 """
 
 from __future__ import annotations
@@ -56,8 +52,12 @@ def checkpoint_name(checkpoint: str) -> str:
 
 
 def job_name(task: str, checkpoint: str, setting: Setting, seed: int) -> str:
+    """The task run / flow run name: ``finetune-sst2-minilm-lr3e-5-bs32-ep3-seed2``."""
     return f"finetune-{task}-{checkpoint}-{setting.name}-seed{seed}"
 
 
 def job_dir(output: str, task: str, setting: Setting, seed: int) -> str:
+    """The job's folder, ``<output>/<task>/<setting>/seed=<s>`` with ``<output>`` the checkpoint's
+    folder: ``finetune/minilm/sst2/lr3e-5-bs32-ep3/seed=2`` (its ``metrics.json`` goes there).
+    """
     return storage.join(output, task, setting.name, f"seed={seed}")

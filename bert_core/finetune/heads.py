@@ -4,8 +4,7 @@
 
 - classification / regression: dropout + linear on the pooled ``[CLS]`` vector (C labels, or 1 score)
 - multiple_choice: a vector scores each ``[CLS] context [SEP] ending [SEP]``; softmax over endings
-- with ``pooling="mean"`` those three read the mean of the last layer's token states instead of the
-  pooler over ``[CLS]``: masked-LM-only pre-training never trains ``[CLS]`` or the pooler
+- with ``pooling="mean"`` those three read the mean of the last layer's token states instead
 - span (SQuAD): start and end vectors dotted with every token state
 - token (NER): dropout + linear on every token state; only first word pieces carry a label
 """
@@ -23,7 +22,11 @@ IGNORE_INDEX = -100  # label of positions that take no loss (padding, later word
 
 
 class BertForTask(nn.Module):
-    """An encoder plus one task layer; ``forward`` returns the task's logits."""
+    """An encoder plus one task layer; ``forward`` returns the task's logits.
+
+    ``pooling="mean"`` exists because masked-LM-only pre-training never trains ``[CLS]`` or the
+    pooler.
+    """
 
     def __init__(self, bert: BertModel, kind: str, num_labels: int = 2, pooling: str = "cls") -> None:
         super().__init__()

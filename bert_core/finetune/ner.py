@@ -2,13 +2,8 @@
 
     bertpipe finetune --task ner --data conll2003 --checkpoint runs/demo/hf --output finetune/demo
 
-Files: ``<folder>/train.txt`` and ``valid.txt`` (``eng.train`` / ``eng.testa`` also work), one
-token per line ``word POS chunk NER`` (any number of columns; the tag is the last), blank lines
-between sentences, ``-DOCSTART-`` lines between documents. Tags may be IOB1 (CoNLL-2003 as
-published) or IOB2; they are converted to IOB2 for training, which names the same chunks (so
-conlleval's score is unchanged). As in the paper, each word's label sits on its first word
-piece; the other pieces take no loss. Sentences longer than the sequence are split at word
-boundaries, never truncated.
+As in the paper, each word's label sits on its first word piece; the other pieces take no loss.
+Sentences longer than the sequence are split at word boundaries, never truncated.
 """
 
 from __future__ import annotations
@@ -33,6 +28,11 @@ def read_conll(uri: str) -> tuple[list[Sentence], list[dict[str, Any]]]:
 
     A sentence with any line whose last column is not ``O``, ``B-TYPE`` or ``I-TYPE`` is dropped
     whole; its reject names the first such line (``id`` = line number).
+
+    Files: ``<folder>/train.txt`` and ``valid.txt`` (``eng.train`` / ``eng.testa`` also work), one
+    token per line ``word POS chunk NER`` (any number of columns; the tag is the last), blank lines
+    between sentences, ``-DOCSTART-`` lines between documents. Tags may be IOB1 (CoNLL-2003 as
+    published) or IOB2.
     """
     sentences: list[Sentence] = []
     rejects: list[dict[str, Any]] = []
@@ -71,7 +71,10 @@ def read_conll(uri: str) -> tuple[list[Sentence], list[dict[str, Any]]]:
 
 
 def to_iob2(tags: list[str]) -> list[str]:
-    """IOB1 -> IOB2: an I- that starts a chunk becomes B-."""
+    """IOB1 -> IOB2: an I- that starts a chunk becomes B-.
+
+    Training uses IOB2, which names the same chunks, so conlleval's score is unchanged.
+    """
     out = []
     prev = "O"
     for tag in tags:

@@ -1,16 +1,9 @@
 """Many fine-tuning jobs (tasks x settings x seeds) -> the selected setting per task, the grid
 table, one manifest per task folder and an index over them.
 
-    bertpipe finetune --task mrpc --task rte --seeds 1,2,3 --data glue_data \
-        --checkpoint runs/demo/hf --output finetune/demo
+    bertpipe finetune --task mrpc --task rte --seeds 1,2,3 --data glue_data         --checkpoint runs/demo/hf --output finetune/demo
     bertpipe stats finetune/demo          (the index: every task's selected setting and score)
     bertpipe stats finetune/demo/mrpc     (one task: the whole grid)
-
-Folders, for a checkpoint's folder ``<output>`` (in the pipeline ``finetune/<checkpoint name>``)::
-
-    <output>/_MANIFEST.json                             index (stage "finetune-index")
-    <output>/<task>/_MANIFEST.json, report.md           the task (stage "finetune", its version)
-    <output>/<task>/<setting>/seed=<s>/metrics.json     one job (``grid.job_dir``)
 """
 
 from __future__ import annotations
@@ -194,7 +187,14 @@ def write_results(
     (stage "finetune": the task's grid, selection, jobs and ``versions[task]``); then the index
     ``<output>/_MANIFEST.json`` (:func:`write_index`). A task whose every job failed gets no
     manifest (nothing finished to vouch for) and shows in the index as failed; with every job of
-    every task failed this raises instead. Returns the index."""
+    every task failed this raises instead. Returns the index.
+
+    Folders, for a checkpoint's folder ``<output>`` (in the pipeline ``finetune/<checkpoint name>``)::
+
+        <output>/_MANIFEST.json                             index (stage "finetune-index")
+        <output>/<task>/_MANIFEST.json, report.md           the task (stage "finetune", its version)
+        <output>/<task>/<setting>/seed=<s>/metrics.json     one job (``grid.job_dir``)
+    """
     from bert_core.finetune.grid import checkpoint_name as name_of
 
     if not any(r["ok"] for r in results):

@@ -2,18 +2,9 @@
 
     bertpipe finetune --task squad_v2 --data squad_data --checkpoint runs/demo/hf --output finetune/demo
 
-Following google-research/bert's run_squad.py: the question (at most ``max_query_length``
-tokens) and a window of the context form ``[CLS] question [SEP] context [SEP]``; windows
-start every ``doc_stride`` tokens. Start/end logits over the token states; the best span over
-the ``n_best_size`` top starts x ends (end >= start, at most ``max_answer_length`` tokens, start
-in the window where it has the most context) is mapped back to the original text through the
-tokenizer's character offsets. v2.0: the no-answer score is the ``[CLS]`` span;
-``null_score_diff_threshold`` is tuned on dev (the official script's best-F1 threshold) and the
-predictions apply it. Writes ``predictions.json``, ``nbest_predictions.json`` and (v2.0)
-``null_odds.json``, the files the official evaluate scripts read.
-
-Files: ``<folder>/train-v1.1.json`` + ``dev-v1.1.json`` (or v2.0). A folder with a single
-``*.json`` (the 5-question sample) uses it for both, recorded as ``train_is_dev`` in the counts.
+Follows google-research/bert's run_squad.py. Writes ``predictions.json``,
+``nbest_predictions.json`` and (v2.0) ``null_odds.json``, the files the official evaluate
+scripts read.
 """
 
 from __future__ import annotations
@@ -54,7 +45,11 @@ def _find_files(folder: str) -> tuple[str, str, bool]:
 
 
 def read_squad(uri: str) -> tuple[list[SquadExample], list[dict[str, Any]], list[dict]]:
-    """Examples, rejects (answer not found at answer_start) and the raw ``data`` list (for eval)."""
+    """Examples, rejects (answer not found at answer_start) and the raw ``data`` list (for eval).
+
+    Files: ``<folder>/train-v1.1.json`` + ``dev-v1.1.json`` (or v2.0). A folder with a single
+    ``*.json`` (the 5-question sample) uses it for both, recorded as ``train_is_dev`` in the counts.
+    """
     try:
         data = json.loads(storage.read_text(uri))["data"]
     except (json.JSONDecodeError, KeyError) as err:
@@ -104,6 +99,9 @@ def _is_max_context(spans: list[tuple[int, int]], span_index: int, position: int
 def make_features(
     examples: list[SquadExample], tokenizer: Any, cfg: Any, training: bool
 ) -> list[dict[str, Any]]:
+    """The question (at most ``max_query_length`` tokens) and a window of the context form
+    ``[CLS] question [SEP] context [SEP]``; windows start every ``doc_stride`` tokens.
+    """
     features = []
     for ex_index, ex in enumerate(examples):
         q_ids = tokenizer.encode(ex.question)[: cfg.max_query_length]
@@ -143,7 +141,14 @@ def decode(
     examples: list[SquadExample], features: list[dict[str, Any]], outputs: list[np.ndarray],
     n_best_size: int, max_answer_length: int, version_2: bool,
 ) -> tuple[dict[str, str], dict[str, float], dict[str, list[dict[str, Any]]]]:
-    """Best non-null answer per question, null score diffs (v2.0) and the n-best lists."""
+    """Best non-null answer per question, null score diffs (v2.0) and the n-best lists.
+
+    The best span over the ``n_best_size`` top starts x ends (end >= start, at most
+    ``max_answer_length`` tokens, start in the window where it has the most context) is mapped
+    back to the original text through the tokenizer's character offsets. v2.0: the no-answer
+    score is the ``[CLS]`` span; ``null_score_diff_threshold`` is tuned on dev (the official
+    script's best-F1 threshold) and the predictions apply it.
+    """
     by_example: dict[int, list[int]] = {}
     for i, f in enumerate(features):
         by_example.setdefault(f["example_index"], []).append(i)

@@ -1,21 +1,9 @@
 """One fine-tuning job: a task, a data folder, a checkpoint, one setting and a seed.
 
-    python -m bert_core.finetune.train --task mrpc --data glue_data --checkpoint runs/demo/hf \
-        --output finetune/demo --seed 1 --set learning_rate=3e-5 --set batch_size=32
+    python -m bert_core.finetune.train --task mrpc --data glue_data --checkpoint runs/demo/hf         --output finetune/demo --seed 1 --set learning_rate=3e-5 --set batch_size=32
 
-The FinetuneConfig of a job is a one-point grid (``FinetuneConfig.at``). Writes
-``<output>/<task>/<setting>/seed=<seed>/metrics.json`` (``grid.job_dir``) and the task's predictions (GLUE
-``*_predictions.tsv``, SQuAD ``predictions.json`` + ``null_odds.json``, NER ``*_predictions.txt``
-in conlleval's input format, SWAG ``*_predictions.csv``). The paper's recipe: all parameters
-trained, AdamW (no decay on biases and LayerNorm), linear warmup over ``warmup_proportion`` of
-the steps then linear decay to 0, gradient clipping at 1.0, single process by default; with
-``finetune.deepspeed`` the same loop runs in a (single-rank) DeepSpeed engine.
-
-``finetune.accelerator`` places the job (``bert_core.device``): on ``gpu`` the model sits on
-``cuda:<LOCAL_RANK>``, batches are pinned and copied there without blocking, AdamW is torch's
-fused kernel, a DeepSpeed engine talks NCCL, and losses stay on the device until the job (or a
-log line) reads them; ``precision: bf16`` runs forward and loss under autocast. The CPU path is
-the same code with ``cpu`` for the device.
+The FinetuneConfig of a job is a one-point grid (``FinetuneConfig.at``). ``finetune.accelerator``
+places the job (``bert_core.device``); the CPU path is the same code with ``cpu`` for the device.
 """
 
 from __future__ import annotations
@@ -130,7 +118,16 @@ def _deepspeed_engine(model: Any, optimizer: Any, scheduler: Any, cfg: FinetuneC
 def train_and_predict(
     data: Any, checkpoint: str, cfg: FinetuneConfig, seed: int, pad_id: int, log=None
 ) -> dict[str, Any]:
-    """Fine-tune all parameters on ``data.train``; return per-split outputs and training stats."""
+    """Fine-tune all parameters on ``data.train``; return per-split outputs and training stats.
+
+    The paper's recipe: all parameters trained, AdamW (no decay on biases and LayerNorm), linear
+    warmup over ``warmup_proportion`` of the steps then linear decay to 0, gradient clipping at
+    1.0, single process by default; with ``finetune.deepspeed`` the same loop runs in a
+    (single-rank) DeepSpeed engine. On ``gpu`` the model sits on ``cuda:<LOCAL_RANK>``, batches are
+    pinned and copied there without blocking, AdamW is torch's fused kernel, a DeepSpeed engine
+    talks NCCL, and losses stay on the device until the job (or a log line) reads them;
+    ``precision: bf16`` runs forward and loss under autocast.
+    """
     import torch
 
     from bert_core.device import configure_matmul, resolve_device
@@ -228,7 +225,13 @@ def run_job(
     task: str, data_dir: str, checkpoint: str, cfg: FinetuneConfig, seed: int, output: str, log=None
 ) -> dict[str, Any]:
     """Fine-tune + evaluate one (task, setting, seed); ``cfg`` holds one setting. Writes
-    metrics.json and predictions; returns the metrics."""
+    metrics.json and predictions; returns the metrics.
+
+    The files: ``<output>/<task>/<setting>/seed=<seed>/metrics.json`` (``grid.job_dir``) and the
+    task's predictions (GLUE ``*_predictions.tsv``, SQuAD ``predictions.json`` +
+    ``null_odds.json``, NER ``*_predictions.txt`` in conlleval's input format, SWAG
+    ``*_predictions.csv``).
+    """
     import torch
 
     from bert_core.finetune import get_task

@@ -1,5 +1,5 @@
 """Instances by the batch: numpy columns instead of one Python object per instance, and the
-"instances" contract they are written in.
+"instances" contract they are written in (:func:`schema`).
 
     batch = create_instance_batch(pool, doc_ids, seed=12345, dupe_factor=5, max_seq_length=128,
                                   max_predictions_per_seq=20, masked_lm_prob=0.15,
@@ -7,12 +7,6 @@
     write_instance_shards(batch, "out/seq128", num_shards=4)   # the "instances" contract
     (beam_jobs/create_instances.py makes the same rows per random-next pool, a window at a time:
     bert_core.instances.pool_files.write_pool_instances)
-
-A shard (``seq{L}/part-SSSSS-of-NNNNN.parquet``) holds unpadded rows: ``input_ids list<int32>``,
-``len_a int32`` (segment ids are 0 before it and 1 after), ``masked_lm_positions list<int32>``,
-``masked_lm_ids list<int32>`` and ``next_sentence_label int8`` (1 a random next, 0 the actual
-next, -1 without NSP). With ``masking: dynamic`` the masked_lm columns are empty and the loader
-masks each epoch with ``bert_core.instances.masking``, the masking the job uses.
 """
 
 from __future__ import annotations
@@ -184,7 +178,14 @@ class InstanceBatch:
 
 
 def schema() -> pa.Schema:
-    """The "instances" contract: unpadded rows, segment ids 0 before ``len_a`` and 1 after."""
+    """The "instances" contract: unpadded rows, segment ids 0 before ``len_a`` and 1 after.
+
+    A shard (``seq{L}/part-SSSSS-of-NNNNN.parquet``) holds ``input_ids list<int32>``,
+    ``len_a int32``, ``masked_lm_positions list<int32>``, ``masked_lm_ids list<int32>`` and
+    ``next_sentence_label int8`` (1 a random next, 0 the actual next, -1 without NSP). With
+    ``masking: dynamic`` the masked_lm columns are empty and the loader masks each epoch with
+    ``bert_core.instances.masking``, the masking the job uses.
+    """
     import pyarrow as pa
 
     ints = pa.list_(pa.int32())

@@ -4,11 +4,9 @@
     OUT/seq{L}/eval/part-SSSSS-of-NNNNN.parquet   the eval split: the same columns, its own documents
     OUT/seq{L}/eval/_MANIFEST.json   the eval split of that length: shards, counts, stats, split="eval"
     OUT/seq{L}/_MANIFEST.json        training shards (sha256, count), counts (eval_instances too), stats
-    OUT/rejects.jsonl                documents that gave no tokens, with the reason (merged from
-                                     the job's sorted spill files of them)
+    OUT/rejects.jsonl                documents that gave no tokens, with the reason
     OUT/_MANIFEST.json               written last: InstanceConfig, inputs, per-length statistics,
-                                     counts (eval_documents, eval_instances_seq{L} too), vocab_file
-                                     and vocab_sha256: the vocab.txt the ids come from
+                                     counts, vocab_file and vocab_sha256 (the vocab.txt of the ids)
 """
 
 from __future__ import annotations
@@ -63,7 +61,11 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
     """Per-length manifests (each eval split's first), the rejects file (from ``rejects``, the
     job's spill files of them and their counts), then the job's spill folder removed and the
     top-level manifest written (last: it marks done). ``layout`` has an eval set per length
-    when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used."""
+    when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used.
+
+    The top-level counts include ``eval_documents`` and ``eval_instances_seq{L}``;
+    ``rejects.jsonl`` is merged from the job's sorted spill files of them.
+    """
     n_rejected = merge_rejects([uri for uri, _ in rejects], storage.join(output, "rejects.jsonl"))
     stats_by_length: dict[str, Any] = {}
     counts: dict[str, Any] = {"documents_read": documents_used + n_rejected,

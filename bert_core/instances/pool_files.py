@@ -4,13 +4,8 @@ bounded merge are :mod:`bert_core.sorted_runs`'s.
 
     (beam_jobs/create_instances.py writes and reads them; all under OUT/_spill/, removed at the end)
 
-    OUT/_spill/documents/<split>-<pool>-<uuid>.arrow     tokenized documents of one random-next
-        pool: doc_id, ids (the bytes of a C int array, each sentence's ids followed by an end
-        mark: ``Tokenizer.encode_document_bytes``), tokens and sentences (counts, marks and empty
-        sentences left out)
-    OUT/_spill/instances/seq<L>-<split>-<pool>.arrow     a pool's instances of one length in the
-        contract's columns, ordered by piece ``key % groups``, then by key, in record batches of
-        a fixed number of rows (``rows_per_batch`` in the schema's metadata)
+    OUT/_spill/documents/<split>-<pool>-<uuid>.arrow     tokenized documents of one random-next pool
+    OUT/_spill/instances/seq<L>-<split>-<pool>.arrow     a pool's instances of one length
     OUT/_spill/rejects/<uuid>.jsonl                      rejected documents, sorted by id
 """
 
@@ -73,7 +68,12 @@ def marked_counts(docs: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def spill_tokenized_documents(uri: str, docs: Sequence[tuple[str, bytes]]) -> int:
-    """Tokenized documents ``(doc_id, marked ids)`` -> one spill file; returns its bytes."""
+    """Tokenized documents ``(doc_id, marked ids)`` -> one spill file; returns its bytes.
+
+    Columns: ``doc_id``, ``ids`` (the bytes of a C int array, each sentence's ids followed by an
+    end mark: ``Tokenizer.encode_document_bytes``), ``tokens`` and ``sentences`` (counts, marks and
+    empty sentences left out).
+    """
     import pyarrow as pa
 
     marked = [m for _, m in docs]
@@ -176,7 +176,11 @@ def write_pool_instances(uri: str, pool: DocumentPool, doc_ids: Sequence[str], g
     -> one spill file, ordered by piece ``key % groups`` then key
     (``bert_core.instances.sharding.pieces_by_group``'s order); returns ``(g, first row, end
     row)`` of every non-empty piece. Pairs are decided first as integers, then assembled and
-    masked ``window`` rows at a time (0: WINDOW_TOKENS worth), a record batch each."""
+    masked ``window`` rows at a time (0: WINDOW_TOKENS worth), a record batch each.
+
+    The file holds the instances contract's columns in record batches of a fixed number of rows
+    (``rows_per_batch`` in the schema's metadata).
+    """
     import pyarrow as pa
 
     spans, keys = instance_spans(pool, doc_ids, seed=seed, dupe_factor=dupe_factor,

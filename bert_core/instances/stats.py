@@ -2,15 +2,8 @@
 
     bertpipe stats OUT_URI/seq128      (prints what the instance stage stored in the manifest)
 
-An :class:`InstanceStats` accumulates rows (in any order, mergeable, so each Beam shard writer
-keeps one and the manifest step adds them up) and :meth:`InstanceStats.summary` gives the
-numbers a manifest records: instances, tokens, mean length, masked fraction and its 80/10/10
-split, random-next fraction, and a length histogram. The benchmark computes the same summary
-from google-research/bert's TFRecords, so both sides are measured by one piece of code.
-
-How a masked position was corrupted is read back from the row: ``[MASK]`` at the position;
-else the stored input id equals the label (kept); else a random id. A random draw that hits
-the original id counts as kept, in the reference's output as in ours.
+The benchmark computes the same summary from google-research/bert's TFRecords, so both sides
+are measured by one piece of code.
 """
 
 from __future__ import annotations
@@ -25,6 +18,15 @@ from bert_core.histogram import Histogram
 
 @dataclass
 class InstanceStats:
+    """Accumulates rows in any order and merges, so each Beam shard writer keeps one and the
+    manifest step adds them up; :meth:`summary` gives the numbers a manifest records: instances,
+    tokens, mean length, masked fraction and its 80/10/10 split, random-next fraction, and a
+    length histogram.
+
+    How a masked position was corrupted is read back from the row: ``[MASK]`` at the position;
+    else the stored input id equals the label (kept); else a random id. A random draw that hits
+    the original id counts as kept, in the reference's output as in ours.
+    """
     max_seq_length: int
     instances: int = 0
     tokens: int = 0

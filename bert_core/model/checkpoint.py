@@ -1,16 +1,11 @@
 """Load and save BERT weights in the transformers layout (config.json + model.safetensors + vocab.txt).
 
-    python -c "from bert_core.model.checkpoint import load_pretrained; \
-print(load_pretrained('samples/models/minilm')[0])"
+    python -c "from bert_core.model.checkpoint import load_pretrained; print(load_pretrained('samples/models/minilm')[0])"
 
 Our parameter names equal transformers' (see ``bert_core/model/bert.py``), so a state dict maps
-1:1; the only translations are the ``bert.`` prefix (a bare ``BertModel`` checkpoint has none),
-the TF-converted ``LayerNorm.gamma/beta`` names, and the MLM decoder, which both sides tie
-to the word embeddings. Weights are read without unpickling code: safetensors, or
-``torch.load(weights_only=True)`` for ``pytorch_model.bin``. Every read and write goes through
+1:1 but for :func:`normalize_state_dict`'s translations. Every read and write goes through
 ``bert_core.storage``, so ``gs://`` folders work like local ones. This module knows weights
-and configs only, never the model classes: ``BertModel.from_pretrained`` builds on it, and
-``bert_core.model.export`` turns a DeepSpeed checkpoint into this layout.
+and configs only, never the model classes.
 """
 
 from __future__ import annotations
@@ -142,6 +137,9 @@ def _load_safetensors(uri: str) -> dict[str, torch.Tensor]:
 
 
 def _load_weights(folder: str) -> dict[str, torch.Tensor]:
+    """Weights are read without unpickling code: safetensors, or ``torch.load(weights_only=True)``
+    for ``pytorch_model.bin``.
+    """
     single = storage.join(folder, WEIGHTS_SAFETENSORS)
     if storage.exists(single):
         return _load_safetensors(single)

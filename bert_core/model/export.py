@@ -3,11 +3,8 @@ transformers-layout folder that ``transformers.BertForPreTraining.from_pretraine
 
     bertpipe export runs/demo/checkpoints --output runs/demo/hf
 
-A DeepSpeed checkpoint keeps the weights under ``<tag>/mp_rank_00_model_states.pt`` (ZeRO stage
-0) or partitioned in the optimizer shards (ZeRO >= 1, bf16); both come out as one fp32 state
-dict. The model shape comes from a ``config.json`` near the checkpoint, else from the weight
-shapes plus the run's ``ModelConfig``. The export is read back and compared before it counts.
-A vocab other than the one a finished run recorded (``vocab_sha256`` in its manifest) is refused.
+The export is read back and compared before it counts. A vocab other than the one a finished
+run recorded (``vocab_sha256`` in its manifest) is refused.
 """
 
 from __future__ import annotations

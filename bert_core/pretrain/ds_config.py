@@ -1,14 +1,10 @@
 """The DeepSpeed config dict, rendered from ``PretrainConfig`` and one phase (never a hand-written JSON).
 
-    python -c "from bert_core.config import load_config; from bert_core.pretrain.ds_config import ds_config; \
-import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, '/tmp/run'), indent=1))"
+    python -c "from bert_core.config import load_config; from bert_core.pretrain.ds_config import ds_config; import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, '/tmp/run'), indent=1))"
 
 Batch sizes, precision, ZeRO stage, clipping, AdamW (always torch's, fused on GPU: nothing to
-compile at start-up), the linear warm-up and decay, a monitor. bf16 at ZeRO 0 is torch autocast
-over fp32 weights (DeepSpeed's ``torch_autocast``, gradients reduced in fp32); at ZeRO >= 1 it is
-DeepSpeed's bf16 weights with fp32 master weights and fp32 gradient accumulation. DeepSpeed's
-throughput timers stay off: they synchronize the device on every micro-batch, and the loop
-reports its own rates. LAMB is torch-optimizer's per-tensor ``Lamb``, built here outside DeepSpeed.
+compile at start-up), the linear warm-up and decay, a monitor. LAMB is torch-optimizer's
+per-tensor ``Lamb``, built here outside DeepSpeed.
 """
 
 from __future__ import annotations
@@ -29,7 +25,13 @@ def uses_client_optimizer(cfg: PretrainConfig) -> bool:
 
 
 def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None) -> dict[str, Any]:
-    """The config dict for ``deepspeed.initialize(config=...)`` for phase ``phase_index``."""
+    """The config dict for ``deepspeed.initialize(config=...)`` for phase ``phase_index``.
+
+    bf16 at ZeRO 0 is torch autocast over fp32 weights (DeepSpeed's ``torch_autocast``, gradients
+    reduced in fp32); at ZeRO >= 1 it is DeepSpeed's bf16 weights with fp32 master weights and fp32
+    gradient accumulation. DeepSpeed's throughput timers stay off: they synchronize the device on
+    every micro-batch, and the loop reports its own rates.
+    """
     phase = cfg.phases[phase_index]
     out: dict[str, Any] = {
         "train_batch_size": phase.global_batch_size,

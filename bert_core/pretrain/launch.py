@@ -1,30 +1,10 @@
 """Render and run the ``deepspeed`` launcher command for pre-training, from the config.
 
-    python -c "from bert_core.config import load_config; from bert_core.pretrain.launch import launcher_argv; \
-print(' '.join(launcher_argv(load_config('demo').pretrain, ['--output', 'runs/x'])))"
+    python -c "from bert_core.config import load_config; from bert_core.pretrain.launch import launcher_argv; print(' '.join(launcher_argv(load_config('demo').pretrain, ['--output', 'runs/x'])))"
 
-Three shapes, one per ``pretrain.launcher``:
-
-- ``local``: ``deepspeed --num_gpus N`` on this machine (on CPU: N gloo ranks), on a free
-  port unless ``pretrain.master_port`` is set, so two runs on one machine never collide;
-- ``hostfile``: ``deepspeed --hostfile H --num_nodes n --num_gpus N`` (the launcher reaches the
-  other hosts over ssh/pdsh);
-- ``no_ssh``: one launcher per node (Kubernetes pods), each with ``--no_ssh --node_rank r
-  --master_addr A --master_port P``. DeepSpeed still wants a hostfile to count the nodes; when
-  none is given a ``node{i} slots=N`` file is written into the run folder.
-
-``run_launch`` streams the launcher's output (rank 0 prints progress; other ranks stay quiet)
-to a callback and returns the exit code. A failed run is classified by the failing rank's own
-line, whatever the others report after losing it: :class:`LaunchConfigError` when a rank refused
-the config, data or checkpoints or could not write (a full or read-only disk; fix it, retrying
-will not help) or
-:class:`LaunchInfraError` when the infrastructure failed (rendezvous timeout, a rank killed,
-port in use: worth a retry, and the run resumes from its last checkpoint).
-
-On CPU, DeepSpeed's first start JIT-compiles a shared-memory all-reduce op (once per machine,
-cached in ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``).
-:func:`ensure_cpu_comm_op` builds it once, in the launching process, with a log line saying so,
-instead of letting every rank of the first run race to build it.
+``pretrain.launcher`` picks one of three shapes (:func:`launcher_argv`): ``local``, ``hostfile``
+or ``no_ssh``. :func:`run_launch` streams the launcher's output and classifies a failed run as
+:class:`LaunchConfigError` (fix the input) or :class:`LaunchInfraError` (retry; the run resumes).
 """
 
 from __future__ import annotations
@@ -93,7 +73,16 @@ def launcher_argv(
     node_rank: int | None = None,
     hostfile: str | None = None,
 ) -> list[str]:
-    """``deepspeed ... --module bert_core.pretrain.loop <script_args>`` for ``cfg.launcher``."""
+    """``deepspeed ... --module bert_core.pretrain.loop <script_args>`` for ``cfg.launcher``.
+
+    - ``local``: ``deepspeed --num_gpus N`` on this machine (on CPU: N gloo ranks), on a free
+      port unless ``pretrain.master_port`` is set, so two runs on one machine never collide;
+    - ``hostfile``: ``deepspeed --hostfile H --num_nodes n --num_gpus N`` (the launcher reaches the
+      other hosts over ssh/pdsh);
+    - ``no_ssh``: one launcher per node (Kubernetes pods), each with ``--no_ssh --node_rank r
+      --master_addr A --master_port P``. DeepSpeed still wants a hostfile to count the nodes; when
+      none is given a ``node{i} slots=N`` file is written into the run folder.
+    """
     argv = ["deepspeed"]
     if cfg.launcher == "local":
         if cfg.nodes != 1:
@@ -158,7 +147,12 @@ def cpu_comm_op_built() -> bool:
 
 
 def ensure_cpu_comm_op(log: Callable[[str], None] = print) -> None:
-    """Build DeepSpeed's CPU shared-memory comm op once per machine (cached), before any rank starts."""
+    """Build DeepSpeed's CPU shared-memory comm op once per machine (cached), before any rank starts.
+
+    On CPU, DeepSpeed's first start JIT-compiles a shared-memory all-reduce op (cached in
+    ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``). Building it here, with a log line
+    saying so, keeps every rank of the first run from racing to build it.
+    """
     if cpu_comm_op_built():
         return
     log("building DeepSpeed CPU comm op once (~60 s, cached in ~/.cache/torch_extensions)...")
@@ -184,8 +178,12 @@ def run_launch(
 ) -> int:
     """Run the launcher, stream each output line to ``on_line``; 0 on success, else raise.
 
-    Raises :class:`LaunchConfigError` or :class:`LaunchInfraError` (see module docstring);
-    another failure is a plain :class:`LaunchError`.
+    Rank 0 prints progress; other ranks stay quiet. A failed run is classified by the failing
+    rank's own line, whatever the others report after losing it: :class:`LaunchConfigError`
+    when a rank refused the config, data or checkpoints or could not write (a full or read-only
+    disk; retrying will not help), :class:`LaunchInfraError` when the infrastructure failed
+    (rendezvous timeout, a rank killed, port in use: worth a retry, and the run resumes from its
+    last checkpoint); another failure is a plain :class:`LaunchError`.
     """
     tail: deque[str] = deque(maxlen=60)
     config_error = None

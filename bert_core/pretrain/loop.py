@@ -1,17 +1,12 @@
 """BERT pre-training (masked LM + next sentence) on a DeepSpeed engine: the script each rank runs.
 
-    deepspeed --num_gpus 2 --module bert_core.pretrain --config RUN/pretrain_config.json \
-        --instances INSTANCES_URI --output RUN
+    deepspeed --num_gpus 2 --module bert_core.pretrain --config RUN/pretrain_config.json         --instances INSTANCES_URI --output RUN
     (``bertpipe pretrain`` and ``bert_core.pretrain.launch`` render this command)
 
-Every phase of ``config.pretrain.phases`` runs in turn in the same processes: phase 1 may start
-from ``--init-checkpoint``, a later phase from the weights of the one before, with a fresh optimizer
-and schedule. A phase resumes from its newest checkpoint that loads (``checkpoints.py``) with the
-loader's position, and dropout is reseeded from the position in training, so a resumed run
-computes the losses of an uninterrupted one. Rank 0 appends ``RUN/metrics.jsonl`` every
-``log_every`` steps and an eval row every ``eval_every`` steps and at each phase's end, then
-exports ``RUN/hf/`` and writes ``RUN/_MANIFEST.json``. A problem a retry cannot fix exits the rank
-with one ``bertpipe-config-error:`` line and code 2 (``errors.py``), which the launcher reads.
+Every phase of ``config.pretrain.phases`` runs in turn in the same processes (:func:`run_phase`).
+Rank 0 writes ``RUN/metrics.jsonl``, then ``RUN/hf/`` and ``RUN/_MANIFEST.json``. A problem a
+retry cannot fix exits the rank with one ``bertpipe-config-error:`` line and code 2
+(``errors.py``), which the launcher reads.
 """
 
 from __future__ import annotations
@@ -98,7 +93,15 @@ def run_phase(
     config: PipelineConfig, instances: str, run: str, phase_index: int, vocab_size: int,
     init_checkpoint: str | None, rank: int, world_size: int,
 ) -> dict[str, Any]:
-    """Train one phase to its ``max_steps`` (resuming if it has checkpoints); returns its stats."""
+    """Train one phase to its ``max_steps`` (resuming if it has checkpoints); returns its stats.
+
+    Phase 1 may start from ``--init-checkpoint``, a later phase from the weights of the one before,
+    with a fresh optimizer and schedule. A phase resumes from its newest checkpoint that loads
+    (``checkpoints.py``) with the loader's position, and dropout is reseeded from the position in
+    training, so a resumed run computes the losses of an uninterrupted one. Rank 0 appends a
+    train row every ``log_every`` steps and an eval row every ``eval_every`` steps and at the
+    phase's end.
+    """
     import torch
     import torch.distributed as dist
 

@@ -2,16 +2,9 @@
 
     python -c "from bert_core.pretrain.metrics import read_metrics; print(read_metrics('runs/demo')[-1])"
 
-A row has a ``kind``. A ``"train"`` row (rows without a kind are train rows) holds ``phase``,
-``step``, ``max_steps``, ``loss``, ``mlm_acc``, ``nsp_acc`` (means over all ranks), ``lr``,
-``seq_per_s``, ``tokens_per_s`` (non-padding tokens), ``mfu``, ``epoch``, ``cpu_seconds`` (process CPU
-time of all ranks since they started: what a budget in CPU-minutes counts) and ``time``. An
-``"eval"`` row (``bert_core.pretrain.evaluate``, the whole eval split) holds ``phase``, ``step``,
-``max_steps``, ``loss`` (= ``mlm_loss`` + ``nsp_loss``), ``mlm_loss``, ``mlm_acc``, ``nsp_loss``,
-``nsp_acc``, ``instances``, ``predictions``, ``seconds`` and ``time``, and follows the train row
-of the same step. :class:`MetricsLog` writes it (``bert_core.pretrain.loop``), :class:`MetricsTail`
-follows it while a run is going (CLI progress bar, Prefect flow), :func:`read_metrics` reads it
-once (reports).
+:class:`MetricsLog` writes it (``bert_core.pretrain.loop``) and says what a row holds,
+:class:`MetricsTail` follows it while a run is going (CLI progress bar, Prefect flow),
+:func:`read_metrics` reads it once (reports).
 """
 
 from __future__ import annotations
@@ -58,7 +51,17 @@ def read_metrics(run: str) -> list[dict[str, Any]]:
 
 class MetricsLog:
     """Rank 0's ``metrics.jsonl``. Appended line by line on a local disk; object stores cannot
-    append, so there the file is rewritten whole. On resume, rows past the checkpoint go."""
+    append, so there the file is rewritten whole. On resume, rows past the checkpoint go.
+
+    A row has a ``kind``. A ``"train"`` row (rows without a kind are train rows) holds ``phase``,
+    ``step``, ``max_steps``, ``loss``, ``mlm_acc``, ``nsp_acc`` (means over all ranks), ``lr``,
+    ``seq_per_s``, ``tokens_per_s`` (non-padding tokens), ``mfu``, ``epoch``, ``cpu_seconds``
+    (process CPU time of all ranks since they started: what a budget in CPU-minutes counts) and
+    ``time``. An ``"eval"`` row (``bert_core.pretrain.evaluate``, the whole eval split) holds
+    ``phase``, ``step``, ``max_steps``, ``loss`` (= ``mlm_loss`` + ``nsp_loss``), ``mlm_loss``,
+    ``mlm_acc``, ``nsp_loss``, ``nsp_acc``, ``instances``, ``predictions``, ``seconds`` and
+    ``time``, and follows the train row of the same step.
+    """
 
     def __init__(self, run: str) -> None:
         self.uri = storage.join(run, METRICS_FILE)
