@@ -56,6 +56,7 @@ class Plan:
         self.micro_batch = 8 if dry_run else 256
         self.global_batch = 16 if dry_run else 256
         self.large_micro_batch = 4 if dry_run else 128
+        self.variant_micro_batch = 2 if dry_run else 256  # bf16 matmuls are slow on a CPU
         self.variant_steps = (1, 1) if dry_run else (5, 14)  # warm-up, timed; then one more for the syncs
         # the dry run checks the compiled variants' graphs without generating code (minutes on CPU)
         self.compile_backend = "eager" if dry_run else "inductor"
@@ -124,12 +125,12 @@ def build_data(work: Path, plan: Plan) -> str:
 
 
 def pretrain_config(work: Path, plan: Plan, size: str | None = None, micro_batch: int | None = None,
-                    extra: tuple[str, ...] = ()) -> Any:
+                    global_batch: int | None = None, extra: tuple[str, ...] = ()) -> Any:
     """The bert-base-128 preset on one GPU (or CPU), at this check's size, steps and batch."""
     from bert_core.config import load_config
 
     micro = micro_batch or plan.micro_batch
-    phase = {"max_seq_length": SEQ, "max_steps": plan.steps, "global_batch_size": max(plan.global_batch, micro),
+    phase = {"max_seq_length": SEQ, "max_steps": plan.steps, "global_batch_size": global_batch or plan.global_batch,
              "micro_batch_size": micro, "learning_rate": 1e-4, "warmup_steps": 3}
     sets = [
         f"model.size={size or plan.size}", "model.pad_vocab_to_multiple=64",
@@ -220,7 +221,7 @@ def stage_e2e_large(work: Path, plan: Plan) -> dict[str, Any]:
     """BERT-large (NVIDIA's published figure is for it), checkpointed only at the end."""
     size = "mini" if plan.dry_run else "large"
     config = pretrain_config(work, plan, size, plan.large_micro_batch,
-                             (f"pretrain.checkpoint_every={plan.steps}",))
+                             extra=(f"pretrain.checkpoint_every={plan.steps}",))
     return launch_and_measure(work, plan, work / "run-large", config)
 
 
@@ -313,14 +314,15 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
     from bert_core.pretrain.data import PretrainingLoader, read_vocab, to_device
     from bert_core.pretrain.loop import build_engine
 
-    config = pretrain_config(work, plan, extra=("pretrain.precision=bf16", f"pretrain.compile_backend={plan.compile_backend}",
-                                                *sets))
+    micro = plan.variant_micro_batch  # one micro-batch an optimizer step
+    config = pretrain_config(work, plan, micro_batch=micro, global_batch=micro, extra=(
+        "pretrain.precision=bf16", f"pretrain.compile_backend={plan.compile_backend}", *sets))
     pre = config.pretrain
     torch._dynamo.reset()  # each variant compiles its own model, within dynamo's cache limit
     vocab_size = len(read_vocab(str(work / "vocab" / "vocab.txt")))
     engine, scheduler = build_engine(config, 0, vocab_size, ds_overrides=ds)
     device = engine.device
-    loader = PretrainingLoader(instances, SEQ, plan.micro_batch, seed=1, token_buckets=pre.token_buckets)
+    loader = PretrainingLoader(instances, SEQ, micro, seed=1, token_buckets=pre.token_buckets)
     batch = to_device(next(iter(loader)), device)
     real_tokens = int(batch["attention_mask"].sum())
     scheduler.step()
@@ -347,7 +349,7 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
     mcfg = engine.module.config
     row = {
         "tokens_per_s": round(real_tokens / seconds), "step_ms": round(seconds * 1e3, 2),
-        "mfu": round(flops_per_token(mcfg, round(real_tokens / plan.micro_batch)) * real_tokens / seconds / peak, 4)
+        "mfu": round(flops_per_token(mcfg, round(real_tokens / micro)) * real_tokens / seconds / peak, 4)
         if peak else None,
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
         "loss_at_step": [last + 1, float(losses[last])], "host_syncs_per_step": syncs,
@@ -383,7 +385,7 @@ def stage_variants(work: Path, plan: Plan) -> dict[str, Any]:
             row["loss_diff_vs_baseline"] = round(abs(row["loss_at_step"][1] - base[1]), 5)
         if "tokens_per_s" in row and "tokens_per_s" in rows[0]:
             row["speedup_vs_baseline"] = round(row["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
-    return {"micro_batch": plan.micro_batch, "steps": sum(plan.variant_steps) + 1, "rows": rows}
+    return {"micro_batch": plan.variant_micro_batch, "steps": sum(plan.variant_steps) + 1, "rows": rows}
 
 
 def _models(plan: Plan, vocab_size: int, attention_dropout: float | None = None):
