@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-fast bench lint samples browser clean gpu-wheels gpu-check
+.PHONY: setup demo test test-fast bench lint samples browser clean gpu-wheels gpu-check gpu-variants
 
 setup: $(STAMP)
 
@@ -75,4 +75,8 @@ gpu-wheels: $(STAMP)
 gpu-check:
 	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 \
-		$(GPU_PY) -m benchmarks.gpu_check --out $(OUT)
+		$(GPU_PY) -m benchmarks.gpu_check --out $(OUT) $(GPU_CHECK_ARGS)
+
+# The check's variants stage, in a call of its own after `make gpu-check` (same machine).
+gpu-variants:
+	$(MAKE) gpu-check GPU_CHECK_ARGS="--stages variants"

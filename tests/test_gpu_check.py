@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check import STAGES, VARIANTS
+from benchmarks.gpu_check import CHECK_STAGES, STAGES, VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ IN_PROCESS = ("variants", "compare", "e2e_large")
 
 
 def test_the_two_dry_runs_cover_every_stage():
-    assert sorted(LAUNCHED + IN_PROCESS) == sorted(STAGES)
+    assert sorted(LAUNCHED + IN_PROCESS) == sorted(STAGES) and "variants" not in CHECK_STAGES
 
 
 def dry_run(tmp_path, stages: tuple[str, ...]) -> tuple[dict, str]:
