@@ -209,6 +209,9 @@ def test_seeds_summary_keeps_every_value_and_failures(tiny_checkpoint, tmp_path)
 
 
 def test_cli_finetune_and_features(tiny_checkpoint, tmp_path):
+    # Prefect's log handlers set up on the real stderr, not on CliRunner's, which is closed when a
+    # later test's flow logs
+    import prefect.main  # noqa: F401
     import pyarrow.parquet as pq
     from typer.testing import CliRunner
 
