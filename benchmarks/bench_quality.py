@@ -21,7 +21,7 @@ learning-curve protocol (the full text, with the results, is ``docs/quality.md``
   probe per layer, held-out MLM accuracy on each task's text, and the regression check (A - B at
   300 labels per task; negative = ``REGRESSION``).
 - **Bookkeeping**: every pre-training run and fine-tuning job is cached under ``--work`` by a
-  hash of its settings, so ``--reuse`` resumes a killed session without redoing finished work;
+  hash of its settings, so ``--reuse`` resumes a killed run without redoing finished work;
   the finished jobs travel as one file (``--pack-cache``), which ``--reuse`` unpacks into a
   missing cache.
 
@@ -356,7 +356,7 @@ def baseline_folder(work: Path, recipe: str, seed: int, quick: bool = False) -> 
 
 def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> dict:
     """``bertpipe pretrain`` with the recipe's settings for ``steps``, resumed from the run's last
-    checkpoint when a killed session left one: CPU minutes, final eval. ``run/done.json`` holds the
+    checkpoint when a killed run left one: CPU minutes, final eval. ``run/done.json`` holds the
     result of a finished run, which is then not run again."""
     import fcntl
 

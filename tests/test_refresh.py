@@ -1,5 +1,5 @@
 """flows/refresh.py: the scheduled refresh against a dump site on 127.0.0.1 (real sample dump), on
-a real Prefect server (the session's): newest finished dump -> download -> clean, then the whole
+the tests' shared real Prefect server: newest finished dump -> download -> clean, then the whole
 loop; its webhook notifications land in a receiver on 127.0.0.1, its runs and artifacts are
 opened in a real browser."""
 
@@ -301,7 +301,7 @@ def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site
                                       "--set", f"storage_root={tmp_path}", "--set", f"refresh.notify_url={receiver.url}"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert result.output.startswith(f"no finished enwiki articles dump among {MONTHS[0]}")
-    # the failed run reaches the webhook (the automation the refresh applied on the session's server)
+    # the failed run reaches the webhook (the automation the refresh applied on the shared test server)
     post, waited = receiver.wait_for(lambda p: p.get("outcome") == "failed")
     print(f"webhook POST {waited:.1f}s after the refresh failed")
     assert post["run"] == f"refresh/enwiki-{MONTHS[0]}" and "no finished enwiki articles dump" in post["why"]

@@ -128,21 +128,29 @@ def vocab_ids(tokens: list[str], source: str = "vocab.txt") -> VocabIds:
     return VocabIds(index["[CLS]"], index["[SEP]"], index["[MASK]"], len(tokens), subwords)
 
 
+def max_predictions_of(instances: str, max_seq_length: int, manifest: dict[str, Any] | None = None) -> int:
+    """``max_predictions_per_seq`` of the instances' ``seq{max_seq_length}`` set, from the manifest."""
+    cfg = (manifest or storage.read_manifest(instances)).get("config") or {}
+    specs = [s for s in cfg.get("lengths", []) if s.get("max_seq_length") == max_seq_length]
+    if not specs or "max_predictions_per_seq" not in specs[0]:
+        raise InstanceDataError(
+            f"{instances}: manifest config has no max_predictions_per_seq for max_seq_length="
+            f"{max_seq_length}; re-run the instances stage"
+        )
+    return int(specs[0]["max_predictions_per_seq"])
+
+
 def masking_spec(instances: str, max_seq_length: int, vocab_fallback: str | None = None) -> MaskingSpec | None:
     """None for static masking (masks stored in the shards); the spec for ``masking: dynamic``."""
     manifest = storage.read_manifest(instances)
     cfg = manifest.get("config") or {}
     if cfg.get("masking", "static") != "dynamic":
         return None
-    specs = [s for s in cfg.get("lengths", []) if s.get("max_seq_length") == max_seq_length]
-    if not specs:
-        raise InstanceDataError(
-            f"{instances}: manifest config has no lengths entry for max_seq_length={max_seq_length}"
-        )
+    max_predictions = max_predictions_of(instances, max_seq_length, manifest)
     vocab_file = vocab_file_of(instances, manifest, fallback=vocab_fallback)
     return MaskingSpec(
         masked_lm_prob=float(cfg.get("masked_lm_prob", 0.15)),
-        max_predictions_per_seq=int(specs[0]["max_predictions_per_seq"]),
+        max_predictions_per_seq=max_predictions,
         vocab=vocab_ids(read_vocab(vocab_file), vocab_file),
         whole_word_mask=bool(cfg.get("whole_word_mask", False)),
     )
@@ -316,18 +324,6 @@ def model_inputs(batch: dict[str, np.ndarray], token_buckets: int = 0) -> dict[s
     tensors = to_tensors(batch)
     return tensors | pretraining_plan(tensors["attention_mask"], tensors["masked_lm_positions"],
                                       tensors["masked_lm_ids"], tensors["masked_lm_weights"], token_buckets)
-
-
-def max_predictions_of(instances: str, max_seq_length: int) -> int:
-    """``max_predictions_per_seq`` of the instances' ``seq{max_seq_length}`` set, from the manifest."""
-    cfg = storage.read_manifest(instances).get("config") or {}
-    specs = [s for s in cfg.get("lengths", []) if s.get("max_seq_length") == max_seq_length]
-    if not specs or "max_predictions_per_seq" not in specs[0]:
-        raise InstanceDataError(
-            f"{instances}: manifest config has no max_predictions_per_seq for max_seq_length="
-            f"{max_seq_length}; static shapes (pretrain.token_buckets) need it: re-run the instances stage"
-        )
-    return int(specs[0]["max_predictions_per_seq"])
 
 
 def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
