@@ -1,38 +1,31 @@
 """The recipe search: which change to the chosen pre-training recipe buys the most few-label gain
-for its CPU-minutes. Three steps, the middle one on whatever accelerator there is:
+for its CPU-minutes (version 1's :data:`RECIPES`; version 2's :data:`CANDIDATES_V2` with
+``--candidates v2``, ``--recipes v2``). Three steps, the middle one on whatever accelerator there is:
 
-    python -m benchmarks.quality_search prepare --work W --stage .search   # here: step counts, the task text's instances
-    python -m benchmarks.quality_search pretrain --stage .search --out OUT  # every recipe side by side, archived in OUT
-    python -m benchmarks.quality_search evaluate --work W --checkpoints OUT --jobs N  # here: dev scores, the JSON
+    python -m benchmarks.quality_search prepare --work W --stage .search-v2 --candidates v2  # here
+    python -m benchmarks.quality_search pretrain --stage .search-v2 --out OUT --recipes v2 --seeds 42,43
+    python -m benchmarks.quality_search evaluate --work W --checkpoints OUT --every-setting --choose FILE
 
-Each recipe of :data:`RECIPES` changes one thing of the chosen recipe (``CHOSEN`` in
-``bench_quality``: tiny pre-LN BERT, MLM only, 64 tokens, batch 64, peak rate 3e-3, weight decay
-0.01, 15% of pieces masked anew each epoch) and keeps the protocol's budget of 60 CPU-minutes:
-the protocol's step count for the chosen recipe, scaled by what a step of the recipe costs on
-this machine's CPU against a step of the chosen one (both timed here in-process on one thread).
-Task-adaptive pre-training (Gururangan et al. 2020) continues the protocol's first 60-minute run
-with 5 more CPU-minutes of masked LM on the tasks' training pools (text only, no labels).
-
-Pre-training runs in-process (the product's ``bert_core.pretrain.in_process``: its random init,
-model, loader and optimizer settings), on the GPU when there is one: the device changes rounding, not the recipe;
-``chosen`` runs there too, as the control for the device. Each checkpoint is fine-tuned on 300
-labels of each task, 5 stratified subsamples and seeds, at the protocol's arm-A setting of the
-task, and scored on dev (the search never reads test); beside them the protocol's own 60-minute
-runs and random init on the same jobs. Output: ``bench-results/quality-search.json``.
+Each step's function says what it does: :func:`prepare`, :func:`prepare_v2`, :func:`pretrain_all`,
+:func:`evaluate`, :func:`evaluate_v2`.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
+import math
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,19 +38,27 @@ SUBSAMPLES = 5
 SETTINGS = {"sentiment": {"learning_rate": 1e-3, "pooling": "mean"},  # arm A's, chosen by the protocol's dev grid
             "tweets3": {"learning_rate": 3e-4, "pooling": "cls"}}
 ARCHIVE_PART = 15 * 2**20  # the archive of checkpoints comes back in parts of this many bytes
+TIMING_SECONDS = 30.0  # --gpu-minutes: how long the runs are timed side by side
+TIMING_WARMUP = 10  # steps each run takes before the timing starts (allocations, kernel choice)
+STAGE_LIMIT = 56 * 2**20  # what a device call carries (64 MiB) less the tree and the wheels beside the stage
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One pre-training recipe: what it changes of the chosen one."""
+    """One pre-training recipe: what it changes of the chosen one. ``corpus`` None reads version
+    1's staged instances; ``max_predictions`` None keeps the instances' own (15% of ``seq``)."""
 
     about: str
     size: str = "tiny"
     learning_rate: float = 3e-3
     weight_decay: float = 0.01
     masked_lm_prob: float = 0.15
-    max_predictions: int = 10
+    max_predictions: int | None = None
     tapt: bool = False  # continue the protocol's first run on the tasks' training text
+    corpus: str | None = None
+    seq: int = 64
+    batch: int = 64
+    whole_word_mask: bool = False
 
 
 RECIPES = {
@@ -69,6 +70,30 @@ RECIPES = {
     "tapt": Variant("task-adaptive: the protocol's first 60-minute run, then 5 CPU-minutes of MLM on the "
                     "tasks' training pools at peak rate 1e-3", learning_rate=1e-3, tapt=True),
 }
+
+# version 2's candidates, in the protocol's table order (its tie-break)
+CANDIDATES_V2 = {
+    "k2": Variant("the chosen recipe on K2", corpus="k2"),
+    "k2-lr1e-3": Variant("K2 at peak rate 1e-3", corpus="k2", learning_rate=1e-3),
+    "k2-wd0.1": Variant("K2 with weight decay 0.1", corpus="k2", weight_decay=0.1),
+    "k2-wwm": Variant("K2 with whole words masked (15%, dynamic)", corpus="k2", whole_word_mask=True),
+    "k2-seq128": Variant("K2 at 128 tokens x 32 sequences a step", corpus="k2", seq=128, batch=32),
+    "k1": Variant("the chosen recipe on K1 (version 1's corpus)", corpus="k1"),
+}
+CHOSEN_ON_K1 = Variant("the chosen recipe of version 1 on K1: the step count's reference", corpus="k1")
+CANDIDATE_SETS = {"v1": RECIPES, "v2": CANDIDATES_V2}
+ALL_RECIPES = RECIPES | CANDIDATES_V2
+
+
+def recipe_names(text: str) -> list[str]:
+    """``--recipes``: ``v1``/``v2`` for a whole set, else names of either set, comma-separated."""
+    names = [n for part in text.split(",") if part.strip()
+             for n in (CANDIDATE_SETS[part.strip()] if part.strip() in CANDIDATE_SETS else [part.strip()])]
+    unknown = [n for n in names if n not in ALL_RECIPES]
+    if unknown or not names:
+        raise SystemExit(f"--recipes {text}: unknown recipe {', '.join(unknown) or '(none)'}; "
+                         f"known: v1, v2, {', '.join(ALL_RECIPES)}")
+    return names
 
 
 def model_for(variant: Variant, vocab_size: int, seed: int = 42, init: str | None = None):
@@ -88,11 +113,15 @@ def model_for(variant: Variant, vocab_size: int, seed: int = 42, init: str | Non
 
 
 def train(variant: Variant, model, instances: str, steps: int, seed: int, device: str = "cpu", **kwargs) -> list[dict]:
-    """The product's in-process masked-LM steps at the variant's settings: batch 64 at 64 tokens."""
+    """The product's in-process masked-LM steps at the variant's settings: ``batch`` sequences of
+    ``seq`` tokens a step, the instances' dynamic masks drawn with the variant's share of pieces
+    (whole words with ``whole_word_mask``, as the loader masks for ``instances.whole_word_mask``)."""
     from bert_core.pretrain.in_process import short_run, train_mlm
 
-    config = short_run(64, steps, 64, variant.learning_rate, variant.weight_decay, seed)
-    masking = {"masked_lm_prob": variant.masked_lm_prob, "max_predictions_per_seq": variant.max_predictions}
+    config = short_run(variant.seq, steps, variant.batch, variant.learning_rate, variant.weight_decay, seed)
+    masking = {"masked_lm_prob": variant.masked_lm_prob, "whole_word_mask": variant.whole_word_mask}
+    if variant.max_predictions:
+        masking["max_predictions_per_seq"] = variant.max_predictions
     return train_mlm(model, instances, config, device=device, masking=masking, **kwargs)
 
 
@@ -123,8 +152,11 @@ def task_text(samples: Path, out: Path) -> Path:
 
 
 def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int) -> dict:
-    """Copy what the pre-training step needs into ``stage`` (instances, the task text's instances,
-    the protocol's first run) and write each recipe's step count to ``stage/steps.json``."""
+    """Version 1: each recipe's step count is the protocol's for the chosen recipe, scaled by the
+    chosen recipe's CPU-seconds a step over the recipe's (both timed here in-process on one thread);
+    task-adaptive pre-training gets 5 CPU-minutes on the tasks' training text. Copies what the
+    pre-training step needs into ``stage`` (instances, the task text's instances, the protocol's
+    first run) and writes the step counts to ``stage/steps.json``."""
     from benchmarks import bench_quality as bq
     from bert_core.pretrain.data import read_vocab, vocab_file_of
 
@@ -152,51 +184,357 @@ def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int) -> dict:
     return plan
 
 
+def corpus_for(name: str, work: Path, samples: Path) -> tuple[Path, Path]:
+    """Corpus ``name`` (``k1``, ``k2``) and its vocab, built once under ``work/name``. K1 is
+    built here as version 1 built its corpus (``bench_quality``'s inputs, the tweets without the
+    held-out set of ``tweets3``); K2 comes from ``benchmarks/quality_corpus.py``."""
+    from benchmarks import bench_quality as bq
+    from benchmarks import quality_tasks as qt
+
+    if name != "k1":
+        raise SystemExit(f"corpus {name}: benchmarks/quality_corpus.py builds it and is not in this tree yet; "
+                         "prepare --corpus k1 meanwhile")
+    tweets = qt.load(qt.TASKS["tweets3"], samples)
+    text = qt.pretrain_tweets(samples, tweets["train"] + tweets["dev"] + tweets["test"], work / name / "pretrain-text")
+    return bq.corpus_and_vocab(bq.corpus_inputs(samples, text), work / name)
+
+
+def cost_key(variant: Variant) -> tuple:
+    """What decides a step's cost: variants equal in it (they differ in optimizer settings only)
+    share one timing."""
+    return (variant.corpus, variant.size, variant.seq, variant.batch, variant.masked_lm_prob,
+            variant.max_predictions, variant.whole_word_mask)
+
+
+def stage_instances_name(corpus: str, seq: int) -> str:
+    return f"instances-{corpus}-seq{seq}"
+
+
+def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpora: list[str]) -> dict:
+    """Version 2: per candidate of ``corpora``, its corpus's vocab and instances at its length,
+    and its step count, the protocol's ``chosen_steps`` for the chosen recipe (on K1) scaled by
+    that recipe's CPU-seconds a step over the candidate's (timed here in-process on one thread,
+    once per :func:`cost_key`). Stops when a dev or test text of a task is in a corpus. Writes
+    ``stage`` (each corpus's vocab folder and its instances, packed by :func:`pack_instances`,
+    and ``steps.json``) and the same plan to ``work/search-v2/plan.json``."""
+    from benchmarks import bench_quality as bq
+    from benchmarks import quality_tasks as qt
+    from bert_core.pretrain.data import read_vocab, vocab_file_of
+
+    names = [n for n, v in CANDIDATES_V2.items() if v.corpus in corpora]
+    if not names:
+        raise SystemExit(f"--corpus {','.join(corpora)}: no candidate of version 2 uses it (k1, k2)")
+    built: dict[str, tuple[Path, Path]] = {}
+    tasks = {n: qt.load(t, samples) for n, t in qt.TASKS.items()}
+    for corpus in sorted({"k1", *(CANDIDATES_V2[n].corpus for n in names)}):
+        built[corpus] = corpus_for(corpus, work, samples)
+        leaked = {t: qt.held_out_in_corpus(p["dev"] + p["test"], built[corpus][0]) for t, p in tasks.items()}
+        if any(leaked.values()):
+            raise SystemExit(f"corpus {corpus}: dev/test texts of the tasks are in it ({leaked}); the arms would "
+                             "not be fair")
+    base = bq.RECIPES[bq.CHOSEN]
+    local: dict[tuple[str, int], Path] = {}
+    for corpus, seq in sorted({("k1", 64), *((CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names)}):
+        corpus_dir, vocab_dir = built[corpus]
+        local[corpus, seq] = bq.instances_for(replace(base, seq=seq), corpus_dir, vocab_dir, work / corpus)
+    timed: dict[tuple, float] = {}
+    costs = {}
+    for name, variant in {"chosen": CHOSEN_ON_K1, **{n: CANDIDATES_V2[n] for n in names}}.items():
+        if cost_key(variant) not in timed:
+            instances = str(local[variant.corpus, variant.seq])
+            started = time.perf_counter()
+            timed[cost_key(variant)] = cpu_seconds_per_step(variant, instances, len(read_vocab(vocab_file_of(instances))),
+                                                            timed=60)
+            print(f"timed {name}: {timed[cost_key(variant)]:.3f} CPU-s a step "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+        costs[name] = timed[cost_key(variant)]
+    steps = {n: round(chosen_steps * costs["chosen"] / costs[n]) for n in names}
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    archives, vocabs = {}, {}
+    for corpus in sorted({CANDIDATES_V2[n].corpus for n in names}):
+        vocabs[corpus] = vocab_file_of(str(local[corpus, 64 if (corpus, 64) in local else 128]))
+        shutil.copytree(Path(vocabs[corpus]).parent, stage / f"vocab-{corpus}")
+        folders = {stage_instances_name(c, s): f for (c, s), f in local.items()
+                   if c == corpus and any(CANDIDATES_V2[n].corpus == c and CANDIDATES_V2[n].seq == s for n in names)}
+        started = time.perf_counter()
+        archive = pack_instances(folders, stage, f"instances-{corpus}.npz.xz")
+        archives[corpus] = hashlib.sha256(archive.read_bytes()).hexdigest()
+        print(f"packed {', '.join(folders)}: {archive.stat().st_size / 2**20:.1f} MiB "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+    size = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file())
+    plan = {"candidates": "v2", "chosen_steps": chosen_steps, "cpu_seconds_per_step": costs, "steps": steps,
+            "corpus": {n: CANDIDATES_V2[n].corpus for n in names},
+            "instances": {n: stage_instances_name(CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names},
+            "vocabs": vocabs, "archives": archives, "stage_bytes": size,
+            "budget_cpu_minutes": {n: BUDGET_MINUTES for n in names}}
+    (stage / "steps.json").write_text(json.dumps(plan, indent=1))
+    (work / "search-v2").mkdir(parents=True, exist_ok=True)
+    (work / "search-v2" / "plan.json").write_text(json.dumps(plan, indent=1))
+    print(f"stage {stage}: {size / 2**20:.1f} MiB"
+          + ("" if size <= STAGE_LIMIT else f", over the {STAGE_LIMIT / 2**20:.0f} MiB a device call has room for"))
+    return plan
+
+
+# --------------------------------------------------------------------------- the stage's compact instances
+
+
+def _narrow(values):
+    import numpy as np
+
+    if values.dtype.kind in "iu" and len(values) and values.min() >= 0:
+        for dtype in (np.uint8, np.uint16):
+            if values.max() <= np.iinfo(dtype).max:
+                return values.astype(dtype)
+    return values
+
+
+def pack_instances(folders: dict[str, Path], into: Path, archive_name: str) -> Path:
+    """Instances folders (stage name -> folder) as ``into/NAME/`` with every file but the
+    training shards of ``seq*/``, and those shards' columns, in narrow integer types, as one xz
+    stream ``into/archive_name`` whose dictionary spans all of it: the instances of two lengths
+    and of the corpus's copies (``dupe_factor``) repeat the same runs of ids, which xz then
+    stores once. :func:`unpack_instances` writes the shards back, row for row."""
+    import lzma
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays: dict[str, np.ndarray] = {}
+    for name, folder in folders.items():
+        def shards(directory: str, entries: list[str], folder: Path = folder) -> list[str]:
+            inside = Path(directory).parent == folder and Path(directory).name.startswith("seq")
+            return [e for e in entries if inside and e.endswith(".parquet")]
+
+        shutil.copytree(folder, into / name, ignore=shards)
+        for seq_dir in sorted(p for p in folder.glob("seq*") if p.is_dir()):
+            for entry in json.loads((seq_dir / "_MANIFEST.json").read_text())["shards"]:
+                table = pq.read_table(seq_dir / entry["path"])
+                key = f"{name}|{seq_dir.name}|{entry['path']}"
+                arrays[f"{key}|schema"] = np.frombuffer(table.schema.serialize().to_pybytes(), dtype=np.uint8)
+                for column_name in table.column_names:
+                    column = table.column(column_name).combine_chunks()
+                    if column.null_count:
+                        raise SystemExit(f"{seq_dir / entry['path']}: column {column_name} has nulls; re-run the "
+                                         "instances stage")
+                    if pa.types.is_list(column.type):
+                        offsets = column.offsets.to_numpy()
+                        values = column.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+                        arrays[f"{key}|{column_name}|lengths"] = _narrow(np.diff(offsets))
+                        arrays[f"{key}|{column_name}|values"] = _narrow(values)
+                    else:
+                        arrays[f"{key}|{column_name}"] = column.to_numpy(zero_copy_only=False)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    raw = buffer.getvalue()
+    filters = [{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": min(max(len(raw), 2**20), 2**30)}]
+    archive = into / archive_name
+    archive.write_bytes(lzma.compress(raw, format=lzma.FORMAT_XZ, filters=filters))
+    return archive
+
+
+def unpack_instances(stage: Path, archive_name: str, into: Path, vocab_files: dict[str, str]) -> None:
+    """The instances folders of a :func:`pack_instances` archive under ``into``, their training
+    shards written back from it, each folder's manifest naming ``vocab_files[name]`` (the stage's
+    copy of the vocab the ids index: the path recorded here means nothing on another machine).
+    The shards' bytes differ from the originals (the manifests' shard sha256s do not hold); their
+    rows do not."""
+    import lzma
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = np.load(io.BytesIO(lzma.decompress((stage / archive_name).read_bytes())))
+    shard_keys = sorted({k.rsplit("|", 1)[0] for k in data.files if k.endswith("|schema")})
+    for name in sorted({k.split("|")[0] for k in shard_keys}):
+        shutil.rmtree(into / name, ignore_errors=True)
+        shutil.copytree(stage / name, into / name)
+        manifest = json.loads((into / name / "_MANIFEST.json").read_text())
+        manifest["vocab_file"] = str(Path(vocab_files[name]).resolve())
+        (into / name / "_MANIFEST.json").write_text(json.dumps(manifest, indent=2))
+    for key in shard_keys:
+        name, seq, path = key.split("|")
+        schema = pa.ipc.read_schema(pa.py_buffer(data[f"{key}|schema"].tobytes()))
+        columns = []
+        for field in schema:
+            if pa.types.is_list(field.type):
+                offsets = np.zeros(len(data[f"{key}|{field.name}|lengths"]) + 1, dtype=np.int32)
+                np.cumsum(data[f"{key}|{field.name}|lengths"], out=offsets[1:])
+                values = pa.array(data[f"{key}|{field.name}|values"]).cast(field.type.value_type)
+                columns.append(pa.ListArray.from_arrays(pa.array(offsets), values).cast(field.type))
+            else:
+                columns.append(pa.array(data[f"{key}|{field.name}"]).cast(field.type))
+        pq.write_table(pa.Table.from_arrays(columns, schema=schema), into / name / seq / path, compression="zstd")
+
+
+def staged_inputs(stage: Path, plan: dict, unpack_root: Path | None = None) -> dict[str, tuple[str, str]]:
+    """Per recipe of the stage's plan: the instances it reads and their vocab file. A version-2
+    stage's instances are unpacked once under ``unpack_root`` (default: the system's temporary
+    folder, never the stage, which travels to the device machine whole)."""
+    from bert_core.pretrain.data import vocab_file_of
+
+    if plan.get("candidates") != "v2":
+        vocab = Path(plan["vocab"])  # the instances name their vocab by its path here; on another machine, put it there
+        if not vocab.exists():
+            vocab.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(stage / "vocab.txt", vocab)
+        vocab_file = vocab_file_of(str(stage / "instances"))
+        return {n: (str(stage / ("task-instances" if v.tapt else "instances")), vocab_file) for n, v in RECIPES.items()}
+    root = unpack_root or Path(tempfile.gettempdir())
+    out = {}
+    for corpus, digest in plan["archives"].items():
+        into = root / f"quality-search-{digest[:16]}"
+        names = sorted({plan["instances"][n] for n, c in plan["corpus"].items() if c == corpus})
+        vocab_file = str(stage / f"vocab-{corpus}" / "vocab.txt")
+        if not (into / "unpacked.json").exists():
+            shutil.rmtree(into, ignore_errors=True)
+            into.mkdir(parents=True)
+            unpack_instances(stage, f"instances-{corpus}.npz.xz", into, dict.fromkeys(names, vocab_file))
+            (into / "unpacked.json").write_text(json.dumps(names))
+        for n, c in plan["corpus"].items():
+            if c == corpus:
+                out[n] = (str(into / plan["instances"][n]), vocab_file)
+    return out
+
+
 # --------------------------------------------------------------------------- pretrain (on the GPU)
 
 
-def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42) -> dict:
-    """One recipe for ``steps``, saved under ``out/name``: its log and wall minutes."""
+class _TimingDone(Exception):
+    """Ends a timing run from its step callback."""
+
+
+def _device(threads: int | None) -> str:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_one(name: str, instances: str, vocab_file: str, seed: int, seconds: float, barrier,
+             threads: int | None = None) -> dict:
+    """Steps a second of one run while every run is timed side by side: :data:`TIMING_WARMUP`
+    steps, then all runs wait for each other at ``barrier``, then ``seconds`` of steps. The
+    model is thrown away; its run starts again from its random init."""
+    from bert_core.pretrain.data import read_vocab
+
+    variant = ALL_RECIPES[name]
+    device = _device(threads)
+    model = model_for(variant, len(read_vocab(vocab_file)), seed)
+    marks: dict[str, float] = {}
+
+    def on_step(step: int) -> None:
+        if step == TIMING_WARMUP - 1:
+            _synchronize(device)
+            barrier.wait(timeout=600)
+            marks["start"] = time.perf_counter()
+        elif step >= TIMING_WARMUP and time.perf_counter() - marks["start"] >= seconds:
+            _synchronize(device)
+            marks["seconds"] = time.perf_counter() - marks["start"]
+            marks["steps"] = step - TIMING_WARMUP + 1
+            raise _TimingDone
+
+    try:
+        train(variant, model, instances, 10**9, seed, device, log_every=10**9, on_step=on_step)
+    except _TimingDone:
+        pass
+    return {"recipe": name, "seed": seed, "steps": int(marks["steps"]), "seconds": marks["seconds"],
+            "steps_per_second": marks["steps"] / marks["seconds"]}
+
+
+def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42, folder: str | None = None,
+                 inputs: tuple[str, str] | None = None, threads: int | None = None, extra: dict | None = None) -> dict:
+    """One recipe for ``steps`` from its random init for ``seed``, saved under ``out/folder``
+    (default ``out/name``) with ``pretrain-log.json``: card, steps, tokens seen (steps x batch x
+    length), wall-clock minutes of the steps, the loss log and ``extra``."""
     import torch
 
     from bert_core.model.checkpoint import save_pretrained
-    from bert_core.pretrain.data import read_vocab, vocab_file_of
+    from bert_core.pretrain.data import read_vocab
 
-    variant = RECIPES[name]
+    variant = ALL_RECIPES[name]
     stage_dir = Path(stage)
-    instances = str(stage_dir / ("task-instances" if variant.tapt else "instances"))
-    vocab_file = vocab_file_of(str(stage_dir / "instances"))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        torch.set_num_threads(2)  # the host's cores shared by the recipes' loaders
+    if inputs is None:
+        inputs = staged_inputs(stage_dir, json.loads((stage_dir / "steps.json").read_text()))[name]
+    instances, vocab_file = inputs
+    device = _device(threads if threads else 2 if torch.cuda.is_available() else None)
     model = model_for(variant, len(read_vocab(vocab_file)), seed, str(stage_dir / "first-run") if variant.tapt else None)
     started = time.perf_counter()
     log = train(variant, model, instances, steps, seed, device)
-    folder = Path(out) / name
-    save_pretrained(model.cpu(), str(folder), vocab_file=vocab_file)
-    row = {"recipe": name, "steps": steps, "device": device, "wall_minutes": (time.perf_counter() - started) / 60,
-           "log": log}
-    (folder / "pretrain-log.json").write_text(json.dumps(row))
+    _synchronize(device)
+    wall = (time.perf_counter() - started) / 60
+    target = Path(out) / (folder or name)
+    save_pretrained(model.cpu(), str(target), vocab_file=vocab_file)
+    row = {"recipe": name, "seed": seed, "folder": target.name, "steps": steps, "device": device,
+           "card": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+           "batch": variant.batch, "seq": variant.seq, "tokens_seen": steps * variant.batch * variant.seq,
+           "wall_minutes": wall, **(extra or {}), "log": log}
+    (target / "pretrain-log.json").write_text(json.dumps(row))
     return row
 
 
-def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0) -> int:
-    """Every recipe side by side, one process each; each checkpoint archived in ``out`` as it ends
-    (``NAME.tar``, or its parts ``NAME.tar.part-NN`` when larger than :data:`ARCHIVE_PART`)."""
+def gpu_minute_steps(rates: list[float], minutes: float) -> int:
+    """One step count for every run: the slowest run's steps a second over ``minutes`` (so no run
+    trains longer than its minutes when all run side by side), at least 1."""
+    return max(1, math.floor(min(rates) * 60 * minutes))
+
+
+def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, seeds: list[int] | None = None,
+                 gpu_minutes: float | None = None, timing_seconds: float = TIMING_SECONDS,
+                 unpack_root: Path | None = None) -> int:
+    """Every recipe (with ``seeds``: every recipe x seed, in folders ``<recipe>-seed<S>``) side by
+    side, one process each, for the stage's step count of the recipe (times ``scale``), or with
+    ``gpu_minutes`` for one count for all, :func:`gpu_minute_steps` of a :func:`time_one` of them
+    all side by side (the learning-rate schedule is that count's). Each checkpoint is archived in
+    ``out`` as it ends (``FOLDER.tar``, or its parts ``FOLDER.tar.part-NN`` when larger than
+    :data:`ARCHIVE_PART`)."""
+    if not (stage / "steps.json").exists():
+        raise SystemExit(f"{stage}/steps.json is missing: run quality_search prepare --stage {stage} first")
     plan = json.loads((stage / "steps.json").read_text())
-    vocab = Path(plan["vocab"])  # the instances name their vocab by its path here; on another machine, put it there
-    if not vocab.exists():
-        vocab.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(stage / "vocab.txt", vocab)
+    missing = [n for n in names if n not in plan["steps"]]
+    if missing:
+        raise SystemExit(f"{stage} was prepared without {', '.join(missing)} (it has {', '.join(plan['steps'])}); "
+                         "prepare it with the candidates you pre-train")
+    inputs = staged_inputs(stage, plan, unpack_root)
+    runs = [(n, s, f"{n}-seed{s}") for n in names for s in seeds] if seeds else [(n, 42, n) for n in names]
+    threads = max(1, (os.cpu_count() or 1) // len(runs))
     folders = out / "checkpoints"
-    with ProcessPoolExecutor(len(names)) as pool:
-        futures = {pool.submit(pretrain_one, str(stage), n, max(2, round(plan["steps"][n] * scale)), str(folders)): n
-                   for n in names}
-        for f in as_completed(futures):
-            row = f.result()
-            name = row["recipe"]
-            print(f"pretrained {name}: {row['steps']} steps on {row['device']} in "
-                  f"{row['wall_minutes']:.1f} min, last {row['log'][-1]}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = {f: max(2, round(plan["steps"][n] * scale)) for n, _, f in runs}
+    extra: dict[str, dict] = {f: {} for _, _, f in runs}
+    with ProcessPoolExecutor(len(runs)) as pool:
+        if gpu_minutes:
+            import multiprocessing
+
+            with multiprocessing.Manager() as manager:
+                barrier = manager.Barrier(len(runs))
+                timings = list(pool.map(time_one, *zip(*[(n, *inputs[n], s, timing_seconds, barrier, threads)
+                                                         for n, s, _ in runs], strict=True)))
+            count = gpu_minute_steps([t["steps_per_second"] for t in timings], gpu_minutes)
+            print(f"timed side by side for {timing_seconds:g} s: "
+                  + ", ".join(f"{f} {t['steps_per_second']:.2f}" for (_, _, f), t in zip(runs, timings, strict=True))
+                  + f" steps/s; {count} steps each for {gpu_minutes:g} minutes", flush=True)
+            for (_, _, f), t in zip(runs, timings, strict=True):
+                steps[f] = count
+                extra[f] = {"gpu_minutes": gpu_minutes, "timing": t,
+                            "timing_all_steps_per_second": [x["steps_per_second"] for x in timings]}
+        futures = {pool.submit(pretrain_one, str(stage), n, steps[f], str(folders), s, f, inputs[n], threads,
+                               extra[f]): f for n, s, f in runs}
+        for future in as_completed(futures):
+            row = future.result()
+            name = row["folder"]
+            print(f"pretrained {name}: {row['steps']} steps on {row['card']} in {row['wall_minutes']:.1f} min, "
+                  f"{row['tokens_seen']:,} tokens, last {row['log'][-1]}", flush=True)
             archive = out / f"{name}.tar"
             with tarfile.open(archive, "w") as tar:
                 tar.add(folders / name, arcname=f"checkpoints/{name}")
@@ -211,6 +549,8 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0) -
 
 def unpack(archives: Path, into: Path) -> Path:
     """The checkpoints folder from the archives (and archive parts) in ``archives``."""
+    if not archives.is_dir():
+        raise SystemExit(f"--checkpoints {archives}: no such folder of checkpoint archives")
     for name in sorted({p.name.split(".tar")[0] for p in archives.glob("*.tar*")}):
         if (into / "checkpoints" / name).exists():
             continue
@@ -232,7 +572,9 @@ def weights_digest(checkpoint: Path) -> str:
 
 def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
              subsamples: int = SUBSAMPLES) -> dict:
-    """Fine-tune every checkpoint on the same 300-label jobs, scored on dev."""
+    """Version 1: every recipe's checkpoint, the protocol's 60-minute runs and its random inits
+    fine-tuned on the same 300-label jobs (5 stratified subsamples and seeds, the protocol's arm-A
+    setting of each task, :data:`SETTINGS`), scored on dev: the search never reads test."""
     import statistics
 
     from benchmarks import bench_quality as bq
@@ -291,6 +633,129 @@ def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int
     return result
 
 
+def run_folders(checkpoints: Path, names: list[str]) -> dict[str, list[tuple[int, Path]]]:
+    """Per recipe of ``names``, its runs under ``checkpoints`` as (seed, folder), from the folders
+    ``<recipe>-seed<S>`` that hold a model."""
+    out: dict[str, list[tuple[int, Path]]] = {}
+    for folder in sorted(checkpoints.iterdir()) if checkpoints.is_dir() else []:
+        name, sep, seed = folder.name.rpartition("-seed")
+        if sep and name in names and seed.isdigit() and (folder / "config.json").exists():
+            out.setdefault(name, []).append((int(seed), folder))
+    return out
+
+
+def random_init_v2(work: Path, corpus: str, vocab_file: str, seed: int) -> Path:
+    """Arm B of a corpus for the choice: the candidates' model config (tiny, pre-LN, 512
+    positions: the same for every candidate, since fine-tuning is at 64 tokens whatever the
+    pre-training length) from the product's random init for ``seed`` (the weights every
+    candidate's run of ``seed`` starts from), with the corpus's vocab."""
+    from bert_core.model.checkpoint import save_pretrained
+    from bert_core.pretrain.data import read_vocab
+
+    folder = work / "search-v2" / f"random-init-{corpus}-seed{seed}"
+    if not (folder / "config.json").exists():
+        part = folder.with_name(f"{folder.name}.{os.getpid()}.part")
+        shutil.rmtree(part, ignore_errors=True)
+        save_pretrained(model_for(CANDIDATES_V2["k1"], len(read_vocab(vocab_file)), seed), str(part),
+                        vocab_file=vocab_file)
+        shutil.rmtree(folder, ignore_errors=True)
+        part.rename(folder)
+    return folder
+
+
+def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: list[int], subsamples: int) -> list:
+    """One checkpoint's dev jobs on one task: every size x subsample (fine-tuned with seed 1 + k)
+    x setting of ``bench_quality.GRID``, keyed for the job cache by the arm, its weights and vocab."""
+    from benchmarks import bench_quality as bq
+    from benchmarks.quality_finetune import encoded, finetune
+    from bert_core.finetune.data import subsample
+
+    ckpt_key = {"search": "v2", "arm": arm, "weights": weights_digest(checkpoint),
+                "vocab": hashlib.sha256((checkpoint / "vocab.txt").read_bytes()).hexdigest()[:16]}
+    jobs = []
+    for size in sizes:
+        for k in range(subsamples):
+            data, pad = encoded(str(checkpoint), {"train": subsample(parts["train"], size, task.name, k),
+                                                  "dev": parts["dev"]}, task.labels, 64)
+            for setting in bq.GRID:
+                key = ckpt_key | {"task": task.name, "size": str(size), "subsample": k, "seed": 1 + k,
+                                  "setting": setting, "split": "dev"}
+                jobs.append((key, finetune, (str(checkpoint), data, "dev", len(task.labels), setting, 1 + k, pad)))
+    return jobs
+
+
+def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
+                sizes: list[int], subsamples: int, choose: Path | None = None) -> dict:
+    """Version 2's choice on dev: every run of every candidate and every B (a random init per
+    corpus and seed of the runs) fine-tuned at every size x subsample x setting of the grid
+    (:func:`every_setting_jobs`; finished jobs are read from the cache under ``work/search-v2``,
+    so a second call resumes); a candidate's gain in a cell is the mean of its runs and subsamples
+    minus the same mean of its corpus's B. Writes every score to ``output`` and, with ``choose``,
+    the choice (``benchmarks.quality_choice.choose``)."""
+    import statistics
+
+    from benchmarks import bench_quality as bq
+    from benchmarks import quality_choice as qc
+    from benchmarks import quality_tasks as qt
+
+    names = [n for n in CANDIDATES_V2 if n in plan["steps"]]
+    runs = run_folders(checkpoints, names)
+    if not runs:
+        raise SystemExit(f"{checkpoints}: no checkpoint of a version-2 candidate (folders <recipe>-seed<S>)")
+    seeds = sorted({seed for found in runs.values() for seed, _ in found})
+    arms: dict[str, dict] = {}
+    for corpus in sorted({plan["corpus"][n] for n in runs}):
+        for seed in seeds:
+            folder = random_init_v2(work, corpus, plan["vocabs"][corpus], seed)
+            arms[f"B-{corpus}-seed{seed}"] = {"arm": "B", "corpus": corpus, "seed": seed, "checkpoint": folder}
+    for name, found in runs.items():
+        for seed, folder in found:
+            log = folder / "pretrain-log.json"
+            arms[folder.name] = {"arm": name, "corpus": plan["corpus"][name], "seed": seed, "checkpoint": folder,
+                                 "pretrain": {k: v for k, v in json.loads(log.read_text()).items() if k != "log"}
+                                 if log.exists() else None}
+    cache = bq.Cache(work / "search-v2" / "cache", reuse=True)
+    tasks = {name: qt.load(task, samples) for name, task in qt.TASKS.items()}
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        for label, arm in arms.items():
+            scores: dict[str, list[float]] = {}
+            for task_name, parts in tasks.items():
+                work_list = every_setting_jobs(label, arm["checkpoint"], qt.TASKS[task_name], parts, sizes, subsamples)
+                for (key, _, _), result in zip(work_list, cache.run(pool, work_list, f"{label} {task_name}"),
+                                               strict=True):
+                    c = qc.cell(task_name, key["size"], bq.GRID.index(key["setting"]) + 1)
+                    scores.setdefault(c, []).append(result["macro_f1"])
+            arm["dev_macro_f1"] = scores
+            print(f"  {label}: dev macro-F1 {statistics.fmean(v for s in scores.values() for v in s):.1f} "
+                  f"(mean of {len(scores)} cells)", flush=True)
+    pooled: dict[str, dict[str, list[float]]] = {}
+    for arm in arms.values():
+        key = f"B-{arm['corpus']}" if arm["arm"] == "B" else arm["arm"]
+        for c, values in arm["dev_macro_f1"].items():
+            pooled.setdefault(key, {}).setdefault(c, []).extend(values)
+    gains = {n: qc.gains(pooled[n], pooled[f"B-{plan['corpus'][n]}"]) for n in names if n in runs}
+    choice = qc.choose(gains, plan["corpus"], qc.cells(list(tasks), tuple(str(s) for s in sizes)))
+    choice["not_run"] = [n for n in names if n not in runs]
+    choice["runs"] = {n: [seed for seed, _ in runs[n]] for n in runs}
+    result = {"what": "version 2's recipe choice: each candidate's dev macro-F1 at every size x subsample x "
+                      "setting, its gain per cell over random init with its corpus's vocab, and the choice",
+              "sizes": [str(s) for s in sizes], "subsamples": subsamples, "grid": bq.GRID, "plan": plan,
+              "arms": {label: {k: str(v) if k == "checkpoint" else v for k, v in arm.items()}
+                       for label, arm in arms.items()},
+              "choice": choice}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=1))
+    if choose:
+        qc.write_choice(choice, choose)
+    for row in choice["candidates"]:
+        print(f"{row['name']:<10} {row['corpus']}  {len(choice['runs'][row['name']])} run(s)  "
+              f"minimum gain {row['minimum']:+.1f}  mean gain {row['mean']:+.1f}")
+    if choice["not_run"]:
+        print(f"not run: {', '.join(choice['not_run'])}")
+    print(f"chosen: {choice['name']} (corpus {choice['corpus']})" + (f"; written to {choose}" if choose else ""))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import samples as default_samples
 
@@ -302,22 +767,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", default=None, help="evaluate: folder of the archive's parts")
     parser.add_argument("--samples", default=None)
     parser.add_argument("--chosen-steps", type=int, default=14533, help="the protocol's 60-minute step count")
-    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--candidates", choices=list(CANDIDATE_SETS), default="v1",
+                        help="prepare: version 1's recipes or version 2's candidates")
+    parser.add_argument("--corpus", default="k1,k2", help="prepare --candidates v2: only the candidates on these")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="pretrain: v1, v2 or recipe names")
+    parser.add_argument("--seeds", default=None, help="pretrain: each recipe once per seed (folders <recipe>-seed<S>)")
+    parser.add_argument("--gpu-minutes", type=float, default=None,
+                        help="pretrain: one step count for all, from a timing of them side by side")
     parser.add_argument("--scale", type=float, default=1.0, help="pretrain: a share of each step count (dry run)")
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--subsamples", type=int, default=SUBSAMPLES, help="evaluate: fewer for a dry run")
-    parser.add_argument("--output", default=str(ROOT / "bench-results" / "quality-search.json"))
+    parser.add_argument("--every-setting", action="store_true",
+                        help="evaluate: version 2's choice, every grid setting at --sizes")
+    parser.add_argument("--sizes", default="300,1000", help="evaluate --every-setting: label counts")
+    parser.add_argument("--subsamples", type=int, default=None,
+                        help=f"evaluate: subsamples a size (default {SUBSAMPLES}; fewer for a dry run)")
+    parser.add_argument("--choose", default=None, help="evaluate --every-setting: write the choice here")
+    parser.add_argument("--output", default=None, help="evaluate: every score (default bench-results/quality-search.json, "
+                                                       "quality-v2-search.json with --every-setting)")
     args = parser.parse_args(argv)
     work, stage = Path(args.work), Path(args.stage)
     if args.step == "pretrain":
-        return pretrain_all(stage, Path(args.out), args.recipes.split(","), args.scale)
+        if not args.out:
+            raise SystemExit("pretrain needs --out, the folder the checkpoints' archives go to")
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        except ValueError:
+            raise SystemExit(f"--seeds {args.seeds}: give integers, comma-separated") from None
+        if args.gpu_minutes is not None and args.gpu_minutes <= 0:
+            raise SystemExit(f"--gpu-minutes {args.gpu_minutes:g}: give a positive number of minutes")
+        return pretrain_all(stage, Path(args.out), recipe_names(args.recipes), args.scale, seeds, args.gpu_minutes)
     samples = Path(args.samples) if args.samples else default_samples()
     if args.step == "prepare":
-        print(json.dumps(prepare(work, stage, samples, args.chosen_steps), indent=1))
+        if args.candidates == "v2":
+            plan = prepare_v2(work, stage, samples, args.chosen_steps, [c.strip() for c in args.corpus.split(",")])
+        else:
+            plan = prepare(work, stage, samples, args.chosen_steps)
+        print(json.dumps(plan, indent=1))
+        return 0
+    if not args.checkpoints:
+        raise SystemExit("evaluate needs --checkpoints, the folder of the pre-training step's archives")
+    if args.every_setting:
+        plan_file = work / "search-v2" / "plan.json"
+        if not plan_file.exists():
+            raise SystemExit(f"{plan_file} is missing: run quality_search prepare --work {work} --candidates v2 first")
+        try:
+            sizes = [int(s) for s in args.sizes.split(",")]
+        except ValueError:
+            raise SystemExit(f"--sizes {args.sizes}: give label counts, comma-separated") from None
+        folder = unpack(Path(args.checkpoints), work / "search-v2" / "gpu")
+        output = Path(args.output or ROOT / "bench-results" / "quality-v2-search.json")
+        evaluate_v2(work, folder, json.loads(plan_file.read_text()), samples, args.jobs, output, sizes,
+                    args.subsamples or 3, Path(args.choose) if args.choose else None)
         return 0
     folder = unpack(Path(args.checkpoints), work / "search" / "gpu")
-    evaluate(work, folder, json.loads((stage / "steps.json").read_text()), samples, args.jobs, Path(args.output),
-             args.subsamples)
+    evaluate(work, folder, json.loads((stage / "steps.json").read_text()), samples, args.jobs,
+             Path(args.output or ROOT / "bench-results" / "quality-search.json"), args.subsamples or SUBSAMPLES)
     return 0
 
 
