@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -41,6 +42,8 @@ ARCHIVE_PART = 15 * 2**20  # the archive of checkpoints comes back in parts of t
 TIMING_SECONDS = 30.0  # --gpu-minutes: how long the runs are timed side by side
 TIMING_WARMUP = 10  # steps each run takes before the timing starts (allocations, kernel choice)
 STAGE_LIMIT = 56 * 2**20  # what a device call carries (64 MiB) less the tree and the wheels beside the stage
+RETURN_LIMIT = 64 * 2**20  # what comes back from a device call's $OUT, in at most 8 files
+TIMING_ROUNDS = 3  # prepare: each cost is timed this many times, the costs in turn, and the median kept
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,7 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
     """Version 2: per candidate of ``corpora``, its corpus's vocab and instances at its length,
     and its step count, the protocol's ``chosen_steps`` for the chosen recipe (on K1) scaled by
     that recipe's CPU-seconds a step over the candidate's (timed here in-process on one thread,
-    once per :func:`cost_key`). Stops when a dev or test text of a task is in a corpus. Writes
+    per :func:`cost_key`, the median of :data:`TIMING_ROUNDS` timings taken in turn). Stops when a dev or test text of a task is in a corpus. Writes
     ``stage`` (each corpus's vocab folder and its instances, packed by :func:`pack_instances`,
     and ``steps.json``) and the same plan to ``work/search-v2/plan.json``."""
     from benchmarks import bench_quality as bq
@@ -237,17 +240,22 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
     for corpus, seq in sorted({("k1", 64), *((CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names)}):
         corpus_dir, vocab_dir = built[corpus]
         local[corpus, seq] = bq.instances_for(replace(base, seq=seq), corpus_dir, vocab_dir, work / corpus)
-    timed: dict[tuple, float] = {}
-    costs = {}
+    groups: dict[tuple, tuple[str, Variant]] = {}
     for name, variant in {"chosen": CHOSEN_ON_K1, **{n: CANDIDATES_V2[n] for n in names}}.items():
-        if cost_key(variant) not in timed:
+        groups.setdefault(cost_key(variant), (name, variant))
+    rounds: dict[tuple, list[float]] = {key: [] for key in groups}
+    for r in range(TIMING_ROUNDS):  # in turn, so that the machine's load drifts over every cost alike
+        for key, (name, variant) in groups.items():
             instances = str(local[variant.corpus, variant.seq])
             started = time.perf_counter()
-            timed[cost_key(variant)] = cpu_seconds_per_step(variant, instances, len(read_vocab(vocab_file_of(instances))),
-                                                            timed=60)
-            print(f"timed {name}: {timed[cost_key(variant)]:.3f} CPU-s a step "
+            rounds[key].append(cpu_seconds_per_step(variant, instances, len(read_vocab(vocab_file_of(instances))),
+                                                    timed=20))
+            print(f"timed {name} (round {r + 1}): {rounds[key][-1]:.3f} CPU-s a step "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
-        costs[name] = timed[cost_key(variant)]
+    members = {n: cost_key(v) for n, v in {"chosen": CHOSEN_ON_K1, **{n: CANDIDATES_V2[n] for n in names}}.items()}
+    costs = {n: statistics.median(rounds[key]) for n, key in members.items()}
+    timings = {groups[key][0]: {"rounds": rounds[key], "for": [n for n, k in members.items() if k == key]}
+               for key in groups}
     steps = {n: round(chosen_steps * costs["chosen"] / costs[n]) for n in names}
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
@@ -263,7 +271,8 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
         print(f"packed {', '.join(folders)}: {archive.stat().st_size / 2**20:.1f} MiB "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     size = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file())
-    plan = {"candidates": "v2", "chosen_steps": chosen_steps, "cpu_seconds_per_step": costs, "steps": steps,
+    plan = {"candidates": "v2", "chosen_steps": chosen_steps, "cpu_seconds_per_step": costs, "timings": timings,
+            "steps": steps,
             "corpus": {n: CANDIDATES_V2[n].corpus for n in names},
             "instances": {n: stage_instances_name(CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names},
             "vocabs": vocabs, "archives": archives, "stage_bytes": size,
@@ -399,6 +408,68 @@ def staged_inputs(stage: Path, plan: dict, unpack_root: Path | None = None) -> d
     return out
 
 
+# --------------------------------------------------------------------------- the checkpoints' trip back
+
+
+def compact_checkpoint(folder: Path) -> None:
+    """A saved checkpoint made small for the trip back, losslessly: ``model.safetensors`` with its
+    data as byte planes (byte 0 of every 4 first, ...: float32 exponents, alike from value to
+    value, then compress well), xz-compressed, and the vocab and tokenizer xz-compressed.
+    :func:`expand_checkpoint` restores every file byte for byte."""
+    import lzma
+
+    import numpy as np
+
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    start = 8 + int.from_bytes(data[:8], "little")  # safetensors: header length, header, data
+    body = np.frombuffer(data, dtype=np.uint8, offset=start)
+    whole = len(body) // 4 * 4
+    planes = body[:whole].reshape(-1, 4).T.tobytes() + body[whole:].tobytes()
+    (folder / "model.safetensors.planes.xz").write_bytes(lzma.compress(data[:start] + planes, preset=6))
+    weights.unlink()
+    for name in ("vocab.txt", "tokenizer.json"):
+        if (folder / name).exists():
+            (folder / f"{name}.xz").write_bytes(lzma.compress((folder / name).read_bytes(), preset=6))
+            (folder / name).unlink()
+
+
+def expand_checkpoint(folder: Path) -> None:
+    """The files of a :func:`compact_checkpoint` folder as they were saved."""
+    import lzma
+
+    import numpy as np
+
+    packed = folder / "model.safetensors.planes.xz"
+    if packed.exists():
+        data = lzma.decompress(packed.read_bytes())
+        start = 8 + int.from_bytes(data[:8], "little")
+        body = np.frombuffer(data, dtype=np.uint8, offset=start)
+        whole = len(body) // 4 * 4
+        restored = body[:whole].reshape(4, -1).T.tobytes() + body[whole:].tobytes()
+        (folder / "model.safetensors").write_bytes(data[:start] + restored)
+        packed.unlink()
+    for name in ("vocab.txt", "tokenizer.json"):
+        if (folder / f"{name}.xz").exists():
+            (folder / name).write_bytes(lzma.decompress((folder / f"{name}.xz").read_bytes()))
+            (folder / f"{name}.xz").unlink()
+
+
+def archive(out: Path, name: str, folders: Path, members: list[str]) -> list[Path]:
+    """``members`` of ``folders`` as ``out/NAME.tar`` (paths ``checkpoints/MEMBER/...``), split
+    into parts ``NAME.tar.part-NN`` when larger than :data:`ARCHIVE_PART`; the files written."""
+    whole = out / f"{name}.tar"
+    with tarfile.open(whole, "w") as tar:
+        for member in members:
+            tar.add(folders / member, arcname=f"checkpoints/{member}")
+            shutil.rmtree(folders / member)
+    if whole.stat().st_size <= ARCHIVE_PART:
+        return [whole]
+    subprocess.run(["split", "-b", str(ARCHIVE_PART), "-d", whole.name, f"{whole.name}.part-"], cwd=out, check=True)
+    whole.unlink()
+    return sorted(out.glob(f"{name}.tar.part-*"))
+
+
 # --------------------------------------------------------------------------- pretrain (on the GPU)
 
 
@@ -436,7 +507,7 @@ def time_one(name: str, instances: str, vocab_file: str, seed: int, seconds: flo
     def on_step(step: int) -> None:
         if step == TIMING_WARMUP - 1:
             _synchronize(device)
-            barrier.wait(timeout=600)
+            barrier.wait(timeout=300)
             marks["start"] = time.perf_counter()
         elif step >= TIMING_WARMUP and time.perf_counter() - marks["start"] >= seconds:
             _synchronize(device)
@@ -448,15 +519,20 @@ def time_one(name: str, instances: str, vocab_file: str, seed: int, seconds: flo
         train(variant, model, instances, 10**9, seed, device, log_every=10**9, on_step=on_step)
     except _TimingDone:
         pass
+    except BaseException:
+        barrier.abort()  # the other runs stop waiting for this one
+        raise
     return {"recipe": name, "seed": seed, "steps": int(marks["steps"]), "seconds": marks["seconds"],
             "steps_per_second": marks["steps"] / marks["seconds"]}
 
 
 def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42, folder: str | None = None,
-                 inputs: tuple[str, str] | None = None, threads: int | None = None, extra: dict | None = None) -> dict:
+                 inputs: tuple[str, str] | None = None, threads: int | None = None, extra: dict | None = None,
+                 compact: bool = False) -> dict:
     """One recipe for ``steps`` from its random init for ``seed``, saved under ``out/folder``
-    (default ``out/name``) with ``pretrain-log.json``: card, steps, tokens seen (steps x batch x
-    length), wall-clock minutes of the steps, the loss log and ``extra``."""
+    (default ``out/name``; :func:`compact_checkpoint` with ``compact``) with ``pretrain-log.json``:
+    card, steps, tokens seen (steps x batch x length), wall-clock minutes of the steps, the loss
+    log and ``extra``."""
     import torch
 
     from bert_core.model.checkpoint import save_pretrained
@@ -480,6 +556,8 @@ def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42, fo
            "batch": variant.batch, "seq": variant.seq, "tokens_seen": steps * variant.batch * variant.seq,
            "wall_minutes": wall, **(extra or {}), "log": log}
     (target / "pretrain-log.json").write_text(json.dumps(row))
+    if compact:
+        compact_checkpoint(target)
     return row
 
 
@@ -492,12 +570,14 @@ def gpu_minute_steps(rates: list[float], minutes: float) -> int:
 def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, seeds: list[int] | None = None,
                  gpu_minutes: float | None = None, timing_seconds: float = TIMING_SECONDS,
                  unpack_root: Path | None = None) -> int:
-    """Every recipe (with ``seeds``: every recipe x seed, in folders ``<recipe>-seed<S>``) side by
-    side, one process each, for the stage's step count of the recipe (times ``scale``), or with
-    ``gpu_minutes`` for one count for all, :func:`gpu_minute_steps` of a :func:`time_one` of them
-    all side by side (the learning-rate schedule is that count's). Each checkpoint is archived in
-    ``out`` as it ends (``FOLDER.tar``, or its parts ``FOLDER.tar.part-NN`` when larger than
-    :data:`ARCHIVE_PART`)."""
+    """Every recipe side by side, one process each, for the stage's step count of the recipe
+    (times ``scale``), or with ``gpu_minutes`` for one count for all, :func:`gpu_minute_steps` of
+    a :func:`time_one` of them all side by side (the learning-rate schedule is that count's).
+    Without ``seeds``, one run of each (seed 42), archived in ``out`` as it ends (``RECIPE.tar``
+    or its parts, :func:`archive`). With ``seeds``, every recipe x seed in folders
+    ``<recipe>-seed<S>``, each made compact (:func:`compact_checkpoint`) and all of them archived
+    together at the end as ``runs.tar`` or its parts: a device call returns at most 8 files. A run
+    that fails is reported and left out; the others are archived and the status is 1."""
     if not (stage / "steps.json").exists():
         raise SystemExit(f"{stage}/steps.json is missing: run quality_search prepare --stage {stage} first")
     plan = json.loads((stage / "steps.json").read_text())
@@ -512,14 +592,18 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
     out.mkdir(parents=True, exist_ok=True)
     steps = {f: max(2, round(plan["steps"][n] * scale)) for n, _, f in runs}
     extra: dict[str, dict] = {f: {} for _, _, f in runs}
+    finished, failed = [], []
     with ProcessPoolExecutor(len(runs)) as pool:
         if gpu_minutes:
             import multiprocessing
 
             with multiprocessing.Manager() as manager:
                 barrier = manager.Barrier(len(runs))
-                timings = list(pool.map(time_one, *zip(*[(n, *inputs[n], s, timing_seconds, barrier, threads)
-                                                         for n, s, _ in runs], strict=True)))
+                try:
+                    timings = list(pool.map(time_one, *zip(*[(n, *inputs[n], s, timing_seconds, barrier, threads)
+                                                             for n, s, _ in runs], strict=True)))
+                except Exception as err:
+                    raise SystemExit(f"the timing side by side did not finish: {type(err).__name__}: {err}") from None
             count = gpu_minute_steps([t["steps_per_second"] for t in timings], gpu_minutes)
             print(f"timed side by side for {timing_seconds:g} s: "
                   + ", ".join(f"{f} {t['steps_per_second']:.2f}" for (_, _, f), t in zip(runs, timings, strict=True))
@@ -529,37 +613,48 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
                 extra[f] = {"gpu_minutes": gpu_minutes, "timing": t,
                             "timing_all_steps_per_second": [x["steps_per_second"] for x in timings]}
         futures = {pool.submit(pretrain_one, str(stage), n, steps[f], str(folders), s, f, inputs[n], threads,
-                               extra[f]): f for n, s, f in runs}
+                               extra[f], bool(seeds)): f for n, s, f in runs}
         for future in as_completed(futures):
-            row = future.result()
-            name = row["folder"]
-            print(f"pretrained {name}: {row['steps']} steps on {row['card']} in {row['wall_minutes']:.1f} min, "
+            try:
+                row = future.result()
+            except Exception as err:  # the protocol reports a run that did not finish; it never replaces it
+                failed.append(futures[future])
+                print(f"run {futures[future]} did not finish: {type(err).__name__}: {err}", flush=True)
+                continue
+            print(f"pretrained {row['folder']}: {row['steps']} steps on {row['card']} in {row['wall_minutes']:.1f} min, "
                   f"{row['tokens_seen']:,} tokens, last {row['log'][-1]}", flush=True)
-            archive = out / f"{name}.tar"
-            with tarfile.open(archive, "w") as tar:
-                tar.add(folders / name, arcname=f"checkpoints/{name}")
-            shutil.rmtree(folders / name)
-            if archive.stat().st_size > ARCHIVE_PART:
-                subprocess.run(["split", "-b", str(ARCHIVE_PART), "-d", archive.name, f"{archive.name}.part-"],
-                               cwd=out, check=True)
-                archive.unlink()
-    folders.rmdir()
-    return 0
+            finished.append(row["folder"])
+            if not seeds:
+                archive(out, row["folder"], folders, [row["folder"]])
+    if seeds and finished:
+        files = archive(out, "runs", folders, sorted(finished))
+        size = sum(f.stat().st_size for f in files)
+        print(f"archived {len(finished)} checkpoints in {len(files)} file(s), {size / 2**20:.1f} MiB"
+              + (f": over the {RETURN_LIMIT / 2**20:.0f} MiB a device call returns" if size > RETURN_LIMIT else ""),
+              flush=True)
+    shutil.rmtree(folders, ignore_errors=True)
+    return 1 if failed else 0
 
 
 def unpack(archives: Path, into: Path) -> Path:
-    """The checkpoints folder from the archives (and archive parts) in ``archives``."""
+    """The checkpoints folder from the archives (and archive parts) in ``archives``, each
+    checkpoint as it was saved (:func:`expand_checkpoint`)."""
     if not archives.is_dir():
         raise SystemExit(f"--checkpoints {archives}: no such folder of checkpoint archives")
     for name in sorted({p.name.split(".tar")[0] for p in archives.glob("*.tar*")}):
-        if (into / "checkpoints" / name).exists():
+        done = into / f"{name}.unpacked"
+        if done.exists() or (into / "checkpoints" / name).exists():
             continue
         into.mkdir(parents=True, exist_ok=True)
         whole = into / f"{name}.tar"
         whole.write_bytes(b"".join(p.read_bytes() for p in sorted(archives.glob(f"{name}.tar*"))))
         with tarfile.open(whole) as tar:
+            members = sorted({Path(m).parts[1] for m in tar.getnames() if len(Path(m).parts) > 1})
             tar.extractall(into, filter="data")
         whole.unlink()
+        for member in members:
+            expand_checkpoint(into / "checkpoints" / member)
+        done.write_text(json.dumps(members))
     return into / "checkpoints"
 
 

@@ -160,6 +160,23 @@ def test_the_stage_packs_instances_compactly_and_unpacks_them_row_for_row(tmp_pa
         assert all(np.array_equal(a[k], b[k]) for k in a)  # the same rows, masked alike
 
 
+def test_a_compact_checkpoint_expands_to_the_files_saved(tmp_path):
+    from benchmarks import quality_search as qs
+    from bert_core.model.checkpoint import save_pretrained
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(995))]))
+    saved = tmp_path / "saved"
+    save_pretrained(qs.model_for(qs.CANDIDATES_V2["k1"], 1000, 7), str(saved), vocab_file=str(vocab))
+    trip = tmp_path / "trip"
+    shutil.copytree(saved, trip)
+    qs.compact_checkpoint(trip)
+    assert not (trip / "model.safetensors").exists()
+    assert (trip / "model.safetensors.planes.xz").stat().st_size < 0.9 * (saved / "model.safetensors").stat().st_size
+    qs.expand_checkpoint(trip)
+    assert {p.name: p.read_bytes() for p in trip.iterdir()} == {p.name: p.read_bytes() for p in saved.iterdir()}
+
+
 @pytest.mark.slow
 def test_gpu_minutes_time_the_runs_side_by_side_and_give_them_one_step_count(tmp_path, samples_dir, capsys,
                                                                             monkeypatch):
@@ -171,12 +188,13 @@ def test_gpu_minutes_time_the_runs_side_by_side_and_give_them_one_step_count(tmp
 
     stage, _ = tiny_stage(tmp_path, samples_dir)
     monkeypatch.setattr(qs, "TIMING_WARMUP", 2)
-    monkeypatch.setattr(qs, "ARCHIVE_PART", 2**25)  # whole archives (18 MB with this vocab)
     out = tmp_path / "out"
     assert qs.pretrain_all(stage, out, ["k1", "k2-seq128"], seeds=[42, 43], gpu_minutes=0.01, timing_seconds=1.0,
                            unpack_root=tmp_path / "unpacked") == 0
-    assert sorted(p.name for p in out.iterdir()) == [f"{n}-seed{s}.tar" for n in ("k1", "k2-seq128") for s in (42, 43)]
+    files = sorted(p.name for p in out.iterdir())  # one archive of all four in parts (18 MB each with this vocab)
+    assert 1 < len(files) <= 8 and all(f.startswith("runs.tar.part-") for f in files)
     folder = qs.unpack(out, tmp_path / "back")
+    assert sorted(p.name for p in folder.iterdir()) == [f"{n}-seed{s}" for n in ("k1", "k2-seq128") for s in (42, 43)]
     logs = {p.name: json.loads((p / "pretrain-log.json").read_text()) for p in folder.iterdir()}
     counts = {row["steps"] for row in logs.values()}
     assert len(counts) == 1
