@@ -26,6 +26,8 @@ learning-curve protocol (the full text, with the results, is ``docs/quality.md``
   missing cache.
 
 Writes ``bench-results/quality.json`` (every run, subsample and seed) and ``docs/quality.png``.
+Protocol version 2 (``docs/quality-protocol-v2.md``): ``--corpus k1|k2`` pre-trains on its corpora
+(``benchmarks/quality_corpus.py``), ``--heldout-genres`` adds each run's measures per genre.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ TFIDF_C = (0.1, 1.0, 10.0)
 PRIMARY_SIZES = ("300", "1000")
 PROBE_SIZE = 1000
 QUICK = {"sizes": (10, 20, None), "subsamples": 2, "runs": 2, "steps": 4, "pool": 60, "dev": 40, "test": 40,
-         "global_batch": 8, "grid": [s | {"epochs": 1.0, "min_steps": 2} for s in GRID[:2]]}
+         "global_batch": 8, "grid": [s | {"epochs": 1.0, "min_steps": 2} for s in GRID[:2]], "heldout_sequences": 50}
 
 
 def size_name(size: int | None) -> str:
@@ -447,11 +449,19 @@ def linear_probe(checkpoint: str, train: list, test: list, labels: tuple[str, ..
 
 
 def heldout_mlm_accuracy(checkpoint: str, examples: list, seed: int = 0, max_seq_length: int = 64) -> float:
-    """Masked-LM accuracy on the task's own text: 15% of the word pieces (never [CLS]/[SEP])
-    replaced by [MASK], drawn with ``seed``; the share predicted exactly."""
+    """Masked-LM accuracy on the task's own text (:func:`masked_lm_accuracy`), each example one sequence."""
+    from bert_core.finetune.glue import encode_pairs
+    from bert_core.vocab.tokenization import load_tokenizer
+
+    sequences = encode_pairs(load_tokenizer(checkpoint), examples, max_seq_length)["input_ids"]
+    return masked_lm_accuracy(checkpoint, sequences, seed)
+
+
+def masked_lm_accuracy(checkpoint: str, sequences: list[list[int]], seed: int = 0) -> float:
+    """Masked-LM accuracy on ``sequences`` (``[CLS] ... [SEP]`` ids): in each, 15% of the word
+    pieces (never [CLS]/[SEP]) replaced by [MASK], drawn with ``seed``; the share predicted exactly."""
     import torch
 
-    from bert_core.finetune.glue import encode_pairs
     from bert_core.model.bert import BertForPreTraining
     from bert_core.vocab.tokenization import load_tokenizer
 
@@ -462,7 +472,7 @@ def heldout_mlm_accuracy(checkpoint: str, examples: list, seed: int = 0, max_seq
     rng = np.random.default_rng(seed)
     right = total = 0
     with torch.no_grad():
-        for ids in encode_pairs(tokenizer, examples, max_seq_length)["input_ids"]:
+        for ids in sequences:
             inner = np.arange(1, len(ids) - 1)
             if not len(inner):
                 continue
@@ -638,10 +648,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
     parser.add_argument("--reference-only", action="store_true",
                         help="only TF-IDF and arm C (MiniLM), beside a run that does the rest")
+    parser.add_argument("--corpus", default="v1", choices=["v1", "k1", "k2"],
+                        help="v1: version 1's corpus; k1, k2: protocol version 2's (benchmarks.quality_corpus), each "
+                             "built under --work/<corpus> with its vocab, instances and runs")
+    parser.add_argument("--distinct-text", default=None,
+                        help="k2's distinct text (default: benchmarks.distinct_text in the bertpipe cache, fetched "
+                             "once; none with --quick)")
+    parser.add_argument("--heldout-genres", action="store_true",
+                        help="per genre and run: word pieces, epochs seen and MLM accuracy on the set-aside documents")
     parser.add_argument("--quick", action="store_true", help="tiny data and settings: checks the bookkeeping only")
     parser.add_argument("--output", default=str(RESULTS / "quality.json"))
     parser.add_argument("--plot", default=str(ROOT / "docs" / "quality.png"))
     args = parser.parse_args(argv)
+    if args.heldout_genres and args.corpus == "v1":
+        parser.error("--heldout-genres needs --corpus k1 or k2 (version 1's corpus sets no text aside)")
     plan = {"sizes": list(QUICK["sizes"] if args.quick else SIZES), "subsamples": QUICK["subsamples"] if args.quick
             else SUBSAMPLES, "runs": QUICK["runs"] if args.quick else RUNS, "grid": QUICK["grid"] if args.quick else GRID,
             "quick": args.quick}
@@ -661,18 +681,31 @@ def main(argv: list[str] | None = None) -> int:
     tasks = load_tasks(sample_dir, args.quick)
     for name, (_, parts) in tasks.items():
         print(f"{name}: " + " / ".join(f"{len(v)} {k}" for k, v in parts.items()), flush=True)
-    _, tweets = tasks["tweets3"]
-    text = qt.pretrain_tweets(sample_dir, tweets["train"] + tweets["dev"] + tweets["test"], work / "pretrain-text")
-    inputs = [("--text", str(text))] if args.quick else corpus_inputs(sample_dir, text)
-    corpus, vocab = corpus_and_vocab(inputs, work)
-    leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], corpus) for name, (_, parts) in tasks.items()}
-    print(f"pre-training corpus: {', '.join(p for _, p in inputs)}; dev/test texts in it: {leaked}", flush=True)
-    if any(leaked.values()):
-        raise SystemExit(f"dev/test texts are in the pre-training corpus ({leaked}); the arms would not be fair")
     recipe = RECIPES[args.recipe]
     if args.quick:
         recipe = replace_recipe(recipe, global_batch=QUICK["global_batch"])
-    instances = instances_for(recipe, corpus, vocab, work)
+    runs, built = work, None  # where the runs of arms A and B live
+    if args.corpus == "v1":
+        _, tweets = tasks["tweets3"]
+        text = qt.pretrain_tweets(sample_dir, tweets["train"] + tweets["dev"] + tweets["test"], work / "pretrain-text")
+        inputs = [("--text", str(text))] if args.quick else corpus_inputs(sample_dir, text)
+        corpus, vocab = corpus_and_vocab(inputs, work)
+        leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], corpus)
+                  for name, (_, parts) in tasks.items()}
+        print(f"pre-training corpus: {', '.join(p for _, p in inputs)}; dev/test texts in it: {leaked}", flush=True)
+        if any(leaked.values()):
+            raise SystemExit(f"dev/test texts are in the pre-training corpus ({leaked}); the arms would not be fair")
+        instances = instances_for(recipe, corpus, vocab, work)
+    else:
+        from benchmarks import quality_corpus as qc
+
+        distinct = Path(args.distinct_text) if args.distinct_text else None
+        built = qc.build(args.corpus, recipe, work, sample_dir, {n: p for n, (_, p) in tasks.items()}, distinct,
+                         args.quick)
+        inputs, corpus, vocab, instances = built.prepared.inputs, built.corpus, built.vocab, built.instances
+        runs = work / args.corpus
+        print(f"pre-training corpus {args.corpus}: {', '.join(p for _, p in inputs)}; no dev/test text in it",
+              flush=True)
     cache = Cache(work / "cache", args.reuse, archive)
     base_key = {"recipe": asdict(recipe), "instances": manifest_digest(instances), "quick": args.quick,
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
@@ -683,9 +716,10 @@ def main(argv: list[str] | None = None) -> int:
             steps[budget] = QUICK["steps"]
             continue
         calibration = {"calibration": asdict(recipe), "ranks": args.ranks, "steps": args.calibration_steps}
+        calibration |= {} if args.corpus == "v1" else {"corpus": args.corpus}
         per_step = cache.lookup(calibration)
         if per_step is None:
-            calibration_run = work / f"calibration-{args.recipe}"
+            calibration_run = runs / f"calibration-{args.recipe}"
             pretrain(recipe, instances, calibration_run, args.calibration_steps, args.ranks)
             per_step = cpu_per_step(read_metrics(str(calibration_run)))
             cache.store(calibration, per_step)
@@ -693,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget {budget:g} CPU-min: {steps[budget]} steps ({per_step:.3f} CPU-s a step)", flush=True)
 
     def pretrained(budget: float, seed: int) -> tuple[Path, dict, dict]:
-        folder = pretrain_folder(work, args.recipe, budget, args.ranks, seed, args.quick)
+        folder = pretrain_folder(runs, args.recipe, budget, args.ranks, seed, args.quick)
         done = pretrain(recipe, instances, folder, steps[budget], args.ranks, seed)
         key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks,
                           "pretrain_seed": seed}
@@ -716,6 +750,26 @@ def main(argv: list[str] | None = None) -> int:
                         for n, (t, p) in tasks.items()},
               "corpus_inputs": [p for _, p in inputs], "arms": arms}
     task_names = list(tasks)
+    if args.corpus != "v1":
+        result["protocol"]["corpus"] = args.corpus
+        result["genres"] = built.prepared.sizes
+
+    def genre_measures(pool, run: dict, checkpoint: Path, key: dict, sequences_drawn: int) -> None:
+        """The run's word pieces, epochs seen and set-aside MLM accuracy per genre."""
+        if not args.heldout_genres:
+            return
+        heldout = built.prepared.heldout
+        count = QUICK["heldout_sequences"] if args.quick else qc.HELDOUT_SEQUENCES
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(heldout.glob("*.jsonl")))).hexdigest()[:16]
+        job = (key | {"measure": "heldout-genres", "heldout": digest, "sequences": count}, qc.genre_mlm_accuracy,
+               (str(checkpoint), heldout, count))
+        accuracy = cache.run(pool, [job], f"seed {run['seed']} genres")[0]
+        epochs = qc.epochs_seen(pieces, instances, sequences_drawn)
+        run["genres"] = {g: {"instance_pieces": pieces.get(g, {}).get("instance_pieces", 0),
+                             "epochs_seen": epochs.get(g, 0.0), "heldout_mlm_acc": accuracy.get(g)}
+                         for g in sorted(set(pieces) | set(accuracy))}
+
+    pieces = qc.genre_pieces(corpus, vocab, instances, built.prepared.genres) if args.heldout_genres else {}
 
     def write() -> None:
         sizes = result["protocol"]["sizes"]
@@ -737,10 +791,11 @@ def main(argv: list[str] | None = None) -> int:
             arms.append(b)
             for k in range(plan["runs"]):
                 seed = PRETRAIN_SEED + k
-                folder = baseline(recipe, instances, baseline_folder(work, args.recipe, seed, args.quick), seed)
+                folder = baseline(recipe, instances, baseline_folder(runs, args.recipe, seed, args.quick), seed)
                 run = {"seed": seed, "checkpoint": str(folder)}
                 b["runs"].append(run)
                 evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)
+                genre_measures(pool, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, 0)
                 write()
             for budget in args.budgets:
                 a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
@@ -751,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
                     run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
                     a["runs"].append(run)
                     evaluate_run(cache, pool, a, run, checkpoint, key, tasks, plan)
+                    genre_measures(pool, run, checkpoint, key, steps[budget] * recipe.global_batch)
                     write()
         if not args.no_reference and not args.quick:
             minilm = sample_dir / "models" / "minilm"

@@ -1,0 +1,454 @@
+"""The quality protocol's corpora K1 and K2 (``docs/quality-protocol-v2.md``) as ``bertpipe corpus``
+inputs, their vocab and instances, and a checkpoint's measures per genre.
+
+    nice -n 19 python -m benchmarks.quality_corpus --work /work/quality-v2 --corpus k2 [--build]
+
+A document is a tweet, a Wikipedia article or a paragraph of a book file (a speech of a play, a
+verse, a dictionary entry). Task texts leave by tweet and paragraph, and by article in the dump,
+whose pages are kept or dropped whole. The instances keep no document ids: a genre's pieces are
+its share of the training documents' pieces, and its epochs seen the run's sequences over the
+instances (the same for every genre).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import glob
+import hashlib
+import json
+import math
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import distinct_text
+from benchmarks import quality_tasks as qt
+
+CORPORA = ("k1", "k2")
+SET_ASIDE_SEED = 20240601
+SET_ASIDE_SHARE, SET_ASIDE_MIN = 0.01, 10
+HELDOUT_SEQUENCES, HELDOUT_LENGTH = 2000, 64
+QUICK_FILES = 2  # --quick: the smallest book files of each folder
+PREFIX_GENRES = {"wiki:": "encyclopedia", "text:": "tweets"}  # a book's genre is its folder's (distinct_text.GENRES)
+VERSION = 1  # of the prepared inputs' layout; a new value prepares them again
+
+
+@dataclass
+class Doc:
+    """A document the set-aside draws from: its id, genre, the text that decides the task-text
+    filter (paragraphs of an article) and its sentences as the corpus stage splits them."""
+
+    id: str
+    genre: str
+    texts: list[str]
+    sentences: list[str]
+
+
+@dataclass
+class Prepared:
+    """A corpus's inputs: ``bertpipe corpus`` flags and globs, the genre of each book document id
+    (and of the ``wiki:`` and ``text:`` prefixes), the set-aside folder and the sizes per genre."""
+
+    corpus: str
+    inputs: list[tuple[str, str]]
+    genres: dict[str, str]
+    heldout: Path
+    sizes: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def set_aside(ids: list[str], seed: int = SET_ASIDE_SEED) -> set[str]:
+    """The ids set aside from a genre: 1% of them (at least 10, all when fewer), the first of a
+    ``numpy.random.default_rng(seed)`` permutation of the ids sorted."""
+    ordered = sorted(ids)
+    n = min(len(ordered), max(SET_ASIDE_MIN, math.ceil(SET_ASIDE_SHARE * len(ordered))))
+    order = np.random.default_rng(seed).permutation(len(ordered))
+    return {ordered[i] for i in order[:n]}
+
+
+def genre_of(doc_id: str, genres: dict[str, str]) -> str | None:
+    """The genre of a corpus document id (``book:...`` by name, ``wiki:`` and ``text:`` by prefix)."""
+    return genres.get(doc_id) or genres.get(doc_id.split(":", 1)[0] + ":")
+
+
+def task_examples(parts_by_task: dict[str, dict[str, list]]) -> list:
+    """Every example of every task: training pool, dev and test."""
+    return [e for parts in parts_by_task.values() for split in parts.values() for e in split]
+
+
+# --------------------------------------------------------------------------- reading the inputs
+
+
+def book_docs(path: Path, genre: str) -> list[Doc]:
+    """The paragraphs of a book file as the corpus stage reads them (``book_paragraphs``), those a
+    rewritten copy keeps (a heading line is not one); ids ``<folder>/<stem>#<n>``."""
+    from bert_core.corpus.books import book_paragraphs, book_stem, unwrap
+    from bert_core.corpus.sentences import split_sentences
+
+    _, paragraphs = book_paragraphs(path.name, path.read_bytes())
+    stem = f"{path.parent.name}/{book_stem(path.name)}"
+    return [Doc(f"{stem}#{n:06d}", genre, [p], split_sentences(p))
+            for n, p in enumerate(paragraphs) if unwrap(p) == [p]]
+
+
+def dump_pages(path: Path) -> tuple[bytes, list[bytes], bytes]:
+    """A dump's bytes before the first page, each ``<page>`` element, and the bytes after."""
+    raw = path.read_bytes()
+    raw = bz2.decompress(raw) if path.name.endswith(".bz2") else raw
+    pages, at = [], raw.find(b"<page>")
+    head_end = end = at if at >= 0 else len(raw)
+    while at >= 0:
+        end = raw.index(b"</page>", at) + len(b"</page>")
+        pages.append(raw[at:end])
+        at = raw.find(b"<page>", end)
+    return raw[:head_end], pages, raw[end:]
+
+
+def article_doc(page: bytes) -> Doc | None:
+    """An article page as a document (its text paragraphs as the corpus stage cleans them), or
+    None for a redirect, another namespace or a page without text."""
+    from bert_core.corpus.sentences import split_paragraphs
+    from bert_core.corpus.wikitext import is_redirect, wikitext_to_paragraphs
+
+    element = ET.fromstring(page)
+    revision = element.find("revision")
+    text = (revision.findtext("text") if revision is not None else None) or ""
+    if (element.findtext("ns") or "0").strip() != "0" or element.find("redirect") is not None or is_redirect(text):
+        return None
+    paragraphs = wikitext_to_paragraphs(text)
+    sentences = split_paragraphs(paragraphs)
+    return Doc(f"wiki:{int(element.findtext('id'))}", "encyclopedia", paragraphs, sentences) if sentences else None
+
+
+def tweet_docs(samples: Path) -> list[Doc]:
+    """Each tweet of the samples (as ``samples fetch`` reads them), ids ``tweet:<row>``."""
+    from bert_core.corpus.books import unwrap
+    from bert_core.corpus.sentences import split_paragraphs
+    from flows.tools.samples import tweet_rows
+
+    return [Doc(f"tweet:{n:06d}", "tweets", [text], split_paragraphs(unwrap(text)))
+            for n, (_, text) in enumerate(tweet_rows(samples))]
+
+
+def book_files(corpus: str, samples: Path, distinct: Path | None, quick: bool) -> list[Path]:
+    """The book files of a corpus: the sample's (Botchan, the plays), and for K2 every source of
+    ``distinct`` (``distinct_text.text_files``); with ``quick`` the smallest few of each folder."""
+    from benchmarks.bench_quality import corpus_inputs
+
+    files = sorted(Path(p) for flag, pattern in corpus_inputs(samples) if flag == "--books"
+                   for p in Path(pattern).parent.glob(Path(pattern).name))
+    if corpus == "k2" and distinct is not None:
+        files += [p for p in distinct_text.text_files(distinct) if p.parent.name in distinct_text.GENRES]
+    if quick:
+        by_folder: dict[str, list[Path]] = {}
+        for p in files:
+            by_folder.setdefault(p.parent.name, []).append(p)
+        files = sorted(p for group in by_folder.values()
+                       for p in sorted(group, key=lambda p: (p.stat().st_size, p.name))[:QUICK_FILES])
+    return files
+
+
+def dump_files(samples: Path) -> list[Path]:
+    from benchmarks.bench_quality import corpus_inputs
+
+    return sorted(Path(p) for flag, pattern in corpus_inputs(samples) if flag == "--wikipedia"
+                  for p in Path(pattern).parent.glob(Path(pattern).name))
+
+
+# --------------------------------------------------------------------------- preparing a corpus
+
+
+def prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Path | None = None,
+            quick: bool = False, log: Callable[[str], None] = print) -> Prepared:
+    """The inputs of corpus ``k1`` or ``k2`` under ``work/<corpus>/inputs-<sha256>/``: every tweet,
+    paragraph and article that holds a task text (:func:`quality_tasks.holds_held_out` with the
+    keys of ``examples``) dropped, each genre's set-aside documents (:func:`set_aside`) and any copy
+    of their text dropped and written to ``work/heldout-genres/<genre>.jsonl``. Prepared once per
+    content of the inputs and keys (``work/<corpus>/prepared.json``)."""
+    if corpus not in CORPORA:
+        raise ValueError(f"corpus {corpus!r}: one of {CORPORA}")
+    folder = work / corpus
+    folder.mkdir(parents=True, exist_ok=True)
+    heldout = work / ("heldout-genres-quick" if quick else "heldout-genres")
+    books, dumps = book_files(corpus, samples, distinct, quick), dump_files(samples)
+    keys = qt.keys_of(examples)
+    stamp = _digest(json.dumps({"version": VERSION, "corpus": corpus, "quick": quick, "keys": sorted(keys),
+                                "files": [[str(p), _file_sha(p)] for p in [*books, *dumps,
+                                                                         samples / "text" / "tweets.csv"]]}))
+    done = folder / "prepared.json"
+    if done.exists():
+        saved = json.loads(done.read_text())
+        if saved["stamp"] == stamp and all(glob.glob(p) for _, p in saved["inputs"]) \
+                and all((heldout / f"{g}.jsonl").exists() for g in saved["sizes"]):
+            return Prepared(corpus, [tuple(i) for i in saved["inputs"]], saved["genres"], heldout, saved["sizes"])
+
+    sizes: dict[str, dict[str, float]] = {}
+
+    def count(genre: str, what: str, n: float = 1) -> None:
+        sizes.setdefault(genre, {"documents": 0, "task_text_dropped": 0, "set_aside": 0,
+                                 "copies_dropped": 0, "kept": 0, "mb": 0.0})[what] += n
+
+    # every document, by input; the filter first, then the set-aside draws from what is left
+    by_book = {p: book_docs(p, distinct_text.GENRES[p.parent.name]) for p in books}
+    by_dump = {}
+    for p in dumps:
+        head, pages, tail = dump_pages(p)
+        by_dump[p] = (head, [(page, article_doc(page)) for page in pages], tail)
+    tweets = tweet_docs(samples)
+    every = [d for docs in by_book.values() for d in docs] + \
+            [d for _, pages, _ in by_dump.values() for _, d in pages if d] + tweets
+    dropped = set()
+    for d in every:
+        count(d.genre, "documents")
+        if any(qt.holds_held_out(t, keys) for t in d.texts):
+            dropped.add(d.id)
+            count(d.genre, "task_text_dropped")
+    aside: set[str] = set()
+    for genre in sorted({d.genre for d in every}):
+        aside |= set_aside([d.id for d in every if d.genre == genre and d.id not in dropped])
+    aside_texts = {t for d in every if d.id in aside for t in d.texts if not d.id.startswith("wiki:")}
+
+    def keep(d: Doc) -> bool:
+        if d.id in dropped:
+            return False
+        if d.id in aside:
+            count(d.genre, "set_aside")
+            return False
+        if not d.id.startswith("wiki:") and d.texts[0] in aside_texts:
+            count(d.genre, "copies_dropped")
+            return False
+        count(d.genre, "kept")
+        count(d.genre, "mb", sum(len(t.encode()) for t in d.texts) / 1e6)
+        return True
+
+    staging = folder / "inputs.part"
+    shutil.rmtree(staging, ignore_errors=True)
+    for path, docs in by_book.items():
+        kept = [d.texts[0] for d in docs if keep(d)]
+        if kept:
+            target = staging / "books" / path.parent.name / (path.name.removesuffix(".md").removesuffix(".txt") + ".txt")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("\n\n".join(kept) + "\n", encoding="utf-8")
+    for path, (head, pages, tail) in by_dump.items():
+        kept_pages = [page for page, d in pages if d is None or keep(d)]
+        target = staging / "wikipedia" / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(bz2.compress(head + b"\n  ".join(kept_pages) + tail))
+    write_tweets([d.texts[0] for d in tweets if keep(d)], staging / "text" / "tweets.jsonl")
+
+    digest = _digest("\n".join(f"{p.relative_to(staging)} {_file_sha(p)}" for p in sorted(staging.rglob("*"))
+                               if p.is_file()))[:16]
+    root = folder / f"inputs-{digest}"
+    if root.exists():
+        shutil.rmtree(staging)
+    else:
+        staging.rename(root)
+    for stale in folder.glob("inputs-*"):
+        if stale != root:
+            shutil.rmtree(stale)
+    inputs = [("--wikipedia", str(root / "wikipedia" / "*.xml.bz2")), ("--books", str(root / "books" / "*" / "*.txt")),
+              ("--text", str(root / "text" / "tweets.jsonl"))]
+    inputs = [(flag, p) for flag, p in inputs if glob.glob(p)]
+    genres = book_genres(sorted((root / "books").glob("*/*.txt"))) | PREFIX_GENRES
+    write_heldout(heldout, [d for d in every if d.id in aside])
+    sizes = {g: {k: round(v, 2) if k == "mb" else int(v) for k, v in s.items()} for g, s in sorted(sizes.items())}
+    done.write_text(json.dumps({"stamp": stamp, "inputs": inputs, "genres": genres, "sizes": sizes}, indent=1))
+    for genre, s in sizes.items():
+        log(f"{corpus} {genre}: {s['kept']} documents kept ({s['mb']} MB), {s['set_aside']} set aside, "
+            f"{s['task_text_dropped']} with task text dropped, {s['copies_dropped']} copies of set-aside text dropped")
+    return Prepared(corpus, inputs, genres, heldout, sizes)
+
+
+def book_genres(files: list[Path]) -> dict[str, str]:
+    """The genre of each book document id the corpus stage gives these files."""
+    from bert_core.corpus.inputs import book_ids
+
+    ids = book_ids([str(f) for f in files])
+    return {ids[str(f)]: distinct_text.GENRES[f.parent.name] for f in files}
+
+
+def write_tweets(tweets: list[str], target: Path) -> None:
+    """Tweets as ``samples fetch`` writes them: records of ``TWEETS_PER_RECORD``, one paragraph each."""
+    from flows.tools.samples import TWEETS_PER_RECORD
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    records = (json.dumps({"id": f"tweets-{n}", "text": "\n\n".join(tweets[i:i + TWEETS_PER_RECORD])})
+               for n, i in enumerate(range(0, len(tweets), TWEETS_PER_RECORD)))
+    target.write_text("".join(r + "\n" for r in records))
+
+
+def write_heldout(folder: Path, docs: list[Doc]) -> None:
+    """``<genre>.jsonl``: each set-aside document, ``{"id", "sentences"}``, in id order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for genre in sorted({d.genre for d in docs}):
+        rows = sorted((d for d in docs if d.genre == genre), key=lambda d: d.id)
+        (folder / f"{genre}.jsonl").write_text("".join(json.dumps({"id": d.id, "sentences": d.sentences}) + "\n"
+                                                       for d in rows))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _file_sha(path: Path) -> str:
+    return distinct_text.sha256(path) if path.exists() else "missing"
+
+
+# --------------------------------------------------------------------------- corpus, vocab, instances
+
+
+@dataclass
+class Built:
+    prepared: Prepared
+    corpus: Path
+    vocab: Path
+    instances: Path
+
+
+def build(corpus: str, recipe, work: Path, samples: Path, parts_by_task: dict[str, dict[str, list]],
+          distinct: Path | None = None, quick: bool = False, log: Callable[[str], None] = print) -> Built:
+    """Corpus ``k1`` or ``k2`` with its own vocab (demo preset) and the instances of ``recipe``
+    (a ``bench_quality.Recipe``), built once under ``work/<corpus>/``; stops when a dev or test
+    example of a task is in the built corpus."""
+    from benchmarks.bench_quality import corpus_and_vocab, instances_for
+
+    if corpus == "k2" and distinct is None and not quick:
+        distinct = distinct_text.cached(log=log)
+    prepared = prepare(corpus, work, samples, task_examples(parts_by_task), distinct, quick, log)
+    built, vocab = corpus_and_vocab(prepared.inputs, work / corpus)
+    leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], built) for name, parts in parts_by_task.items()}
+    if any(leaked.values()):
+        raise SystemExit(f"dev/test texts are in corpus {corpus} ({leaked}); the arms would not be fair")
+    return Built(prepared, built, vocab, instances_for(recipe, built, vocab, work / corpus))
+
+
+# --------------------------------------------------------------------------- measures per genre
+
+
+def heldout_sequences(path: Path, tokenizer, count: int = HELDOUT_SEQUENCES,
+                      length: int = HELDOUT_LENGTH) -> list[list[int]]:
+    """The first ``count`` sequences of a genre's set-aside documents: ``[CLS]``, consecutive
+    sentences of one document while they fit in ``length`` pieces, ``[SEP]`` (a longer sentence
+    alone, cut)."""
+    out: list[list[int]] = []
+    budget = length - 2
+    for doc in read_jsonl(path):
+        current: list[int] = []
+        for ids in tokenizer.encode_batch(doc["sentences"]):
+            ids = list(ids)
+            if current and len(current) + len(ids) > budget:
+                out.append(current)
+                current = []
+            current += ids
+        if current:
+            out.append(current)
+        if len(out) >= count:
+            break
+    return [[tokenizer.cls_id, *s[:budget], tokenizer.sep_id] for s in out[:count]]
+
+
+def genre_mlm_accuracy(checkpoint: str, heldout: Path, count: int = HELDOUT_SEQUENCES,
+                       length: int = HELDOUT_LENGTH, seed: int = 0) -> dict[str, float]:
+    """Held-out MLM accuracy of a checkpoint on each genre's set-aside documents (the masking of
+    ``bench_quality.masked_lm_accuracy``)."""
+    from benchmarks.bench_quality import masked_lm_accuracy
+    from bert_core.vocab.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint)
+    return {p.stem: masked_lm_accuracy(checkpoint, heldout_sequences(p, tokenizer, count, length), seed)
+            for p in sorted(heldout.glob("*.jsonl"))}
+
+
+def genre_pieces(corpus: Path, vocab: Path, instances: Path, genres: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Word pieces of each genre: in the corpus's training documents (those the instances stage
+    does not hold out for eval), tokenized with ``vocab``, and that genre's share of the pieces
+    of the training instances. Counted once per instances (a JSON file beside them)."""
+    import pyarrow.parquet as pq
+
+    from bert_core import storage
+    from bert_core.instances.sharding import eval_threshold, is_eval_document
+    from bert_core.vocab.tokenization import load_tokenizer
+
+    manifest = storage.read_manifest(str(instances))
+    saved = instances.with_name(instances.name + ".genre-pieces.json")
+    stamp = hashlib.sha256((instances / "_MANIFEST.json").read_bytes()).hexdigest()
+    if saved.exists() and json.loads(saved.read_text())["stamp"] == stamp:
+        return json.loads(saved.read_text())["pieces"]
+    config = manifest["config"]
+    threshold = eval_threshold(manifest["counts"]["documents_read"], argparse.Namespace(**config))
+    tokenizer = load_tokenizer(str(vocab))
+    corpus_pieces: dict[str, int] = {}
+    for f in sorted(corpus.glob("docs-*.parquet")):
+        table = pq.read_table(f, columns=["doc_id", "sentences"])
+        for doc_id, sentences in zip(table.column("doc_id").to_pylist(), table.column("sentences").to_pylist(),
+                                     strict=True):
+            if threshold > 0 and is_eval_document(doc_id, config["seed"], threshold):
+                continue
+            genre = genre_of(doc_id, genres) or "unknown"
+            corpus_pieces[genre] = corpus_pieces.get(genre, 0) + sum(map(len, tokenizer.encode_batch(sentences)))
+    in_instances = sum(s["counts"]["maskable_tokens"] for s in manifest["stats"].values())
+    total = sum(corpus_pieces.values())
+    pieces = {g: {"corpus_pieces": n, "instance_pieces": round(in_instances * n / total)}
+              for g, n in sorted(corpus_pieces.items())}
+    saved.write_text(json.dumps({"stamp": stamp, "pieces": pieces}))
+    return pieces
+
+
+def epochs_seen(pieces: dict[str, dict[str, int]], instances: Path, sequences_drawn: int) -> dict[str, float]:
+    """Per genre, its pieces in the sequences a run drew over its pieces in the instances: a run
+    draws shuffled instances epoch after epoch, so in expectation every genre's share of the draws
+    is its share of the instances, and the ratio is the run's sequences over the instances."""
+    from bert_core import storage
+
+    manifest = storage.read_manifest(str(instances))
+    count = sum(s["counts"]["instances"] for s in manifest["stats"].values())
+    return {g: sequences_drawn / count for g in pieces}
+
+
+def read_jsonl(path: Path) -> Iterator[dict]:
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.bench_quality import CHOSEN, RECIPES, load_tasks
+    from benchmarks.common import samples
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--corpus", default="k1,k2", help="k1, k2 or both")
+    parser.add_argument("--samples", type=Path, default=None)
+    parser.add_argument("--distinct-text", type=Path, default=None, help="default: fetched into the bertpipe cache")
+    parser.add_argument("--build", action="store_true", help=f"also corpus, vocab and the instances of {CHOSEN}")
+    parser.add_argument("--quick", action="store_true", help="a few files of each source")
+    args = parser.parse_args(argv)
+    sample_dir = args.samples or samples()
+    tasks = {name: parts for name, (_, parts) in load_tasks(sample_dir, args.quick).items()}
+    distinct = args.distinct_text or (None if args.quick else distinct_text.cached())
+    for corpus in args.corpus.split(","):
+        if args.build:
+            built = build(corpus, RECIPES[CHOSEN], args.work, sample_dir, tasks, distinct, args.quick)
+            pieces = genre_pieces(built.corpus, built.vocab, built.instances, built.prepared.genres)
+            print(json.dumps({"corpus": corpus, "sizes": built.prepared.sizes, "pieces": pieces}, indent=1))
+        else:
+            prepared = prepare(corpus, args.work, sample_dir, task_examples(tasks), distinct, args.quick)
+            print(json.dumps({"corpus": corpus, "sizes": prepared.sizes, "inputs": prepared.inputs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
