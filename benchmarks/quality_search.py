@@ -217,9 +217,10 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
     """Version 2: per candidate of ``corpora``, its corpus's vocab and instances at its length,
     and its step count, the protocol's ``chosen_steps`` for the chosen recipe (on K1) scaled by
     that recipe's CPU-seconds a step over the candidate's (timed here in-process on one thread,
-    per :func:`cost_key`, the median of :data:`TIMING_ROUNDS` timings taken in turn). Stops when a dev or test text of a task is in a corpus. Writes
-    ``stage`` (each corpus's vocab folder and its instances, packed by :func:`pack_instances`,
-    and ``steps.json``) and the same plan to ``work/search-v2/plan.json``."""
+    per :func:`cost_key`, the median of :data:`TIMING_ROUNDS` timings taken in turn). Stops when
+    a dev or test text of a task is in a corpus. Writes ``stage`` (each corpus's vocab folder and
+    its instances, packed by :func:`pack_instances`, and ``steps.json``) and the same plan to
+    ``work/search-v2/plan.json``."""
     from benchmarks import bench_quality as bq
     from benchmarks import quality_tasks as qt
     from bert_core.pretrain.data import read_vocab, vocab_file_of
@@ -229,8 +230,8 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
         raise SystemExit(f"--corpus {','.join(corpora)}: no candidate of version 2 uses it (k1, k2)")
     built: dict[str, tuple[Path, Path]] = {}
     tasks = {n: qt.load(t, samples) for n, t in qt.TASKS.items()}
-    for corpus in sorted({"k1", *(CANDIDATES_V2[n].corpus for n in names)}):
-        built[corpus] = corpus_for(corpus, work, samples)
+    for corpus in sorted({"k1", *(CANDIDATES_V2[n].corpus for n in names)}, key=lambda c: (c == "k1", c)):
+        built[corpus] = corpus_for(corpus, work, samples)  # K1 last: a corpus not buildable stops us sooner
         leaked = {t: qt.held_out_in_corpus(p["dev"] + p["test"], built[corpus][0]) for t, p in tasks.items()}
         if any(leaked.values()):
             raise SystemExit(f"corpus {corpus}: dev/test texts of the tasks are in it ({leaked}); the arms would "
@@ -240,8 +241,9 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
     for corpus, seq in sorted({("k1", 64), *((CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names)}):
         corpus_dir, vocab_dir = built[corpus]
         local[corpus, seq] = bq.instances_for(replace(base, seq=seq), corpus_dir, vocab_dir, work / corpus)
+    timed_variants = {"chosen": CHOSEN_ON_K1, **{n: CANDIDATES_V2[n] for n in names}}
     groups: dict[tuple, tuple[str, Variant]] = {}
-    for name, variant in {"chosen": CHOSEN_ON_K1, **{n: CANDIDATES_V2[n] for n in names}}.items():
+    for name, variant in timed_variants.items():
         groups.setdefault(cost_key(variant), (name, variant))
     rounds: dict[tuple, list[float]] = {key: [] for key in groups}
     for r in range(TIMING_ROUNDS):  # in turn, so that the machine's load drifts over every cost alike
@@ -252,7 +254,7 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
                                                     timed=20))
             print(f"timed {name} (round {r + 1}): {rounds[key][-1]:.3f} CPU-s a step "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
-    members = {n: cost_key(v) for n, v in {"chosen": CHOSEN_ON_K1, **{n: CANDIDATES_V2[n] for n in names}}.items()}
+    members = {n: cost_key(v) for n, v in timed_variants.items()}
     costs = {n: statistics.median(rounds[key]) for n, key in members.items()}
     timings = {groups[key][0]: {"rounds": rounds[key], "for": [n for n, k in members.items() if k == key]}
                for key in groups}
@@ -266,9 +268,9 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
         folders = {stage_instances_name(c, s): f for (c, s), f in local.items()
                    if c == corpus and any(CANDIDATES_V2[n].corpus == c and CANDIDATES_V2[n].seq == s for n in names)}
         started = time.perf_counter()
-        archive = pack_instances(folders, stage, f"instances-{corpus}.npz.xz")
-        archives[corpus] = hashlib.sha256(archive.read_bytes()).hexdigest()
-        print(f"packed {', '.join(folders)}: {archive.stat().st_size / 2**20:.1f} MiB "
+        packed = pack_instances(folders, stage, f"instances-{corpus}.npz.xz")
+        archives[corpus] = hashlib.sha256(packed.read_bytes()).hexdigest()
+        print(f"packed {', '.join(folders)}: {packed.stat().st_size / 2**20:.1f} MiB "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     size = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file())
     plan = {"candidates": "v2", "chosen_steps": chosen_steps, "cpu_seconds_per_step": costs, "timings": timings,
@@ -544,7 +546,8 @@ def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42, fo
         inputs = staged_inputs(stage_dir, json.loads((stage_dir / "steps.json").read_text()))[name]
     instances, vocab_file = inputs
     device = _device(threads if threads else 2 if torch.cuda.is_available() else None)
-    model = model_for(variant, len(read_vocab(vocab_file)), seed, str(stage_dir / "first-run") if variant.tapt else None)
+    init = str(stage_dir / "first-run") if variant.tapt else None
+    model = model_for(variant, len(read_vocab(vocab_file)), seed, init)
     started = time.perf_counter()
     log = train(variant, model, instances, steps, seed, device)
     _synchronize(device)
@@ -621,8 +624,8 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
                 failed.append(futures[future])
                 print(f"run {futures[future]} did not finish: {type(err).__name__}: {err}", flush=True)
                 continue
-            print(f"pretrained {row['folder']}: {row['steps']} steps on {row['card']} in {row['wall_minutes']:.1f} min, "
-                  f"{row['tokens_seen']:,} tokens, last {row['log'][-1]}", flush=True)
+            print(f"pretrained {row['folder']}: {row['steps']} steps on {row['card']} in "
+                  f"{row['wall_minutes']:.1f} min, {row['tokens_seen']:,} tokens, last {row['log'][-1]}", flush=True)
             finished.append(row["folder"])
             if not seeds:
                 archive(out, row["folder"], folders, [row["folder"]])
@@ -877,8 +880,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subsamples", type=int, default=None,
                         help=f"evaluate: subsamples a size (default {SUBSAMPLES}; fewer for a dry run)")
     parser.add_argument("--choose", default=None, help="evaluate --every-setting: write the choice here")
-    parser.add_argument("--output", default=None, help="evaluate: every score (default bench-results/quality-search.json, "
-                                                       "quality-v2-search.json with --every-setting)")
+    parser.add_argument("--output", default=None, help="evaluate: every score (default bench-results/"
+                        "quality-search.json, quality-v2-search.json with --every-setting)")
     args = parser.parse_args(argv)
     work, stage = Path(args.work), Path(args.stage)
     if args.step == "pretrain":
