@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --samples samples
     python benchmarks/bench_train_step.py --instances bertpipe-data/instances/<version> --sizes base
+    python benchmarks/bench_train_step.py --sizes base --mlm-loss-chunk 64  # ours: the chunked masked-LM loss
 
 One training step = forward (MLM + NSP loss) + backward + AdamW step, on the same batch of real
 instances (Botchan from the sample data, tokenized with the MiniLM sample's bert-base-uncased
@@ -125,10 +126,11 @@ def make_pair(size: str, vocab_size: int, seed: int = 0, attention_dropout: floa
     return cfg, ours.train(), ref.train(), getattr(ref.config, "_attn_implementation", "?")
 
 
-def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int) -> dict:
+def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_loss_chunk: int = 0) -> dict:
     import torch
 
     cfg, ours, ref, attn = make_pair(size, vocab_size)
+    ours.mlm_loss_chunk = mlm_loss_chunk
     labels = hf_labels(batch)
     # Same loss on the same weights (no dropout for the check): they compute the same thing.
     ours.eval(), ref.eval()
@@ -170,7 +172,7 @@ def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int) -> di
     return {
         "timing": "process CPU time, fastest of the timed steps",
         "wall_s_ours": statistics.median(wall["ours"]), "wall_s_reference": statistics.median(wall["ref"]),
-        "size": size, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+        "size": size, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "mlm_loss_chunk": mlm_loss_chunk,
         "batch": list(batch["input_ids"].shape), "non_padding_tokens": tokens,
         "masked_positions": int(batch["masked_lm_weights"].sum()), "reference_attention": attn,
         "loss_ours": a, "loss_reference": b,
@@ -194,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1, help="Untimed steps first.")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for both (1: CPU time = the step's cost; more threads spin-wait).")
+    p.add_argument("--mlm-loss-chunk", type=int, default=0,
+                   help="Ours: the masked-LM loss this many rows at a time (pretrain.mlm_loss_chunk; 0 = all at once).")
     p.add_argument("--out", default="bench-results/train_step.json")
     args = p.parse_args(argv)
 
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         # the unpadding indices the loader precomputes, for the rows kept
         batch |= pretraining_plan(batch["attention_mask"], batch["masked_lm_positions"],
                                   batch["masked_lm_ids"], batch["masked_lm_weights"])
-        r = bench_size(size, batch, vocab_size, args.steps, args.warmup)
+        r = bench_size(size, batch, vocab_size, args.steps, args.warmup, args.mlm_loss_chunk)
         results.append(r)
         ratio = r["tokens_per_s_ours"] / r["tokens_per_s_reference"]
         rows.append({"measure": f"train step {size} L{r['layers']}/H{r['hidden']} batch {n}x{r['batch'][1]}",

@@ -335,6 +335,12 @@ class PretrainConfig(_Model):
         "compiles once per bucket: padded length = max_seq_length, masked rows = micro_batch_size "
         "x max_predictions_per_seq, real tokens rounded up to one of n sizes. The same losses (dropout masks aside)."
     )
+    mlm_loss_chunk: int = Field(
+        0, ge=0, json_schema_extra=VERSIONED_WHEN_SET,
+        description="0: the masked-LM loss over all masked rows at once. n > 0: n rows at a time, each "
+        "chunk's [n, vocab] logits recomputed in the backward pass instead of kept (less memory, one more "
+        "decoder matmul). The same loss and gradients to fp32 rounding."
+    )
     threads_per_rank: int = Field(1, ge=1, description="OMP/torch threads per rank on CPU.")
 
     @property

@@ -108,6 +108,7 @@ def test_gpu_presets_pad_the_vocab_and_use_loader_workers():
 def test_a_setting_added_later_enters_a_version_only_when_set():
     cfg = load_config("demo")
     added = {"pad_vocab_to_multiple": 64, "compile": True, "compile_mode": "max-autotune", "token_buckets": 8,
+             "mlm_loss_chunk": 1024,
              "compile_backend": "eager",
              "accelerator": "gpu", "precision": "bf16",
              "pooling": "mean", "reinit_layers": 1, "layerwise_lr_decay": 0.8}

@@ -171,3 +171,30 @@ def test_bf16_at_zero_0_is_torch_autocast_over_fp32_weights(optimizer, one_rank)
         losses.append(loss.item())
     assert engine.global_steps == 2 and all(torch.isfinite(torch.tensor(losses)))
     assert all(p.grad is None or p.grad.dtype == torch.float32 for p in engine.module.parameters())
+
+
+def test_mlm_loss_chunk_reaches_the_engines_model(one_rank):
+    """pretrain.mlm_loss_chunk reaches the model build_engine puts in the engine (not its config:
+    the exported config.json is the same without it), and under bf16 autocast the chunked loss
+    and gradients are the unchunked ones to bf16 rounding."""
+    from bert_core.model.checkpoint import hf_config_from_model
+    from bert_core.pretrain.loop import build_engine
+
+    batch = tiny_batch()
+    results = []
+    for chunk in (0, 4):  # 4 rows do not divide the batch's 6 predictions
+        sets = ["pretrain.precision=bf16", "pretrain.zero_stage=0", f"pretrain.mlm_loss_chunk={chunk}"]
+        config = load_config("bert-base-128", None, [*TINY_ONE_RANK, *sets])
+        engine, _ = build_engine(config, 0, vocab_size=128)
+        assert engine.module.mlm_loss_chunk == chunk
+        loss = engine(**batch)["loss"]
+        engine.backward(loss)
+        results.append((loss.item(), {n: p.grad.clone() for n, p in engine.module.named_parameters()},
+                        hf_config_from_model(engine.module.config)))
+        engine.destroy()
+    (loss_full, grads_full, exported_full), (loss_chunked, grads_chunked, exported_chunked) = results
+    assert exported_chunked == exported_full
+    assert loss_chunked == pytest.approx(loss_full, rel=1e-3)
+    # bf16 keeps 8 bits of mantissa (rounding 4e-3): each chunk rounds its own partial sums
+    for name, grad in grads_full.items():
+        assert (grads_chunked[name] - grad).norm() <= 1e-2 * grad.norm(), name

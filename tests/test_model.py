@@ -212,6 +212,65 @@ def test_static_shapes_give_the_same_losses_and_gradients(minilm: Path, buckets:
         assert torch.allclose(grad, grads_b[name], atol=1e-6, rtol=1e-5), name
 
 
+def _tiny_pretraining_batch(vocab_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Four sequences of 16 slots (16, 12, 9 and 6 real tokens), 5 prediction slots each with 5,
+    4, 3 and 2 of them real, one row without an NSP label."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, predictions = torch.tensor([16, 12, 9, 6]), torch.tensor([5, 4, 3, 2])
+    mask = (torch.arange(16) < lengths[:, None]).long()
+    return {"input_ids": torch.randint(5, vocab_size, (4, 16), generator=g) * mask,
+            "token_type_ids": torch.zeros(4, 16, dtype=torch.long), "attention_mask": mask,
+            "masked_lm_positions": torch.stack([torch.randperm(int(n) - 1, generator=g)[:5] + 1 for n in lengths]),
+            "masked_lm_ids": torch.randint(5, vocab_size, (4, 5), generator=g),
+            "masked_lm_weights": (torch.arange(5) < predictions[:, None]).float(),
+            "next_sentence_label": torch.tensor([0, 1, 0, -1])}
+
+
+def test_chunked_mlm_loss_gives_the_same_loss_and_gradients() -> None:
+    """mlm_loss_chunk > 0: the masked-LM loss a chunk of rows at a time, each chunk's logits
+    recomputed in the backward pass. The same losses and gradients, with a chunk that does not
+    divide the rows and IGNORE rows among them (token_buckets' labels). In float64, so that the
+    comparison is of the computation, not of fp32's summation order."""
+    from bert_core.model.bert import IGNORE, pretraining_plan
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(ModelConfig(size="tiny", vocab_size=1000, hidden_dropout_prob=0,
+                                           attention_probs_dropout_prob=0)).double()
+    with torch.no_grad():
+        model.cls.predictions.bias.normal_(0, 0.5)
+    batch = _tiny_pretraining_batch(1000)
+    keys = ("attention_mask", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+    plan = pretraining_plan(*(batch[k] for k in keys), token_buckets=2)
+    chunk = 6
+    assert plan["mlm_labels"].numel() == 20 and (plan["mlm_labels"] == IGNORE).sum() == 6
+
+    results = []
+    for model.mlm_loss_chunk in (0, chunk):
+        model.zero_grad(set_to_none=True)
+        out = model(**batch, **plan)
+        out["loss"].backward()
+        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (full, grads_full), (chunked, grads_chunked) = results
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc"):
+        assert float(chunked[key].detach()) == pytest.approx(float(full[key].detach()), rel=1e-6), key
+    assert grads_chunked.keys() == grads_full.keys()
+    for name, grad in grads_full.items():
+        assert grad.norm() > 0 and (grads_chunked[name] - grad).norm() <= 1e-6 * grad.norm(), name
+
+
+def test_chunked_mlm_loss_of_a_batch_without_predictions_touches_the_head() -> None:
+    """No predictions (every prediction slot padding): loss 0, and the head still gets (zero)
+    gradients, as ZeRO expects of every parameter."""
+    model = BertForPreTraining(ModelConfig(size="tiny", vocab_size=64, hidden_dropout_prob=0,
+                                           attention_probs_dropout_prob=0))
+    model.mlm_loss_chunk = 3
+    batch = _tiny_pretraining_batch(64)
+    out = model(**{**batch, "masked_lm_weights": torch.zeros(4, 5)})
+    out["loss"].backward()
+    assert out["mlm_loss"].item() == 0.0 and out["mlm_acc"].item() == 0.0
+    assert model.cls.predictions.bias.grad is not None and not model.cls.predictions.bias.grad.any()
+
+
 def test_export_cli_round_trips_through_transformers(minilm: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

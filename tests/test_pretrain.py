@@ -478,3 +478,14 @@ def test_a_run_written_before_a_setting_existed_resumes_under_its_default():
     changed = json.loads(json.dumps(new))
     changed["model"]["pad_vocab_to_multiple"] = 64
     assert config_changes(old, changed) == ["model.pad_vocab_to_multiple: 1 -> 64"]
+
+
+def test_a_run_resumes_with_its_masked_lm_loss_chunked_or_not():
+    """mlm_loss_chunk changes memory, not the losses (to fp32 rounding), as compile does: a run
+    resumes with it turned on or off."""
+    from bert_core.pretrain.run_folder import config_changes
+
+    new = load_config("demo").model_dump(mode="json")
+    chunked = json.loads(json.dumps(new))
+    chunked["pretrain"]["mlm_loss_chunk"] = 1024
+    assert config_changes(new, chunked) == []

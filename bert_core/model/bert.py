@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from bert_core.config import ModelConfig
 from bert_core.model.checkpoint import load_into, load_pretrained
@@ -474,11 +475,33 @@ class BertForPreTraining(FromPretrained, nn.Module):
         self.bert = BertModel(cfg)
         self.cls = BertPreTrainingHeads(cfg)
         init_weights(self.cls, cfg.initializer_range)
+        # Rows per chunk of the masked-LM loss, 0 = all at once: a training-time setting
+        # (pretrain.mlm_loss_chunk), so not part of the config a checkpoint exports.
+        self.mlm_loss_chunk = 0
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """[M, H] hidden states at masked positions -> [M, V] logits (decoder tied to embeddings)."""
-        head = self.cls.predictions
-        return F.linear(head.transform(hidden), self.bert.embeddings.word_embeddings.weight, head.bias)
+        return self._decode(self.cls.predictions.transform(hidden))
+
+    def _decode(self, x: Tensor) -> Tensor:
+        """[m, H] transformed states -> [m, V] logits."""
+        return F.linear(x, self.bert.embeddings.word_embeddings.weight, self.cls.predictions.bias)
+
+    def _mlm_sums(self, x: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """[m, H] transformed states, [m] labels -> (summed cross-entropy, correct predictions)."""
+        logits = self._decode(x)  # [m, V]
+        loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE, reduction="sum")
+        return loss, ((logits.argmax(-1) == labels) & (labels != IGNORE)).sum()
+
+    def chunked_mlm_sums(self, x: Tensor, labels: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+        """What ``_mlm_sums`` gives, ``chunk`` rows at a time: each chunk's [chunk, V] logits are
+        recomputed in the backward pass instead of kept, so at most one chunk's logits (and their
+        fp32 copy and gradients) are alive, never all [M, V]."""
+        # The head draws no random numbers, so there is no RNG state to save for the recompute.
+        sums = [checkpoint(self._mlm_sums, x_, y, use_reentrant=False, preserve_rng_state=False)
+                for x_, y in zip(x.split(chunk), labels.split(chunk), strict=True)]
+        loss, correct = zip(*sums, strict=True)
+        return torch.stack(loss).sum(), torch.stack(correct).sum()
 
     def forward(
         self,
@@ -507,13 +530,18 @@ class BertForPreTraining(FromPretrained, nn.Module):
         out = self.bert(input_ids, token_type_ids, attention_mask, plan=plan)
         picked = out.last_hidden_state  # [M, H]
         labels = plan["mlm_labels"]  # [M]
-        logits = self.mlm_logits(picked)  # [M, V]
         # Sums over the real predictions divided by their count: no branch on the labels, a
         # batch without predictions still touches the graph, and IGNORE rows count for nothing.
-        predicted = labels != IGNORE
-        count = predicted.sum().clamp(min=1)
-        mlm_loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE, reduction="sum") / count
-        mlm_acc = ((logits.argmax(-1) == labels) & predicted).sum() / count
+        count = (labels != IGNORE).sum().clamp(min=1)
+        # The transform runs once over all rows ([M, H]: small beside [M, V]), outside the chunks
+        # (torch.compile with dynamic shapes fails on LayerNorm's eps read in sibling checkpoints).
+        x = self.cls.predictions.transform(picked)  # [M, H]
+        if self.mlm_loss_chunk:
+            mlm_sum, correct = self.chunked_mlm_sums(x, labels, self.mlm_loss_chunk)
+        else:
+            mlm_sum, correct = self._mlm_sums(x, labels)
+        mlm_loss = mlm_sum / count
+        mlm_acc = correct / count
 
         nsp_loss = nsp_acc = mlm_loss.new_zeros(())
         if next_sentence_label is not None:

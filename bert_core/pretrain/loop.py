@@ -73,6 +73,7 @@ def build_engine(config: PipelineConfig, phase_index: int, vocab_size: int, init
         model = BertForPreTraining.from_pretrained(init_checkpoint)
     else:
         model = random_init(model_config(config, vocab_size, init_checkpoint), pre.seed)
+    model.mlm_loss_chunk = pre.mlm_loss_chunk
     groups = param_groups(model, pre.weight_decay)
     optimizer = client_optimizer(pre, phase, groups) if uses_client_optimizer(pre) else None
     engine, _, _, scheduler = deepspeed.initialize(

@@ -19,7 +19,8 @@ CONFIG_FILE = "pretrain_config.json"
 
 
 _OPERATIONAL = {"launcher", "hostfile", "master_addr", "master_port", "monitor", "threads_per_rank",
-                "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries", "compile"}
+                "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries", "compile",
+                "mlm_loss_chunk"}
 
 
 def checkpoint_dir(run: str, phase_index: int) -> str:
