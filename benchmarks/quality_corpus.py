@@ -22,6 +22,7 @@ import shutil
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +176,12 @@ def prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Pa
     content of the inputs and keys (``work/<corpus>/prepared.json``)."""
     if corpus not in CORPORA:
         raise ValueError(f"corpus {corpus!r}: one of {CORPORA}")
+    with _locked(work / f"{corpus}.prepare.lock"):
+        return _prepare(corpus, work, samples, examples, distinct, quick, log)
+
+
+def _prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Path | None, quick: bool,
+             log: Callable[[str], None]) -> Prepared:
     folder = work / corpus
     folder.mkdir(parents=True, exist_ok=True)
     heldout = work / ("heldout-genres-quick" if quick else "heldout-genres")
@@ -290,8 +297,17 @@ def write_heldout(folder: Path, docs: list[Doc]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for genre in sorted({d.genre for d in docs}):
         rows = sorted((d for d in docs if d.genre == genre), key=lambda d: d.id)
-        (folder / f"{genre}.jsonl").write_text("".join(json.dumps({"id": d.id, "sentences": d.sentences}) + "\n"
-                                                       for d in rows))
+        _write(folder / f"{genre}.jsonl", "".join(json.dumps({"id": d.id, "sentences": d.sentences}) + "\n"
+                                                    for d in rows))
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` to ``path`` whole (written beside it, then renamed): a reader never sees half a file."""
+    import os
+
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def _digest(text: str) -> str:
@@ -322,12 +338,24 @@ def build(corpus: str, recipe, work: Path, samples: Path, parts_by_task: dict[st
 
     if corpus == "k2" and distinct is None and not quick:
         distinct = distinct_text.cached(log=log)
-    prepared = prepare(corpus, work, samples, task_examples(parts_by_task), distinct, quick, log)
-    built, vocab = corpus_and_vocab(prepared.inputs, work / corpus)
-    leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], built) for name, parts in parts_by_task.items()}
-    if any(leaked.values()):
-        raise SystemExit(f"dev/test texts are in corpus {corpus} ({leaked}); the arms would not be fair")
-    return Built(prepared, built, vocab, instances_for(recipe, built, vocab, work / corpus))
+    with _locked(work / f"{corpus}.build.lock"):  # another process building the same corpus: wait for it
+        prepared = prepare(corpus, work, samples, task_examples(parts_by_task), distinct, quick, log)
+        built, vocab = corpus_and_vocab(prepared.inputs, work / corpus)
+        leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], built)
+                  for name, parts in parts_by_task.items()}
+        if any(leaked.values()):
+            raise SystemExit(f"dev/test texts are in corpus {corpus} ({leaked}); the arms would not be fair")
+        return Built(prepared, built, vocab, instances_for(recipe, built, vocab, work / corpus))
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 # --------------------------------------------------------------------------- measures per genre
@@ -398,7 +426,7 @@ def genre_pieces(corpus: Path, vocab: Path, instances: Path, genres: dict[str, s
     total = sum(corpus_pieces.values())
     pieces = {g: {"corpus_pieces": n, "instance_pieces": round(in_instances * n / total)}
               for g, n in sorted(corpus_pieces.items())}
-    saved.write_text(json.dumps({"stamp": stamp, "pieces": pieces}))
+    _write(saved, json.dumps({"stamp": stamp, "pieces": pieces}))
     return pieces
 
 
