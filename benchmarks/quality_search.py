@@ -188,18 +188,18 @@ def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int) -> dict:
 
 
 def corpus_for(name: str, work: Path, samples: Path) -> tuple[Path, Path]:
-    """Corpus ``name`` (``k1``, ``k2``) and its vocab, built once under ``work/name``. K1 is
-    built here as version 1 built its corpus (``bench_quality``'s inputs, the tweets without the
-    held-out set of ``tweets3``); K2 comes from ``benchmarks/quality_corpus.py``."""
+    """Corpus ``name`` (``k1``, ``k2``) and its vocab, built once under ``work/name`` by
+    ``benchmarks.quality_corpus`` (with the chosen recipe's instances beside them); stops when a
+    dev or test text of a task is in it."""
     from benchmarks import bench_quality as bq
+    from benchmarks import quality_corpus
     from benchmarks import quality_tasks as qt
 
-    if name != "k1":
-        raise SystemExit(f"corpus {name}: benchmarks/quality_corpus.py builds it and is not in this tree yet; "
-                         "prepare --corpus k1 meanwhile")
-    tweets = qt.load(qt.TASKS["tweets3"], samples)
-    text = qt.pretrain_tweets(samples, tweets["train"] + tweets["dev"] + tweets["test"], work / name / "pretrain-text")
-    return bq.corpus_and_vocab(bq.corpus_inputs(samples, text), work / name)
+    if name not in quality_corpus.CORPORA:
+        raise SystemExit(f"corpus {name}: not one of {', '.join(quality_corpus.CORPORA)}")
+    tasks = {n: qt.load(t, samples) for n, t in qt.TASKS.items()}
+    built = quality_corpus.build(name, bq.RECIPES[bq.CHOSEN], work, samples, tasks)
+    return built.corpus, built.vocab
 
 
 def cost_key(variant: Variant) -> tuple:
@@ -217,25 +217,18 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
     """Version 2: per candidate of ``corpora``, its corpus's vocab and instances at its length,
     and its step count, the protocol's ``chosen_steps`` for the chosen recipe (on K1) scaled by
     that recipe's CPU-seconds a step over the candidate's (timed here in-process on one thread,
-    per :func:`cost_key`, the median of :data:`TIMING_ROUNDS` timings taken in turn). Stops when
-    a dev or test text of a task is in a corpus. Writes ``stage`` (each corpus's vocab folder and
+    per :func:`cost_key`, the median of :data:`TIMING_ROUNDS` timings taken in turn). The corpora
+    come from :func:`corpus_for`. Writes ``stage`` (each corpus's vocab folder and
     its instances, packed by :func:`pack_instances`, and ``steps.json``) and the same plan to
     ``work/search-v2/plan.json``."""
     from benchmarks import bench_quality as bq
-    from benchmarks import quality_tasks as qt
     from bert_core.pretrain.data import read_vocab, vocab_file_of
 
     names = [n for n, v in CANDIDATES_V2.items() if v.corpus in corpora]
     if not names:
         raise SystemExit(f"--corpus {','.join(corpora)}: no candidate of version 2 uses it (k1, k2)")
-    built: dict[str, tuple[Path, Path]] = {}
-    tasks = {n: qt.load(t, samples) for n, t in qt.TASKS.items()}
-    for corpus in sorted({"k1", *(CANDIDATES_V2[n].corpus for n in names)}, key=lambda c: (c == "k1", c)):
-        built[corpus] = corpus_for(corpus, work, samples)  # K1 last: a corpus not buildable stops us sooner
-        leaked = {t: qt.held_out_in_corpus(p["dev"] + p["test"], built[corpus][0]) for t, p in tasks.items()}
-        if any(leaked.values()):
-            raise SystemExit(f"corpus {corpus}: dev/test texts of the tasks are in it ({leaked}); the arms would "
-                             "not be fair")
+    built = {corpus: corpus_for(corpus, work, samples) for corpus in sorted({"k1", *(CANDIDATES_V2[n].corpus
+                                                                                   for n in names)})}
     base = bq.RECIPES[bq.CHOSEN]
     local: dict[tuple[str, int], Path] = {}
     for corpus, seq in sorted({("k1", 64), *((CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names)}):
