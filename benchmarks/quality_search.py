@@ -6,8 +6,7 @@ for its CPU-minutes (version 1's :data:`RECIPES`; version 2's :data:`CANDIDATES_
     python -m benchmarks.quality_search pretrain --stage .search-v2 --out OUT --recipes v2 --seeds 42,43
     python -m benchmarks.quality_search evaluate --work W --checkpoints OUT --every-setting --choose FILE
 
-Each step's function says what it does: :func:`prepare`, :func:`prepare_v2`, :func:`pretrain_all`,
-:func:`evaluate`, :func:`evaluate_v2`.
+The steps: :func:`prepare`, :func:`prepare_v2`, :func:`pretrain_all`, :func:`evaluate`, :func:`evaluate_v2`.
 """
 
 from __future__ import annotations
