@@ -39,6 +39,7 @@ SETTINGS = {"sentiment": {"learning_rate": 1e-3, "pooling": "mean"},  # arm A's,
             "tweets3": {"learning_rate": 3e-4, "pooling": "cls"}}
 ARCHIVE_PART = 15 * 2**20  # the archive of checkpoints comes back in parts of this many bytes
 TIMING_SECONDS = 30.0  # --gpu-minutes: how long the runs are timed side by side
+XZ_PRESET = 6  # compression of the checkpoints' trip back (lossless at any preset)
 TIMING_WARMUP = 10  # steps each run takes before the timing starts (allocations, kernel choice)
 STAGE_LIMIT = 56 * 2**20  # what a device call carries (64 MiB) less the tree and the wheels beside the stage
 RETURN_LIMIT = 64 * 2**20  # what comes back from a device call's $OUT, in at most 8 files
@@ -420,11 +421,11 @@ def compact_checkpoint(folder: Path) -> None:
     body = np.frombuffer(data, dtype=np.uint8, offset=start)
     whole = len(body) // 4 * 4
     planes = body[:whole].reshape(-1, 4).T.tobytes() + body[whole:].tobytes()
-    (folder / "model.safetensors.planes.xz").write_bytes(lzma.compress(data[:start] + planes, preset=6))
+    (folder / "model.safetensors.planes.xz").write_bytes(lzma.compress(data[:start] + planes, preset=XZ_PRESET))
     weights.unlink()
     for name in ("vocab.txt", "tokenizer.json"):
         if (folder / name).exists():
-            (folder / f"{name}.xz").write_bytes(lzma.compress((folder / name).read_bytes(), preset=6))
+            (folder / f"{name}.xz").write_bytes(lzma.compress((folder / name).read_bytes(), preset=XZ_PRESET))
             (folder / name).unlink()
 
 
