@@ -5,6 +5,7 @@ by every test that needs a finished pipeline."""
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import uuid
@@ -66,9 +67,28 @@ def prefect_api(tmp_path_factory) -> Iterator[Any]:
         yield server
 
 
-def pipeline_config(samples: Path, root: Path, *sets: str):
+def sentiment_slice(samples: Path, folder: Path, lines: int = 200) -> Path:
+    """A tasks folder whose ``sentiment`` holds the first ``lines`` lines of each real sample
+    file: the same format and hashed splits, with a few dozen dev and test sentences to score
+    instead of over a thousand (scoring them was most of a fine-tuning job's time)."""
+    out = folder / "sentiment"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted((samples / "tasks" / "sentiment").glob("*.txt")):
+        (out / f.name).write_text("\n".join(f.read_text(encoding="utf-8").splitlines()[:lines]) + "\n",
+                                  encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def sentiment_tasks(samples_dir, tmp_path_factory) -> Path:
+    """:func:`sentiment_slice` of the samples, as a ``finetune.data_dir``."""
+    return sentiment_slice(samples_dir, tmp_path_factory.mktemp("tasks"))
+
+
+def pipeline_config(samples: Path, root: Path, *sets: str, tasks: Path | None = None):
     """The demo preset cut to a few minutes: one book, 1,000 words, two short phases, one
-    fine-tune task on three checkpoints (the pre-trained one, a random init and MiniLM)."""
+    fine-tune task on three checkpoints (the pre-trained one, a random init and MiniLM), on
+    ``tasks`` (default: the samples' own task data)."""
     from bert_core.config import load_config
 
     return load_config("demo", sets=[
@@ -85,7 +105,7 @@ def pipeline_config(samples: Path, root: Path, *sets: str):
         "pretrain.checkpoint_every=2",
         "finetune.tasks=[sentiment]",
         "finetune.seeds=[1]",
-        f"finetune.data_dir={samples}/tasks",
+        f"finetune.data_dir={tasks or samples / 'tasks'}",
         "finetune.max_train_examples=32",
         "finetune.epochs=[1]",
         f"finetune.extra_checkpoints=[{samples}/models/minilm]",
@@ -95,9 +115,10 @@ def pipeline_config(samples: Path, root: Path, *sets: str):
 
 
 @pytest.fixture(scope="session")
-def make_pipeline_config():
-    """:func:`pipeline_config`, for tests that run the pipeline's settings elsewhere."""
-    return pipeline_config
+def make_pipeline_config(sentiment_tasks):
+    """:func:`pipeline_config` on :func:`sentiment_tasks`, as ``pipeline_run`` runs it, for
+    tests that run the pipeline's settings elsewhere."""
+    return functools.partial(pipeline_config, tasks=sentiment_tasks)
 
 
 @dataclass(frozen=True)
@@ -112,7 +133,7 @@ class PipelineRun:
 
 
 @pytest.fixture(scope="session")
-def pipeline_run(prefect_api, samples_dir, tmp_path_factory) -> PipelineRun:
+def pipeline_run(prefect_api, samples_dir, make_pipeline_config, tmp_path_factory) -> PipelineRun:
     """The whole pipeline, run once and then again (every stage skipped), on the session's server.
     Its flow runs carry ``tag``, so a test finds them among the session's other runs."""
     from prefect import tags
@@ -121,7 +142,7 @@ def pipeline_run(prefect_api, samples_dir, tmp_path_factory) -> PipelineRun:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     root = tmp_path_factory.mktemp("pipeline") / "data"
-    cfg = pipeline_config(samples_dir, root)
+    cfg = make_pipeline_config(samples_dir, root)
     tag = f"pipeline-test-{uuid.uuid4().hex[:8]}"
     with tags(tag):
         first = bert_pipeline(cfg)
