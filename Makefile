@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-fast bench lint samples browser clean gpu-wheels gpu-check gpu-variants
+.PHONY: setup demo test test-fast bench lint samples browser clean gpu-wheels gpu-check gpu-variants gpu-quality
 
 setup: $(STAMP)
 
@@ -72,11 +72,22 @@ gpu-wheels: $(STAMP)
 		typing-extensions==$(call PIN,typing-extensions) hjson==$(call PIN,hjson)
 	du -sh $(GPU_WHEELS)
 
+GPU_INSTALL = $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	--target $(GPU_SITE) $(GPU_WHEELS)/*.whl
+GPU_ENV = PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 gpu-check:
-	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 \
-		$(GPU_PY) -m benchmarks.gpu_check --out $(OUT) $(GPU_CHECK_ARGS)
+	$(GPU_INSTALL)
+	$(GPU_ENV) $(GPU_PY) -m benchmarks.gpu_check --out $(OUT) $(GPU_CHECK_ARGS)
 
 # The check's variants stage, in a call of its own after `make gpu-check` (same machine).
 gpu-variants:
 	$(MAKE) gpu-check GPU_CHECK_ARGS="--stages variants"
+
+# The quality protocol's pre-training on the GPU (docs/quality-protocol-v2.md), from the stage that
+# `python -m benchmarks.quality_search prepare --candidates v2 --stage .search-v2` writes here (git
+# ignores it: name it in the device call's carry). The checkpoints come back in $(OUT).
+QUALITY_STAGE ?= .search-v2
+QUALITY_ARGS ?= --recipes v2 --seeds 42,43
+gpu-quality:
+	$(GPU_INSTALL)
+	$(GPU_ENV) $(GPU_PY) -m benchmarks.quality_search pretrain --stage $(QUALITY_STAGE) --out $(OUT) $(QUALITY_ARGS)
