@@ -156,7 +156,7 @@ def _publish_xml(root, xml: str, date: str) -> None:
         "status": "done", "files": {name: {"size": len(data), "url": f"/enwiki/{date}/{name}", "sha1": sha1}}}}}))
 
 
-def _refresh_config(samples, root, *sets: str):
+def _refresh_config(tasks, root, *sets: str):
     from bert_core.config import load_config
 
     return load_config("demo", sets=[
@@ -166,7 +166,7 @@ def _refresh_config(samples, root, *sets: str):
         "pretrain.procs_per_node=1", "pretrain.log_every=1", "pretrain.checkpoint_every=100",
         "pretrain.phases=[{max_seq_length: 64, max_steps: 4, global_batch_size: 8, micro_batch_size: 8, "
         "warmup_steps: 1, learning_rate: 3.0e-3}]",
-        "finetune.tasks=[sentiment]", "finetune.seeds=[1, 2]", f"finetune.data_dir={samples}/tasks",
+        "finetune.tasks=[sentiment]", "finetune.seeds=[1, 2]", f"finetune.data_dir={tasks}",
         "finetune.max_train_examples=32", "finetune.epochs=[1]", "finetune.learning_rates=[1.0e-3]",
         "finetune.extra_checkpoints=[]", "finetune.random_init_baseline=false", "finetune.by_checkpoint={}",
         "refresh.max_steps=3", "refresh.warmup_steps=1", "refresh.mlm_loss_band=0.5",
@@ -178,7 +178,8 @@ def _manifests(root) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, receiver, samples_dir, tmp_path):
+def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, receiver, samples_dir, sentiment_tasks,
+                                                           tmp_path):
     from prefect import get_client, tags
     from prefect_server import pipeline_artifact, pipeline_flow_runs
     from typer.testing import CliRunner
@@ -191,7 +192,7 @@ def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, re
     for date, xml in zip(MONTHS, _monthly_dumps(sample), strict=True):
         _publish_xml(site.root, xml, date)
     root = tmp_path / "data"
-    cfg = _refresh_config(samples_dir, root)
+    cfg = _refresh_config(sentiment_tasks, root)
     registry = Registry(registry_root(str(root)))
 
     first = refresh(cfg, date=MONTHS[0], base_url=site.url)
@@ -230,7 +231,7 @@ def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, re
 
     # a refresh made worse on purpose (a huge rate) is kept out, the webhook hears of it, and
     # rollback restores the previous
-    bad_cfg = _refresh_config(samples_dir, root, "refresh.learning_rate=30.0", f"refresh.notify_url={receiver.url}")
+    bad_cfg = _refresh_config(sentiment_tasks, root, "refresh.learning_rate=30.0", f"refresh.notify_url={receiver.url}")
     bad = refresh(bad_cfg, date=MONTHS[1], base_url=site.url)
     assert bad["parent"] == v2["version"] and bad["outcome"] == "kept" and registry.current() == v2["version"]
     assert "mlm_loss:new_dump" in registry.get(bad["version"])["gate"]["why"]
