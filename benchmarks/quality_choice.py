@@ -117,8 +117,9 @@ def run_means(runs: list[dict[str, list[float]]]) -> dict[str, list[float]]:
 
 
 def every_setting_cells(a_runs: list[dict[str, list[float]]], b_runs: list[dict[str, list[float]]],
-                        tasks: list[str], sizes: tuple[str, ...] = ENDPOINT_SIZES) -> list[dict]:
-    """The secondary endpoint: per cell of ``tasks`` x ``sizes`` x the 8 settings, A - B
+                        tasks: list[str], sizes: tuple[str, ...] = ENDPOINT_SIZES,
+                        settings: int = SETTINGS) -> list[dict]:
+    """The secondary endpoint: per cell of ``tasks`` x ``sizes`` x ``settings``, A - B
     macro-F1 with its Welch 95% interval over runs (a run's value is its mean over subsamples;
     ``a_runs``/``b_runs`` hold one dict per run, cell -> per-subsample scores). A negative gain
     is marked ``REGRESSION``; a cell without two runs on each side has NaN bounds."""
@@ -126,7 +127,7 @@ def every_setting_cells(a_runs: list[dict[str, list[float]]], b_runs: list[dict[
 
     a, b = run_means(a_runs), run_means(b_runs)
     out = []
-    for c in cells(tasks, sizes):
+    for c in cells(tasks, sizes, settings):
         task, size, setting = c.split("/")
         row = {"cell": c, "task": task, "size": size, "setting": int(setting),
                "runs": [len(a.get(c, [])), len(b.get(c, []))]}
@@ -139,11 +140,12 @@ def every_setting_cells(a_runs: list[dict[str, list[float]]], b_runs: list[dict[
     return out
 
 
-def goal_every_setting(endpoint: list[dict], tasks: list[str], sizes: tuple[str, ...] = CHOICE_SIZES) -> dict:
+def goal_every_setting(endpoint: list[dict], tasks: list[str], sizes: tuple[str, ...] = CHOICE_SIZES,
+                       settings: int = SETTINGS) -> dict:
     """Goal 1: at ``sizes``, on every task and setting, the interval's lower end above 0. Passes
     only if every one of those cells does; the failing cells are listed (a missing cell fails)."""
     by_cell = {row["cell"]: row for row in endpoint}
-    wanted = cells(tasks, sizes)
+    wanted = cells(tasks, sizes, settings)
     failing = []
     for c in wanted:
         low = by_cell.get(c, {}).get("ci_low", math.nan)
