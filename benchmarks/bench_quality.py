@@ -1,33 +1,27 @@
 """Quality: does our pre-training pay, and most when labels are few? A pre-registered
-learning-curve protocol (the full text, with the results, is ``docs/quality.md``).
+learning-curve protocol (``docs/quality.md``; version 2, ``docs/quality-protocol-v2.md``).
 
     nice -n 19 python -m benchmarks.bench_quality --work /work/quality-runs --reuse   # the protocol
     python -m benchmarks.bench_quality --quick --work /tmp/q                           # bookkeeping on tiny data
 
-- **Tasks** (``benchmarks/quality_tasks.py``, files pinned by sha256): ``sentiment`` (binary) and
-  ``tweets3`` (negative / neutral / positive crowd-labelled tweets; their held-out set is removed
-  from the pre-training text). A run stops if any dev or test text is in the corpus.
-- **Arms**: A, the chosen recipe pre-trained by the product path (``bertpipe corpus``, ``vocab``,
-  ``instances``, ``pretrain``) for each budget of CPU-minutes (60 and 240), 3 runs (seeds 42-44);
-  B, the same model from random init (seeds 42-44); TF-IDF + logistic regression; C, the sample
-  MiniLM at one fixed setting.
-- **Learning curve**: 100, 300, 1,000 and all training examples; 5 stratified subsamples per
-  size, subsample k fine-tuned with seed 1 + k in every arm (paired).
-- **Fine-tuning**: the product's loop; each arm's setting chosen once per task on the full pool's
-  dev score (macro-F1) from learning rate {3e-4, 1e-3} x pooling {cls, mean} x layer-wise decay
-  {1.0, 0.8}, then fixed for every size and run; 6 epochs, at least 100 steps.
-- **Primary endpoint**: at 300 and at 1,000 labels, the mean over tasks of A - B (macro-F1), with
-  a 95% Welch interval over pre-training runs. Secondary: the full-label gain per task, a linear
-  probe per layer, held-out MLM accuracy on each task's text, and the regression check (A - B at
-  300 labels per task; negative = ``REGRESSION``).
-- **Bookkeeping**: every pre-training run and fine-tuning job is cached under ``--work`` by a
-  hash of its settings, so ``--reuse`` resumes a killed run without redoing finished work;
-  the finished jobs travel as one file (``--pack-cache``), which ``--reuse`` unpacks into a
-  missing cache.
-
-Writes ``bench-results/quality.json`` (every run, subsample and seed) and ``docs/quality.png``.
-Protocol version 2 (``docs/quality-protocol-v2.md``): ``--corpus k1|k2`` pre-trains on its corpora
-(``benchmarks/quality_corpus.py``), ``--heldout-genres`` adds each run's measures per genre.
+- **Tasks** (``benchmarks/quality_tasks.py``): ``sentiment`` and ``tweets3``; a run stops if any
+  dev or test text is in the pre-training corpus.
+- **Arms**: A, ``--recipe`` pre-trained by the product path (``bertpipe corpus``, ``vocab``,
+  ``instances``, ``pretrain``) for each ``--budgets`` of CPU-minutes, 3 runs (seeds 42-44), or
+  A-GPU, runs pre-trained elsewhere (``--checkpoints``); B, the same model from random init;
+  TF-IDF + logistic regression; C, the sample MiniLM at one fixed setting.
+- **Learning curve**: 100, 300, 1,000 and all labels; 5 stratified subsamples per size,
+  subsample k fine-tuned with seed 1 + k in every arm; each arm's setting chosen once per task
+  from :data:`GRID` on the full pool's dev score.
+- **Endpoints**: A - B macro-F1 at 300 and 1,000 labels with 95% Welch intervals over runs,
+  the full-label gain, a linear probe, held-out MLM accuracy, the regression check;
+  ``--every-setting``: A - B at each grid setting; version 2's goals (:func:`goals`).
+- **Version 2**: ``--corpus k1|k2`` (``benchmarks/quality_corpus.py``), the candidates of
+  ``quality_search.CANDIDATES_V2`` as recipes, ``--heldout-genres``; the test phase of a
+  candidate starts only on its frozen choice (:func:`freeze_check`).
+- **Bookkeeping**: every run and job is cached under ``--work`` by a hash of its settings
+  (``--reuse`` resumes, ``--pack-cache`` packs the jobs in one file); writes ``--output``
+  (every run, subsample and seed) and ``--plot``.
 """
 
 from __future__ import annotations
@@ -49,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import machine, measure, samples, welch
+from benchmarks.quality_search import CANDIDATES_V2, weights_digest
 from bert_core.pretrain.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +71,12 @@ class Recipe:
     global_batch: int = 32
     learning_rate: float = 1e-3
     warmup_fraction: float = 0.1
+    weight_decay: float = 0.01  # the product's default (pretrain.weight_decay)
+
+    def key(self) -> dict:
+        """The recipe in a cache key: its fields, less those of :data:`LATER_FIELDS` at their
+        defaults (a recipe that leaves them alone keeps the key it had without them)."""
+        return {k: v for k, v in asdict(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
 
     def instance_sets(self) -> list[str]:
         length = {"max_seq_length": self.seq, "max_predictions_per_seq": math.ceil(self.seq * 0.15)}
@@ -91,7 +92,21 @@ class Recipe:
                  "warmup_steps": max(1, round(steps * self.warmup_fraction))}
         return [self.instance_sets()[0], f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.procs_per_node={ranks}",
                 f"pretrain.checkpoint_every={max(1, steps // 10)}", f"pretrain.log_every={max(1, min(50, steps // 10))}",
-                "pretrain.eval_every=0", f"pretrain.seed={seed}", *(f"model.{k}={v}" for k, v in self.model.items())]
+                "pretrain.eval_every=0", f"pretrain.seed={seed}", f"pretrain.weight_decay={self.weight_decay}",
+                *(f"model.{k}={v}" for k, v in self.model.items())]
+
+
+LATER_FIELDS = {"weight_decay": 0.01}  # Recipe fields a cache key leaves out at these values
+
+
+def recipe_of(variant) -> Recipe:
+    """A search ``Variant`` (``benchmarks.quality_search``) as the product-path recipe of the same
+    settings: MLM only, packed sentences, 15% of pieces masked anew each epoch, pre-LN."""
+    if variant.masked_lm_prob != 0.15 or variant.max_predictions or variant.tapt or not variant.corpus:
+        raise ValueError(f"{variant.about}: not a version-2 candidate (a corpus, 15% masked, no TAPT)")
+    return Recipe(variant.about, seq=variant.seq, next_sentence_prediction=False, masking="dynamic",
+                  whole_word_mask=variant.whole_word_mask, model={"size": variant.size, "pre_layer_norm": True},
+                  global_batch=variant.batch, learning_rate=variant.learning_rate, weight_decay=variant.weight_decay)
 
 
 TINY_WIDE = {"size": "custom", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -117,6 +132,8 @@ RECIPES: dict[str, Recipe] = {
                                   seq=64, next_sentence_prediction=False, global_batch=64, model=TINY_WIDE),
 }
 CHOSEN = "mlm-only-seq64-lr3e-3-dynamic"
+RECIPES_V2 = {name: recipe_of(v) for name, v in CANDIDATES_V2.items()}  # version 2's candidates, table order
+RECIPES |= RECIPES_V2
 
 
 # --------------------------------------------------------------------------- the protocol's constants
@@ -130,9 +147,11 @@ GRID = [{"learning_rate": lr, "pooling": pooling, "layerwise_lr_decay": decay}
         for lr in (3e-4, 1e-3) for pooling in ("cls", "mean") for decay in (1.0, 0.8)]
 MINILM_SETTING = {"learning_rate": 1e-4, "epochs": 3.0, "pooling": "mean"}
 TFIDF_C = (0.1, 1.0, 10.0)
-PRIMARY_SIZES = ("300", "1000")
+PRIMARY_SIZES = ("300", "1000")  # also goals 1-3's sizes (goal 2 at the last)
+CHOICE_FILE = RESULTS / "quality-v2-choice.json"  # version 2's frozen recipe choice
 PROBE_SIZE = 1000
-QUICK = {"sizes": (10, 20, None), "subsamples": 2, "runs": 2, "steps": 4, "pool": 60, "dev": 40, "test": 40,
+QUICK = {"sizes": (10, 20, None), "goal_sizes": ("10", "20"), "subsamples": 2, "runs": 2, "steps": 4, "pool": 60,
+         "dev": 40, "test": 40,
          "global_batch": 8, "grid": [s | {"epochs": 1.0, "min_steps": 2} for s in GRID[:2]], "heldout_sequences": 50}
 
 
@@ -586,6 +605,153 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
     return arm
 
 
+def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: dict, tasks: dict,
+                      plan: dict) -> None:
+    """The run's test scores at every setting of the grid and every size of the curve but the
+    whole pool, on the curve's subsamples and seeds: ``run["every_setting"][cell]``, one job per
+    subsample (cells ``task/size/setting``, settings numbered from 1 in grid order). The arm's own
+    setting's cells are its curve's jobs, read from the curve, never run again."""
+    from benchmarks.quality_choice import cell
+
+    sizes = [s for s in plan["sizes"] if s is not None]
+    out = run.setdefault("every_setting", {})
+    for name, (task, parts) in tasks.items():
+        own = arm["settings"][name]["selected"]
+        jobs = [job for setting in plan["grid"] if setting != own
+                for job in finetune_jobs(checkpoint, ckpt_key, task, parts, setting, sizes, plan["subsamples"])]
+        values = cache.run(pool, jobs, f"{arm['arm']} seed {run['seed']} {name} every setting")
+        for (key, _, _), v in zip(jobs, values, strict=True):
+            c = cell(name, key["size"], plan["grid"].index(key["setting"]) + 1)
+            out.setdefault(c, []).append({"subsample": key["subsample"], "seed": key["seed"], **v})
+        for size in map(size_name, sizes):
+            out[cell(name, size, plan["grid"].index(own) + 1)] = run["curve"][name][size]
+
+
+def every_setting_endpoint(arms: list[dict], tasks: list[str], plan: dict) -> dict[str, list[dict]]:
+    """Per A arm, the secondary endpoint's cells against B (``quality_choice.every_setting_cells``)."""
+    from benchmarks.quality_choice import every_setting_cells
+
+    def scores(arm: dict) -> list[dict[str, list[float]]]:
+        return [{c: [j["macro_f1"] for j in jobs] for c, jobs in r.get("every_setting", {}).items()}
+                for r in arm["runs"]]
+
+    base = next(a for a in arms if a["arm"] == "B")
+    sizes = tuple(size_name(s) for s in plan["sizes"] if s is not None)
+    return {a["arm"]: every_setting_cells(scores(a), scores(base), tasks, sizes, len(plan["grid"]))
+            for a in arms if a["arm"].startswith("A")}
+
+
+def goals(arms: list[dict], endpoint_rows: list[dict], every_setting: dict[str, list[dict]], tasks: list[str],
+          plan: dict, genres: list[str] | None) -> dict[str, list[dict]]:
+    """Version 2's goals per A arm, each met or not with its figures: 1, every setting (the
+    interval's lower end above 0 in every cell at the goal sizes); 2, A's mean macro-F1 above
+    TF-IDF + LR's at the last goal size on every task; 3, the primary gain at least +3 with its
+    interval above 0 at each goal size; 4, held-out MLM accuracy on each task's test text and on
+    each of ``genres``' set-aside documents (None: not measured) for every A and B run."""
+    from benchmarks.quality_choice import goal_every_setting
+
+    sizes = plan["goal_sizes"]
+    base = next(a for a in arms if a["arm"] == "B")
+    tfidf = next(a for a in arms if a["arm"] == "TF-IDF + LR")["runs"][0]["curve"]
+    out = {}
+    for arm in (a for a in arms if a["arm"].startswith("A")):
+        one = goal_every_setting(every_setting.get(arm["arm"], []), tasks, sizes, len(plan["grid"]))
+        against = {}
+        for task in tasks:
+            a = [j["macro_f1"] for r in arm["runs"] for j in r.get("curve", {}).get(task, {}).get(sizes[-1], [])]
+            t = [j["macro_f1"] for j in tfidf.get(task, {}).get(sizes[-1], [])]
+            against[task] = {"a": statistics.fmean(a) if a else math.nan, "tfidf": statistics.fmean(t) if t else math.nan,
+                             "jobs": [len(a), len(t)]}
+            against[task]["pass"] = bool(a and t and against[task]["a"] > against[task]["tfidf"])
+        primary = {e["size"]: {k: e[k] for k in ("gain", "ci_low", "ci_high", "runs")}
+                   for e in endpoint_rows if e["arm"] == arm["arm"] and e["size"] in sizes}
+        for row in primary.values():
+            row["pass"] = row["gain"] >= 3 and row["ci_low"] > 0  # a NaN bound fails
+        missing = []
+        for label, r in [(arm["arm"], r) for r in arm["runs"]] + [("B", r) for r in base["runs"]]:
+            missing += [f"{label} seed {r['seed']} {t}" for t in tasks
+                        if not _number(r.get("heldout_mlm_acc", {}).get(t))]
+            missing += [f"{label} seed {r['seed']} {g}" for g in genres or []
+                        if not _number(r.get("genres", {}).get(g, {}).get("heldout_mlm_acc"))]
+        expected = (len(arm["runs"]) + len(base["runs"])) * (len(tasks) + len(genres or []))
+        out[arm["arm"]] = [
+            {"goal": 1, "name": "every setting", "met": one["pass"]} | {k: v for k, v in one.items() if k not in ("goal", "pass")},
+            {"goal": 2, "name": "against TF-IDF + LR", "met": all(v["pass"] for v in against.values()),
+             "size": sizes[-1], "per_task": against},
+            {"goal": 3, "name": "primary", "met": len(primary) == len(sizes) and all(v["pass"] for v in primary.values()),
+             "per_size": primary},
+            {"goal": 4, "name": "held-out MLM accuracy reported", "met": genres is not None and not missing,
+             "numbers": expected - len(missing), "expected": expected, "missing": missing}
+            | ({} if genres is not None else {"why": "per-genre accuracy not measured (--heldout-genres)"})]
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
+
+
+def freeze_check(recipe: str, choice: str | None, quick: bool) -> dict | None:
+    """A version-2 recipe's test phase starts only on its frozen choice (``--choice``, default
+    :data:`CHOICE_FILE`; ``--quick`` without ``--choice`` skips the check): the choice, or a one-line
+    refusal (``quality_choice.frozen_choice``). None for a version-1 recipe."""
+    from benchmarks.quality_choice import frozen_choice
+
+    if recipe not in RECIPES_V2 or (quick and choice is None):
+        return None
+    path = Path(choice) if choice else CHOICE_FILE
+    return {"file": str(path)} | frozen_choice(path, recipe)
+
+
+def check_vocab(arm: dict, instances: Path) -> None:
+    """Each run of ``arm`` has the vocab of ``instances`` (arm B's): a one-line refusal if not."""
+    from bert_core.pretrain.data import vocab_file_of
+
+    vocab = Path(vocab_file_of(str(instances))).read_bytes()
+    for run in arm["runs"]:
+        if (Path(run["checkpoint"]) / "vocab.txt").read_bytes() != vocab:
+            raise SystemExit(f"{run['checkpoint']}: its vocab is not the corpus's ({vocab_file_of(str(instances))}); "
+                             "arm B would not be the same model")
+
+
+GPU_LOG = ("card", "steps", "batch", "tokens_seen", "wall_minutes")  # what arm A-GPU reads of a pretrain-log.json
+
+
+def card_name(card: str) -> str:
+    """A card's short name: ``NVIDIA H100 80GB HBM3`` -> ``H100``."""
+    words = [w for w in card.split() if w.upper() != "NVIDIA"]
+    return words[0] if words else card
+
+
+def gpu_runs(checkpoints: Path, recipe: str, into: Path, seeds: list[int]) -> dict:
+    """Arm A-GPU: the runs of ``recipe`` pre-trained elsewhere, folders ``<recipe>-seed<S>`` in
+    ``checkpoints`` or in the archives there (``quality_search.unpack`` under ``into``), each with
+    its ``pretrain-log.json``; only ``seeds`` count (the others are listed as ignored, a seed
+    without a folder as not run). The arm is named by the logs' card (``A-GPU H200``)."""
+    from benchmarks import quality_search as qs
+
+    found = qs.run_folders(checkpoints, [recipe]).get(recipe) or (
+        qs.run_folders(qs.unpack(checkpoints, into), [recipe]).get(recipe, []))
+    if not found:
+        raise SystemExit(f"--checkpoints {checkpoints}: no folder {recipe}-seed<S> with a model, nor an archive of one")
+    runs = []
+    for seed, folder in sorted(found):
+        log_file = folder / "pretrain-log.json"
+        if seed not in seeds:
+            continue
+        log = json.loads(log_file.read_text()) if log_file.exists() else {}
+        if not all(k in log for k in GPU_LOG):
+            raise SystemExit(f"{log_file}: missing or without {', '.join(k for k in GPU_LOG if k not in log)}")
+        runs.append({"seed": seed, "checkpoint": str(folder),
+                     "pretrain": {k: v for k, v in log.items() if k != "log"} | {"last_log": (log.get("log") or [None])[-1]}})
+    if not runs:
+        raise SystemExit(f"--checkpoints {checkpoints}: no run of {recipe} with seed {', '.join(map(str, seeds))}")
+    cards = sorted({card_name(r["pretrain"]["card"]) for r in runs})
+    return {"arm": f"A-GPU {'/'.join(cards)}", "budget_cpu_minutes": None, "pretrain_card": cards, "settings": {},
+            "runs": runs,
+            "not_run": [s for s in seeds if s not in {r["seed"] for r in runs}],
+            "ignored": [s for s, _ in found if s not in seeds]}
+
+
 def load_tasks(samples_dir: Path, quick: bool) -> dict:
     """Each task's definition and split; ``quick`` shrinks them and skips the pins."""
     from dataclasses import replace
@@ -610,14 +776,16 @@ def plot(result: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     sizes = result["protocol"]["sizes"]
-    for budget in sorted({e["budget_cpu_minutes"] for e in result["endpoints"]}):
-        rows = [e for e in result["endpoints"] if e["budget_cpu_minutes"] == budget]
+    for arm in dict.fromkeys(e["arm"] for e in result["endpoints"]):
+        rows = [e for e in result["endpoints"] if e["arm"] == arm]
+        budget = rows[0]["budget_cpu_minutes"]
         xs = [sizes.index(e["size"]) for e in rows]
         ys = [e["gain"] for e in rows]
         lo = [e["gain"] - e["ci_low"] if not math.isnan(e["ci_low"]) else 0 for e in rows]
         hi = [e["ci_high"] - e["gain"] if not math.isnan(e["ci_high"]) else 0 for e in rows]
         runs = max(e["runs"][0] for e in rows)
-        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=f"{budget:g} CPU-min ({runs} run(s))")
+        name = f"{budget:g} CPU-min" if budget is not None else arm
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label=f"{name} ({runs} run(s))")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(range(len(sizes)), sizes)
     ax.set_xlabel("labelled training examples")
@@ -648,9 +816,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
     parser.add_argument("--reference-only", action="store_true",
                         help="only TF-IDF and arm C (MiniLM), beside a run that does the rest")
-    parser.add_argument("--corpus", default="v1", choices=["v1", "k1", "k2"],
+    parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
                         help="v1: version 1's corpus; k1, k2: protocol version 2's (benchmarks.quality_corpus), each "
-                             "built under --work/<corpus> with its vocab, instances and runs")
+                             "built under --work/<corpus> with its vocab, instances and runs (default: a version-2 "
+                             "recipe's own corpus, else v1)")
+    parser.add_argument("--choice", default=None,
+                        help="a version-2 recipe's test phase starts only when this frozen choice names it (default: "
+                             f"{CHOICE_FILE.relative_to(ROOT)}; none with --quick)")
+    parser.add_argument("--every-setting", action="store_true",
+                        help="A and B at every grid setting at each size but the whole pool: the 48 cells of A - B")
+    parser.add_argument("--checkpoints", default=None,
+                        help="arm A-GPU instead of pre-training arm A: folders <recipe>-seed<S> (or quality_search "
+                             "pretrain's archives of them) with their pretrain-log.json")
     parser.add_argument("--distinct-text", default=None,
                         help="k2's distinct text (default: benchmarks.distinct_text in the bertpipe cache, fetched "
                              "once; none with --quick)")
@@ -660,11 +837,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=str(RESULTS / "quality.json"))
     parser.add_argument("--plot", default=str(ROOT / "docs" / "quality.png"))
     args = parser.parse_args(argv)
+    own_corpus = CANDIDATES_V2[args.recipe].corpus if args.recipe in RECIPES_V2 else None
+    if own_corpus and args.corpus not in (None, own_corpus):
+        raise SystemExit(f"--recipe {args.recipe} pre-trains on {own_corpus}, not --corpus {args.corpus}")
+    args.corpus = args.corpus or own_corpus or "v1"
+    if args.checkpoints and args.pretrain_only:
+        parser.error("--checkpoints scores checkpoints pre-trained elsewhere; --pretrain-only has nothing to do")
+    choice = None if args.pretrain_only or args.pack_cache else freeze_check(args.recipe, args.choice, args.quick)
     if args.heldout_genres and args.corpus == "v1":
         parser.error("--heldout-genres needs --corpus k1 or k2 (version 1's corpus sets no text aside)")
     plan = {"sizes": list(QUICK["sizes"] if args.quick else SIZES), "subsamples": QUICK["subsamples"] if args.quick
             else SUBSAMPLES, "runs": QUICK["runs"] if args.quick else RUNS, "grid": QUICK["grid"] if args.quick else GRID,
-            "quick": args.quick}
+            "goal_sizes": QUICK["goal_sizes"] if args.quick else PRIMARY_SIZES, "quick": args.quick}
     archive = Path(args.cache_archive) if args.cache_archive else None if args.quick else CACHE_ARCHIVE
     work = Path(args.work)
     if args.pack_cache:
@@ -707,15 +891,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pre-training corpus {args.corpus}: {', '.join(p for _, p in inputs)}; no dev/test text in it",
               flush=True)
     cache = Cache(work / "cache", args.reuse, archive)
-    base_key = {"recipe": asdict(recipe), "instances": manifest_digest(instances), "quick": args.quick,
+    base_key = {"recipe": recipe.key(), "instances": manifest_digest(instances), "quick": args.quick,
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
 
     steps: dict[float, int] = {}
-    for budget in args.budgets:
+    seeds = [PRETRAIN_SEED + k for k in range(plan["runs"])]
+    gpu = gpu_runs(Path(args.checkpoints), args.recipe, runs / "gpu-checkpoints", seeds) if args.checkpoints else None
+    if gpu:
+        check_vocab(gpu, instances)
+    for budget in [] if gpu else args.budgets:
         if args.quick:
             steps[budget] = QUICK["steps"]
             continue
-        calibration = {"calibration": asdict(recipe), "ranks": args.ranks, "steps": args.calibration_steps}
+        calibration = {"calibration": recipe.key(), "ranks": args.ranks, "steps": args.calibration_steps}
         calibration |= {} if args.corpus == "v1" else {"corpus": args.corpus}
         per_step = cache.lookup(calibration)
         if per_step is None:
@@ -744,8 +932,10 @@ def main(argv: list[str] | None = None) -> int:
     arms: list[dict] = []
     result = {"machine": info, "protocol": {"sizes": [size_name(s) for s in plan["sizes"]],
                                             "subsamples": plan["subsamples"], "runs": plan["runs"],
-                                            "grid": plan["grid"], "recipe": args.recipe, "budgets": args.budgets,
-                                            "steps": steps, "quick": args.quick, "ranks": args.ranks},
+                                            "grid": plan["grid"], "recipe": args.recipe,
+                                            "budgets": [] if gpu else args.budgets, "steps": steps,
+                                            "quick": args.quick, "ranks": args.ranks, "choice": choice,
+                                            "every_setting": args.every_setting, "goal_sizes": plan["goal_sizes"]},
               "tasks": {n: {"labels": t.labels, "files": t.files, "counts": {k: len(v) for k, v in p.items()}}
                         for n, (t, p) in tasks.items()},
               "corpus_inputs": [p for _, p in inputs], "arms": arms}
@@ -771,17 +961,30 @@ def main(argv: list[str] | None = None) -> int:
 
     pieces = qc.genre_pieces(corpus, vocab, instances, built.prepared.genres) if args.heldout_genres else {}
 
-    def write() -> None:
+    def write(final: bool = False) -> None:
         sizes = result["protocol"]["sizes"]
-        result["endpoints"] = endpoints(arms, task_names, sizes) if any(a["arm"] == "B" for a in arms) else []
+        with_b = any(a["arm"] == "B" for a in arms)
+        result["endpoints"] = endpoints(arms, task_names, sizes) if with_b else []
         result["primary"] = [e for e in result["endpoints"] if e["size"] in PRIMARY_SIZES]
+        result["every_setting"] = every_setting_endpoint(arms, task_names, plan) if with_b and args.every_setting else {}
+        if with_b:
+            genres = [g for g, n in result["genres"].items() if n.get("set_aside")] if args.heldout_genres else None
+            result["goals"] = goals(arms, result["endpoints"], result.get("every_setting", {}), task_names, plan,
+                                    genres)
         result["minutes"] = (time.perf_counter() - started) / 60
         result["cache"] = {"reused": cache.hits, "computed": cache.misses}
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1, default=str))
-        if result["endpoints"] and args.plot:
+        if final and result["endpoints"] and args.plot:
             plot(result, Path(args.plot))
+
+    def score_run(pool, arm: dict, run: dict, checkpoint: Path, key: dict, sequences_drawn: int) -> None:
+        evaluate_run(cache, pool, arm, run, checkpoint, key, tasks, plan)
+        if args.every_setting:
+            every_setting_run(cache, pool, arm, run, checkpoint, key, tasks, plan)
+        genre_measures(pool, run, checkpoint, key, sequences_drawn)
+        write()
 
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         arms.append(tfidf_arm(cache, pool, tasks, plan))
@@ -794,10 +997,16 @@ def main(argv: list[str] | None = None) -> int:
                 folder = baseline(recipe, instances, baseline_folder(runs, args.recipe, seed, args.quick), seed)
                 run = {"seed": seed, "checkpoint": str(folder)}
                 b["runs"].append(run)
-                evaluate_run(cache, pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, tasks, plan)
-                genre_measures(pool, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, 0)
-                write()
-            for budget in args.budgets:
+                score_run(pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, 0)
+            if gpu:
+                arms.append(gpu | {"runs": []})
+                for run in gpu["runs"]:
+                    arms[-1]["runs"].append(run)
+                    key = base_key | {"arm": "A-GPU", "weights": weights_digest(Path(run["checkpoint"])),
+                                      "pretrain_seed": run["seed"]}
+                    score_run(pool, arms[-1], run, Path(run["checkpoint"]), key,
+                              run["pretrain"]["steps"] * run["pretrain"]["batch"])
+            for budget in [] if gpu else args.budgets:
                 a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
                            "runs": []}
                 arms.append(a)
@@ -805,9 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
                     checkpoint, key, done = pretrained(budget, PRETRAIN_SEED + k)
                     run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
                     a["runs"].append(run)
-                    evaluate_run(cache, pool, a, run, checkpoint, key, tasks, plan)
-                    genre_measures(pool, run, checkpoint, key, steps[budget] * recipe.global_batch)
-                    write()
+                    score_run(pool, a, run, checkpoint, key, steps[budget] * recipe.global_batch)
         if not args.no_reference and not args.quick:
             minilm = sample_dir / "models" / "minilm"
             c: dict = {"arm": "C (MiniLM)", "budget_cpu_minutes": None,
@@ -818,7 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
                                      plan["sizes"], plan["subsamples"])
                 c["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"C {name}"), jobs)
                 write()
-    write()
+    write(final=True)
     print_report(result)
     print(f"wrote {args.output}" + (f" and {args.plot}" if result["endpoints"] else ""))
     return 0
@@ -839,8 +1046,42 @@ def print_report(result: dict) -> None:
             print(f"{arm['arm']:>14} | {task:>9} | " + " | ".join(cells))
     for e in result["endpoints"]:
         flag = f"  REGRESSION at 300 labels on {', '.join(e['regression'])}" if e["regression"] else ""
-        print(f"A {e['budget_cpu_minutes']:g} CPU-min - B at {e['size']:>4}: {e['gain']:+.1f} "
+        name = f"A {e['budget_cpu_minutes']:g} CPU-min" if e["budget_cpu_minutes"] is not None else e["arm"]
+        print(f"{name} - B at {e['size']:>4}: {e['gain']:+.1f} "
               f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}] ({e['runs'][0]} vs {e['runs'][1]} runs){flag}")
+    for arm in (a for a in result["arms"] if a.get("pretrain_card")):
+        print(f"{arm['arm']}: " + "; ".join(f"seed {r['seed']} {r['pretrain']['steps']} steps, "
+                                             f"{r['pretrain']['tokens_seen']:,} tokens, "
+                                             f"{r['pretrain']['wall_minutes']:.1f} min" for r in arm["runs"])
+              + (f"; not run: seeds {', '.join(map(str, arm['not_run']))}" if arm["not_run"] else ""))
+    for arm, rows in result.get("every_setting", {}).items():
+        print(f"{arm} - B at every setting (gain [95% interval]; ! = REGRESSION, ? = not run):")
+        for task in result["tasks"]:
+            for size in dict.fromkeys(r["size"] for r in rows):
+                cells = [r for r in rows if r["task"] == task and r["size"] == size]
+                print(f"  {task:>9} {size:>5}: " + "  ".join(
+                    f"{r['setting']} {r['gain']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]"
+                    + {"REGRESSION": "!", "not run": "?"}.get(r["flag"], "") for r in cells))
+    for arm, rows in result.get("goals", {}).items():
+        print(f"goals of {arm}:")
+        for g in rows:
+            print(f"  {g['goal']} {g['name']}: {'met' if g['met'] else 'NOT MET'} ({goal_figures(g)})")
+
+
+def goal_figures(goal: dict) -> str:
+    """A goal's figures in one line."""
+    if goal["goal"] == 1:
+        failing = goal["failing"]
+        return (f"{goal['passed_cells']} of {goal['cells']} cells with the interval above 0"
+                + (f"; failing: {', '.join(failing[:8])}{' ...' if len(failing) > 8 else ''}" if failing else ""))
+    if goal["goal"] == 2:
+        return f"at {goal['size']}: " + ", ".join(f"{t} A {v['a']:.1f} vs TF-IDF {v['tfidf']:.1f}"
+                                                  for t, v in goal["per_task"].items())
+    if goal["goal"] == 3:
+        return ", ".join(f"{s}: {v['gain']:+.1f} [{v['ci_low']:+.1f}, {v['ci_high']:+.1f}]"
+                         for s, v in goal["per_size"].items()) or "no endpoint"
+    return (f"{goal['numbers']} of {goal['expected']} numbers" + (f"; {goal['why']}" if "why" in goal else "")
+            + (f"; missing: {', '.join(goal['missing'][:6])}" if goal["missing"] else ""))
 
 
 def replace_recipe(recipe: Recipe, **changes) -> Recipe:

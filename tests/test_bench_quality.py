@@ -78,6 +78,73 @@ def test_recipes_are_product_settings():
         assert cfg.instances.lengths[0].max_seq_length == recipe.seq, name
         assert cfg.pretrain.phases[0].micro_batch_size * 2 == recipe.global_batch, name
         assert cfg.pretrain.checkpoint_every == 10, name  # a killed run resumes from a tenth of the way
+        assert cfg.pretrain.weight_decay == recipe.weight_decay, name
+
+
+def test_version_2_candidates_are_the_search_variants_and_version_1_cache_keys_stay():
+    from benchmarks.bench_quality import CHOSEN, RECIPES_V2
+    from benchmarks.quality_search import CANDIDATES_V2
+    from bert_core.config import PretrainConfig, load_config
+
+    assert list(RECIPES_V2) == list(CANDIDATES_V2) == ["k2", "k2-lr1e-3", "k2-wd0.1", "k2-wwm", "k2-seq128", "k1"]
+    for name, recipe in RECIPES_V2.items():
+        variant = CANDIDATES_V2[name]
+        assert (recipe.seq, recipe.global_batch, recipe.learning_rate, recipe.weight_decay, recipe.whole_word_mask) == \
+            (variant.seq, variant.batch, variant.learning_rate, variant.weight_decay, variant.whole_word_mask), name
+        cfg = load_config("demo", None, recipe.instance_sets() + recipe.pretrain_sets(100, 1))
+        assert (cfg.instances.masking, cfg.instances.next_sentence_prediction, cfg.model.pre_layer_norm) == \
+            ("dynamic", False, True), name
+    assert RECIPES["k1"].key() | {"about": None} == RECIPES[CHOSEN].key() | {"about": None}  # K1's only change: corpus
+    assert RECIPES["k2-wd0.1"].key()["weight_decay"] == 0.1
+    assert RECIPES[CHOSEN].weight_decay == PretrainConfig().weight_decay  # the product's default, left out of keys
+    assert RECIPES[CHOSEN].key() == {  # as version 1 cached it
+        "about": "as mlm-only-seq64-lr3e-3 with masks drawn anew each epoch", "seq": 64,
+        "next_sentence_prediction": False, "masking": "dynamic", "whole_word_mask": False,
+        "model": {"size": "tiny", "pre_layer_norm": True}, "global_batch": 64, "learning_rate": 3e-3,
+        "warmup_fraction": 0.1}
+
+
+def test_the_test_phase_of_a_version_2_recipe_refuses_another_frozen_choice_or_corpus_in_one_line(tmp_path):
+    from benchmarks.bench_quality import freeze_check, main
+    from benchmarks.quality_choice import ChoiceRefused
+
+    choice = tmp_path / "choice.json"
+    choice.write_text(json.dumps({"name": "k2", "corpus": "k2"}))
+    for argv, why in ((["--recipe", "k1", "--choice", str(choice)], "froze the recipe k2, not k1"),
+                      (["--quick", "--recipe", "k1", "--choice", str(choice)], "froze the recipe k2, not k1"),
+                      (["--recipe", "k1", "--choice", str(tmp_path / "no.json"), "--checkpoints", "x"], "is missing")):
+        with pytest.raises(ChoiceRefused) as refused:
+            main(argv + ["--work", str(tmp_path / "never"), "--samples", str(tmp_path / "none")])
+        assert why in str(refused.value) and "\n" not in str(refused.value)
+    assert freeze_check("k2", str(choice), quick=False)["file"] == str(choice)
+    assert freeze_check("k1", None, quick=True) is None  # the quick check runs without a frozen choice
+    assert freeze_check("mlm-only-seq64-lr3e-3-dynamic", str(choice), quick=False) is None  # version 1
+    with pytest.raises(SystemExit, match="^--recipe k1 pre-trains on k1, not --corpus k2$"):
+        main(["--quick", "--recipe", "k1", "--corpus", "k2"])
+    assert not (tmp_path / "never").exists()
+
+
+def test_goals_pass_only_on_every_task_and_size():
+    from benchmarks.bench_quality import QUICK, goals
+
+    def run(seed, scores, mlm=50.0):
+        curve = {t: {s: [{"macro_f1": v}] for s in ("10", "20")} for t, v in scores.items()}
+        return {"seed": seed, "curve": curve, "heldout_mlm_acc": dict.fromkeys(scores, mlm),
+                "genres": {"novel": {"heldout_mlm_acc": mlm}}}
+
+    arms = [{"arm": "TF-IDF + LR", "runs": [run(None, {"x": 60, "y": 40})]},
+            {"arm": "B", "runs": [run(42, {"x": 50, "y": 30}), run(43, {"x": 52, "y": 31})]},
+            {"arm": "A 60", "runs": [run(42, {"x": 70, "y": 39}), run(43, {"x": 71, "y": 38, }, mlm=math.nan)]}]
+    rows = [{"arm": "A 60", "size": s, "gain": g, "ci_low": lo, "ci_high": 9.0, "runs": [2, 2]}
+            for s, g, lo in (("10", 4.0, 0.5), ("20", 3.5, -0.1))]
+    plan = {"goal_sizes": QUICK["goal_sizes"], "grid": QUICK["grid"]}
+    one, two, three, four = goals(arms, rows, {}, ["x", "y"], plan, ["novel"])["A 60"]
+    assert not one["met"] and len(one["failing"]) == 8  # no every-setting cells: every one fails
+    assert not two["met"] and two["per_task"]["x"]["pass"] and not two["per_task"]["y"]["pass"]
+    assert not three["met"] and three["per_size"]["10"]["pass"] and not three["per_size"]["20"]["pass"]
+    assert not four["met"] and four["missing"] == ["A 60 seed 43 x", "A 60 seed 43 y", "A 60 seed 43 novel"]
+    assert four["expected"] == 4 * 3
+    assert not goals(arms, rows, {}, ["x", "y"], plan, None)["A 60"][3]["met"]  # genres not measured
 
 
 def test_split_is_fixed_disjoint_and_sized():
@@ -206,17 +273,18 @@ def write_tiny_samples(folder) -> None:
 def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_path):
     """The whole protocol on tiny data (real corpus, vocab, instances and DeepSpeed pre-training
     stages, the product's fine-tuning loop): the JSON holds every arm, run, task, size and
-    subsample with its seed; a second run with --reuse, its cache unpacked from the packed file,
-    computes nothing again."""
+    subsample with its seed, every setting's cells and the goals; a second run with --reuse, its
+    cache unpacked from the packed file, computes nothing again; a third scores arm A's first
+    checkpoint as arm A-GPU from an archive of ``<recipe>-seed<S>`` folders, fine-tuning only it."""
     import shutil
 
-    from benchmarks.bench_quality import QUICK, main
+    from benchmarks.bench_quality import CHOSEN, QUICK, main
 
     samples = tmp_path / "samples"
     write_tiny_samples(samples)
     work, out = tmp_path / "work", tmp_path / "quality.json"
     argv = ["--quick", "--samples", str(samples), "--work", str(work), "--output", str(out),
-            "--plot", str(tmp_path / "quality.png"), "--budgets", "1"]
+            "--plot", str(tmp_path / "quality.png"), "--budgets", "1", "--every-setting"]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert [a["arm"] for a in result["arms"]] == ["TF-IDF + LR", "B", "A 1"]
@@ -235,6 +303,19 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     assert {(e["size"], e["runs"][0], e["runs"][1]) for e in result["endpoints"]} == {(s, 2, 2) for s in sizes}
     assert [e["size"] for e in result["primary"]] == []  # 300 and 1,000 are not quick sizes
     assert (tmp_path / "quality.png").stat().st_size > 0
+    cells = [f"{t}/{s}/{k}" for t in ("sentiment", "tweets3") for s in ("10", "20") for k in (1, 2)]
+    assert [(c["cell"], c["runs"]) for c in result["every_setting"]["A 1"]] == [(c, [2, 2]) for c in cells]
+    for arm in result["arms"][1:]:
+        own = QUICK["grid"].index(arm["settings"]["sentiment"]["selected"]) + 1
+        for run in arm["runs"]:
+            assert sorted(run["every_setting"]) == sorted(cells)
+            assert [(j["subsample"], j["seed"]) for j in run["every_setting"]["sentiment/20/2"]] == [(0, 1), (1, 2)]
+            assert run["every_setting"][f"sentiment/20/{own}"] == run["curve"]["sentiment"]["20"]  # the same jobs
+    goals = result["goals"]["A 1"]
+    assert [(g["goal"], type(g["met"])) for g in goals] == [(n, bool) for n in (1, 2, 3, 4)]
+    assert goals[0]["cells"] == 8 and set(goals[1]["per_task"]) == {"sentiment", "tweets3"}
+    assert set(goals[2]["per_size"]) == {"10", "20"}
+    assert not goals[3]["met"] and goals[3]["numbers"] == goals[3]["expected"] == 8  # no genres on version 1's corpus
     computed = result["cache"]["computed"]
     assert computed > 0
 
@@ -246,6 +327,27 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     again = json.loads(out.read_text())
     assert again["cache"] == {"reused": computed, "computed": 0}
     assert again["endpoints"] == result["endpoints"]
+
+    # arm A-GPU: a checkpoint pre-trained elsewhere, as quality_search pretrain archives it
+    from benchmarks import quality_search as qs
+
+    folders, archives = tmp_path / "gpu-runs", tmp_path / "gpu-archives"
+    first = result["arms"][2]["runs"][0]
+    shutil.copytree(first["checkpoint"], folders / f"{CHOSEN}-seed42")
+    log = {"recipe": CHOSEN, "seed": 42, "steps": 4, "card": "NVIDIA H200", "batch": 8, "seq": 64,
+           "tokens_seen": 2048, "wall_minutes": 0.1, "log": [{"step": 3, "loss": 6.0, "mlm_acc": 0.1}]}
+    (folders / f"{CHOSEN}-seed42" / "pretrain-log.json").write_text(json.dumps(log))
+    archives.mkdir()
+    qs.archive(archives, "runs", folders, [f"{CHOSEN}-seed42"])
+    assert main(argv + ["--reuse", "--checkpoints", str(archives)]) == 0
+    gpu = json.loads(out.read_text())
+    assert [a["arm"] for a in gpu["arms"]] == ["TF-IDF + LR", "B", "A-GPU H200"]
+    (run,) = gpu["arms"][2]["runs"]
+    assert gpu["arms"][2]["not_run"] == [43] and run["pretrain"]["tokens_seen"] == 2048
+    assert run["curve"] == first["curve"] and run["every_setting"] == first["every_setting"]  # the same weights
+    assert list(gpu["every_setting"]) == list(gpu["goals"]) == ["A-GPU H200"]
+    # arm A-GPU's jobs only (per task: 2 dev, 6 curve, 4 at the other setting, probe, MLM); the rest from the cache
+    assert gpu["cache"]["computed"] == 2 * 14
 
 
 @pytest.mark.slow
