@@ -43,6 +43,7 @@ XZ_PRESET = 6  # compression of the checkpoints' trip back (lossless at any pres
 TIMING_WARMUP = 10  # steps each run takes before the timing starts (allocations, kernel choice)
 STAGE_LIMIT = 56 * 2**20  # what a device call carries (64 MiB) less the tree and the wheels beside the stage
 RETURN_LIMIT = 64 * 2**20  # what comes back from a device call's $OUT, in at most 8 files
+STAGE_SAMPLES = "samples"  # the stage's copy of the tasks' files, at their paths under the samples folder
 TIMING_ROUNDS = 3  # prepare: each cost is timed this many times, the costs in turn, and the median kept
 
 
@@ -213,14 +214,56 @@ def stage_instances_name(corpus: str, seq: int) -> str:
     return f"instances-{corpus}-seq{seq}"
 
 
+def stage_tasks(samples: Path, stage: Path) -> list[Path]:
+    """Every file that ``quality_tasks.TASKS`` pins, checked against its pin and copied from
+    ``samples`` to the same path under ``stage/samples``: what ``quality_tasks.load`` reads on a
+    machine without the samples (it checks the pins again there)."""
+    from benchmarks import quality_tasks as qt
+
+    copied = []
+    for task in qt.TASKS.values():
+        qt.check_pins(task, samples)
+        for rel in task.files:
+            target = stage / STAGE_SAMPLES / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(samples / rel, target)
+            copied.append(target)
+    return copied
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def write_plan(plan: dict, stage: Path, work: Path) -> None:
+    """The plan as ``stage/steps.json`` and ``work/search-v2/plan.json``."""
+    (stage / "steps.json").write_text(json.dumps(plan, indent=1))
+    (work / "search-v2").mkdir(parents=True, exist_ok=True)
+    (work / "search-v2" / "plan.json").write_text(json.dumps(plan, indent=1))
+
+
+def restage_tasks(work: Path, stage: Path, samples: Path) -> dict:
+    """The tasks' files (:func:`stage_tasks`) added to a version-2 stage already prepared, its
+    plan's ``stage_bytes`` updated."""
+    if not (stage / "steps.json").exists():
+        raise SystemExit(f"{stage}/steps.json is missing: run quality_search prepare --candidates v2 --stage {stage}")
+    plan = json.loads((stage / "steps.json").read_text())
+    if plan.get("candidates") != "v2":
+        raise SystemExit(f"{stage} is not a version-2 stage (prepare --candidates v2 writes one)")
+    stage_tasks(samples, stage)
+    plan["stage_bytes"] = folder_bytes(stage)
+    write_plan(plan, stage, work)
+    return plan
+
+
 def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpora: list[str]) -> dict:
     """Version 2: per candidate of ``corpora``, its corpus's vocab and instances at its length,
     and its step count, the protocol's ``chosen_steps`` for the chosen recipe (on K1) scaled by
     that recipe's CPU-seconds a step over the candidate's (timed here in-process on one thread,
     per :func:`cost_key`, the median of :data:`TIMING_ROUNDS` timings taken in turn). The corpora
-    come from :func:`corpus_for`. Writes ``stage`` (each corpus's vocab folder and
-    its instances, packed by :func:`pack_instances`, and ``steps.json``) and the same plan to
-    ``work/search-v2/plan.json``."""
+    come from :func:`corpus_for`. Writes ``stage`` (each corpus's vocab folder, its instances
+    packed by :func:`pack_instances`, the tasks' files by :func:`stage_tasks` and ``steps.json``)
+    and the same plan to ``work/search-v2/plan.json``."""
     from benchmarks import bench_quality as bq
     from bert_core.pretrain.data import read_vocab, vocab_file_of
 
@@ -265,16 +308,15 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
         archives[corpus] = hashlib.sha256(packed.read_bytes()).hexdigest()
         print(f"packed {', '.join(folders)}: {packed.stat().st_size / 2**20:.1f} MiB "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
-    size = sum(p.stat().st_size for p in stage.rglob("*") if p.is_file())
+    stage_tasks(samples, stage)
+    size = folder_bytes(stage)
     plan = {"candidates": "v2", "chosen_steps": chosen_steps, "cpu_seconds_per_step": costs, "timings": timings,
             "steps": steps,
             "corpus": {n: CANDIDATES_V2[n].corpus for n in names},
             "instances": {n: stage_instances_name(CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names},
             "vocabs": vocabs, "archives": archives, "stage_bytes": size,
             "budget_cpu_minutes": {n: BUDGET_MINUTES for n in names}}
-    (stage / "steps.json").write_text(json.dumps(plan, indent=1))
-    (work / "search-v2").mkdir(parents=True, exist_ok=True)
-    (work / "search-v2" / "plan.json").write_text(json.dumps(plan, indent=1))
+    write_plan(plan, stage, work)
     print(f"stage {stage}: {size / 2**20:.1f} MiB"
           + ("" if size <= STAGE_LIMIT else f", over the {STAGE_LIMIT / 2**20:.0f} MiB a device call has room for"))
     return plan
@@ -861,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", choices=list(CANDIDATE_SETS), default="v1",
                         help="prepare: version 1's recipes or version 2's candidates")
     parser.add_argument("--corpus", default="k1,k2", help="prepare --candidates v2: only the candidates on these")
+    parser.add_argument("--tasks-only", action="store_true",
+                        help="prepare --candidates v2: only copy the tasks' files into the prepared stage")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="pretrain: v1, v2 or recipe names")
     parser.add_argument("--seeds", default=None, help="pretrain: each recipe once per seed (folders <recipe>-seed<S>)")
     parser.add_argument("--gpu-minutes", type=float, default=None,
@@ -889,7 +933,11 @@ def main(argv: list[str] | None = None) -> int:
         return pretrain_all(stage, Path(args.out), recipe_names(args.recipes), args.scale, seeds, args.gpu_minutes)
     samples = Path(args.samples) if args.samples else default_samples()
     if args.step == "prepare":
-        if args.candidates == "v2":
+        if args.tasks_only:
+            if args.candidates != "v2":
+                raise SystemExit("--tasks-only is for a version-2 stage: add --candidates v2")
+            plan = restage_tasks(work, stage, samples)
+        elif args.candidates == "v2":
             plan = prepare_v2(work, stage, samples, args.chosen_steps, [c.strip() for c in args.corpus.split(",")])
         else:
             plan = prepare(work, stage, samples, args.chosen_steps)
