@@ -43,6 +43,7 @@ XZ_PRESET = 6  # compression of the checkpoints' trip back (lossless at any pres
 TIMING_WARMUP = 10  # steps each run takes before the timing starts (allocations, kernel choice)
 STAGE_LIMIT = 56 * 2**20  # what a device call carries (64 MiB) less the tree and the wheels beside the stage
 RETURN_LIMIT = 64 * 2**20  # what comes back from a device call's $OUT, in at most 8 files
+RETURN_ROOM = 2**20  # of RETURN_LIMIT, what the logs beside the checkpoints' archive may take
 STAGE_SAMPLES = "samples"  # the stage's copy of the tasks' files, at their paths under the samples folder
 TIMING_ROUNDS = 3  # prepare: each cost is timed this many times, the costs in turn, and the median kept
 
@@ -569,7 +570,8 @@ def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42, fo
     """One recipe for ``steps`` from its random init for ``seed``, saved under ``out/folder``
     (default ``out/name``; :func:`compact_checkpoint` with ``compact``) with ``pretrain-log.json``:
     card, steps, tokens seen (steps x batch x length), wall-clock minutes of the steps, the loss
-    log and ``extra``."""
+    log and ``extra``. The folder appears whole (written beside it, then renamed), so a folder
+    with its log is a finished run."""
     import torch
 
     from bert_core.model.checkpoint import save_pretrained
@@ -588,14 +590,18 @@ def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42, fo
     _synchronize(device)
     wall = (time.perf_counter() - started) / 60
     target = Path(out) / (folder or name)
-    save_pretrained(model.cpu(), str(target), vocab_file=vocab_file)
+    part = target.with_name(f"{target.name}.part")
+    shutil.rmtree(part, ignore_errors=True)
+    save_pretrained(model.cpu(), str(part), vocab_file=vocab_file)
     row = {"recipe": name, "seed": seed, "folder": target.name, "steps": steps, "device": device,
            "card": torch.cuda.get_device_name() if device == "cuda" else "cpu",
            "batch": variant.batch, "seq": variant.seq, "tokens_seen": steps * variant.batch * variant.seq,
            "wall_minutes": wall, **(extra or {}), "log": log}
-    (target / "pretrain-log.json").write_text(json.dumps(row))
+    (part / "pretrain-log.json").write_text(json.dumps(row))
     if compact:
-        compact_checkpoint(target)
+        compact_checkpoint(part)
+    shutil.rmtree(target, ignore_errors=True)
+    part.rename(target)
     return row
 
 
@@ -607,7 +613,7 @@ def gpu_minute_steps(rates: list[float], minutes: float) -> int:
 
 def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, seeds: list[int] | None = None,
                  gpu_minutes: float | None = None, timing_seconds: float = TIMING_SECONDS,
-                 unpack_root: Path | None = None) -> int:
+                 unpack_root: Path | None = None, keep: Path | None = None) -> int:
     """Every recipe side by side, one process each, for the stage's step count of the recipe
     (times ``scale``), or with ``gpu_minutes`` for one count for all, :func:`gpu_minute_steps` of
     a :func:`time_one` of them all side by side (the learning-rate schedule is that count's).
@@ -615,7 +621,12 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
     or its parts, :func:`archive`). With ``seeds``, every recipe x seed in folders
     ``<recipe>-seed<S>``, each made compact (:func:`compact_checkpoint`) and all of them archived
     together at the end as ``runs.tar`` or its parts: a device call returns at most 8 files. A run
-    that fails is reported and left out; the others are archived and the status is 1."""
+    that fails is reported and left out; the others are archived and the status is 1.
+
+    With ``seeds`` and ``keep``, the runs stay in ``keep`` as saved (what ``evaluate`` reads on
+    the same machine), a run already there is not run again, every run's log goes to
+    ``out/pretrain-logs.json`` and the compact archive of them all to ``out`` only when it fits
+    in what a device call returns (:func:`archive_runs`)."""
     if not (stage / "steps.json").exists():
         raise SystemExit(f"{stage}/steps.json is missing: run quality_search prepare --stage {stage} first")
     plan = json.loads((stage / "steps.json").read_text())
@@ -623,11 +634,38 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
     if missing:
         raise SystemExit(f"{stage} was prepared without {', '.join(missing)} (it has {', '.join(plan['steps'])}); "
                          "prepare it with the candidates you pre-train")
-    inputs = staged_inputs(stage, plan, unpack_root)
-    runs = [(n, s, f"{n}-seed{s}") for n in names for s in seeds] if seeds else [(n, 42, n) for n in names]
-    threads = max(1, (os.cpu_count() or 1) // len(runs))
-    folders = out / "checkpoints"
+    if keep and not seeds:
+        raise SystemExit("--keep needs --seeds: the runs it keeps are the folders <recipe>-seed<S>")
+    every = [(n, s, f"{n}-seed{s}") for n in names for s in seeds] if seeds else [(n, 42, n) for n in names]
+    done = [f for _, _, f in every if keep and (keep / f / "pretrain-log.json").exists()]
+    if done and gpu_minutes:
+        raise SystemExit(f"--gpu-minutes times all runs side by side, but {keep} already holds {', '.join(done)}: "
+                         "move them away first")
+    if done:
+        print(f"already finished in {keep}, not run again: {', '.join(done)}", flush=True)
+    runs = [r for r in every if r[2] not in done]
     out.mkdir(parents=True, exist_ok=True)
+    finished, failed = pretrain_side_by_side(stage, plan, runs, out, scale, bool(seeds) and not keep, gpu_minutes,
+                                             timing_seconds, unpack_root, keep)
+    if keep:
+        logs = {f: json.loads((keep / f / "pretrain-log.json").read_text()) for f in sorted(done + finished)}
+        (out / "pretrain-logs.json").write_text(json.dumps(logs, indent=1))
+        if logs:
+            archive_runs(out, keep, sorted(logs))
+    return 1 if failed else 0
+
+
+def pretrain_side_by_side(stage: Path, plan: dict, runs: list[tuple[str, int, str]], out: Path, scale: float,
+                          together: bool, gpu_minutes: float | None, timing_seconds: float,
+                          unpack_root: Path | None, keep: Path | None) -> tuple[list[str], list[str]]:
+    """:func:`pretrain_all`'s runs (recipe, seed, folder) side by side, one process each: kept in
+    ``keep``, or archived in ``out`` one by one as they end, or (``together``) compact and all in
+    one archive at the end; the folders finished and failed."""
+    if not runs:
+        return [], []
+    inputs = staged_inputs(stage, plan, unpack_root)
+    threads = max(1, (os.cpu_count() or 1) // len(runs))
+    folders = keep or out / "checkpoints"
     steps = {f: max(2, round(plan["steps"][n] * scale)) for n, _, f in runs}
     extra: dict[str, dict] = {f: {} for _, _, f in runs}
     finished, failed = [], []
@@ -651,7 +689,7 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
                 extra[f] = {"gpu_minutes": gpu_minutes, "timing": t,
                             "timing_all_steps_per_second": [x["steps_per_second"] for x in timings]}
         futures = {pool.submit(pretrain_one, str(stage), n, steps[f], str(folders), s, f, inputs[n], threads,
-                               extra[f], bool(seeds)): f for n, s, f in runs}
+                               extra[f], together): f for n, s, f in runs}
         for future in as_completed(futures):
             try:
                 row = future.result()
@@ -662,16 +700,43 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
             print(f"pretrained {row['folder']}: {row['steps']} steps on {row['card']} in "
                   f"{row['wall_minutes']:.1f} min, {row['tokens_seen']:,} tokens, last {row['log'][-1]}", flush=True)
             finished.append(row["folder"])
-            if not seeds:
+            if not together and not keep:
                 archive(out, row["folder"], folders, [row["folder"]])
-    if seeds and finished:
+    if keep:
+        return finished, failed
+    if together and finished:
         files = archive(out, "runs", folders, sorted(finished))
         size = sum(f.stat().st_size for f in files)
         print(f"archived {len(finished)} checkpoints in {len(files)} file(s), {size / 2**20:.1f} MiB"
               + (f": over the {RETURN_LIMIT / 2**20:.0f} MiB a device call returns" if size > RETURN_LIMIT else ""),
               flush=True)
     shutil.rmtree(folders, ignore_errors=True)
-    return 1 if failed else 0
+    return finished, failed
+
+
+def archive_runs(out: Path, keep: Path, members: list[str], limit: int | None = None) -> list[Path]:
+    """Compact copies (:func:`compact_checkpoint`, made side by side) of the runs ``members`` of
+    ``keep``, archived in ``out`` as ``runs.tar`` or its parts (:func:`archive`) when they come to
+    at most ``limit`` bytes (default: what a device call returns, less :data:`RETURN_ROOM`), else
+    nothing (reported); the files written. ``keep`` is left as it is."""
+    limit = RETURN_LIMIT - RETURN_ROOM if limit is None else limit
+    copies = Path(tempfile.mkdtemp(prefix="runs-compact-", dir=keep.parent))
+    try:
+        for member in members:
+            shutil.copytree(keep / member, copies / member)
+        with ProcessPoolExecutor(min(len(members), os.cpu_count() or 1)) as pool:
+            list(pool.map(compact_checkpoint, [copies / m for m in members]))
+        size = folder_bytes(copies)
+        if size > limit:
+            print(f"not archived: the {len(members)} compact checkpoints are {size / 2**20:.1f} MiB, over the "
+                  f"{limit / 2**20:.0f} MiB a device call has room for; they stay in {keep}", flush=True)
+            return []
+        files = archive(out, "runs", copies, members)
+        print(f"archived {len(members)} checkpoints in {len(files)} file(s), "
+              f"{sum(f.stat().st_size for f in files) / 2**20:.1f} MiB", flush=True)
+        return files
+    finally:
+        shutil.rmtree(copies, ignore_errors=True)
 
 
 def unpack(archives: Path, into: Path) -> Path:
@@ -897,6 +962,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/work/quality-runs", help="bench_quality's --work")
     parser.add_argument("--stage", default=str(ROOT / ".search"), help="what the pre-training step reads")
     parser.add_argument("--out", default=None, help="pretrain: where the checkpoints' archive goes")
+    parser.add_argument("--keep", default=None, help="pretrain --seeds: keep the runs in this folder, skip those "
+                        "already there, and archive them in --out only if they fit a device call's return")
     parser.add_argument("--checkpoints", default=None, help="evaluate: folder of the archive's parts")
     parser.add_argument("--samples", default=None)
     parser.add_argument("--chosen-steps", type=int, default=14533, help="the protocol's 60-minute step count")
@@ -930,7 +997,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--seeds {args.seeds}: give integers, comma-separated") from None
         if args.gpu_minutes is not None and args.gpu_minutes <= 0:
             raise SystemExit(f"--gpu-minutes {args.gpu_minutes:g}: give a positive number of minutes")
-        return pretrain_all(stage, Path(args.out), recipe_names(args.recipes), args.scale, seeds, args.gpu_minutes)
+        return pretrain_all(stage, Path(args.out), recipe_names(args.recipes), args.scale, seeds, args.gpu_minutes,
+                            keep=Path(args.keep) if args.keep else None)
     samples = Path(args.samples) if args.samples else default_samples()
     if args.step == "prepare":
         if args.tasks_only:

@@ -258,3 +258,36 @@ def test_evaluate_every_setting_scores_each_run_against_its_corpus_random_init_a
     monkeypatch.setattr(quality_finetune, "finetune", failing_finetune)
     again = qs.evaluate_v2(tmp_path / "work", checkpoints, plan, samples_dir, 1, tmp_path / "search.json", [300], 1)
     assert again["choice"]["candidates"] == choice["candidates"]
+
+
+def test_pretrain_keep_runs_only_what_is_missing_and_archives_the_runs_only_when_they_fit(tmp_path, monkeypatch):
+    """Runs already in ``--keep`` are not run again (here all are: nothing is trained); their logs
+    come back always, their compact archive only when it fits what a device call returns."""
+    from benchmarks import quality_search as qs
+    from bert_core.model.checkpoint import save_pretrained
+
+    stage, keep = tmp_path / "stage", tmp_path / "keep"
+    stage.mkdir()
+    (stage / "steps.json").write_text(json.dumps({"candidates": "v2", "steps": {"k1": 3}, "corpus": {"k1": "k1"}}))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(995))]))
+    for seed in (42, 43):
+        save_pretrained(qs.model_for(qs.CANDIDATES_V2["k1"], 1000, seed), str(keep / f"k1-seed{seed}"),
+                        vocab_file=str(vocab))
+        (keep / f"k1-seed{seed}" / "pretrain-log.json").write_text(json.dumps({"recipe": "k1", "seed": seed}))
+    saved = {p.relative_to(keep): p.read_bytes() for p in keep.rglob("*") if p.is_file()}
+    monkeypatch.setattr(qs, "XZ_PRESET", 0)
+    out = tmp_path / "out"
+    assert qs.pretrain_all(stage, out, ["k1"], seeds=[42, 43], keep=keep) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["pretrain-logs.json", "runs.tar"]
+    assert json.loads((out / "pretrain-logs.json").read_text())["k1-seed43"]["seed"] == 43
+    back = qs.unpack(out, tmp_path / "back")
+    assert {p.relative_to(back): p.read_bytes() for p in back.rglob("*") if p.is_file()} == saved
+    assert {p.relative_to(keep): p.read_bytes() for p in keep.rglob("*") if p.is_file()} == saved
+    monkeypatch.setattr(qs, "RETURN_LIMIT", qs.RETURN_ROOM + 2**16)  # a device call with no room for them
+    assert qs.pretrain_all(stage, tmp_path / "small", ["k1"], seeds=[42, 43], keep=keep) == 0
+    assert [p.name for p in (tmp_path / "small").iterdir()] == ["pretrain-logs.json"]
+    with pytest.raises(SystemExit, match="already holds k1-seed42, k1-seed43: move them away"):
+        qs.pretrain_all(stage, out, ["k1"], seeds=[42, 43], gpu_minutes=1.0, keep=keep)
+    with pytest.raises(SystemExit, match="--keep needs --seeds"):
+        qs.pretrain_all(stage, out, ["k1"], keep=keep)
