@@ -1,6 +1,7 @@
 """The recipe search: which change to the chosen pre-training recipe buys the most few-label gain
 for its CPU-minutes (version 1's :data:`RECIPES`; version 2's :data:`CANDIDATES_V2` with
-``--candidates v2``, ``--recipes v2``). Three steps, the middle one on whatever accelerator there is:
+``--candidates v2``, ``--recipes v2``). Three steps, the last two on whatever accelerator there is
+(``make gpu-quality`` and ``gpu-quality-evaluate`` run them on the device machine, from the stage):
 
     python -m benchmarks.quality_search prepare --work W --stage .search-v2 --candidates v2  # here
     python -m benchmarks.quality_search pretrain --stage .search-v2 --out OUT --recipes v2 --seeds 42,43
@@ -24,7 +25,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -861,40 +862,91 @@ def random_init_v2(work: Path, corpus: str, vocab_file: str, seed: int) -> Path:
     return folder
 
 
-def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: list[int], subsamples: int) -> list:
+def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: list[int], subsamples: int,
+                       settings: list[int] | None = None, encodings: dict | None = None) -> list:
     """One checkpoint's dev jobs on one task: every size x subsample (fine-tuned with seed 1 + k)
-    x setting of ``bench_quality.GRID``, keyed for the job cache by the arm, its weights and vocab."""
+    x setting of ``bench_quality.GRID`` (``settings``: their numbers 1-8, default all), keyed for
+    the job cache by the arm, its weights and vocab, and the accelerator when it is not the CPU
+    (``QUALITY_ACCELERATOR``). ``encodings`` keeps each subsample's features by vocab, so that
+    the checkpoints of one corpus tokenize them once."""
     from benchmarks import bench_quality as bq
-    from benchmarks.quality_finetune import encoded, finetune
+    from benchmarks.quality_finetune import ACCELERATOR_VARIABLE, encoded, finetune
     from bert_core.finetune.data import subsample
 
-    ckpt_key = {"search": "v2", "arm": arm, "weights": weights_digest(checkpoint),
-                "vocab": hashlib.sha256((checkpoint / "vocab.txt").read_bytes()).hexdigest()[:16]}
+    vocab = hashlib.sha256((checkpoint / "vocab.txt").read_bytes()).hexdigest()[:16]
+    accelerator = os.environ.get(ACCELERATOR_VARIABLE, "cpu")
+    ckpt_key = {"search": "v2", "arm": arm, "weights": weights_digest(checkpoint), "vocab": vocab}
+    if accelerator != "cpu":
+        ckpt_key["accelerator"] = accelerator
+    encodings = {} if encodings is None else encodings
     jobs = []
     for size in sizes:
         for k in range(subsamples):
-            data, pad = encoded(str(checkpoint), {"train": subsample(parts["train"], size, task.name, k),
-                                                  "dev": parts["dev"]}, task.labels, 64)
-            for setting in bq.GRID:
+            if (vocab, task.name, size, k) not in encodings:
+                encodings[vocab, task.name, size, k] = encoded(
+                    str(checkpoint), {"train": subsample(parts["train"], size, task.name, k), "dev": parts["dev"]},
+                    task.labels, 64)
+            data, pad = encodings[vocab, task.name, size, k]
+            for number in settings or range(1, len(bq.GRID) + 1):
+                setting = bq.GRID[number - 1]
                 key = ckpt_key | {"task": task.name, "size": str(size), "subsample": k, "seed": 1 + k,
                                   "setting": setting, "split": "dev"}
                 jobs.append((key, finetune, (str(checkpoint), data, "dev", len(task.labels), setting, 1 + k, pad)))
     return jobs
 
 
+def run_jobs(cache, work_list: list, jobs: int, seconds: float | None = None) -> list:
+    """Each job's value, from ``cache`` or computed by ``jobs`` processes (stored in ``cache`` as
+    it ends), the jobs started in list order, one as another ends. With ``seconds``, no job starts
+    after that many seconds (those running finish and are stored); the value of a job not run is
+    None."""
+    values = [cache.lookup(key) for key, _, _ in work_list]
+    todo = [i for i, v in enumerate(values) if v is None]
+    print(f"{len(work_list) - len(todo)} of {len(work_list)} jobs read from the cache, {len(todo)} to run "
+          f"({jobs} at a time)", flush=True)
+    if not todo:
+        return values
+    started = time.monotonic()
+    queue, running, ran, every = list(reversed(todo)), {}, 0, max(1, len(todo) // 20)
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        while queue or running:
+            while queue and len(running) < max(1, jobs) and (
+                    seconds is None or time.monotonic() < started + seconds):
+                i = queue.pop()
+                running[pool.submit(work_list[i][1], *work_list[i][2])] = i
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                i = running.pop(future)
+                values[i] = future.result()
+                cache.store(work_list[i][0], values[i])
+                ran += 1
+                if ran % every == 0 or ran == len(todo):
+                    elapsed = time.monotonic() - started
+                    print(f"  {ran}/{len(todo)} jobs done in {elapsed:.0f} s ({ran / elapsed:.2f} a second)", flush=True)
+    return values
+
+
 def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
-                sizes: list[int], subsamples: int, choose: Path | None = None) -> dict:
+                sizes: list[int], subsamples: int, choose: Path | None = None, settings: list[int] | None = None,
+                seconds: float | None = None, cache_in: Path | None = None, cache_out: Path | None = None
+                ) -> dict | None:
     """Version 2's choice on dev: every run of every candidate and every B (a random init per
     corpus and seed of the runs) fine-tuned at every size x subsample x setting of the grid
-    (:func:`every_setting_jobs`; finished jobs are read from the cache under ``work/search-v2``,
-    so a second call resumes); a candidate's gain in a cell is the mean of its runs and subsamples
-    minus the same mean of its corpus's B. Writes every score to ``output`` and, with ``choose``,
-    the choice (``benchmarks.quality_choice.choose``)."""
+    (:func:`every_setting_jobs`, all of them in one queue for ``jobs`` processes; finished jobs
+    are read from the cache under ``work/search-v2``, which starts as ``cache_in`` holds it when
+    missing, so a second call resumes); a candidate's gain in a cell is the mean of its runs and
+    subsamples minus the same mean of its corpus's B. Writes every score to ``output`` and, with
+    ``choose``, the choice (``benchmarks.quality_choice.choose``). With ``seconds``, jobs left
+    when that time is up are not run and nothing is written but the cache: None is returned.
+    ``cache_out``: the cache packed into one file at the end, finished or not."""
     import statistics
 
     from benchmarks import bench_quality as bq
     from benchmarks import quality_choice as qc
     from benchmarks import quality_tasks as qt
+    from benchmarks.quality_finetune import ACCELERATOR_VARIABLE
 
     names = [n for n in CANDIDATES_V2 if n in plan["steps"]]
     runs = run_folders(checkpoints, names)
@@ -912,32 +964,49 @@ def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: 
             arms[folder.name] = {"arm": name, "corpus": plan["corpus"][name], "seed": seed, "checkpoint": folder,
                                  "pretrain": {k: v for k, v in json.loads(log.read_text()).items() if k != "log"}
                                  if log.exists() else None}
-    cache = bq.Cache(work / "search-v2" / "cache", reuse=True)
+    cache = bq.Cache(work / "search-v2" / "cache", reuse=True, archive=cache_in)
     tasks = {name: qt.load(task, samples) for name, task in qt.TASKS.items()}
-    with ProcessPoolExecutor(max(1, jobs)) as pool:
-        for label, arm in arms.items():
-            scores: dict[str, list[float]] = {}
-            for task_name, parts in tasks.items():
-                work_list = every_setting_jobs(label, arm["checkpoint"], qt.TASKS[task_name], parts, sizes, subsamples)
-                for (key, _, _), result in zip(work_list, cache.run(pool, work_list, f"{label} {task_name}"),
-                                               strict=True):
-                    c = qc.cell(task_name, key["size"], bq.GRID.index(key["setting"]) + 1)
-                    scores.setdefault(c, []).append(result["macro_f1"])
-            arm["dev_macro_f1"] = scores
-            print(f"  {label}: dev macro-F1 {statistics.fmean(v for s in scores.values() for v in s):.1f} "
-                  f"(mean of {len(scores)} cells)", flush=True)
+    encodings: dict = {}
+    work_list, owners = [], []
+    for label, arm in arms.items():
+        for task_name, parts in tasks.items():
+            found = every_setting_jobs(label, arm["checkpoint"], qt.TASKS[task_name], parts, sizes, subsamples,
+                                       settings, encodings)
+            work_list += found
+            owners += [label] * len(found)
+    order = sorted(range(len(work_list)), key=lambda i: -int(work_list[i][0]["size"]))  # the longest jobs first
+    work_list, owners = [work_list[i] for i in order], [owners[i] for i in order]
+    values = run_jobs(cache, work_list, jobs, seconds)
+    if cache_out:
+        bq.pack_cache(cache.folder, cache_out)
+    left = sum(v is None for v in values)
+    if left:
+        print(f"not finished: {left} of {len(values)} jobs left at the {seconds:g}-second limit; the same command "
+              "again runs them (the finished ones are in the job cache)", flush=True)
+        return None
+    for (key, _, _), label, value in zip(work_list, owners, values, strict=True):
+        c = qc.cell(key["task"], key["size"], bq.GRID.index(key["setting"]) + 1)
+        arms[label].setdefault("dev_macro_f1", {}).setdefault(c, []).append(value["macro_f1"])
+    for label, arm in arms.items():
+        scores = arm["dev_macro_f1"]
+        print(f"  {label}: dev macro-F1 {statistics.fmean(v for s in scores.values() for v in s):.1f} "
+              f"(mean of {len(scores)} cells)", flush=True)
     pooled: dict[str, dict[str, list[float]]] = {}
     for arm in arms.values():
         key = f"B-{arm['corpus']}" if arm["arm"] == "B" else arm["arm"]
-        for c, values in arm["dev_macro_f1"].items():
-            pooled.setdefault(key, {}).setdefault(c, []).extend(values)
+        for c, cell_scores in arm["dev_macro_f1"].items():
+            pooled.setdefault(key, {}).setdefault(c, []).extend(cell_scores)
     gains = {n: qc.gains(pooled[n], pooled[f"B-{plan['corpus'][n]}"]) for n in names if n in runs}
-    choice = qc.choose(gains, plan["corpus"], qc.cells(list(tasks), tuple(str(s) for s in sizes)))
+    numbers = settings or list(range(1, len(bq.GRID) + 1))
+    expected = [c for c in qc.cells(list(tasks), tuple(str(s) for s in sizes), len(bq.GRID))
+                if int(c.rsplit("/", 1)[1]) in numbers]
+    choice = qc.choose(gains, plan["corpus"], expected)
     choice["not_run"] = [n for n in names if n not in runs]
     choice["runs"] = {n: [seed for seed, _ in runs[n]] for n in runs}
     result = {"what": "version 2's recipe choice: each candidate's dev macro-F1 at every size x subsample x "
                       "setting, its gain per cell over random init with its corpus's vocab, and the choice",
-              "sizes": [str(s) for s in sizes], "subsamples": subsamples, "grid": bq.GRID, "plan": plan,
+              "sizes": [str(s) for s in sizes], "subsamples": subsamples, "grid": bq.GRID, "settings": numbers,
+              "accelerator": os.environ.get(ACCELERATOR_VARIABLE, "cpu"), "plan": plan,
               "arms": {label: {k: str(v) if k == "checkpoint" else v for k, v in arm.items()}
                        for label, arm in arms.items()},
               "choice": choice}
@@ -954,18 +1023,51 @@ def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: 
     return result
 
 
+def plan_v2(stage: Path, work: Path) -> dict:
+    """Version 2's plan: the stage's, its vocabs named by the stage's copies (so that it holds on
+    the machine the stage travelled to), else the one prepare left in ``work/search-v2``."""
+    if (stage / "steps.json").exists():
+        plan = json.loads((stage / "steps.json").read_text())
+        if plan.get("candidates") == "v2":
+            plan["vocabs"] = {c: str(stage / f"vocab-{c}" / "vocab.txt") for c in plan["vocabs"]}
+            return plan
+    plan_file = work / "search-v2" / "plan.json"
+    if not plan_file.exists():
+        raise SystemExit(f"neither {stage}/steps.json nor {plan_file} holds a version-2 plan: run quality_search "
+                         f"prepare --work {work} --stage {stage} --candidates v2 first")
+    return json.loads(plan_file.read_text())
+
+
+def checkpoints_folder(path: Path, into: Path) -> Path:
+    """``path`` when it holds checkpoints (folders with a ``config.json``), else the folder
+    :func:`unpack` makes of the archives in it under ``into``."""
+    if path.is_dir() and any((p / "config.json").exists() for p in path.iterdir()):
+        return path
+    return unpack(path, into)
+
+
+def numbers(flag: str, text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"{flag} {text}: give integers, comma-separated") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import samples as default_samples
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", choices=["prepare", "pretrain", "evaluate"])
     parser.add_argument("--work", default="/work/quality-runs", help="bench_quality's --work")
-    parser.add_argument("--stage", default=str(ROOT / ".search"), help="what the pre-training step reads")
+    parser.add_argument("--stage", default=None, help="what the pre-training step reads (default .search; "
+                        ".search-v2 for evaluate --every-setting, whose plan, vocabs and tasks' files it reads)")
     parser.add_argument("--out", default=None, help="pretrain: where the checkpoints' archive goes")
     parser.add_argument("--keep", default=None, help="pretrain --seeds: keep the runs in this folder, skip those "
                         "already there, and archive them in --out only if they fit a device call's return")
-    parser.add_argument("--checkpoints", default=None, help="evaluate: folder of the archive's parts")
-    parser.add_argument("--samples", default=None)
+    parser.add_argument("--checkpoints", default=None,
+                        help="evaluate: folder of the checkpoints, or of the pre-training step's archives")
+    parser.add_argument("--samples", default=None, help="the samples folder (default: the stage's copy of the "
+                        "tasks' files for evaluate --every-setting when it has one, else the fetched samples)")
     parser.add_argument("--chosen-steps", type=int, default=14533, help="the protocol's 60-minute step count")
     parser.add_argument("--candidates", choices=list(CANDIDATE_SETS), default="v1",
                         help="prepare: version 1's recipes or version 2's candidates")
@@ -977,30 +1079,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-minutes", type=float, default=None,
                         help="pretrain: one step count for all, from a timing of them side by side")
     parser.add_argument("--scale", type=float, default=1.0, help="pretrain: a share of each step count (dry run)")
-    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=1, help="evaluate: fine-tuning jobs at a time (processes)")
     parser.add_argument("--every-setting", action="store_true",
                         help="evaluate: version 2's choice, every grid setting at --sizes")
     parser.add_argument("--sizes", default="300,1000", help="evaluate --every-setting: label counts")
+    parser.add_argument("--settings", default=None,
+                        help="evaluate --every-setting: only these grid settings, numbered 1-8 (dry run)")
     parser.add_argument("--subsamples", type=int, default=None,
                         help=f"evaluate: subsamples a size (default {SUBSAMPLES}; fewer for a dry run)")
+    parser.add_argument("--seconds", type=float, default=None, help="evaluate --every-setting: start no job after "
+                        "this many seconds; the same command again runs the rest (status 3 until then)")
+    parser.add_argument("--cache-in", default=None,
+                        help="evaluate --every-setting: the job cache starts as this packed file holds it when missing")
+    parser.add_argument("--cache-out", default=None,
+                        help="evaluate --every-setting: the job cache packed into this file at the end")
     parser.add_argument("--choose", default=None, help="evaluate --every-setting: write the choice here")
     parser.add_argument("--output", default=None, help="evaluate: every score (default bench-results/"
                         "quality-search.json, quality-v2-search.json with --every-setting)")
     args = parser.parse_args(argv)
-    work, stage = Path(args.work), Path(args.stage)
+    work = Path(args.work)
+    stage = Path(args.stage or ROOT / (".search-v2" if args.every_setting else ".search"))
     if args.step == "pretrain":
         if not args.out:
             raise SystemExit("pretrain needs --out, the folder the checkpoints' archives go to")
-        try:
-            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-        except ValueError:
-            raise SystemExit(f"--seeds {args.seeds}: give integers, comma-separated") from None
+        seeds = numbers("--seeds", args.seeds) if args.seeds else None
         if args.gpu_minutes is not None and args.gpu_minutes <= 0:
             raise SystemExit(f"--gpu-minutes {args.gpu_minutes:g}: give a positive number of minutes")
         return pretrain_all(stage, Path(args.out), recipe_names(args.recipes), args.scale, seeds, args.gpu_minutes,
                             keep=Path(args.keep) if args.keep else None)
-    samples = Path(args.samples) if args.samples else default_samples()
     if args.step == "prepare":
+        samples = Path(args.samples) if args.samples else default_samples()
         if args.tasks_only:
             if args.candidates != "v2":
                 raise SystemExit("--tasks-only is for a version-2 stage: add --candidates v2")
@@ -1012,20 +1120,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(plan, indent=1))
         return 0
     if not args.checkpoints:
-        raise SystemExit("evaluate needs --checkpoints, the folder of the pre-training step's archives")
+        raise SystemExit("evaluate needs --checkpoints, the folder of the checkpoints or of their archives")
     if args.every_setting:
-        plan_file = work / "search-v2" / "plan.json"
-        if not plan_file.exists():
-            raise SystemExit(f"{plan_file} is missing: run quality_search prepare --work {work} --candidates v2 first")
-        try:
-            sizes = [int(s) for s in args.sizes.split(",")]
-        except ValueError:
-            raise SystemExit(f"--sizes {args.sizes}: give label counts, comma-separated") from None
-        folder = unpack(Path(args.checkpoints), work / "search-v2" / "gpu")
+        plan = plan_v2(stage, work)
+        sizes = numbers("--sizes", args.sizes)
+        settings = numbers("--settings", args.settings) if args.settings else None
+        if settings and not all(1 <= n <= 8 for n in settings):
+            raise SystemExit(f"--settings {args.settings}: the grid's settings are numbered 1 to 8")
+        if args.seconds is not None and args.seconds <= 0:
+            raise SystemExit(f"--seconds {args.seconds:g}: give a positive number of seconds")
+        samples = Path(args.samples) if args.samples else (
+            stage / STAGE_SAMPLES if (stage / STAGE_SAMPLES).is_dir() else default_samples())
+        folder = checkpoints_folder(Path(args.checkpoints), work / "search-v2" / "gpu")
         output = Path(args.output or ROOT / "bench-results" / "quality-v2-search.json")
-        evaluate_v2(work, folder, json.loads(plan_file.read_text()), samples, args.jobs, output, sizes,
-                    args.subsamples or 3, Path(args.choose) if args.choose else None)
-        return 0
+        result = evaluate_v2(work, folder, plan, samples, args.jobs, output, sizes, args.subsamples or 3,
+                             Path(args.choose) if args.choose else None, settings, args.seconds,
+                             Path(args.cache_in) if args.cache_in else None,
+                             Path(args.cache_out) if args.cache_out else None)
+        return 0 if result else 3
+    samples = Path(args.samples) if args.samples else default_samples()
     folder = unpack(Path(args.checkpoints), work / "search" / "gpu")
     evaluate(work, folder, json.loads((stage / "steps.json").read_text()), samples, args.jobs,
              Path(args.output or ROOT / "bench-results" / "quality-search.json"), args.subsamples or SUBSAMPLES)

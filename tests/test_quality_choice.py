@@ -1,6 +1,7 @@
 """Version 2 of the quality protocol: the recipe choice's rule and freeze, the every-setting
-endpoint's cells and goal, the stage's compact instances and the side-by-side pre-training of
-the candidates with one step count from a timing (tiny, on CPU)."""
+endpoint's cells and goal, the stage's compact instances, the side-by-side pre-training of the
+candidates with one step count from a timing, the runs kept for the evaluation on the same
+machine, and that evaluation as the device machine runs it (tiny, on CPU)."""
 
 from __future__ import annotations
 
@@ -224,40 +225,78 @@ def failing_finetune(*args, **kwargs) -> dict[str, float]:
     raise AssertionError("a finished job ran again")
 
 
-def test_evaluate_every_setting_scores_each_run_against_its_corpus_random_init_and_writes_the_choice(
+def test_evaluate_every_setting_reads_the_stage_and_local_checkpoints_and_writes_the_choice(
         tmp_path, samples_dir, monkeypatch):
-    """The choice's glue with a stand-in for fine-tuning: every run and B at every setting and
-    size, gains per cell against B of the run's corpus, the choice written, and a second call
-    reading every job from the cache."""
+    """The choice's glue as the device machine runs it, with a stand-in for fine-tuning: the plan,
+    vocabs and tasks' files from the stage, the runs from a folder of checkpoints, every run and B
+    at each setting asked for, gains per cell against B of the run's corpus, the choice and the
+    packed job cache written (jobs keyed by the accelerator), and a second call reading every
+    job from the cache."""
+    from benchmarks import bench_quality as bq
     from benchmarks import quality_finetune
     from benchmarks import quality_search as qs
     from bert_core.model.checkpoint import save_pretrained
 
-    vocab = tmp_path / "vocab" / "vocab.txt"
-    vocab.parent.mkdir()
-    vocab.write_text("\n".join((samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()[:2500]))
-    checkpoints = tmp_path / "checkpoints"
+    stage = tmp_path / "stage"
+    for corpus in ("k1", "k2"):
+        (stage / f"vocab-{corpus}").mkdir(parents=True)
+        (stage / f"vocab-{corpus}" / "vocab.txt").write_text(
+            "\n".join((samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()[:2500]))
+    plan = {"candidates": "v2", "steps": {"k2": 9, "k2-wwm": 9, "k1": 9},
+            "corpus": {"k2": "k2", "k2-wwm": "k2", "k1": "k1"},
+            "vocabs": {"k1": "/elsewhere/k1/vocab.txt", "k2": "/elsewhere/k2/vocab.txt"}}
+    (stage / "steps.json").write_text(json.dumps(plan))
+    qs.stage_tasks(samples_dir, stage)
+    checkpoints = tmp_path / "runs"
     for name, seed in (("k1", 42), ("k1", 43), ("k2", 42)):
         save_pretrained(qs.model_for(qs.CANDIDATES_V2[name], 2500, seed), str(checkpoints / f"{name}-seed{seed}"),
-                        vocab_file=str(vocab))
-    plan = {"steps": {"k2": 9, "k2-wwm": 9, "k1": 9}, "corpus": {"k2": "k2", "k2-wwm": "k2", "k1": "k1"},
-            "vocabs": {"k1": str(vocab), "k2": str(vocab)}}
+                        vocab_file=str(stage / f"vocab-{name}" / "vocab.txt"))
     monkeypatch.setattr(quality_finetune, "finetune", fake_finetune)
-    choose = tmp_path / "choice.json"
-    result = qs.evaluate_v2(tmp_path / "work", checkpoints, plan, samples_dir, 1, tmp_path / "search.json", [300], 1,
-                            choose)
+    monkeypatch.setenv("BERTPIPE_SAMPLES", str(tmp_path / "no-samples"))  # only the stage's copy is there
+    monkeypatch.setenv(quality_finetune.ACCELERATOR_VARIABLE, "gpu")
+    work, out = tmp_path / "work", tmp_path / "out"
+    args = ["evaluate", "--every-setting", "--stage", str(stage), "--work", str(work), "--checkpoints",
+            str(checkpoints), "--sizes", "300", "--subsamples", "1", "--settings", "1,5", "--output",
+            str(out / "search.json"), "--cache-out", str(out / "cache.tar.xz")]
+    assert qs.main([*args, "--choose", str(out / "choice.json")]) == 0
+    result = json.loads((out / "search.json").read_text())
     assert sorted(result["arms"]) == ["B-k1-seed42", "B-k1-seed43", "B-k2-seed42", "B-k2-seed43",
                                       "k1-seed42", "k1-seed43", "k2-seed42"]
-    assert len(result["arms"]["k1-seed43"]["dev_macro_f1"]) == 16  # 2 tasks x 1 size x 8 settings
-    choice = json.loads(choose.read_text())
+    assert sorted(result["arms"]["k1-seed43"]["dev_macro_f1"]) == [
+        "sentiment/300/1", "sentiment/300/5", "tweets3/300/1", "tweets3/300/5"]
+    assert result["plan"]["vocabs"]["k2"] == str(stage / "vocab-k2" / "vocab.txt")
+    choice = json.loads((out / "choice.json").read_text())
     assert (choice["name"], choice["corpus"], choice["not_run"]) == ("k1", "k1", ["k2-wwm"])
+    assert choice["cells"] == ["sentiment/300/1", "sentiment/300/5", "tweets3/300/1", "tweets3/300/5"]
     rows = {r["name"]: r for r in choice["candidates"]}
     assert list(rows) == ["k2", "k1"]
     assert rows["k1"]["minimum"] == pytest.approx(10.0) and rows["k2"]["mean"] == pytest.approx(5.0)
-    assert qc.frozen_choice(choose, "k1")["runs"] == {"k2": [42], "k1": [42, 43]}
+    assert qc.frozen_choice(out / "choice.json", "k1")["runs"] == {"k2": [42], "k1": [42, 43]}
+    jobs = sorted((work / "search-v2" / "cache").glob("*.json"))
+    assert len(jobs) == 7 * 4 and all(json.loads(j.read_text())["key"]["accelerator"] == "gpu" for j in jobs)
+    assert bq.pack_cache(work / "search-v2" / "cache", tmp_path / "again.tar.xz") == 28
+    assert (tmp_path / "again.tar.xz").read_bytes() == (out / "cache.tar.xz").read_bytes()
     monkeypatch.setattr(quality_finetune, "finetune", failing_finetune)
-    again = qs.evaluate_v2(tmp_path / "work", checkpoints, plan, samples_dir, 1, tmp_path / "search.json", [300], 1)
-    assert again["choice"]["candidates"] == choice["candidates"]
+    assert qs.main(args) == 0
+    assert json.loads((out / "search.json").read_text())["choice"]["candidates"] == choice["candidates"]
+
+
+def test_run_jobs_starts_no_job_after_its_seconds_and_reads_finished_ones_from_the_cache():
+    from benchmarks import quality_search as qs
+
+    class Cache(dict):
+        def lookup(self, key):
+            return self.get(json.dumps(key))
+
+        def store(self, key, value):
+            self[json.dumps(key)] = value
+
+    cache = Cache()
+    work_list = [({"n": n}, pow, (n, 2)) for n in range(5)]
+    assert qs.run_jobs(cache, work_list, 2, seconds=1e-9) == [None] * 5 and not cache
+    cache.store({"n": 1}, "finished before")
+    assert qs.run_jobs(cache, work_list, 2) == [0, "finished before", 4, 9, 16]
+    assert len(cache) == 5
 
 
 def test_pretrain_keep_runs_only_what_is_missing_and_archives_the_runs_only_when_they_fit(tmp_path, monkeypatch):
