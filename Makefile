@@ -83,11 +83,33 @@ gpu-check:
 gpu-variants:
 	$(MAKE) gpu-check GPU_CHECK_ARGS="--stages variants"
 
-# The quality protocol's pre-training on the GPU (docs/quality-protocol-v2.md), from the stage that
-# `python -m benchmarks.quality_search prepare --candidates v2 --stage .search-v2` writes here (git
-# ignores it: name it in the device call's carry). The checkpoints come back in $(OUT).
+# Version 2's recipe choice on the device machine (docs/quality-protocol-v2.md): two calls, the second right
+# after the first (warm 30 s), each with carry [".search-v2", ".whl"] (`prepare --candidates v2`, `gpu-wheels`).
+# 1. `make gpu-quality`: the 12 runs side by side, kept in $(QUALITY_KEEP); logs (and compact archive, if it
+#    fits) in $OUT; 5-7 min on an H100. 2. `make gpu-quality-evaluate`: runs and B fine-tuned on cuda at every
+#    setting, 12 jobs at a time; search, choice, job cache, log in $OUT; 3-6.5 min. No job starts after
+#    QUALITY_EVAL_SECONDS (device time left less 90 s): status 3, and the same call again goes on.
+.PHONY: gpu-quality-evaluate
 QUALITY_STAGE ?= .search-v2
+QUALITY_KEEP ?= .search-v2-device
 QUALITY_ARGS ?= --recipes v2 --seeds 42,43
+QUALITY_EVAL_SECONDS ?= 480
+QUALITY_EVAL_ARGS ?= --jobs 12
+QUALITY_ACCELERATOR ?= gpu
+gpu-quality gpu-quality-evaluate: SHELL := /bin/bash
+gpu-quality gpu-quality-evaluate: .SHELLFLAGS := -o pipefail -c
 gpu-quality:
 	$(GPU_INSTALL)
-	$(GPU_ENV) $(GPU_PY) -m benchmarks.quality_search pretrain --stage $(QUALITY_STAGE) --out $(OUT) $(QUALITY_ARGS)
+	mkdir -p $(OUT)
+	$(GPU_ENV) $(GPU_PY) -m benchmarks.quality_search pretrain --stage $(QUALITY_STAGE) --out $(OUT) \
+		--keep $(QUALITY_KEEP)/runs $(QUALITY_ARGS) 2>&1 | tee $(OUT)/pretrain.log
+
+gpu-quality-evaluate:
+	$(GPU_INSTALL)
+	mkdir -p $(OUT)
+	QUALITY_ACCELERATOR=$(QUALITY_ACCELERATOR) $(GPU_ENV) $(GPU_PY) -m benchmarks.quality_search evaluate \
+		--every-setting --stage $(QUALITY_STAGE) --work $(QUALITY_KEEP) --checkpoints $(QUALITY_KEEP)/runs \
+		--sizes 300,1000 --subsamples 3 --seconds $(QUALITY_EVAL_SECONDS) \
+		--cache-in $(QUALITY_STAGE)/quality-v2-cache.tar.xz --cache-out $(OUT)/quality-v2-cache.tar.xz \
+		--output $(OUT)/quality-v2-search.json --choose $(OUT)/quality-v2-choice.json $(QUALITY_EVAL_ARGS) \
+		2>&1 | tee $(OUT)/evaluate.log
