@@ -1,5 +1,6 @@
 """The session's Prefect server for tests: ``bertpipe server`` on a free port of 127.0.0.1 (API
-and UI, its own PREFECT_HOME and SQLite), and the one way tests stop a process group.
+and UI, its own PREFECT_HOME and SQLite, the database a copy of a migrated one kept in the cache),
+and the one way tests stop a process group.
 
     with local_prefect_server(tmp_path) as server: ...   # server.api, server.ui, server.home
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,10 +90,41 @@ class PrefectServer:
     log: Path
 
 
+def database_template() -> Path:
+    """Where a just-started server's database (every migration applied, the block types
+    registered, nothing else) is kept for this Prefect version, beside the samples."""
+    from importlib.metadata import version
+
+    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
+    return base / f"prefect-{version('prefect')}-fresh.db"
+
+
+def save_database(db: Path, to: Path) -> None:
+    """A consistent copy of a live SQLite database (the backup API), put in place atomically."""
+    import sqlite3
+
+    to.parent.mkdir(parents=True, exist_ok=True)
+    part = to.with_name(f"{to.name}.{os.getpid()}.part")
+    src, dst = sqlite3.connect(db), sqlite3.connect(part)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    os.replace(part, to)
+
+
 @contextlib.contextmanager
 def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[PrefectServer]:
-    """Start ``bertpipe server`` as a user does, wait for /api/health, yield it, stop it (and only it)."""
+    """Start ``bertpipe server`` as a user does, wait for /api/health, yield it, stop it (and only it).
+
+    The server starts on a copy of :func:`database_template` when there is one: a new SQLite
+    database costs over 100 Alembic migrations (about 12 CPU-s, over half the start)."""
     home.mkdir(parents=True, exist_ok=True)
+    template = database_template()
+    from_template = template.exists()
+    if from_template:
+        shutil.copyfile(template, home / "prefect.db")
     port = free_port()
     bertpipe = str(Path(sys.executable).with_name("bertpipe"))
     log_path = home / "server.log"
@@ -103,6 +136,8 @@ def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[PrefectSe
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
+                if from_template:  # the next start migrates a new database and keeps that instead
+                    template.unlink(missing_ok=True)
                 raise RuntimeError(f"prefect server exited {proc.returncode}: " + log_path.read_text()[-2000:])
             try:
                 with urllib.request.urlopen(f"{ui}/api/health", timeout=2) as resp:
@@ -111,8 +146,12 @@ def local_prefect_server(home: Path, timeout: float = 180) -> Iterator[PrefectSe
             except OSError:
                 pass
             if time.monotonic() > deadline:
+                if from_template:
+                    template.unlink(missing_ok=True)
                 raise TimeoutError(f"prefect server on {ui} not healthy after {timeout}s")
             time.sleep(0.5)
+        if not from_template:
+            save_database(home / "prefect.db", template)
         yield PrefectServer(api=f"{ui}/api", ui=ui, home=home, log=log_path)
     finally:
         drain_prefect_workers()
