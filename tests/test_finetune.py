@@ -107,15 +107,18 @@ def test_every_task_learns_its_fixture(task, tiny_checkpoint, samples_dir, tmp_p
 
 @pytest.mark.slow
 def test_deepspeed_engine_trains_like_the_plain_loop(tiny_checkpoint, tmp_path):
-    """The same job under a one-rank DeepSpeed engine (gloo, CPU) gives the same losses and metric."""
+    """The same job under a one-rank DeepSpeed engine (gloo, CPU) gives the same losses and metric.
+    The engine's run is a process of its own (it sets up torch.distributed); the plain one runs here."""
+    from bert_core.finetune.train import main
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     sets = [f"--set={k}={v}" for k, v in TINY.items()]
-    out = {}
-    for name, extra in (("plain", []), ("ds", ["--set=deepspeed=true"])):
-        subprocess.run([sys.executable, "-m", "bert_core.finetune.train", "--task", "rte", "--data",
-                        str(FIXTURES), "--checkpoint", tiny_checkpoint, "--output", str(tmp_path / name),
-                        "--seed", "3", *sets, *extra], check=True, env=env, capture_output=True)
-        out[name] = json.loads((tmp_path / name / "rte" / SETTING / "seed=3" / "metrics.json").read_text())
+    args = ["--task", "rte", "--data", str(FIXTURES), "--checkpoint", tiny_checkpoint, "--seed", "3", *sets]
+    main([*args, "--output", str(tmp_path / "plain")])
+    subprocess.run([sys.executable, "-m", "bert_core.finetune.train", *args, "--output", str(tmp_path / "ds"),
+                    "--set=deepspeed=true"], check=True, env=env, capture_output=True)
+    out = {name: json.loads((tmp_path / name / "rte" / SETTING / "seed=3" / "metrics.json").read_text())
+           for name in ("plain", "ds")}
     assert out["ds"]["train"]["deepspeed"] and not out["plain"]["train"]["deepspeed"]
     for key in ("first_loss", "last_loss"):
         assert out["ds"]["train"][key] == pytest.approx(out["plain"]["train"][key], rel=1e-4)
