@@ -32,10 +32,12 @@ from bert_core.model.checkpoint import load_into, load_pretrained
 # - the unpadding indices come precomputed from the loader's workers (pretraining_plan), so the
 #   forward pass never waits for the host.
 
-try:  # packed FlashAttention over variable-length sequences (CUDA only)
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # torch < 2.10
-    varlen_attn = None
+varlen_attn = None  # packed FlashAttention over variable-length sequences: CUDA only, so only
+if torch.cuda.is_available():  # imported there (it loads torch._dynamo, seconds a process)
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        pass
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Self
