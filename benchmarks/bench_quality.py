@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -261,17 +261,37 @@ class Cache:
 
     def run(self, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str) -> list:
         """Each job's value, from disk or computed in ``pool``; progress printed as they end."""
-        values: list = [self.lookup(key) for key, _, _ in jobs]
-        todo = {pool.submit(fn, *a): i for i, (_, fn, a) in enumerate(jobs) if values[i] is None}
-        if len(todo) < len(jobs):
-            print(f"  {label}: {len(jobs) - len(todo)} of {len(jobs)} jobs reused", flush=True)
-        for n, future in enumerate(as_completed(todo), 1):
-            i = todo[future]
+        return run_cached(self, pool, jobs, label)
+
+
+def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str,
+               in_flight: int | None = None, seconds: float | None = None) -> list:
+    """Each job's value, from ``cache`` (its ``lookup``/``store``) or computed in ``pool`` and
+    stored as it ends, started in list order with at most ``in_flight`` running (default: all at
+    once). With ``seconds``, no job starts after that many seconds; a job not run is None."""
+    values: list = [cache.lookup(key) for key, _, _ in jobs]
+    todo = [i for i, v in enumerate(values) if v is None]
+    if len(todo) < len(jobs):
+        print(f"  {label}: {len(jobs) - len(todo)} of {len(jobs)} jobs reused", flush=True)
+    started, queue, running = time.monotonic(), list(reversed(todo)), {}
+    limit, every = in_flight or max(1, len(todo)), max(5, len(todo) // 20)
+    done_count = 0
+    while queue or running:
+        while queue and len(running) < limit and (seconds is None or time.monotonic() < started + seconds):
+            i = queue.pop()
+            running[pool.submit(jobs[i][1], *jobs[i][2])] = i
+        if not running:
+            break
+        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in finished:
+            i = running.pop(future)
             values[i] = future.result()
-            self.store(jobs[i][0], values[i])
-            if n % 5 == 0 or n == len(todo):
-                print(f"  {label}: {n}/{len(todo)} jobs done", flush=True)
-        return values
+            cache.store(jobs[i][0], values[i])
+            done_count += 1
+            if done_count % every == 0 or done_count == len(todo):
+                print(f"  {label}: {done_count}/{len(todo)} jobs done in {time.monotonic() - started:.0f} s",
+                      flush=True)
+    return values
 
 
 def pack_cache(folder: Path, archive: Path) -> int:

@@ -25,7 +25,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -896,36 +896,14 @@ def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: lis
 
 
 def run_jobs(cache, work_list: list, jobs: int, seconds: float | None = None) -> list:
-    """Each job's value, from ``cache`` or computed by ``jobs`` processes (stored in ``cache`` as
-    it ends), the jobs started in list order, one as another ends. With ``seconds``, no job starts
-    after that many seconds (those running finish and are stored); the value of a job not run is
-    None."""
-    values = [cache.lookup(key) for key, _, _ in work_list]
-    todo = [i for i, v in enumerate(values) if v is None]
-    print(f"{len(work_list) - len(todo)} of {len(work_list)} jobs read from the cache, {len(todo)} to run "
+    """Each job's value, from ``cache`` or computed by ``jobs`` processes, one started as another
+    ends (``bench_quality.run_cached``); with ``seconds``, no job starts after that many seconds."""
+    from benchmarks import bench_quality as bq
+
+    print(f"{sum(cache.lookup(key) is None for key, _, _ in work_list)} of {len(work_list)} jobs to run "
           f"({jobs} at a time)", flush=True)
-    if not todo:
-        return values
-    started = time.monotonic()
-    queue, running, ran, every = list(reversed(todo)), {}, 0, max(1, len(todo) // 20)
     with ProcessPoolExecutor(max(1, jobs)) as pool:
-        while queue or running:
-            while queue and len(running) < max(1, jobs) and (
-                    seconds is None or time.monotonic() < started + seconds):
-                i = queue.pop()
-                running[pool.submit(work_list[i][1], *work_list[i][2])] = i
-            if not running:
-                break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                i = running.pop(future)
-                values[i] = future.result()
-                cache.store(work_list[i][0], values[i])
-                ran += 1
-                if ran % every == 0 or ran == len(todo):
-                    elapsed = time.monotonic() - started
-                    print(f"  {ran}/{len(todo)} jobs done in {elapsed:.0f} s ({ran / elapsed:.2f} a second)", flush=True)
-    return values
+        return bq.run_cached(cache, pool, work_list, "choice", in_flight=max(1, jobs), seconds=seconds)
 
 
 def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,

@@ -308,7 +308,7 @@ def test_three_jobs_on_workers_that_share_no_disk_give_the_local_bytes(cluster, 
 @pytest.mark.slow
 def test_the_pipeline_runs_its_data_stages_on_the_cluster(prefect_api, cluster, local_run) -> None:
     """``beam_runner: dask`` in the config: the pipeline's corpus, vocab and instances stages
-    (Prefect flows, on the session's server) run on the cluster and give the local runner's bytes."""
+    (Prefect flows, on the test run's Prefect server) run on the cluster and give the local runner's bytes."""
     from bert_core.config import load_config
     from flows.pipeline import data_stages
 
