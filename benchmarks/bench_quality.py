@@ -149,10 +149,21 @@ MINILM_SETTING = {"learning_rate": 1e-4, "epochs": 3.0, "pooling": "mean"}
 TFIDF_C = (0.1, 1.0, 10.0)
 PRIMARY_SIZES = ("300", "1000")  # also goals 1-3's sizes (goal 2 at the last)
 CHOICE_FILE = RESULTS / "quality-v2-choice.json"  # version 2's frozen recipe choice
+# What a protocol version draws beyond the curve's sizes x subsamples: fine-tunings per run on the
+# whole pool, the every-setting endpoint's sizes and subsamples, its frozen choice, and whether arm
+# C runs. Version 1 is version 2 without --every-setting.
+PROTOCOLS = {
+    "v2": {"pool_subsamples": SUBSAMPLES, "every_setting_sizes": (100, 300, 1000), "every_setting_subsamples": SUBSAMPLES,
+           "choice": CHOICE_FILE, "reference": True},
+    "v3": {"pool_subsamples": 1, "every_setting_sizes": (300, 1000), "every_setting_subsamples": 3,
+           "choice": RESULTS / "quality-v3-choice.json", "reference": False},
+}
 PROBE_SIZE = 1000
 QUICK = {"sizes": (10, 20, None), "goal_sizes": ("10", "20"), "subsamples": 2, "runs": 2, "steps": 4, "pool": 60,
          "dev": 40, "test": 40,
-         "global_batch": 8, "grid": [s | {"epochs": 1.0, "min_steps": 2} for s in GRID[:2]], "heldout_sequences": 50}
+         "global_batch": 8, "grid": [s | {"epochs": 1.0, "min_steps": 2} for s in GRID[:2]], "heldout_sequences": 50,
+         "protocols": {"v2": {"pool_subsamples": 2, "every_setting_sizes": (10, 20), "every_setting_subsamples": 2},
+                       "v3": {"pool_subsamples": 1, "every_setting_sizes": (10, 20), "every_setting_subsamples": 1}}}
 
 
 def size_name(size: int | None) -> str:
@@ -540,14 +551,26 @@ def tfidf_scores(train: list, evaluate: list, labels: tuple[str, ...], c: float)
 # --------------------------------------------------------------------------- the protocol
 
 
-def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: dict, sizes, subsamples: int) -> list:
-    """The learning-curve jobs of one checkpoint on one task: (cache key, function, arguments)."""
+def curve_draws(plan: dict) -> list[tuple[int | None, int]]:
+    """The curve's (size, subsamples): the plan's subsamples at each size, its pool's at the whole pool."""
+    return [(size, plan["pool_subsamples"] if size is None else plan["subsamples"]) for size in plan["sizes"]]
+
+
+def every_setting_draws(plan: dict) -> list[tuple[int, int]]:
+    """The every-setting endpoint's (size, subsamples)."""
+    return [(size, plan["every_setting_subsamples"]) for size in plan["every_setting_sizes"]]
+
+
+def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: dict,
+                  draws: list[tuple[int | None, int]]) -> list:
+    """The jobs of one checkpoint on one task at each (size, subsamples) of ``draws``: (cache key,
+    function, arguments); subsample k is fine-tuned with seed 1 + k."""
     from benchmarks.quality_finetune import encoded, finetune
     from bert_core.finetune.data import subsample
 
     jobs = []
     test, pad = None, 0
-    for size in sizes:
+    for size, subsamples in draws:
         for k in range(subsamples):
             train = subsample(parts["train"], size, task.name, k)
             data, pad = encoded(str(checkpoint), {"train": train} | ({} if test else {"test": parts["test"]}),
@@ -592,7 +615,7 @@ def evaluate_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: 
         if name not in arm["settings"]:
             arm["settings"][name] = choose_setting(cache, pool, checkpoint, ckpt_key, task, parts, plan["grid"], label)
         setting = arm["settings"][name]["selected"]
-        jobs = finetune_jobs(checkpoint, ckpt_key, task, parts, setting, plan["sizes"], plan["subsamples"])
+        jobs = finetune_jobs(checkpoint, ckpt_key, task, parts, setting, curve_draws(plan))
         run.setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"{label} {name} curve"), jobs)
         probe_train = subsample(parts["train"], PROBE_SIZE, name)
         extra = [(ckpt_key | {"task": name, "measure": "probe", "size": PROBE_SIZE}, linear_probe,
@@ -619,7 +642,7 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
         jobs = [({"arm": "tfidf", "task": name, "C": c, "size": size_name(size), "subsample": k, "split": "test",
                   "quick": plan["quick"]}, tfidf_scores,
                  (subsample(parts["train"], size, name, k), parts["test"], task.labels, c))
-                for size in plan["sizes"] for k in range(plan["subsamples"])]
+                for size, subsamples in curve_draws(plan) for k in range(subsamples)]
         jobs = [(key | {"seed": None}, fn, a) for key, fn, a in jobs]
         arm["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"TF-IDF {name}"), jobs)
     return arm
@@ -627,24 +650,25 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
 
 def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: dict, tasks: dict,
                       plan: dict) -> None:
-    """The run's test scores at every setting of the grid and every size of the curve but the
-    whole pool, on the curve's subsamples and seeds: ``run["every_setting"][cell]``, one job per
-    subsample (cells ``task/size/setting``, settings numbered from 1 in grid order). The arm's own
-    setting's cells are its curve's jobs, read from the curve, never run again."""
+    """The run's test scores at every setting of the grid at the every-setting sizes and
+    subsamples (:func:`every_setting_draws`): ``run["every_setting"][cell]``, one job per subsample
+    (cells ``task/size/setting``, settings numbered from 1 in grid order). The arm's own setting's
+    cells are its curve's jobs of those subsamples, read from the curve, never run again."""
     from benchmarks.quality_choice import cell
 
-    sizes = [s for s in plan["sizes"] if s is not None]
+    draws = every_setting_draws(plan)
     out = run.setdefault("every_setting", {})
     for name, (task, parts) in tasks.items():
         own = arm["settings"][name]["selected"]
         jobs = [job for setting in plan["grid"] if setting != own
-                for job in finetune_jobs(checkpoint, ckpt_key, task, parts, setting, sizes, plan["subsamples"])]
+                for job in finetune_jobs(checkpoint, ckpt_key, task, parts, setting, draws)]
         values = cache.run(pool, jobs, f"{arm['arm']} seed {run['seed']} {name} every setting")
         for (key, _, _), v in zip(jobs, values, strict=True):
             c = cell(name, key["size"], plan["grid"].index(key["setting"]) + 1)
             out.setdefault(c, []).append({"subsample": key["subsample"], "seed": key["seed"], **v})
-        for size in map(size_name, sizes):
-            out[cell(name, size, plan["grid"].index(own) + 1)] = run["curve"][name][size]
+        for size, subsamples in draws:
+            out[cell(name, size_name(size), plan["grid"].index(own) + 1)] = [
+                j for j in run["curve"][name][size_name(size)] if j["subsample"] < subsamples]
 
 
 def every_setting_endpoint(arms: list[dict], tasks: list[str], plan: dict) -> dict[str, list[dict]]:
@@ -656,7 +680,7 @@ def every_setting_endpoint(arms: list[dict], tasks: list[str], plan: dict) -> di
                 for r in arm["runs"]]
 
     base = next(a for a in arms if a["arm"] == "B")
-    sizes = tuple(size_name(s) for s in plan["sizes"] if s is not None)
+    sizes = tuple(size_name(s) for s in plan["every_setting_sizes"])
     return {a["arm"]: every_setting_cells(scores(a), scores(base), tasks, sizes, len(plan["grid"]))
             for a in arms if a["arm"].startswith("A")}
 
@@ -710,15 +734,15 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not math.isnan(value)
 
 
-def freeze_check(recipe: str, choice: str | None, quick: bool) -> dict | None:
-    """A version-2 recipe's test phase starts only on its frozen choice (``--choice``, default
-    :data:`CHOICE_FILE`; ``--quick`` without ``--choice`` skips the check): the choice, or a one-line
-    refusal (``quality_choice.frozen_choice``). None for a version-1 recipe."""
+def freeze_check(recipe: str, choice: str | None, quick: bool, protocol: str = "v2") -> dict | None:
+    """A version-2 recipe's test phase starts only on its frozen choice (``--choice``, default the
+    ``protocol``'s in :data:`PROTOCOLS`; ``--quick`` without ``--choice`` skips the check): the
+    choice, or a one-line refusal (``quality_choice.frozen_choice``). None for a version-1 recipe."""
     from benchmarks.quality_choice import frozen_choice
 
     if recipe not in RECIPES_V2 or (quick and choice is None):
         return None
-    path = Path(choice) if choice else CHOICE_FILE
+    path = Path(choice) if choice else PROTOCOLS[protocol]["choice"]
     return {"file": str(path)} | frozen_choice(path, recipe)
 
 
@@ -825,7 +849,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=floats, default=list(BUDGETS), help="CPU-minutes of pre-training for arm A")
     parser.add_argument("--ranks", type=int, default=1, help="pre-training ranks (CPU processes)")
     parser.add_argument("--calibration-steps", type=int, default=40)
-    parser.add_argument("--jobs", type=int, default=1, help="fine-tuning jobs side by side (one thread each)")
+    parser.add_argument("--jobs", type=int, default=1, help="fine-tuning jobs side by side (one thread each); "
+                        "with --pretrain-only, pre-training runs side by side")
     parser.add_argument("--reuse", action="store_true", help="read finished runs and jobs from --work")
     parser.add_argument("--cache-archive", default=None,
                         help="finished jobs as one file: --reuse starts --work's cache from it when the cache is "
@@ -842,7 +867,10 @@ def main(argv: list[str] | None = None) -> int:
                              "recipe's own corpus, else v1)")
     parser.add_argument("--choice", default=None,
                         help="a version-2 recipe's test phase starts only when this frozen choice names it (default: "
-                             f"{CHOICE_FILE.relative_to(ROOT)}; none with --quick)")
+                             "the --protocol's, bench-results/quality-v<N>-choice.json; none with --quick)")
+    parser.add_argument("--protocol", default="v2", choices=list(PROTOCOLS),
+                        help="the protocol version's draws, frozen choice and arms (docs/quality-protocol-v<N>.md; "
+                             "version 1 is v2 without --every-setting)")
     parser.add_argument("--every-setting", action="store_true",
                         help="A and B at every grid setting at each size but the whole pool: the 48 cells of A - B")
     parser.add_argument("--checkpoints", default=None,
@@ -863,12 +891,15 @@ def main(argv: list[str] | None = None) -> int:
     args.corpus = args.corpus or own_corpus or "v1"
     if args.checkpoints and args.pretrain_only:
         parser.error("--checkpoints scores checkpoints pre-trained elsewhere; --pretrain-only has nothing to do")
-    choice = None if args.pretrain_only or args.pack_cache else freeze_check(args.recipe, args.choice, args.quick)
+    choice = None if args.pretrain_only or args.pack_cache else freeze_check(args.recipe, args.choice, args.quick,
+                                                                                  args.protocol)
     if args.heldout_genres and args.corpus == "v1":
         parser.error("--heldout-genres needs --corpus k1 or k2 (version 1's corpus sets no text aside)")
+    draws = {k: v for k, v in PROTOCOLS[args.protocol].items() if k not in ("choice", "reference")}
     plan = {"sizes": list(QUICK["sizes"] if args.quick else SIZES), "subsamples": QUICK["subsamples"] if args.quick
             else SUBSAMPLES, "runs": QUICK["runs"] if args.quick else RUNS, "grid": QUICK["grid"] if args.quick else GRID,
-            "goal_sizes": QUICK["goal_sizes"] if args.quick else PRIMARY_SIZES, "quick": args.quick}
+            "goal_sizes": QUICK["goal_sizes"] if args.quick else PRIMARY_SIZES, "quick": args.quick,
+            "protocol": args.protocol} | (QUICK["protocols"][args.protocol] if args.quick else draws)
     archive = Path(args.cache_archive) if args.cache_archive else None if args.quick else CACHE_ARCHIVE
     work = Path(args.work)
     if args.pack_cache:
@@ -943,10 +974,12 @@ def main(argv: list[str] | None = None) -> int:
               f"eval MLM accuracy {done['eval']['mlm_acc'] if done['eval'] else float('nan'):.3f}", flush=True)
         return folder / "hf", key, done
 
-    if args.pretrain_only:
-        for budget in args.budgets:
-            for k in range(plan["runs"]):
-                pretrained(budget, PRETRAIN_SEED + k)
+    if args.pretrain_only:  # --jobs runs side by side, each its own bertpipe process
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as threads:
+            list(threads.map(lambda r: pretrained(*r), [(b, PRETRAIN_SEED + k) for b in args.budgets
+                                                         for k in range(plan["runs"])]))
         return 0
 
     arms: list[dict] = []
@@ -955,7 +988,10 @@ def main(argv: list[str] | None = None) -> int:
                                             "grid": plan["grid"], "recipe": args.recipe,
                                             "budgets": [] if gpu else args.budgets, "steps": steps,
                                             "quick": args.quick, "ranks": args.ranks, "choice": choice,
-                                            "every_setting": args.every_setting, "goal_sizes": plan["goal_sizes"]},
+                                            "every_setting": args.every_setting, "goal_sizes": plan["goal_sizes"],
+                                            "version": args.protocol, "pool_subsamples": plan["pool_subsamples"],
+                                            "every_setting_sizes": [size_name(s) for s in plan["every_setting_sizes"]],
+                                            "every_setting_subsamples": plan["every_setting_subsamples"]},
               "tasks": {n: {"labels": t.labels, "files": t.files, "counts": {k: len(v) for k, v in p.items()}}
                         for n, (t, p) in tasks.items()},
               "corpus_inputs": [p for _, p in inputs], "arms": arms}
@@ -1035,14 +1071,14 @@ def main(argv: list[str] | None = None) -> int:
                     run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
                     a["runs"].append(run)
                     score_run(pool, a, run, checkpoint, key, steps[budget] * recipe.global_batch)
-        if not args.no_reference and not args.quick:
+        if PROTOCOLS[args.protocol]["reference"] and not args.no_reference and not args.quick:
             minilm = sample_dir / "models" / "minilm"
             c: dict = {"arm": "C (MiniLM)", "budget_cpu_minutes": None,
                        "settings": {n: {"selected": MINILM_SETTING} for n in tasks}, "runs": [{"seed": None}]}
             arms.append(c)
             for name, (task, parts) in tasks.items():
                 jobs = finetune_jobs(minilm, {"arm": "C", "tasks": base_key["tasks"]}, task, parts, MINILM_SETTING,
-                                     plan["sizes"], plan["subsamples"])
+                                     curve_draws(plan))
                 c["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"C {name}"), jobs)
                 write()
     write(final=True)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, arm in arms.items():
             for run in (r for r in arm["runs"] if args.task in r.get("curve", {})):
                 key = {"crossover": name, "seed": run["seed"], "checkpoint": run["checkpoint"]}
-                jobs = finetune_jobs(Path(run["checkpoint"]), key, task, parts, swap[name], sizes, 5)
+                jobs = finetune_jobs(Path(run["checkpoint"]), key, task, parts, swap[name], [(s, 5) for s in sizes])
                 values = cache.run(pool, jobs, f"{name} seed {run['seed']} at the other arm's setting")
                 by_size = {s: statistics.fmean(v["macro_f1"] for (k, _, _), v in zip(jobs, values, strict=True)
                                                if k["size"] == str(s)) for s in sizes}

@@ -273,7 +273,9 @@ def write_tiny_samples(folder) -> None:
 def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_path):
     """The whole protocol on tiny data (real corpus, vocab, instances and DeepSpeed pre-training
     stages, the product's fine-tuning loop): the JSON holds every arm, run, task, size and
-    subsample with its seed, every setting's cells and the goals; a second run with --reuse, its
+    subsample with its seed, every setting's cells and the goals, drawn as protocol version 3 draws
+    (one fine-tuning on the whole pool, fewer subsamples at every setting than on the curve); a
+    second run with --reuse, its
     cache unpacked from the packed file, computes nothing again; a third scores arm A's first
     checkpoint as arm A-GPU from an archive of ``<recipe>-seed<S>`` folders, fine-tuning only it."""
     import shutil
@@ -284,7 +286,7 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     write_tiny_samples(samples)
     work, out = tmp_path / "work", tmp_path / "quality.json"
     argv = ["--quick", "--samples", str(samples), "--work", str(work), "--output", str(out),
-            "--plot", str(tmp_path / "quality.png"), "--budgets", "1", "--every-setting"]
+            "--plot", str(tmp_path / "quality.png"), "--budgets", "1", "--every-setting", "--protocol", "v3"]
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert [a["arm"] for a in result["arms"]] == ["TF-IDF + LR", "B", "A 1"]
@@ -295,6 +297,7 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
             for task in ("sentiment", "tweets3"):
                 assert list(run["curve"][task]) == sizes
                 assert [(j["subsample"], j["seed"]) for j in run["curve"][task]["10"]] == [(0, 1), (1, 2)]
+                assert [(j["subsample"], j["seed"]) for j in run["curve"][task]["all"]] == [(0, 1)]
                 assert all(0 <= j["macro_f1"] <= 100 for s in sizes for j in run["curve"][task][s])
                 assert len(run["probe"][task]) == 3  # embeddings + 2 layers of the tiny model
         assert set(arm["settings"]) == {"sentiment", "tweets3"}
@@ -309,8 +312,8 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
         own = QUICK["grid"].index(arm["settings"]["sentiment"]["selected"]) + 1
         for run in arm["runs"]:
             assert sorted(run["every_setting"]) == sorted(cells)
-            assert [(j["subsample"], j["seed"]) for j in run["every_setting"]["sentiment/20/2"]] == [(0, 1), (1, 2)]
-            assert run["every_setting"][f"sentiment/20/{own}"] == run["curve"]["sentiment"]["20"]  # the same jobs
+            assert [(j["subsample"], j["seed"]) for j in run["every_setting"]["sentiment/20/2"]] == [(0, 1)]
+            assert run["every_setting"][f"sentiment/20/{own}"] == run["curve"]["sentiment"]["20"][:1]  # the same job
     goals = result["goals"]["A 1"]
     assert [(g["goal"], type(g["met"])) for g in goals] == [(n, bool) for n in (1, 2, 3, 4)]
     assert goals[0]["cells"] == 8 and set(goals[1]["per_task"]) == {"sentiment", "tweets3"}
@@ -346,8 +349,8 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     assert gpu["arms"][2]["not_run"] == [43] and run["pretrain"]["tokens_seen"] == 2048
     assert run["curve"] == first["curve"] and run["every_setting"] == first["every_setting"]  # the same weights
     assert list(gpu["every_setting"]) == list(gpu["goals"]) == ["A-GPU H200"]
-    # arm A-GPU's jobs only (per task: 2 dev, 6 curve, 4 at the other setting, probe, MLM); the rest from the cache
-    assert gpu["cache"]["computed"] == 2 * 14
+    # arm A-GPU's jobs only (per task: 2 dev, 5 curve, 2 at the other setting, probe, MLM); the rest from the cache
+    assert gpu["cache"]["computed"] == 2 * 11
 
 
 @pytest.mark.slow
