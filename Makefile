@@ -83,6 +83,28 @@ gpu-check:
 gpu-variants:
 	$(MAKE) gpu-check GPU_CHECK_ARGS="--stages variants"
 
+# Quality protocol version 3 on this machine's CPU (docs/quality-protocol-v3.md), each step resumed from
+# what is on disk. 1. `make quality-v3-choice`: the six runs side by side, then every setting on dev, and
+# the choice in bench-results/quality-v3-choice.json (commit it, with its line in docs/quality.md,
+# before step 2). 2. `make quality-v3`: the chosen recipe's three runs, two side by side, and beside them
+# the test phase, which scores B and each run as it is there (a run it reaches first, it waits for).
+.PHONY: quality-v3-choice quality-v3
+QUALITY_V3_WORK ?= /work/quality-v2
+QUALITY_V3 = nice -n 19 $(BIN)/python -m benchmarks.bench_quality --work $(QUALITY_V3_WORK) --reuse --protocol v3 \
+	--recipe $$($(BIN)/python -c 'import json; print(json.load(open("bench-results/quality-v3-choice.json"))["name"])') \
+	--budgets 60 --jobs 2
+quality-v3-choice: $(STAMP)
+	nice -n 19 $(BIN)/python -m benchmarks.quality_search pretrain --stage .search-v2 --out $(QUALITY_V3_WORK)/v3-choice-out \
+		--recipes v2 --seeds 42 --scale 0.25 --keep $(QUALITY_V3_WORK)/v3-choice-runs
+	nice -n 19 $(BIN)/python -m benchmarks.quality_search evaluate --work $(QUALITY_V3_WORK) --stage .search-v2 \
+		--checkpoints $(QUALITY_V3_WORK)/v3-choice-runs --jobs 2 --every-setting --sizes 300,1000 --subsamples 2 \
+		--output bench-results/quality-v3-search.json --choose bench-results/quality-v3-choice.json
+
+quality-v3: $(STAMP)
+	$(QUALITY_V3) --pretrain-only & pretraining=$$!; \
+	$(QUALITY_V3) --every-setting --heldout-genres --output bench-results/quality-v3.json --plot docs/quality-v3.png; \
+	scored=$$?; wait $$pretraining && exit $$scored
+
 # Version 2's recipe choice on the device machine (docs/quality-protocol-v2.md): two calls, the second right
 # after the first (warm 30 s), each with carry [".search-v2", ".whl"] (`prepare --candidates v2`, `gpu-wheels`).
 # 1. `make gpu-quality`: the 12 runs side by side, kept in $(QUALITY_KEEP); logs (and compact archive, if it
