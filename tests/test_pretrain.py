@@ -171,15 +171,42 @@ def test_model_shape_from_config_or_init_checkpoint(samples_dir):
         model_config(cfg, 40000, minilm)
 
 
+def runner_command(args: list[str]) -> list[str]:
+    """The command DeepSpeed's ``deepspeed`` runner starts for ``args``, caught before it starts."""
+    import subprocess as sp
+
+    from deepspeed.launcher import runner
+
+    started = []
+
+    class Caught(Exception):
+        pass
+
+    real = sp.Popen
+
+    def popen(cmd, *args, **kwargs):
+        if "deepspeed.launcher.launch" not in cmd:
+            return real(cmd, *args, **kwargs)
+        started.append(cmd)
+        raise Caught
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sp, "Popen", popen)
+        mp.setenv("DS_ACCELERATOR", "cpu")
+        mp.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        with pytest.raises(Caught):
+            runner.main(args)
+    return started[0]
+
+
 def test_launcher_argv_shapes():
-    local = load_config("demo").pretrain
-    argv = launcher_argv(local, ["--output", "r"])
-    assert argv[:4] + argv[5:] == ["deepspeed", "--num_gpus", "2", "--master_port", "--module",
-                                   "bert_core.pretrain", "--output", "r"]
+    local = load_config("demo", None, ["pretrain.master_port=29600"]).pretrain
+    # local: the very command `deepspeed --num_gpus 2` runs on one machine, started directly
+    assert launcher_argv(local, ["--output", "r"]) == ["python", *runner_command(
+        ["--num_gpus", "2", "--master_port", "29600", "--module", "bert_core.pretrain", "--output", "r"])[1:]]
     # no port set: a free one per launch, so two runs on one machine never collide
-    assert len({int(launcher_argv(local, [])[4]) for _ in range(3)}) >= 2
-    pinned = load_config("demo", None, ["pretrain.master_port=29600"]).pretrain
-    assert launcher_argv(pinned, [])[3:5] == ["--master_port", "29600"]
+    unpinned = load_config("demo").pretrain
+    assert len({launcher_argv(unpinned, [])[6] for _ in range(3)}) >= 2
     pods = load_config("demo", None, ["pretrain.launcher=no_ssh", "pretrain.nodes=4",
                                       "pretrain.master_addr=10.0.0.1",
                                       "pretrain.phases.0.global_batch_size=256",
@@ -261,7 +288,7 @@ def test_launch_with_missing_instances_is_a_config_error(tmp_path):
 
 # --------------------------------------------------------------------------- real runs (slow)
 # Three launches in all: two launchers (--no_ssh --node_rank 0/1) give the reference losses; a
-# `deepspeed --num_gpus 2` run of the same config is killed (-9) mid-run and resumed. Same world
+# local launcher run (2 ranks) of the same config is killed (-9) mid-run and resumed. Same world
 # size, seed and data, so all three must agree step for step.
 
 
@@ -345,7 +372,7 @@ def _rank_pids(launcher_pid: int) -> dict[int, int]:
 def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
     prefect_api, reference_run, instances, tmp_path
 ):
-    """``bertpipe pretrain`` (deepspeed --num_gpus 2) is killed mid-run; the Prefect flow resumes it."""
+    """``bertpipe pretrain`` (DeepSpeed's launcher, 2 ranks) is killed mid-run; the Prefect flow resumes it."""
     run = str(tmp_path / "run")
     sets = tiny_sets()
     shm_before = set(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
@@ -364,7 +391,7 @@ def test_deepspeed_2_ranks_kill_9_then_resume_gives_the_same_losses_and_exports(
         time.sleep(0.05)
     output, _ = proc.communicate(timeout=120)
     assert killed_at is not None and killed_at < STEPS, f"the run ended before it could be killed:\n{output}"
-    assert "deepspeed --num_gpus 2" in output
+    assert "-m deepspeed.launcher.launch" in output  # the local launcher, 2 ranks
     assert proc.returncode == 3, output[-2000:]  # infrastructure failure: run it again to resume
     assert "run the same command again" in output and not storage.has_manifest(run)
 

@@ -1,7 +1,7 @@
 """BERT pre-training (masked LM + next sentence) on a DeepSpeed engine: the script each rank runs.
 
     deepspeed --num_gpus 2 --module bert_core.pretrain --config RUN/pretrain_config.json         --instances INSTANCES_URI --output RUN
-    (``bertpipe pretrain`` and ``bert_core.pretrain.launch`` render this command)
+    (``bertpipe pretrain`` starts the same ranks: ``bert_core.pretrain.launch``)
 
 Every phase of ``config.pretrain.phases`` runs in turn in the same processes (:func:`run_phase`).
 Rank 0 writes ``RUN/metrics.jsonl``, then ``RUN/hf/`` and ``RUN/_MANIFEST.json``. A problem a
