@@ -25,6 +25,29 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``BERTPIPE_TEST_TIMELINE=FILE``, one JSON line a test: its worker, start, wall seconds
+    and CPU seconds (this process, and the children it waited for). A test whose CPU is far below
+    its wall time waits (a poll, a server, a sleep): that is where the suite's time goes."""
+    path = os.environ.get("BERTPIPE_TEST_TIMELINE")
+    if not path:
+        yield
+        return
+    import json
+    import time
+
+    start, before = time.time(), os.times()
+    yield
+    after = os.times()
+    row = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "start": start,
+           "wall": time.time() - start, "cpu": after.user + after.system - before.user - before.system,
+           "cpu_children": (after.children_user + after.children_system
+                            - before.children_user - before.children_system)}
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(row) + "\n")
+
+
 def samples_root() -> Path:
     """Where the samples are laid out: ``$BERTPIPE_CACHE/samples``."""
     base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))

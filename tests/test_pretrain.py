@@ -280,6 +280,23 @@ def test_run_launch_tells_config_errors_from_infrastructure_failures():
     assert type(err.value) is LaunchError and err.value.exit_code == 1
 
 
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel has no scheduler autogroups")
+def test_a_niced_launch_stays_nice_in_its_own_session():
+    """The launcher runs in a session of its own, which Linux schedules as a group of its own:
+    that group takes the niceness of whoever launched it, or nice would not hold against others."""
+    wait_for_nice = ("import time\n"
+                     "for _ in range(100):\n"
+                     "    group = open('/proc/self/autogroup').read().strip()\n"
+                     "    if not group.endswith('nice 0'): break\n"
+                     "    time.sleep(0.05)\n"
+                     "print(group)")
+    code = ("import sys; from bert_core.pretrain.launch import run_launch; "
+            f"run_launch(['python', '-c', {wait_for_nice!r}])")
+    out = subprocess.run(["nice", "-n", "7", sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip().endswith("nice 7"), out
+
+
 def test_launch_with_missing_instances_is_a_config_error(tmp_path):
     cfg = tiny_config()
     with pytest.raises(LaunchConfigError, match="no _MANIFEST.json"):

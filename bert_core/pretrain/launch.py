@@ -177,6 +177,21 @@ def ensure_cpu_comm_op(log: Callable[[str], None] = print) -> None:
 # --------------------------------------------------------------------------- run
 
 
+def keep_niceness(pid: int) -> None:
+    """Give the launcher's new session this process's niceness.
+
+    On Linux a new session is a new scheduler autogroup at nice 0, and the scheduler shares the CPU
+    between autogroups before it looks at any process's nice value: without this, ``nice bertpipe
+    pretrain`` would train at full priority beside everything else on the machine.
+    """
+    niceness = os.nice(0)
+    if niceness > 0:
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
+        except OSError:  # no autogroups (another OS, or a kernel without them): nice already holds
+            pass
+
+
 def run_launch(
     argv: list[str],
     env: dict[str, str] | None = None,
@@ -198,6 +213,7 @@ def run_launch(
         _resolve(argv), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, bufsize=1, start_new_session=True,
     ) as proc:
+        keep_niceness(proc.pid)
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
