@@ -319,6 +319,14 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     assert goals[0]["cells"] == 8 and set(goals[1]["per_task"]) == {"sentiment", "tweets3"}
     assert set(goals[2]["per_size"]) == {"10", "20"}
     assert not goals[3]["met"] and goals[3]["numbers"] == goals[3]["expected"] == 8  # no genres on version 1's corpus
+    # the demo's summary of these results: every setting's cells and the goals, as computed
+    from flows.demo import quality_lines
+
+    summary = "\n".join(quality_lines(out))
+    above = sum(c["ci_low"] > 0 for c in result["every_setting"]["A 1"])
+    assert f"interval above 0 in {above} of 8 cells" in summary
+    assert "goals of A 1: " + ", ".join(f"{g['goal']} ({g['name']}) {'met' if g['met'] else 'not met'}"
+                                        for g in goals) in summary
     computed = result["cache"]["computed"]
     assert computed > 0
 
