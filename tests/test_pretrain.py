@@ -282,7 +282,7 @@ def test_run_launch_tells_config_errors_from_infrastructure_failures():
 
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel has no scheduler autogroups")
 def test_a_niced_launch_stays_nice_in_its_own_session():
-    """The launcher runs in a session of its own, which Linux schedules as a group of its own:
+    """The launcher starts under ``setsid``, which Linux schedules as a group of its own:
     that group takes the niceness of whoever launched it, or nice would not hold against others."""
     wait_for_nice = ("import time\n"
                      "for _ in range(100):\n"

@@ -178,11 +178,12 @@ def ensure_cpu_comm_op(log: Callable[[str], None] = print) -> None:
 
 
 def keep_niceness(pid: int) -> None:
-    """Give the launcher's new session this process's niceness.
+    """Give the launcher's scheduling group this process's niceness.
 
-    On Linux a new session is a new scheduler autogroup at nice 0, and the scheduler shares the CPU
-    between autogroups before it looks at any process's nice value: without this, ``nice bertpipe
-    pretrain`` would train at full priority beside everything else on the machine.
+    The launcher starts under ``setsid``, which on Linux opens a new scheduler autogroup at nice 0,
+    and the scheduler shares the CPU between autogroups before it looks at any process's nice
+    value: without this, ``nice bertpipe pretrain`` would train at full priority beside everything
+    else on the machine.
     """
     niceness = os.nice(0)
     if niceness > 0:
