@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -277,7 +278,7 @@ def test_demo_summary_reads_the_scores_against_the_commoner_class(samples_dir):
 
 def test_the_demo_tells_the_quality_protocols_story_from_its_committed_results():
     """The demo's quality lines are read from the newest committed results, and the README quotes
-    the same primary figures and names the task where TF-IDF + LR is ahead."""
+    the same primary figures and, per task, the pre-trained model against TF-IDF + LR."""
     from flows.demo import quality_lines, quality_results
 
     path = quality_results()
@@ -287,8 +288,10 @@ def test_the_demo_tells_the_quality_protocols_story_from_its_committed_results()
     for e in result["primary"]:
         figure = f"{e['gain']:+.1f} [{e['ci_low']:+.1f}, {e['ci_high']:+.1f}]"
         assert any(figure in line for line in lines) and figure in readme
-    ahead = [line.split()[0] for line in lines if "TF-IDF ahead" in line]
-    assert ahead == ["tweets3"] and "ahead of the tiny model on the tweets" in readme
+    beside = [re.search(r"pre-trained ([\d.]+), TF-IDF \+ LR ([\d.]+) \((\S+) ahead", line) for line in lines]
+    assert len([m for m in beside if m]) == len(result["tasks"])
+    for ours, tfidf, ahead in (m.groups() for m in beside if m):
+        assert (f"{tfidf} against {ours}" if ahead == "TF-IDF" else f"{ours} against {tfidf}") in readme
     assert quality_lines(path.parent / "missing.json") == []
 
 
