@@ -156,11 +156,11 @@ def quality_lines(path: Path | None = None) -> list[str]:
     lines = [f"  pre-trained - random init at {int(e['size']):,} labels: {e['gain']:+.1f} "
              f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}] macro-F1 (each at its own setting)" for e in result["primary"]]
     for arm, cells in result.get("every_setting", {}).items():
-        run = [c for c in cells if c.get("gain") is not None]
-        if run:
-            worst = min(run, key=lambda c: c["gain"])
+        scored = [c for c in cells if c.get("gain") is not None]
+        if scored:
+            worst = min(scored, key=lambda c: c["gain"])
             lines.append(f"  {arm} - random init at every fine-tuning setting: interval above 0 in "
-                         f"{sum(c['ci_low'] > 0 for c in run)} of {len(cells)} cells, lowest {worst['gain']:+.1f} "
+                         f"{sum(c['ci_low'] > 0 for c in scored)} of {len(cells)} cells, lowest {worst['gain']:+.1f} "
                          f"({worst['cell']})")
     for arm, goals in result.get("goals", {}).items():
         lines.append(f"  goals of {arm}: " + ", ".join(f"{g['goal']} ({g['name']}) {'met' if g['met'] else 'not met'}"
