@@ -349,35 +349,38 @@ class PretrainConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> PretrainConfig:
+        problems: list[str] = []
         for i, p in enumerate(self.phases):
             per_step = self.world_size * p.micro_batch_size
             if p.global_batch_size % per_step:
-                raise ValueError(
+                problems.append(
                     f"phases[{i}].global_batch_size={p.global_batch_size} is not divisible by "
                     f"ranks x micro_batch_size = {self.world_size} x {p.micro_batch_size} = {per_step}; "
                     f"use a multiple of {per_step} (e.g. {max(per_step, p.global_batch_size // per_step * per_step)})"
                 )
             if p.warmup_steps > p.max_steps:
-                raise ValueError(
+                problems.append(
                     f"phases[{i}].warmup_steps={p.warmup_steps} exceeds max_steps={p.max_steps}"
                 )
         if self.launcher == "hostfile" and not self.hostfile:
-            raise ValueError("launcher=hostfile needs pretrain.hostfile (a DeepSpeed hostfile path)")
+            problems.append("launcher=hostfile needs pretrain.hostfile (a DeepSpeed hostfile path)")
         if self.accelerator == "cpu" and self.precision == "fp16":
-            raise ValueError("precision=fp16 needs accelerator=gpu; use fp32 (or bf16) on CPU")
+            problems.append("precision=fp16 needs accelerator=gpu; use fp32 (or bf16) on CPU")
         if self.optimizer == "lamb" and self.zero_stage > 0:
-            raise ValueError(
+            problems.append(
                 f"optimizer=lamb with zero_stage={self.zero_stage}: ZeRO hands the optimizer flat "
                 "partitions, so LAMB's trust ratio would be per partition, not per layer; use "
                 "zero_stage: 0 (any precision), or optimizer: adamw"
             )
         if self.compile_mode != "default" and not self.compile:
-            raise ValueError(f"compile_mode={self.compile_mode} needs compile: true")
+            problems.append(f"compile_mode={self.compile_mode} needs compile: true")
         if self.compile_mode == "reduce-overhead" and not self.token_buckets:
-            raise ValueError(
+            problems.append(
                 "compile_mode=reduce-overhead records one CUDA graph per batch shape; set token_buckets "
                 "(e.g. 8) so that there are a few shapes, not one per batch"
             )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -458,18 +461,21 @@ class FinetuneConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:
+        problems: list[str] = []
         if self.doc_stride >= self.squad_max_seq_length - self.max_query_length - 3:
-            raise ValueError(
+            problems.append(
                 f"doc_stride={self.doc_stride} must be smaller than the context window "
                 f"squad_max_seq_length - max_query_length - 3 = "
                 f"{self.squad_max_seq_length - self.max_query_length - 3}"
             )
         if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"finetune.seeds has repeats: {self.seeds}")
+            problems.append(f"finetune.seeds has repeats: {self.seeds}")
         for name in ("learning_rates", "batch_sizes", "epochs"):
             grid = getattr(self, name)
             if any(v <= 0 for v in grid) or len(set(grid)) != len(grid):
-                raise ValueError(f"finetune.{name}={grid}: give distinct values above 0")
+                problems.append(f"finetune.{name}={grid}: give distinct values above 0")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
@@ -608,30 +614,33 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:
+        problems: list[str] = []
         if self.runs_root is not None and "://" in self.runs_root and not self.runs_root.startswith("file://"):
-            raise ValueError(
+            problems.append(
                 f"runs_root={self.runs_root}: DeepSpeed saves checkpoints to a path; give a local "
                 "folder or a mount of the bucket (e.g. gcsfuse at /mnt/gcs/PREFIX/runs)"
             )
         lengths = {s.max_seq_length for s in self.instances.lengths}
         for i, p in enumerate(self.pretrain.phases):
             if p.max_seq_length not in lengths:
-                raise ValueError(
+                problems.append(
                     f"pretrain.phases[{i}].max_seq_length={p.max_seq_length} has no instances; "
                     f"add it to instances.lengths (now {sorted(lengths)})"
                 )
         longest = max(lengths)
         if longest > self.model.max_position_embeddings:
-            raise ValueError(
+            problems.append(
                 f"instances.lengths has max_seq_length={longest} but model.max_position_embeddings="
                 f"{self.model.max_position_embeddings}; raise max_position_embeddings to >= {longest}"
             )
         if self.model.vocab_size is not None and self.vocab.vocab_file is None:
             if self.model.vocab_size < self.vocab.vocab_size:
-                raise ValueError(
+                problems.append(
                     f"model.vocab_size={self.model.vocab_size} < vocab.vocab_size="
                     f"{self.vocab.vocab_size}; leave model.vocab_size unset to follow the vocab"
                 )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -738,16 +747,92 @@ def load_config(
 def validate(data: dict[str, Any], source: str = "config", model: type[BaseModel] | None = None) -> Any:
     """The typed config (``model``, default the whole PipelineConfig), or a ConfigError of one
     line naming every invalid field and why."""
-    try:
-        return (model or PipelineConfig).model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"invalid {source}: " + "; ".join(error_lines(err))) from None
+    lines: list[str] = []
+    while True:
+        try:
+            typed = (model or PipelineConfig).model_validate(data)
+        except ValidationError as err:
+            lines += [line for line in error_lines(err) if line not in lines]
+            unknown = [e["loc"] for e in err.errors() if e["type"] == "extra_forbidden"]
+            if not unknown:
+                break
+            # An unknown key does nothing, so the config without it is still the user's: checking
+            # it again finds the errors that the section's own checks report only once its keys are known.
+            data = _without(data, unknown)
+            continue
+        if not lines:
+            return typed
+        break
+    raise ConfigError(f"invalid {source}: " + "; ".join(lines))
+
+
+def _without(data: Any, locs: list[tuple]) -> Any:
+    """``data`` (a deep copy) without the keys at ``locs``."""
+    data = json.loads(json.dumps(data, default=str))
+    for loc in locs:
+        node = data
+        for part in loc[:-1]:
+            node = node[part]
+        node.pop(loc[-1], None)
+    return data
 
 
 def error_lines(err: ValidationError, *prefix: str) -> list[str]:
-    """``field.path: why`` for each error of a validation, the path under ``prefix``."""
-    return [f"{'.'.join([*prefix, *map(str, e['loc'])]) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors()]
+    """``field.path: why`` for each error of a validation, the path under ``prefix``; an unknown
+    key says which known keys it may have meant."""
+    model = err.title and _MODELS.get(err.title)
+    lines = []
+    for e in err.errors():
+        path = ".".join([*prefix, *map(str, e["loc"])]) or "(top level)"
+        why = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden" and model is not None:
+            why = unknown_key_hint(model, e["loc"], prefix)
+        lines.append(f"{path}: {why}")
+    return lines
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The config model that holds the last key of ``loc`` (list items and dict values followed)."""
+    import typing
+
+    here: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or not (isinstance(here, type) and issubclass(here, BaseModel)):
+            continue
+        field = here.model_fields.get(part)
+        if field is None:
+            return None
+        here = field.annotation
+        while typing.get_origin(here) is not None:  # list[X], dict[str, X], X | None -> X
+            args = [a for a in typing.get_args(here) if a is not type(None)]
+            here = args[-1] if args else None
+    return here if isinstance(here, type) and issubclass(here, BaseModel) else None
+
+
+def unknown_key_hint(model: type[BaseModel], loc: tuple, prefix: tuple[str, ...] = ()) -> str:
+    """"unknown key; did you mean vocab.vocab_size?" for a key no config model has at ``loc``:
+    close spellings at that level first, then the same name in another section."""
+    import difflib
+
+    key, where = str(loc[-1]), ".".join([*prefix, *map(str, loc[:-1])])
+    holder = _fields_at(model, loc)
+    if holder is None:
+        return "unknown key"
+    known = list(holder.model_fields)
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    close += [k for k in known if k not in close and len(key) >= 3 and (key in k or k in key)]
+    close += [k for k in known if k not in close and key == "".join(w[0] for w in k.split("_"))]  # lr
+    if close:
+        return "unknown key; did you mean " + " or ".join(f"{where + '.' if where else ''}{k}" for k in close[:3]) + "?"
+    elsewhere = [f"{name}.{key}" for name, field in PipelineConfig.model_fields.items()
+                 if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+                 and key in field.annotation.model_fields]
+    if elsewhere:
+        return f"unknown key here; did you mean {' or '.join(elsewhere)}?"
+    return f"unknown key; {where or 'the config'} has: {', '.join(known)}"
+
+
+_MODELS: dict[str, type[BaseModel]] = {}  # filled below: every config model by its class name
 
 
 def versioned(config: BaseModel, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -767,3 +852,6 @@ def config_hash(*parts: Any) -> str:
         default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_MODELS.update({m.__name__: m for m in _Model.__subclasses__()})

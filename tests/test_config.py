@@ -53,10 +53,14 @@ def test_config_file_overrides_preset(tmp_path):
         ("model.num_attention_heads=3", ["num_attention_heads=3", "divisible"]),
         ("pretrain.phases.0.max_seq_length=256", ["has no instances", "instances.lengths"]),
         ("instances.masked_lm_prob=1.5", ["instances.masked_lm_prob"]),
-        ("vocab.vocab_szie=10", ["vocab.vocab_szie", "Extra inputs"]),
+        ("vocab.vocab_szie=10", ["vocab.vocab_szie: unknown key; did you mean vocab.vocab_size"]),
+        ("vocab.size=10", ["vocab.size: unknown key; did you mean vocab.vocab_size"]),
+        ("pretrain.vocab_size=10", ["pretrain.vocab_size: unknown key here; did you mean vocab.vocab_size"]),
+        ("pretrain.phases.0.lr=1", ["pretrain.phases.0.lr: unknown key; did you mean pretrain.phases.0.learning_rate"]),
         ("pretrain.precision=fp16", ["fp16 needs accelerator=gpu"]),
         ("finetune.by_checkpoint={minilm: {learning_rates: [-1]}}", ["by_checkpoint.minilm", "above 0"]),
-        ("finetune.by_checkpoint={minilm: {lr: 1}}", ["by_checkpoint.minilm.lr", "Extra inputs"]),
+        ("finetune.by_checkpoint={minilm: {lr: 1}}", ["by_checkpoint.minilm.lr: unknown key; did you mean "
+                                                     "finetune.by_checkpoint.minilm.learning_rates"]),
         ("finetune.by_checkpoint={minilm: {tasks: [ner]}}", ["by_checkpoint.minilm sets tasks", "every checkpoint"]),
     ],
 )
@@ -65,6 +69,20 @@ def test_invalid_configs_name_the_field_and_the_fix(assignment, words):
         load_config("demo", sets=[assignment])
     for w in words:
         assert w in str(err.value)
+
+
+def test_every_config_error_is_reported_at_once(tmp_path):
+    """Unknown keys, bad values and a section's own checks, from a file and --set, in one message."""
+    f = tmp_path / "two.yaml"
+    f.write_text("vocab:\n  size: 3\ninstances:\n  masked_lm_prob: 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config("demo", f, sets=["pretrain.phases.0.lr=1", "pretrain.phases.0.global_batch_size=33",
+                                     "pretrain.precision=fp16"])
+    message = str(err.value)
+    for words in ("vocab.size: unknown key; did you mean vocab.vocab_size?", "instances.masked_lm_prob",
+                  "pretrain.phases.0.lr: unknown key", "global_batch_size=33", "fp16 needs accelerator=gpu"):
+        assert words in message
+    assert "\n" not in message
 
 
 def test_a_checkpoint_takes_its_by_checkpoint_settings_over_the_rest():
