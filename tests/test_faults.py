@@ -156,7 +156,7 @@ def test_local_runs_take_a_free_port_unless_one_is_set() -> None:
     (["--set", "pretrain.phases.x.lr=1"], ["pretrain.phases is a list", "pretrain.phases.0"]),
     (["--set", "workers.foo=1"], ["workers is a single value", "'foo'"]),
     (["--set", "corpus.wikipedia=*.bz2"], ["corpus.wikipedia", "quote it"]),
-    (["--set", "nosuch=1"], ["nosuch", "Extra inputs"]),
+    (["--set", "nosuch=1"], ["nosuch: unknown key"]),
 ])
 def test_bad_set_is_one_line_naming_the_key(args, needles) -> None:
     assert_one_line(invoke("config", "show", *args), 2, *needles)
