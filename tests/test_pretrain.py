@@ -171,6 +171,27 @@ def test_model_shape_from_config_or_init_checkpoint(samples_dir):
         model_config(cfg, 40000, minilm)
 
 
+def test_an_init_checkpoint_of_another_vocab_is_refused_naming_the_first_token_that_differs(samples_dir, tmp_path):
+    """A larger vocab passes the size check but not the content check: id N would mean another token."""
+    from bert_core.pretrain.run_folder import check_init_vocab
+
+    minilm = samples_dir / "models" / "minilm"
+    tokens = (minilm / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    check_init_vocab(str(minilm), str(minilm / "vocab.txt"))  # its own vocab: fine
+    smaller = tmp_path / "vocab.txt"
+    smaller.write_text("\n".join(tokens[:1999] + tokens[2500:4000]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        check_init_vocab(str(minilm), str(smaller))
+    message = str(err.value)
+    assert f"id 1999 is {tokens[1999]!r} there and {tokens[2500]!r} here" in message
+    assert "(30522 tokens)" in message and "3499 tokens" in message and "vocab.vocab_file=" in message
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_bytes((minilm / "config.json").read_bytes())
+    with pytest.raises(ConfigError, match="has no vocab.txt"):
+        check_init_vocab(str(bare), str(smaller))
+
+
 def runner_command(args: list[str]) -> list[str]:
     """The command DeepSpeed's ``deepspeed`` runner starts for ``args``, caught before it starts."""
     import subprocess as sp

@@ -34,7 +34,13 @@ from bert_core.pretrain.errors import (
     first_line,
 )
 from bert_core.pretrain.metrics import MetricsLog, eval_rows, read_metrics, train_rows
-from bert_core.pretrain.run_folder import checkpoint_dir, latest_step, load_run_config, model_config
+from bert_core.pretrain.run_folder import (
+    check_init_vocab,
+    checkpoint_dir,
+    latest_step,
+    load_run_config,
+    model_config,
+)
 
 # --------------------------------------------------------------------------- setup
 
@@ -261,6 +267,8 @@ def check_instances(config: PipelineConfig, instances: str,
 
     vocab_file = vocab_file_of(instances, fallback=config.vocab.vocab_file)
     vocab_size = len(read_vocab(vocab_file))
+    if init_checkpoint:
+        check_init_vocab(init_checkpoint, vocab_file)
     model_config(config, vocab_size, init_checkpoint)
     for phase in config.pretrain.phases:
         storage.check_shards(length_folder(instances, phase.max_seq_length), checksums=False)

@@ -135,6 +135,26 @@ def load_run_config(uri: str) -> PipelineConfig:
     return validate(json.loads(storage.read_text(uri)), source=uri)
 
 
+def check_init_vocab(init_checkpoint: str, vocab_file: str) -> None:
+    """Refuse an init checkpoint whose ``vocab.txt`` is not, token for token, the vocab the
+    instances were made with: its embedding rows mean those tokens and no others."""
+    source = storage.join(init_checkpoint, "vocab.txt")
+    fix = (f"make the instances with the checkpoint's vocab (--set vocab.vocab_file={storage.to_uri(source)}), "
+           "or start from a checkpoint trained with this vocab")
+    if not storage.exists(source):
+        raise PretrainConfigError(f"{storage.to_uri(init_checkpoint)} has no vocab.txt, so its rows cannot be "
+                                  f"matched to the instances' vocab {storage.to_uri(vocab_file)}; {fix}")
+    theirs, ours = storage.read_text(source).splitlines(), storage.read_text(vocab_file).splitlines()
+    if theirs == ours:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b), min(len(theirs), len(ours)))
+    at = (f"id {first} is {theirs[first]!r} there and {ours[first]!r} here" if first < min(len(theirs), len(ours))
+          else f"the first {first} tokens agree")
+    raise PretrainConfigError(
+        f"{storage.to_uri(source)} ({len(theirs)} tokens) is not the vocab the instances were made with "
+        f"({storage.to_uri(vocab_file)}, {len(ours)} tokens; {at}); {fix}")
+
+
 def model_config(config: PipelineConfig, vocab_size: int, init_checkpoint: str | None = None):  # -> ModelConfig
     """The encoder's shape: the init checkpoint's own config.json if given, else ``config.model``
     with the instances' vocab size (rounded up to ``pad_vocab_to_multiple`` rows)."""
