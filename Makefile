@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-fast bench lint samples browser clean gpu-wheels gpu-check gpu-variants gpu-quality
+.PHONY: setup demo test test-fast bench bench-scale lint samples browser clean gpu-wheels gpu-check gpu-variants gpu-quality
 
 setup: $(STAMP)
 
@@ -31,8 +31,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m "not slow" -n 2 --dist loadgroup
 
+# Every benchmark, each at a bounded setting (benchmarks/run_all.py says which run shortened).
 bench: $(STAMP) samples
 	$(BIN)/python -m benchmarks.run_all --samples $(SAMPLES)
+
+# The scale benchmark at x1, x10 and x30 of the sample (hours; `make bench` runs x1 only).
+bench-scale: $(STAMP) samples
+	BERTPIPE_SAMPLES=$(SAMPLES) $(BIN)/python -m benchmarks.bench_scale --sizes 1,10,30
 
 # Headless Chromium (Debian package) and playwright-core (npm) for tests/test_ui_browser.py.
 # Each is installed only when missing, so a second run costs nothing.
