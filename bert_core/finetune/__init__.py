@@ -4,7 +4,7 @@ a head over :class:`bert_core.model.bert.BertModel`, and the task's official met
     bertpipe finetune --task squad --data tests/fixtures/tasks --checkpoint samples/models/minilm --output /tmp/ft
 
 ``TASKS`` maps a task name to its :class:`Task`; :func:`get_task` looks one up with a helpful
-error; :func:`task_dir` finds a task's files under ``--data``.
+error; :func:`task_dir` finds a task's folder under ``--data`` and :func:`task_files` its files.
 """
 
 from __future__ import annotations
@@ -120,3 +120,30 @@ def task_dir(data_dir: str, task: Task) -> str:
         f"no data for task {task.name!r}: {sub} does not exist; put the {task.description} "
         f"files there"
     )
+
+
+def task_files(data_dir: str, name: str) -> list[str]:
+    """The files a job of task ``name`` reads under ``data_dir``, found as its reader finds them
+    and without reading them; :class:`TaskFileMissing` (or :class:`UnknownTask`) when one is not there."""
+    task = get_task(name)
+    folder = task_dir(data_dir, task)
+    splits = ("train", *task.splits)
+    if task.base == "sentiment":
+        from bert_core.finetune.glue import sentiment_files
+
+        return sentiment_files(folder)
+    if task.kind in ("classification", "regression"):
+        from bert_core.finetune.glue import glue_file
+
+        return [glue_file(task.base, folder, split) for split in splits]
+    if task.kind == "span":
+        from bert_core.finetune.squad import _find_files
+
+        return sorted(set(_find_files(folder)[:2]))
+    if task.kind in ("token", "token_features"):
+        from bert_core.finetune.ner import _find
+
+        return [_find(folder, split) for split in splits]
+    from bert_core.finetune.swag import swag_file
+
+    return [swag_file(folder, split) for split in splits]

@@ -126,15 +126,19 @@ def read_glue(task: str, folder: str, split: str) -> tuple[list[Example], list[R
     Files, as in the GLUE download (``<data>/<folder>/``): CoLA, SST-2, MRPC, STS-B, QQP, MNLI
     (``dev_matched.tsv`` + ``dev_mismatched.tsv``), QNLI, RTE, WNLI: ``train.tsv`` and ``dev.tsv``.
     """
+    return read_tsv(glue_file(task, folder, split), GLUE[task])
+
+
+def glue_file(task: str, folder: str, split: str) -> str:
+    """The TSV of ``split`` in ``folder``; :class:`TaskFileMissing` when it is not there."""
     spec = GLUE[task]
-    name = f"{split}.tsv"
-    uri = storage.join(folder, name)
+    uri = storage.join(folder, f"{split}.tsv")
     if not storage.exists(uri):
         raise TaskFileMissing(
             f"{uri} does not exist; put the GLUE {spec.folder} files (train.tsv, "
             f"{', '.join(spec.dev_files)}) in {folder}"
         )
-    return read_tsv(uri, spec)
+    return uri
 
 
 # --------------------------------------------------------------------------- sentiment
@@ -159,18 +163,24 @@ def sentiment_split(key: str) -> str:
     return "test" if bucket < SENTIMENT_PERCENT["dev"] + SENTIMENT_PERCENT["test"] else "train"
 
 
-def read_sentiment(folder: str, split: str) -> tuple[list[Example], list[Reject]]:
-    """Every ``*.txt`` in ``folder`` (vaderSentiment ``*_GroundTruth.txt``); its train, dev or test part.
-
-    Lines are ``id<TAB>mean rating<TAB>text``; label = sign of the mean rating, and neutral
-    (0) ratings are rejected with reason ``neutral``.
-    """
+def sentiment_files(folder: str) -> list[str]:
+    """Every ``*.txt`` in ``folder``; :class:`TaskFileMissing` when there is none."""
     files = storage.glob(storage.join(folder, "*.txt"))
     if not files:
         raise TaskFileMissing(
             f"no *.txt in {folder}; expected vaderSentiment ground-truth files "
             "(`bertpipe samples fetch` puts them in samples/tasks/sentiment)"
         )
+    return files
+
+
+def read_sentiment(folder: str, split: str) -> tuple[list[Example], list[Reject]]:
+    """Every ``*.txt`` in ``folder`` (vaderSentiment ``*_GroundTruth.txt``); its train, dev or test part.
+
+    Lines are ``id<TAB>mean rating<TAB>text``; label = sign of the mean rating, and neutral
+    (0) ratings are rejected with reason ``neutral``.
+    """
+    files = sentiment_files(folder)
     if split not in ("train", "dev", "test"):
         raise ValueError(f"sentiment has splits train, dev and test, not {split!r}")
     examples, rejects = [], []

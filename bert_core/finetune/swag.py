@@ -22,10 +22,16 @@ from bert_core.finetune.glue import Example, encode_pairs
 N_CHOICES = 4
 
 
-def read_swag(uri: str) -> tuple[list[tuple[str, str, list[str], int]], list[dict[str, Any]]]:
-    """Rows ``(id, context, [4 endings prefixed with sent2], label)`` and rejects."""
+def swag_file(folder: str, split: str) -> str:
+    """The csv of ``split`` in ``folder``; :class:`TaskFileMissing` when it is not there."""
+    uri = storage.join(folder, f"{split}.csv")
     if not storage.exists(uri):
         raise TaskFileMissing(f"{uri} does not exist; expected SWAG's train.csv / val.csv")
+    return uri
+
+
+def read_swag(uri: str) -> tuple[list[tuple[str, str, list[str], int]], list[dict[str, Any]]]:
+    """Rows ``(id, context, [4 endings prefixed with sent2], label)`` and rejects."""
     reader = csv.DictReader(io.StringIO(storage.read_text(uri)))
     need = {"sent1", "sent2", "label", *(f"ending{i}" for i in range(N_CHOICES))}
     missing = need - set(reader.fieldnames or [])
@@ -52,7 +58,7 @@ def prepare(folder: str, tokenizer: Any, cfg: Any, splits: tuple[str, ...] = ("v
 
     data, counts, rejects = {}, {}, []
     for split in ("train", *splits):
-        rows, bad = read_swag(storage.join(folder, f"{split}.csv"))
+        rows, bad = read_swag(swag_file(folder, split))
         if split == "train" and cfg.max_train_examples:
             rows = rows[: cfg.max_train_examples]
         data[split] = rows
