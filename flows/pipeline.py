@@ -4,7 +4,7 @@
 
 Each stage is a task that runs the stage's flow into ``<storage_root>/<stage>/<version>``
 (flows/versions.py), skipped when that folder is finished, so a re-run resumes where a failed one
-stopped. Fine-tune jobs (one per checkpoint x task) are isolated: a failed one is reported and
+stopped. What every stage reads is checked first (``bert_core.preflight``). Fine-tune jobs (one per checkpoint x task) are isolated: a failed one is reported and
 fails the run only after the others finish.
 """
 
@@ -17,9 +17,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from bert_core import storage
-from bert_core.config import ConfigError, PipelineConfig
-from bert_core.finetune.grid import checkpoint_name
-from bert_core.registry import resolve_checkpoint
+from bert_core.config import PipelineConfig
+from bert_core.preflight import check_run, extra_checkpoints, runs_base
 from flows.dispatch import run_on_deployment
 from flows.retry import retry_on_infrastructure
 from flows.versions import (
@@ -35,19 +34,6 @@ from flows.versions import (
     unwrap,
     vocab_folder,
 )
-
-
-def runs_base(config: PipelineConfig) -> str:
-    """Where pre-training run folders go; refused at once when DeepSpeed could not save there."""
-    base = config.runs_root or config.storage_root
-    if not storage.is_local(base):
-        raise ConfigError(
-            f"storage_root={config.storage_root} is not a local folder and runs_root is unset: "
-            "DeepSpeed saves pre-training checkpoints to a path; set runs_root to a local folder or "
-            "a mount of the bucket (e.g. --set runs_root=/mnt/gcs/PREFIX/runs)"
-        )
-    return base
-
 
 # --------------------------------------------------------------------------- stages
 
@@ -224,6 +210,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     """Raw text to fine-tuned models; finished stages are skipped, failed jobs listed."""
     from flows.report import publish_pipeline_report
 
+    check_run(config)  # a deployment's run checks too, not only `bertpipe run`
     runs = runs_base(config)
     stages = data_stages(config)
     vocab, instances = stages["vocab"]["output"], stages["instances"]["output"]
@@ -241,14 +228,7 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     if config.finetune.random_init_baseline:
         checkpoints["random-init"] = storage.join(config.storage_root, "models", f"random-init-{version}")
         stages["random-init"] = unwrap(save_random_init(config, vocab, checkpoints["random-init"]))
-    for extra in config.finetune.extra_checkpoints:
-        extra = resolve_checkpoint(extra, config.storage_root)
-        name = checkpoint_name(extra)
-        if name in checkpoints:
-            raise ConfigError(f"finetune.extra_checkpoints: {extra} would share the folder finetune/{name} "
-                              f"with {checkpoints[name]}; fine-tuning folders are named by the "
-                              "checkpoint's folder name, so give it a folder of another name")
-        checkpoints[name] = extra
+    checkpoints |= extra_checkpoints(config)
     results = fan_out_finetune(config, checkpoints)
     stages["finetune"] = {"status": _overall(results), "output": storage.join(
         config.storage_root, "finetune")}

@@ -6,7 +6,8 @@ gate -> promotion in the model registry.
     bertpipe serve --only refresh/monthly         (the monthly schedule of infra/prefect.yaml)
 
 Each part is the existing stage flow, skipped when its folder is finished; the logic is
-``bert_core.refresh`` and ``bert_core.registry``. ``refresh-corpus`` is the first half alone.
+``bert_core.refresh`` and ``bert_core.registry``; what every part reads is checked first
+(``bert_core.preflight``). ``refresh-corpus`` is the first half alone.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from bert_core import storage
 from bert_core.config import PipelineConfig, config_hash
+from bert_core.preflight import check_refresh, runs_base
 from bert_core.registry import Registry, registry_root
 from flows.retry import retry_on_infrastructure
 from flows.versions import SKIPPED, corpus_folder, is_done
@@ -172,9 +174,10 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
         model_identity,
         run_counts,
     )
-    from flows.pipeline import publish_model, runs_base, stage_once
+    from flows.pipeline import publish_model, stage_once
     from flows.versions import instances_folder, pretrain_version, unwrap, vocab_folder
 
+    check_refresh(config, date)  # a scheduled run checks too, not only `bertpipe refresh`
     logger = get_run_logger()
     r = config.refresh
     if r.notify_url:

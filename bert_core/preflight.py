@@ -1,0 +1,221 @@
+"""What a whole run reads, checked before any of it starts: every problem at once, in one line.
+
+    bertpipe run --preset demo          (flows/cli/run.py and flows/pipeline.py call check_run)
+    bertpipe refresh --date 20261201    (flows/cli/refresh.py and flows/refresh.py call check_refresh)
+
+Each check is cheap: paths, globs, registry records, a vocab file, a checkpoint's config.json;
+no stage's work and no full read of a large input. The messages are the stages' own refusals, so
+a problem reads the same here as where the stage would have met it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from bert_core import storage
+from bert_core.config import ConfigError, PipelineConfig
+from bert_core.failures import Refusal, refusal
+from bert_core.registry import Registry, registry_root, resolve_checkpoint
+
+
+class PreflightError(Refusal):
+    """The inputs of a run that cannot finish: every problem found, each naming its file or field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        listed = "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)) if len(problems) > 1 else problems[0]
+        super().__init__(f"nothing was run, {len(problems)} input problem{'s' * (len(problems) > 1)}: {listed}")
+
+
+class PreflightConfigError(PreflightError, ConfigError):
+    """A :class:`PreflightError` whose every problem is the config's or the command's options'."""
+
+
+class _Problems:
+    """Refusals gathered from checks that each would stop the run on its own."""
+
+    def __init__(self) -> None:
+        self.errors: list[BaseException] = []
+
+    def check(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or None with its refusal kept; any other error is a bug and raised."""
+        try:
+            return fn(*args)
+        except Exception as err:
+            if refusal(err) is None:
+                raise
+            self.errors.append(err)
+            return None
+
+    def add(self, message: str) -> None:
+        self.errors.append(ConfigError(message))
+
+    def raise_any(self) -> None:
+        if not self.errors:
+            return
+        messages = list(dict.fromkeys(refusal(e) or str(e) for e in self.errors))
+        if all(isinstance(e, ConfigError) for e in self.errors):
+            raise PreflightConfigError(messages)
+        raise PreflightError(messages)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def runs_base(config: PipelineConfig) -> str:
+    """Where pre-training run folders go; refused when DeepSpeed could not save there."""
+    base = config.runs_root or config.storage_root
+    if not storage.is_local(base):
+        raise ConfigError(
+            f"storage_root={config.storage_root} is not a local folder and runs_root is unset: "
+            "DeepSpeed saves pre-training checkpoints to a path; set runs_root to a local folder or "
+            "a mount of the bucket (e.g. --set runs_root=/mnt/gcs/PREFIX/runs)"
+        )
+    return base
+
+
+def _corpus(config: PipelineConfig, p: _Problems, kinds: tuple[str, ...]) -> None:
+    from bert_core.corpus.inputs import InputError, expand_inputs
+
+    for kind in kinds:
+        for pattern in getattr(config.corpus, kind):
+            p.check(expand_inputs, [pattern], kind)
+    if kinds == ("wikipedia", "books", "text") and not any(getattr(config.corpus, k) for k in kinds):
+        p.errors.append(InputError("no corpus inputs: set corpus.wikipedia, corpus.books and/or corpus.text"))
+
+
+def _pretrain(config: PipelineConfig, p: _Problems) -> None:
+    p.check(runs_base, config)
+    hostfile = config.pretrain.hostfile
+    if config.pretrain.launcher == "hostfile" and hostfile and not storage.exists(hostfile):
+        p.add(f"pretrain.hostfile {hostfile} does not exist; give a DeepSpeed hostfile "
+              "(one 'host slots=N' line per node)")
+
+
+def _tasks(config: PipelineConfig, p: _Problems) -> None:
+    from bert_core.finetune import get_task, task_files
+
+    tasks = config.finetune.tasks
+    if not tasks:
+        return
+    known = [t for t in tasks if p.check(get_task, t) is not None]
+    if not config.finetune.data_dir:
+        p.add(f"finetune.data_dir is not set but finetune.tasks={tasks}; point it at a folder with "
+              "one sub-folder per task (`bertpipe samples fetch samples` gives samples/tasks)")
+        return
+    for name in known:
+        p.check(task_files, config.finetune.data_dir, name)
+
+
+def checkpoint_files(checkpoint: str, what: str) -> str:
+    """A transformers-layout checkpoint folder that has its config and weights; refused otherwise."""
+    from bert_core.model.checkpoint import WEIGHTS_BIN, WEIGHTS_INDEX, WEIGHTS_SAFETENSORS
+
+    if not storage.exists(checkpoint):
+        raise ConfigError(f"{what}: {checkpoint} does not exist; give a transformers-layout model folder "
+                          "(config.json, model.safetensors, vocab.txt), e.g. samples/models/minilm")
+    if not storage.exists(storage.join(checkpoint, "config.json")):
+        raise ConfigError(f"{what}: {checkpoint} has no config.json; point at a transformers-layout "
+                          "folder (or `bertpipe export` a DeepSpeed checkpoint first)")
+    weights = (WEIGHTS_SAFETENSORS, WEIGHTS_INDEX, WEIGHTS_BIN)
+    if not any(storage.exists(storage.join(checkpoint, w)) for w in weights):
+        raise ConfigError(f"{what}: {checkpoint} has no {', '.join(weights)}; point at a folder with "
+                          "the model's weights")
+    return checkpoint
+
+
+def extra_checkpoints(config: PipelineConfig) -> dict[str, str]:
+    """Folder name under ``finetune/`` -> folder of each of ``finetune.extra_checkpoints``
+    (``models:...`` resolved); refused when two would share a folder name with each other or
+    with the pipeline's own (``pretrained``, and ``random-init`` with its baseline)."""
+    from bert_core.finetune.grid import checkpoint_name
+
+    taken = {"pretrained": "the pre-trained model"}
+    if config.finetune.random_init_baseline:
+        taken["random-init"] = "the random-init baseline"
+    out: dict[str, str] = {}
+    for extra in config.finetune.extra_checkpoints:
+        folder = resolve_checkpoint(extra, config.storage_root)
+        name = checkpoint_name(folder)
+        if name in out or name in taken:
+            raise ConfigError(f"finetune.extra_checkpoints: {folder} would share the folder finetune/{name} "
+                              f"with {out.get(name) or taken[name]}; fine-tuning folders are named by the "
+                              "checkpoint's folder name, so give it a folder of another name")
+        out[name] = folder
+    return out
+
+
+def _extras(config: PipelineConfig, p: _Problems) -> None:
+    for extra in config.finetune.extra_checkpoints:
+        folder = p.check(resolve_checkpoint, extra, config.storage_root)
+        if folder is not None:
+            named = "" if folder == extra else f" {extra}"
+            p.check(checkpoint_files, folder, f"finetune.extra_checkpoints{named}")
+    p.check(extra_checkpoints, config)
+
+
+def _current_model(config: PipelineConfig, p: _Problems) -> None:
+    """The refresh's parent: ``models:current`` whole, and for ``refresh.vocab: keep`` its vocab,
+    which the model must have been trained with (the continued run reads it)."""
+    registry = Registry(registry_root(config.storage_root))
+    current = p.check(registry.current)
+    if current is None:
+        return  # no current model: the refresh trains the first version from scratch
+    model = p.check(registry.model, "current")
+    if model is None or config.refresh.vocab != "keep":
+        return
+    vocab = registry.get(current)["vocab"]
+    if p.check(storage.read_manifest, vocab) is None:
+        return
+    vocab_file = storage.join(vocab, "vocab.txt")
+    tokens = p.check(storage.read_text, vocab_file)
+    if tokens is None or config.refresh.init != "continue":
+        return
+    from bert_core.pretrain.run_folder import model_config
+
+    p.check(model_config, config, len(tokens.splitlines()), model)
+    own = storage.join(model, "vocab.txt")
+    if storage.exists(own) and storage.read_text(own) != tokens:
+        p.errors.append(Refusal(
+            f"models:current ({current}) holds a vocab.txt other than its vocab {vocab_file}: continuing "
+            "it on instances of that vocab would give its tokens other ids; set refresh.vocab=retrain "
+            "and refresh.init=scratch, or promote a model whose vocab matches"))
+
+
+def _vocab_file(config: PipelineConfig, p: _Problems) -> None:
+    if config.vocab.vocab_file:
+        from bert_core.vocab.tokenization import check_vocab_file
+
+        p.check(check_vocab_file, config.vocab.vocab_file, config.vocab)
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+def check_run(config: PipelineConfig) -> None:
+    """Everything ``bertpipe run`` reads: the corpus inputs, a given vocab, where pre-training
+    saves, the fine-tune tasks' files and the extra checkpoints. Raises :class:`PreflightError`
+    listing every problem (:class:`PreflightConfigError` when all are the config's)."""
+    p = _Problems()
+    _corpus(config, p, ("wikipedia", "books", "text"))
+    _vocab_file(config, p)
+    _pretrain(config, p)
+    _tasks(config, p)
+    _extras(config, p)
+    p.raise_any()
+
+
+def check_refresh(config: PipelineConfig, date: str | None = None) -> None:
+    """Everything ``bertpipe refresh`` reads besides the dump it downloads: the dump date given,
+    the configured books and text, where pre-training saves, the current model it continues and
+    its vocab, and the suite's fine-tune tasks' files. Raises like :func:`check_run`."""
+    p = _Problems()
+    if date is not None and not re.fullmatch(r"\d{8}", date):
+        p.add(f"--date {date!r}: give a dump date as YYYYMMDD, e.g. 20261201")
+    _corpus(config, p, ("books", "text"))
+    _pretrain(config, p)
+    _current_model(config, p)
+    _tasks(config, p)
+    p.raise_any()
