@@ -127,10 +127,10 @@ def test_bertpipe_run_with_a_missing_task_file_stops_in_its_first_seconds(sample
 
 @pytest.mark.slow
 def test_a_flow_that_fails_in_a_stage_ends_with_its_one_line(samples_dir, tmp_path):
-    # Records without the configured text field: present, so the preflight passes; the pipeline
-    # then stops in its first stages.
+    # Records that pass the preflight (a file, with the text field) but each too short to keep: the
+    # corpus stage keeps no document, and the pipeline stops in its first stages.
     records = tmp_path / "records.jsonl"
-    records.write_text("".join(json.dumps({"body": f"sentence {i}. another one."}) + "\n" for i in range(3)))
+    records.write_text("".join(json.dumps({"text": f"hi {i}"}) + "\n" for i in range(3)))
     done = _cli(tmp_path, "run", "--set", f"storage_root={tmp_path}/data", "--set", "corpus.wikipedia=[]",
                 "--set", "corpus.books=[]", "--set", f"corpus.text=[{records}]",
                 "--set", "finetune.tasks=[sentiment]", "--set", f"finetune.data_dir={samples_dir}/tasks",
