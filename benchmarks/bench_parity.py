@@ -7,7 +7,7 @@ Both models start from the same weights (ours, saved in the transformers layout 
 ``transformers.BertForPreTraining``), read the same batches in the same order from the same
 instance shards, and train with the same plain torch loop: AdamW with the weight-decay groups of
 pre-training, linear warmup then linear decay (DeepSpeed's WarmupDecayLR), gradient clipping,
-one process. Rows of the last ``seq128`` shard are held out and evaluated every
+one process. Rows of the last shard of ``seq<L>`` (``--seq``, default the shortest length) are held out and evaluated every
 ``--eval-every`` steps: masked-LM loss and accuracy, next-sentence loss and accuracy.
 
 Two checks, side by side:
@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import hf_labels, machine, welch
+from benchmarks.common import samples as samples_dir
 from bert_core.config import ModelConfig, preset_dict
 from bert_core.model.checkpoint import save_pretrained
 from bert_core.pretrain.data import collate, to_tensors
@@ -48,10 +49,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
 
 
+# The paper's pre-training, which transformers' BertForPreTraining implements: masks drawn once
+# into the instances, next-sentence pairs, post-LN (the demo preset's own recipe differs on all three).
+PAPER_INSTANCES = ["--set", "instances.masking=static", "--set", "instances.next_sentence_prediction=true"]
+
+
 def build_instances(samples: Path, work: Path) -> Path:
-    """Corpus -> vocab -> instances on the sample data with the demo preset (the CLI, as a user)."""
+    """Corpus -> vocab -> instances on the sample data with the demo preset, set to the paper's
+    masking and pairs (the CLI, as a user)."""
     cli = [sys.executable, "-m", "flows.cli"]
-    out = work / "instances"
+    out = work / "instances-paper"
     if (out / "_MANIFEST.json").exists():
         return out
     steps = [
@@ -60,12 +67,20 @@ def build_instances(samples: Path, work: Path) -> Path:
          "--output", str(work / "corpus")],
         ["vocab", "--corpus", str(work / "corpus"), "--output", str(work / "vocab")],
         ["instances", "--corpus", str(work / "corpus"), "--vocab", str(work / "vocab"),
-         "--output", str(out)],
+         "--output", str(out), *PAPER_INSTANCES],
     ]
     for args in steps:
         print("  $ bertpipe", " ".join(args), flush=True)
         subprocess.run(cli + args, check=True, capture_output=True)
     return out
+
+
+def shortest_length(instances: Path) -> int:
+    """The shortest sequence length an instances folder holds (its ``seq<L>/`` folders)."""
+    lengths = [int(p.name[3:]) for p in instances.glob("seq*") if p.name[3:].isdigit()]
+    if not lengths:
+        raise SystemExit(f"{instances}: no seq<L>/ folders; is it an instances stage folder?")
+    return min(lengths)
 
 
 def load_rows(instances: Path, seq: int) -> tuple[pa.Table, pa.Table, int]:
@@ -174,7 +189,7 @@ def twin_models(vocab_size: int, dropout: float, seed: int, work: Path) -> tuple
 
     size = preset_dict("demo")["model"]
     cfg = ModelConfig(**{**size, "vocab_size": vocab_size, "hidden_dropout_prob": dropout,
-                         "attention_probs_dropout_prob": dropout})
+                         "attention_probs_dropout_prob": dropout, "pre_layer_norm": False})
     ours = random_init(cfg, seed)
     folder = work / f"init-{seed}-{dropout}"
     save_pretrained(ours, str(folder))
@@ -186,9 +201,10 @@ def twin_models(vocab_size: int, dropout: float, seed: int, work: Path) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--samples", default=str(ROOT / "samples"))
+    parser.add_argument("--samples", default=None, help="sample folder (default: benchmarks.common.samples())")
     parser.add_argument("--instances", help="an instances stage folder (default: built from the samples)")
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seq", type=int, default=None,
+                        help="sequence length (default: the shortest the instances have)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -201,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bertpipe-parity-"))
-    instances = Path(args.instances) if args.instances else build_instances(Path(args.samples), RESULTS / "parity-data")
+    instances = Path(args.instances) if args.instances else build_instances(
+        Path(args.samples) if args.samples else samples_dir(), RESULTS / "parity-data")
+    args.seq = args.seq or shortest_length(instances)
     train_rows, held_out, vocab_size = load_rows(instances, args.seq)
     held_out = held_out.slice(0, args.eval_rows)
     print(f"machine: {machine()['cpu']}, {torch.get_num_threads()} torch thread(s)")
@@ -250,7 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     agree = math.isnan(p) or p > 0.01
     print(f"\nfinal eval MLM loss gap (ours - transformers) {gap:+.4f}, Welch t {t:.2f}, p {p:.3f}: "
           f"{'agree within seed noise' if agree else 'DISAGREE'}")
-    result = {"machine": machine(), "instances": str(instances), "steps": args.steps, "batch": args.batch,
+    loss = {kind: statistics.fmean(last[f"{kind}_mlm_loss"]) for kind in runs}
+    acc = {kind: statistics.fmean(last[f"{kind}_mlm_acc"]) for kind in runs}
+    table = [
+        {"measure": f"dropout 0: largest train-loss gap over {args.steps} steps", "ours": max(gaps),
+         "reference": None, "ratio": None, "unit": "loss difference, ours - transformers, largest absolute"},
+        {"measure": f"dropout 0.1, {args.seeds} seeds: held-out MLM loss at step {args.steps} (Welch p {p:.2f})",
+         "ours": loss["ours"], "reference": loss["transformers"], "ratio": loss["transformers"] / loss["ours"],
+         "unit": "nats (transformers / ours)"},
+        {"measure": f"dropout 0.1, {args.seeds} seeds: held-out MLM accuracy at step {args.steps}",
+         "ours": acc["ours"], "reference": acc["transformers"], "ratio": None, "unit": "fraction"},
+    ]
+    result = {"rows": table, "machine": machine(), "instances": str(instances), "steps": args.steps, "batch": args.batch,
               "seq": args.seq, "lr": args.lr, "warmup": args.warmup, "seeds": args.seeds,
               "dropout0_max_train_loss_gap": max(gaps), "curve": rows, "final_gap": gap, "welch_t": t,
               "welch_p": p, "agree": agree}
