@@ -73,6 +73,19 @@ def test_the_preflight_lists_every_missing_input_at_once(samples_dir, tmp_path):
                           f"[{samples_dir}/models/minilm, {tmp_path}/other/minilm]"))
 
 
+def test_every_task_s_files_are_found_as_its_reader_finds_them(samples_dir):
+    from bert_core.finetune import TASKS, task_files
+
+    fixtures = Path(__file__).parent / "fixtures" / "tasks"
+    for name in sorted(TASKS.keys() - {"sentiment"}):
+        found = task_files(str(fixtures), name)
+        assert found and all(Path(f).is_file() for f in found), name
+    assert task_files(str(samples_dir / "tasks"), "sentiment@300") == [
+        str(f) for f in sorted((samples_dir / "tasks" / "sentiment").glob("*.txt"))]
+    assert task_files(str(fixtures), "mnli") == [str(fixtures / "MNLI" / f"{s}.tsv")
+                                                 for s in ("train", "dev_matched", "dev_mismatched")]
+
+
 def _whole(folder: Path, stage: str) -> str:
     files = [str(f) for f in sorted(folder.iterdir())]
     storage.write_manifest(str(folder), stage=stage, config={}, shards=[storage.shard_entry(f) for f in files])
