@@ -177,7 +177,7 @@ def _current_model(config: PipelineConfig, p: _Problems) -> None:
 
     p.check(model_config, config, len(tokens.splitlines()), model)
     own = storage.join(model, "vocab.txt")
-    if storage.exists(own) and storage.read_text(own) != tokens:
+    if storage.exists(own) and storage.read_text(own).splitlines() != tokens.splitlines():
         p.errors.append(Refusal(
             f"models:current ({current}) holds a vocab.txt other than its vocab {vocab_file}: continuing "
             "it on instances of that vocab would give its tokens other ids; set refresh.vocab=retrain "
