@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -49,9 +50,10 @@ from bert_core.sorted_runs import SPILL_DIR
 # Parquet, one record = one document: ``bert_core/corpus/records.py``), then per source
 # ``CleanDocuments`` (filters, duplicate fingerprints), ``FindDuplicates`` (exact and
 # near-duplicate verdicts), ``WriteDocuments`` (sorted, hash-assigned shards, the verdicts
-# applied), then the manifest. Every record read ends as a kept document or one reject (with a
-# reason, and the id it duplicates for duplicates); one Beam counter per reject reason. Output
-# layout and schema: ``bert_core/corpus/documents.py``. Output bytes do not depend on
+# applied), then the manifest (none if an input file was cut short: the job then ends naming the
+# file, ``bert_core/corpus/documents.py``). Every record read ends as a kept document or one
+# reject (with a reason, and the id it duplicates for duplicates); one Beam counter per reject
+# reason. Output layout and schema: ``bert_core/corpus/documents.py``. Output bytes do not depend on
 # ``--workers``: shards are chosen by a stable hash of ``doc_id``, rows sorted by ``doc_id``,
 # rejects sorted too, and which of a set of duplicates is kept depends only on ids, never on
 # arrival order.
@@ -76,6 +78,7 @@ from bert_core.sorted_runs import SPILL_DIR
 NAMESPACE = "clean_corpus"
 REJECTS = "rejects"
 READ = "read"
+CUTS = "cuts"
 EXACT = "exact"
 BANDS = "bands"
 # Near-duplicate search covers books: editions and copies of one book differ by a few lines.
@@ -87,6 +90,8 @@ BANDS = "bands"
 NEAR_DEDUP_SOURCES = (D.BOOKS, D.TEXT)
 ROW_GROUP_CHARS = 2 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
 LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
+
+_LOG = logging.getLogger(__name__)
 
 
 def _count_reject(reject: D.Reject) -> D.Reject:
@@ -105,18 +110,24 @@ def _spread(items, label: str, spread: bool):
 
 
 class ReadPagesFn(beam.DoFn):
-    """One dump work item -> documents (sentences) and rejects; plus one READ count per item."""
+    """One dump work item -> documents (sentences) and rejects; plus one READ count and one
+    ``(file, (pages read, cuts met))`` CUTS entry per item."""
 
     def process(self, item) -> Iterator[Any]:
         from bert_core.corpus.dumps import read_pages
         from bert_core.corpus.wikitext import CleanStats, is_redirect, wikitext_to_paragraphs
 
-        read = 0
+        read = pages = 0
+        cuts = []
         for kind, record in read_pages(item):
             read += 1
+            if kind == "cut":
+                cuts.append(record)
+                continue
             if kind == "reject":
                 yield TaggedOutput(REJECTS, record)
                 continue
+            pages += 1
             doc_id, title = record["doc_id"], record["title"]
             if record["ns"] != "0":
                 yield TaggedOutput(REJECTS, D.make_reject(
@@ -147,6 +158,7 @@ class ReadPagesFn(beam.DoFn):
                     Metrics.counter(NAMESPACE, "dropped_markup_sentences").inc(stats.dropped_markup_sentences)
                 yield D.make_document(doc_id, D.WIKIPEDIA, title, sentences, record["origin"])
         yield TaggedOutput(READ, (D.WIKIPEDIA, read))
+        yield TaggedOutput(CUTS, (item.uri, (pages, cuts)))
 
 
 class ReadBookFn(beam.DoFn):
@@ -208,9 +220,22 @@ class ReadWikipediaDump(beam.PTransform):
         listed = pbegin | "ListWorkItems" >> beam.Create(items, reshuffle=False)
         out = (
             _spread(listed, "SpreadWorkItems", self.spread)
-            | "ParsePages" >> beam.ParDo(ReadPagesFn()).with_outputs(REJECTS, READ, main="docs")
+            | "ParsePages" >> beam.ParDo(ReadPagesFn()).with_outputs(REJECTS, READ, CUTS, main="docs")
         )
-        return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
+        # a cut's reject counts the pages of every item of its file, the items before it too
+        cut_rejects = (
+            out[CUTS]
+            | "GroupItemsByFile" >> beam.GroupByKey()
+            | "NameCuts" >> beam.FlatMapTuple(_cut_rejects)
+        )
+        rejects = (out[REJECTS], cut_rejects) | "AllDumpRejects" >> beam.Flatten()
+        return {"docs": out.docs, "rejects": rejects, "read": out[READ]}
+
+
+def _cut_rejects(_uri: str, parts: Iterable[tuple[int, list]]) -> list[D.Reject]:
+    from bert_core.corpus.dumps import cut_rejects
+
+    return cut_rejects(parts)
 
 
 class ReadBooks(beam.PTransform):
@@ -539,9 +564,12 @@ class SummaryFn(beam.CombineFn):
 
 
 def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num_shards: int,
-            summary: dict[str, Any]) -> dict[str, Any]:
-    """The manifest, written last: the summary is complete only once every shard is written."""
+            summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest, written last: the summary is complete only once every shard is written.
+    None when an input file was cut short (the driver names it: :func:`_checked_manifest`)."""
     storage.remove(storage.join(output, SPILL_DIR))
+    if D.truncated_inputs(summary) and not cfg.allow_truncated:
+        return None
     return D.write_corpus_manifest(output, cfg, inputs, num_shards, summary)
 
 
@@ -626,16 +654,23 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     if counters is not None:
         for name, n in (job_counters(result, NAMESPACE) or {}).items():
             counters[name] = counters.get(name, 0) + n
-    return _checked_manifest(output, len(wiki_files + book_files + text_files), total_bytes)
+    return _checked_manifest(output, cfg, num_shards, len(wiki_files + book_files + text_files), total_bytes)
 
 
-def _checked_manifest(output: str, files: int, total_bytes: int) -> dict[str, Any]:
-    """The manifest of a finished run, or one line (and no manifest) when non-empty input files
-    gave neither a document nor a reject."""
+def _checked_manifest(output: str, cfg: CorpusConfig, num_shards: int, files: int, total_bytes: int) -> dict[str, Any]:
+    """The manifest of a finished run, or one line (and no manifest) when an input file was cut
+    short or non-empty input files gave neither a document nor a reject. A cut file let through
+    by ``corpus.allow_truncated`` is one warning line each."""
     if not storage.has_manifest(output):
+        cuts = D.read_rejects(output, num_shards, D.TRUNCATED_INPUT)
+        if cuts:
+            raise D.TruncatedInputError(D.truncation_message(output, cuts, allowed=False))
         check_produced("corpus", 0, f"documents or rejects (no {storage.MANIFEST} written)", files, "input files")
     manifest = storage.read_manifest(output)
     c = manifest["counts"]
+    if any(isinstance(s, dict) and s["rejected_by_reason"].get(D.TRUNCATED_INPUT) for s in c.values()):
+        for cut in D.read_rejects(output, num_shards, D.TRUNCATED_INPUT):
+            _LOG.warning(D.truncation_message(output, [cut], allowed=True))
     if total_bytes > 0 and c["documents"] + c["rejects"] == 0:
         storage.remove(storage.join(output, storage.MANIFEST))
         check_produced("corpus", 0, "documents and 0 rejects", total_bytes, "bytes of input")

@@ -224,8 +224,9 @@ def bad_run(tmp_path_factory) -> Path:
         for _ in range(50):
             f.write(chunk)
     out = tmp_path_factory.mktemp("bad_out")
+    # allow_truncated: the cut files' rejects are checked here beside the others
     cfg = CorpusConfig(wikipedia=[str(src / "*.xml*")], books=[str(books / "*")], text_format="google",
-                       dedup_near=False)
+                       dedup_near=False, allow_truncated=True)
     counters: dict[str, int] = {}
     clean_corpus.run(cfg, str(out), workers=1, counters=counters)
     (books / "oneline.txt").unlink()

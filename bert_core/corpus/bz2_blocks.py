@@ -32,7 +32,8 @@ from typing import Any, BinaryIO
 # ends inside a block or before the end-of-stream marker) and :class:`Corrupt` (no end found where
 # a block must end). A multistream file (streams back to back) is read the same way, following
 # each end-of-stream marker to the next stream's first block. Used by ``bert_core/corpus/dumps.py``
-# to split one big dump into work items, each finding its own blocks.
+# to split one big dump into work items, each finding its own blocks; :func:`ends_whole` (the last
+# 11 bytes) lets the download refuse a file that is cut short.
 #
 # Why not ``indexed_bzip2``: ``benchmarks/bench_bz2.py`` compares the two on the sample dump and a
 # larger file. Its C++ decoder is somewhat faster per thread over a whole file, but it can seek only
@@ -100,6 +101,19 @@ def find_magics(buf: bytes, lo: int, hi: int, magic: int = BLOCK_MAGIC) -> list[
                 hits.append(i * 8 + s)
             j = buf.find(pat, j + 1, hi + off + len(pat) - 1)
     return sorted(hits)
+
+
+def ends_whole(f: BinaryIO) -> bool:
+    """The file ``f`` (seekable) ends as a bz2 stream does: the end-of-stream marker, the combined
+    CRC and at most 7 zero bits to the byte. A file cut short almost never does (a 48-bit match at
+    one of 8 places), so this reads 11 bytes to tell a whole download from a cut one."""
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(max(size - 11, 0))
+    tail = f.read()
+    value, bits = int.from_bytes(tail, "big"), 8 * len(tail)
+    return any(bits >= 80 + pad and value & ((1 << pad) - 1) == 0
+               and (value >> (32 + pad)) & _MASK48 == EOS_MAGIC for pad in range(8))
 
 
 def max_block_bits(level: int) -> int:

@@ -10,12 +10,14 @@ Produced by ``bertpipe corpus`` (beam_jobs/clean_corpus.py).
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from bert_core import storage
 from bert_core.config import CorpusConfig
+from bert_core.failures import Refusal
 from bert_core.histogram import Histogram
 
 WIKIPEDIA = "wikipedia"
@@ -208,6 +210,49 @@ def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list
     return storage.write_manifest(
         output, stage="corpus", config=cfg, inputs=(), shards=shards, counts=counts, stats=stats,
         input_files=inputs, **extra)
+
+
+# --------------------------------------------------------------------------- cut inputs
+#
+# A file that breaks off (a cut .bz2, .gz or .zst, XML without its end) has lost an unknown
+# share of its records, so the corpus is not finished: its records read and its one
+# ``truncated_input`` reject are written as usual (kept + rejected = read still holds), but no
+# manifest, and the job ends naming the file. ``corpus.allow_truncated`` keeps what was read and
+# says so.
+
+
+class TruncatedInputError(Refusal):
+    """An input file breaks off: the corpus is not finished (no manifest)."""
+
+
+def truncated_inputs(summary: dict[str, Any]) -> int:
+    """``truncated_input`` rejects in a job's summary (see :func:`write_corpus_manifest`)."""
+    return sum(n for key, n in summary["rejected"].items() if key.endswith("/" + TRUNCATED_INPUT))
+
+
+def read_rejects(output: str, num_shards: int, reason: str) -> list[Reject]:
+    """The rejects of one reason in the rejects shards of ``output``, in shard order."""
+    marker = json.dumps({"reason": reason})[1:-1].encode("utf-8")  # as the writer spells it
+    found = []
+    for i in range(num_shards):
+        uri = storage.join(output, storage.shard_name("rejects", i, num_shards, "jsonl"))
+        if not storage.exists(uri):
+            continue
+        with storage.open_file(uri, "rb") as f:
+            found += [r for line in f if marker in line and (r := json.loads(line))["reason"] == reason]
+    return found
+
+
+def truncation_message(output: str, cuts: list[Reject], allowed: bool) -> str:
+    """One line for the cut input files ``cuts`` (their ``truncated_input`` rejects): the first
+    one's file and how far it was read, and what to do."""
+    more = f" ({len(cuts) - 1} more cut file(s) in {output}/rejects-*.jsonl)" if len(cuts) > 1 else ""
+    if allowed:
+        return (f"{cuts[0]['detail']}{more}; the corpus keeps only what was read "
+                "(corpus.allow_truncated=true)")
+    return (f"{cuts[0]['detail']}{more}; the corpus is not finished (no {storage.MANIFEST} in {output}): "
+            "download the file again or drop it from the inputs (corpus.allow_truncated=true keeps "
+            "what was read)")
 
 
 # --------------------------------------------------------------------------- reading shards

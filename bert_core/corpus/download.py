@@ -4,8 +4,9 @@
 
 Each file of one dump job is fetched with HTTP ``Range`` requests into a local ``.part`` file
 (a broken transfer or a killed process continues where it stopped) and moved to its destination
-(any fsspec URI) only after its sha1 matches. The base URL is a setting (``base_url=`` or
-``$BERTPIPE_DUMPS_URL``) so mirrors and tests (a server on 127.0.0.1) work the same.
+(any fsspec URI) only after its sha1 matches and, for a ``.bz2``, it ends as a bz2 stream ends.
+The base URL is a setting (``base_url=`` or ``$BERTPIPE_DUMPS_URL``) so mirrors and tests (a
+server on 127.0.0.1) work the same.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class DownloadError(Refusal):
 
 class ChecksumError(DownloadError):
     """A downloaded file does not have the sha1 the dump site lists for it."""
+
+
+class CutFileError(DownloadError):
+    """A downloaded file has its listed sha1 but is cut short: the dump site serves it so."""
 
 
 class TransferError(InfrastructureError):
@@ -141,6 +146,22 @@ def sha1_file(uri: str | Path) -> str:
     return digest.hexdigest()
 
 
+def check_whole(uri: str, name: str) -> None:
+    """Refuse a ``.bz2`` file that does not end as a bz2 stream ends: a sha1 taken of a cut file
+    matches it, so only the file's own end tells."""
+    from bert_core.corpus.bz2_blocks import ends_whole
+
+    if not name.endswith(".bz2"):
+        return
+    with storage.open_file(uri, "rb") as f:
+        if ends_whole(f):
+            return
+    raise CutFileError(
+        f"{name}: the file is cut short ({storage.size(uri):,} bytes, no bz2 end-of-stream marker) "
+        "although its sha1 matches the dump site's listing; the site serves it cut: try another "
+        "--date or a mirror (--base-url)")
+
+
 def fetch_resumable(
     url: str,
     part: Path,
@@ -219,6 +240,7 @@ def download_wikipedia(
         dest = storage.join(to, f.name)
         # A file at its destination was verified before it was moved there; re-check cheaply.
         if storage.exists(dest) and f.size in (None, storage.size(dest)) and sha1_file(dest) == f.sha1:
+            check_whole(dest, f.name)
             log(f"{f.name}: already downloaded and verified")
             shards.append(storage.shard_entry(dest, sha1=f.sha1))
             continue
@@ -232,6 +254,11 @@ def download_wikipedia(
                 f"{f.name}: sha1 {actual} does not match the dump site's {f.sha1}; the partial "
                 "file was deleted, run the command again to download it afresh"
             )
+        try:
+            check_whole(str(part), f.name)
+        except CutFileError:
+            part.unlink()
+            raise
         _publish(part, dest)
         shards.append(storage.shard_entry(dest, sha1=f.sha1))
         log(f"{f.name}: verified (sha1 {f.sha1})")

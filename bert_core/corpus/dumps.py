@@ -2,11 +2,12 @@
 
     from bert_core.corpus.dumps import plan_reads, read_pages
     for item in plan_reads("enwiki-...-multistream.xml.bz2"):
-        for kind, record in read_pages(item):   # ("page", dict) or ("reject", dict)
+        for kind, record in read_pages(item):   # ("page", dict), ("reject", dict) or ("cut", Cut)
             ...
 
 A dump is never read whole: memory is bounded by the largest page, and a malformed page is one
-reject, not the end of the file.
+reject, not the end of the file. A file that breaks off is one :class:`Cut`, which becomes its
+reject once the pages read from the whole file are counted (:func:`cut_rejects`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import codecs
 import itertools
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from bert_core import storage
@@ -40,9 +41,10 @@ from bert_core.corpus import documents as D
 #     of these items read ``file@bit<B>+<N>``: byte N of the block whose magic is at bit B;
 #   * anything else (``.gz``, UTF-16, a small ``.bz2``): one item for the whole file.
 #
-# Bad input becomes rejects (source ``wikipedia``): ``truncated_input`` (a bz2 or XML file that ends
-# inside a page), ``malformed_xml``, ``invalid_utf8``, ``not_a_dump`` (no ``<page>`` anywhere,
-# e.g. an empty or binary file), ``unreadable_file``. UTF-16 dumps are transcoded, not rejected.
+# Bad input becomes rejects (source ``wikipedia``): ``truncated_input`` (a bz2, gzip or XML file
+# that breaks off: a Cut, counted as one record read), ``malformed_xml``, ``invalid_utf8``,
+# ``not_a_dump`` (no ``<page>`` anywhere, e.g. an empty or binary file), ``unreadable_file``.
+# UTF-16 dumps are transcoded, not rejected.
 # Used by ``beam_jobs/clean_corpus.py``.
 
 BLOCK = 1 << 20
@@ -128,6 +130,33 @@ def _bz2_head_ok(head: bytes) -> bool:
 
 class _Truncated(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a dump file breaks off (a bz2 or gzip stream without its end, XML without its end):
+    ``at`` is the reject id (the place in the decompressed data), ``why`` what is missing.
+
+    The work item that meets the end knows only its own pages; the reject names the pages read
+    from the whole file, so the caller counts them over every item of the file."""
+
+    uri: str
+    at: str
+    why: str
+
+    def reject(self, pages: int) -> D.Reject:
+        size = storage.size(self.uri)
+        return D.make_reject(
+            D.WIKIPEDIA, self.at, D.TRUNCATED_INPUT,
+            f"{self.uri} is cut short at byte {size:,}: {self.why}; {pages:,} pages were read before the cut")
+
+
+def cut_rejects(parts: Iterable[tuple[int, list[Cut]]]) -> list[D.Reject]:
+    """The rejects of the cuts of one file, from ``(pages read, cuts met)`` of each of its work
+    items."""
+    parts = list(parts)
+    pages = sum(n for n, _ in parts)
+    return [cut.reject(pages) for _, cuts in parts for cut in cuts]
 
 
 class _BlockFeed:
@@ -288,8 +317,9 @@ def _peek_utf16(blocks: Iterator[bytes]) -> Iterator[bytes]:
     return _transcode_utf16(chained) if _is_utf16(first[:4]) else chained
 
 
-def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
-    """Pages of one work item, in file order, as ("page", dict) or ("reject", dict).
+def read_pages(item: WorkItem) -> Iterator[tuple[str, dict | Cut]]:
+    """Pages of one work item, in file order, as ("page", dict) or ("reject", dict), and
+    ("cut", :class:`Cut`) last where the file breaks off.
 
     A byte scanner cuts the (decompressed) stream into ``<page>...</page>`` chunks and each chunk
     is parsed alone by expat (``ElementTree``).
@@ -344,7 +374,7 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
     except _Truncated as err:
         buf, offset = buf[pos:], offset + pos
         yield from _corrupt_blocks(feed)
-        yield "reject", _truncated(buf, item, where, offset, pages, str(err))
+        yield "cut", _cut(buf, item, where, offset, str(err))
         return
     except (OSError, EOFError, ValueError, UnicodeDecodeError) as err:
         offset += pos
@@ -360,9 +390,9 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict]]:
         return  # stopped at a later item's bad block, which that item reports
     last = feed.eos if feed else item.last
     if _PAGE_OPEN in buf:  # the file ended inside a page
-        yield "reject", _truncated(buf, item, where, offset, pages, "the XML ends inside a <page>")
+        yield "cut", _cut(buf, item, where, offset, "the XML ends inside a <page>")
     elif seen_page and last and not closed and b"</mediawiki>" not in buf:
-        yield "reject", _truncated(b"", item, where, offset, pages, "the XML ends without </mediawiki>")
+        yield "cut", _cut(b"", item, where, offset, "the XML ends without </mediawiki>")
     elif not seen_page and item.start == 0:
         yield "reject", D.make_reject(
             D.WIKIPEDIA, item.uri, D.NOT_A_DUMP,
@@ -387,11 +417,8 @@ def _unclosed(chunk: bytes, at: str) -> dict:
     return D.make_reject(D.WIKIPEDIA, at, D.MALFORMED_XML, f"page {title!r} at {at} has no </page>")
 
 
-def _truncated(buf: bytes, item: WorkItem, where: Callable[[int], str], offset: int, pages: int, why: str) -> dict:
+def _cut(buf: bytes, item: WorkItem, where: Callable[[int], str], offset: int, why: str) -> Cut:
     start = buf.find(_PAGE_OPEN)
     title_m = _TITLE.search(buf, max(start, 0))
     inside = f" inside page {title_m.group(1).decode('utf-8', 'replace')!r}" if start >= 0 and title_m else ""
-    return D.make_reject(
-        D.WIKIPEDIA, where(offset + max(start, 0)), D.TRUNCATED_INPUT,
-        f"{item.uri}: {why}{inside} after {pages} complete pages; the file is cut short, "
-        "download it again")
+    return Cut(item.uri, where(offset + max(start, 0)), why + inside)
