@@ -76,13 +76,15 @@ def runs_base(config: PipelineConfig) -> str:
     return base
 
 
-def _corpus(config: PipelineConfig, p: _Problems, kinds: tuple[str, ...]) -> None:
+def _corpus(config: PipelineConfig, p: _Problems, dump_downloaded: bool = False) -> None:
+    """The corpus globs; ``dump_downloaded``: the refresh's own dump replaces ``corpus.wikipedia``."""
     from bert_core.corpus.inputs import InputError, expand_inputs
 
+    kinds = ("books", "text") if dump_downloaded else ("wikipedia", "books", "text")
     for kind in kinds:
         for pattern in getattr(config.corpus, kind):
             p.check(expand_inputs, [pattern], kind)
-    if kinds == ("wikipedia", "books", "text") and not any(getattr(config.corpus, k) for k in kinds):
+    if not dump_downloaded and not any(getattr(config.corpus, k) for k in kinds):
         p.errors.append(InputError("no corpus inputs: set corpus.wikipedia, corpus.books and/or corpus.text"))
 
 
@@ -199,7 +201,7 @@ def check_run(config: PipelineConfig) -> None:
     saves, the fine-tune tasks' files and the extra checkpoints. Raises :class:`PreflightError`
     listing every problem (:class:`PreflightConfigError` when all are the config's)."""
     p = _Problems()
-    _corpus(config, p, ("wikipedia", "books", "text"))
+    _corpus(config, p)
     _vocab_file(config, p)
     _pretrain(config, p)
     _tasks(config, p)
@@ -214,7 +216,7 @@ def check_refresh(config: PipelineConfig, date: str | None = None) -> None:
     p = _Problems()
     if date is not None and not re.fullmatch(r"\d{8}", date):
         p.add(f"--date {date!r}: give a dump date as YYYYMMDD, e.g. 20261201")
-    _corpus(config, p, ("books", "text"))
+    _corpus(config, p, dump_downloaded=True)
     _pretrain(config, p)
     _current_model(config, p)
     _tasks(config, p)

@@ -64,6 +64,8 @@ def test_the_preflight_lists_every_missing_input_at_once(samples_dir, tmp_path):
     # problems of the config alone are a config error (exit 2)
     with pytest.raises(PreflightConfigError, match=r"1 input problem: finetune.data_dir is not set"):
         check_run(_config(samples_dir, root, "finetune.data_dir=null"))
+    with pytest.raises(PreflightConfigError, match=r"1 input problem: no corpus inputs: set corpus.wikipedia"):
+        check_run(_config(samples_dir, root, "corpus.books=[]"))
     # two extra checkpoints of one folder name would share finetune/<name>
     (tmp_path / "other" / "minilm").mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
