@@ -205,8 +205,9 @@ class ReadRecordsFn(beam.DoFn):
 
 
 class ReadWikipediaDump(beam.PTransform):
-    """Dump files -> {"docs", "rejects", "read"} (work items reshuffled across workers unless
-    ``spread`` is false: see :func:`_spread`)."""
+    """Dump files -> {"docs", "rejects", "cuts", "read"} ("cuts": the rejects of files that break
+    off, each naming the pages read from its whole file). Work items are reshuffled across
+    workers unless ``spread`` is false: see :func:`_spread`."""
 
     def __init__(self, files: list[str], spread: bool = True):
         super().__init__()
@@ -223,13 +224,12 @@ class ReadWikipediaDump(beam.PTransform):
             | "ParsePages" >> beam.ParDo(ReadPagesFn()).with_outputs(REJECTS, READ, CUTS, main="docs")
         )
         # a cut's reject counts the pages of every item of its file, the items before it too
-        cut_rejects = (
+        cuts = (
             out[CUTS]
             | "GroupItemsByFile" >> beam.GroupByKey()
             | "NameCuts" >> beam.FlatMapTuple(_cut_rejects)
         )
-        rejects = (out[REJECTS], cut_rejects) | "AllDumpRejects" >> beam.Flatten()
-        return {"docs": out.docs, "rejects": rejects, "read": out[READ]}
+        return {"docs": out.docs, "rejects": out[REJECTS], "cuts": cuts, "read": out[READ]}
 
 
 def _cut_rejects(_uri: str, parts: Iterable[tuple[int, list]]) -> list[D.Reject]:
@@ -376,8 +376,9 @@ class CleanFn(beam.DoFn):
 
 
 class CleanDocuments(beam.PTransform):
-    """One source's {"docs", "rejects"} -> sorted runs, as ``(bucket, run file)`` PCollections:
-    {"docs", "rejects"} by output shard, {"exact", "bands"} (duplicate fingerprints) by key.
+    """One source's {"docs", "rejects"[, "cuts"]} -> sorted runs, as ``(bucket, run file)``
+    PCollections: {"docs", "rejects"} (the cuts among them) by output shard, {"exact", "bands"}
+    (duplicate fingerprints) by key.
 
     Filters run here (too short, too few sentences) and fingerprints are taken; duplicates are
     found by :class:`FindDuplicates` and applied by :class:`WriteDocuments`, so the documents
@@ -393,12 +394,12 @@ class CleanDocuments(beam.PTransform):
         cfg, output, n = self.cfg, self.output, self.num_shards
         out = pcolls["docs"] | "CleanAndSpill" >> beam.ParDo(CleanFn(cfg, output, n)).with_outputs(
             REJECTS, EXACT, BANDS, main="docs")
+        runs = [pcolls["rejects"] | "SpillReadRejects" >> beam.ParDo(spill_rejects(output, n)), out[REJECTS]]
+        if "cuts" in pcolls:
+            runs.append(pcolls["cuts"] | "SpillCutRejects" >> beam.ParDo(spill_rejects(output, n)))
         return {
             "docs": out.docs,
-            "rejects": (
-                (pcolls["rejects"] | "SpillReadRejects" >> beam.ParDo(spill_rejects(output, n)), out[REJECTS])
-                | "AllRejectRuns" >> beam.Flatten()
-            ),
+            "rejects": runs | "AllRejectRuns" >> beam.Flatten(),
             "exact": out[EXACT],
             "bands": out[BANDS],
         }

@@ -77,7 +77,9 @@ def test_clean_job_shuffles_no_documents_and_has_no_growing_side_input(samples_d
               "text": []}
     clean_corpus.build_pipeline(p, CorpusConfig(), str(tmp_path), inputs, num_shards=2)
     sources = shuffled_sources(p)
-    assert sources and all(any(s in name for s in SMALL) or tag == clean_corpus.READ for name, tag in sources), sources
+    # READ and CUTS: one small element per work item
+    assert sources and all(any(s in name for s in SMALL) or tag in (clean_corpus.READ, clean_corpus.CUTS)
+                           for name, tag in sources), sources
     # the summary (counts and histograms) is the only side input
     assert side_inputs(p) == ["WriteManifest"]
 
