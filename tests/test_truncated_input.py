@@ -76,11 +76,17 @@ def test_a_cut_dump_fails_the_corpus_in_one_line_naming_the_file_and_the_pages_r
                                 f"ends before its end-of-stream marker; {pages:,} pages were read before the cut")
 
 
-def test_cut_json_lines_fail_the_corpus_in_one_line(samples_dir, tmp_path) -> None:
+def cut_json_lines(samples_dir: Path, folder: Path) -> Path:
+    """300 real JSON lines, gzipped, with the last third of the bytes gone."""
     lines = (samples_dir / "text" / "tweets.jsonl").read_bytes().splitlines(keepends=True)[:300]
     packed = gzip.compress(b"".join(lines))
-    cut = tmp_path / "tweets.jsonl.gz"
+    cut = folder / "tweets.jsonl.gz"
     cut.write_bytes(packed[: len(packed) * 2 // 3])
+    return cut
+
+
+def test_cut_json_lines_fail_the_corpus_in_one_line(samples_dir, tmp_path) -> None:
+    cut = cut_json_lines(samples_dir, tmp_path)
     out = tmp_path / "corpus"
     done = bertpipe("corpus", "--text", str(cut), "--output", str(out), "--workers", "1")
     said = done.stdout + done.stderr
@@ -95,17 +101,23 @@ def test_cut_json_lines_fail_the_corpus_in_one_line(samples_dir, tmp_path) -> No
     assert reject["id"] == "text:tweets" and reject["detail"] in last
 
 
-def test_allow_truncated_keeps_what_was_read_and_warns_per_file(cut_dump, tmp_path, caplog) -> None:
+def test_allow_truncated_keeps_what_was_read_and_warns_per_file(cut_dump, samples_dir, tmp_path, caplog) -> None:
+    cut = cut_json_lines(samples_dir, tmp_path)
     out = tmp_path / "corpus"
-    cfg = CorpusConfig(wikipedia=[str(cut_dump)], allow_truncated=True)
+    cfg = CorpusConfig(wikipedia=[str(cut_dump)], text=[str(cut)], allow_truncated=True)
     with caplog.at_level(logging.WARNING, logger="beam_jobs.clean_corpus"):
         manifest = clean_corpus.run(cfg, str(out), workers=1)
-    c = manifest["counts"][D.WIKIPEDIA]
-    assert c["rejected_by_reason"][D.TRUNCATED_INPUT] == 1 and c["kept"] > 0
-    assert c["kept"] + c["rejected"] == c["read"] == pages_in(cut_dump) + 1  # the cut is one record read
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(cut_dump) in r.getMessage()]
-    assert f"{pages_in(cut_dump):,} pages were read before the cut" in warning
-    assert "the corpus keeps only what was read (corpus.allow_truncated=true)" in warning
+    for source in (D.WIKIPEDIA, D.TEXT):
+        c = manifest["counts"][source]
+        assert c["rejected_by_reason"][D.TRUNCATED_INPUT] == 1 and c["kept"] > 0
+        assert c["kept"] + c["rejected"] == c["read"]
+    assert manifest["counts"][D.WIKIPEDIA]["read"] == pages_in(cut_dump) + 1  # the cut is one record read
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all(w.endswith("; the corpus keeps only what was read (corpus.allow_truncated=true)")
+                                      for w in warnings)
+    (dump_warning,) = [w for w in warnings if w.startswith(f"{cut_dump} is cut short")]
+    assert f"{pages_in(cut_dump):,} pages were read before the cut" in dump_warning
+    assert [w for w in warnings if w.startswith(f"{cut} ends inside its compressed stream after line ")]
 
 
 @pytest.fixture
