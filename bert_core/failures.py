@@ -44,7 +44,8 @@ INFRA_MESSAGE = re.compile(
     r"rendezvous|DistNetworkError|timed out|Socket Timeout|"
     r"connection (reset|refused|aborted|closed by peer)|broken pipe|remote worker crash|"
     r"NCCL (error|WARN)|gloo.*(timeout|connect)|address already in use|EADDRINUSE|"
-    r"no route to host|temporar(y|ily) (failure|unavailable)|HTTP 5\d\d|503 Service|preempt",
+    r"no route to host|temporar(y|ily) (failure|unavailable)|HTTP 5\d\d|503 Service|preempt|"
+    r"cannot connect to host|name or service not known|name resolution|nodename nor servname",
     re.IGNORECASE,
 )
 # Inside a rank, any error of the collectives means a peer died or the network broke.

@@ -20,7 +20,8 @@ from typing import IO, Any
 
 import fsspec
 
-from bert_core.failures import Refusal
+from bert_core.config import ConfigError
+from bert_core.failures import InfrastructureError, Refusal, is_infrastructure_error
 
 MANIFEST = "_MANIFEST.json"
 SCHEMA_VERSION = 1
@@ -35,6 +36,23 @@ class ManifestError(ValueError, Refusal):
 
 class OutputError(ValueError, Refusal):
     """An output folder that cannot be written (under a file, read-only, no space)."""
+
+
+class SchemeError(ConfigError):
+    """A URI whose scheme no installed fsspec backend serves."""
+
+
+class UnreachableError(InfrastructureError):
+    """Remote storage that does not answer, or answers with a network failure."""
+
+
+# The package that serves each scheme, for the hint when it is not installed.
+BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+            "abfss": "adlfs", "hf": "huggingface_hub", "http": "aiohttp", "https": "aiohttp",
+            "sftp": "paramiko", "ssh": "paramiko", "hdfs": "pyarrow", "webhdfs": "requests"}
+# Seconds the first contact with a remote store may take before it counts as unreachable.
+REACH_SECONDS = 30.0
+_REACHED: set[tuple[int, str]] = set()
 
 
 class UnfinishedWriteError(FileNotFoundError, Refusal):
@@ -62,9 +80,82 @@ def filesystem(uri: str) -> fsspec.AbstractFileSystem:
     key = (os.getpid(), protocol)
     fs = _FILESYSTEMS.get(key)
     if fs is None:
-        fs = fsspec.filesystem(protocol, skip_instance_cache=protocol != "memory")
+        fs = backend(uri)(skip_instance_cache=protocol != "memory")
         _FILESYSTEMS[key] = fs
     return fs
+
+
+def backend(uri: str) -> type[fsspec.AbstractFileSystem]:
+    """The fsspec filesystem class for ``uri``'s scheme; :class:`SchemeError` (one line saying what
+    to install) when none is installed."""
+    protocol = split_protocol(uri)[0]
+    try:
+        return fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as err:
+        package = BACKENDS.get(protocol)
+        install = f"pip install {package}" if package else "install the fsspec backend for it"
+        raise SchemeError(f"{uri}: no storage backend for {protocol}:// is installed ({err}); "
+                          f"{install}, or use a local path or gs://") from None
+
+
+def reach(uri: str) -> None:
+    """Refuse remote storage that does not answer within ``BERTPIPE_STORAGE_TIMEOUT`` seconds
+    (default 30) or fails with a network error, in one line (:class:`UnreachableError`). Asked on
+    the first contact with each store, so a dead network costs seconds, not a backend's retries."""
+    protocol, path = split_protocol(uri)
+    if protocol in ("file", "memory"):
+        return
+    store = path.split("/", 1)[0]
+    if (os.getpid(), f"{protocol}://{store}") in _REACHED:
+        return
+    backend(uri)  # a missing backend is a SchemeError at once; building the client is timed below
+    probe = path.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0].rstrip("/") or store
+    seconds = float(os.environ.get("BERTPIPE_STORAGE_TIMEOUT") or REACH_SECONDS)
+    answer = _within(seconds, _info_or_missing, uri, probe)
+    if answer is _NO_ANSWER:
+        raise UnreachableError(f"{protocol}://{store}: no answer within {seconds:g} s; check the "
+                               "network, the endpoint (e.g. STORAGE_EMULATOR_HOST) and the credentials, "
+                               "then run again (BERTPIPE_STORAGE_TIMEOUT sets the wait)")
+    if isinstance(answer, BaseException):
+        if is_infrastructure_error(answer):
+            first = " ".join(str(answer).split())[:200]
+            raise UnreachableError(f"{protocol}://{store}: {type(answer).__name__}: {first}; check the "
+                                   "network, the endpoint and the credentials, then run again") from None
+        raise answer
+    _REACHED.add((os.getpid(), f"{protocol}://{store}"))
+
+
+_NO_ANSWER = object()
+
+
+def _info_or_missing(uri: str, path: str) -> bool:
+    # fsspec's exists() answers False for any error, a network failure included; info() tells.
+    try:
+        filesystem(uri).info(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _within(seconds: float, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``'s result or exception, or ``_NO_ANSWER`` after ``seconds``. The call runs in a
+    daemon thread, so one that never returns does not hold up the process's exit."""
+    import queue
+    import threading
+
+    box: queue.Queue = queue.Queue(1)
+
+    def call() -> None:
+        try:
+            box.put(fn(*args))
+        except BaseException as err:  # handed to the caller, which decides
+            box.put(err)
+
+    threading.Thread(target=call, daemon=True, name="storage-reach").start()
+    try:
+        return box.get(timeout=seconds)
+    except queue.Empty:
+        return _NO_ANSWER
 
 
 def is_local(uri: str) -> bool:
@@ -95,6 +186,7 @@ def open_file(uri: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
 
 
 def exists(uri: str) -> bool:
+    reach(uri)
     return filesystem(uri).exists(split_protocol(uri)[1])
 
 
@@ -145,6 +237,7 @@ def copy_files(src: str, dst: str, chunk: int = 4 << 20) -> list[str]:
 
 def glob(pattern: str) -> list[str]:
     """Expand a glob (``*``, ``**``, ``?``) into sorted file URIs."""
+    reach(pattern)
     fs = filesystem(pattern)
     path = split_protocol(pattern)[1]
     return sorted(_with_protocol(pattern, p) for p in fs.glob(path) if fs.isfile(p))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bert_core import storage
-from bert_core.config import CorpusConfig
+from bert_core.config import ConfigError, CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.books import unwrap
 from bert_core.corpus.sentences import split_paragraphs
@@ -160,8 +160,10 @@ def record_document(record: dict[str, Any], uri: str, key: str, where: str, numb
         title = f"{key} {where}"
         if cfg.title_field is not None:
             title = _field_text(record.get(cfg.title_field), cfg.title_field, place, cfg.title_field in record)
-        text = _field_text(record.get(cfg.text_field), cfg.text_field, place, cfg.text_field in record,
-                           may_be_empty=True)
+        if cfg.text_field not in record:
+            raise _RecordError(D.MISSING_FIELD, f"{place}: field {cfg.text_field!r} is missing (its fields: "
+                               f"{_names(record)}); set --text-field to the one that holds the text")
+        text = _field_text(record.get(cfg.text_field), cfg.text_field, place, True, may_be_empty=True)
         text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
         if not text.strip():
             raise _RecordError(D.EMPTY_TEXT, f"{place}: field {cfg.text_field!r} is empty")
@@ -197,11 +199,71 @@ def _field_text(value: Any, field: str, place: str, present: bool, may_be_empty:
     return value
 
 
+def _names(record: dict[str, Any], most: int = 12) -> str:
+    names = list(record)
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "") or "none"
+
+
 _TYPE_NAMES = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
 
 
 def _fields(cfg: CorpusConfig) -> list[str]:
     return list(dict.fromkeys(f for f in (cfg.text_field, cfg.id_field, cfg.title_field) if f))
+
+
+# --------------------------------------------------------------------------- before the job
+
+
+class TextFieldError(ConfigError):
+    """No record of a text file has the configured text field: the setting, not the data, is wrong."""
+
+
+SNIFF_RECORDS = 100  # records read from the head of each JSON lines file by check_text_field
+
+
+def check_text_field(files: list[str], cfg: CorpusConfig) -> None:
+    """Refuse, before any work, text files none of whose first records has ``corpus.text_field``
+    (a Parquet file: its columns), naming the fields they do have. One record without the field
+    is a reject; a file without it anywhere in its head is a wrong ``--text-field``."""
+    problems = []
+    for uri in files:
+        seen = _head_fields(uri)
+        if seen is not None and cfg.text_field not in seen:
+            problems.append(f"{uri}: no record has the field {cfg.text_field!r} (they have: "
+                            f"{_names(dict.fromkeys(seen))})")
+    if problems:
+        raise TextFieldError("; ".join(problems) + "; set --text-field (corpus.text_field) to the field "
+                             "that holds the text")
+
+
+def _head_fields(uri: str) -> list[str] | None:
+    """Field names of a file's first records (a Parquet file's columns); None when it cannot tell
+    (no records, not JSON): the job's rejects say why."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = record_format(uri)
+    try:
+        if kind == "parquet":
+            with storage.open_file(uri, "rb") as f:
+                return pq.ParquetFile(f).schema_arrow.names
+        if kind != "jsonl":
+            return None
+        fields: dict[str, None] = {}
+        records = 0
+        for line in _lines(uri):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                fields.update(dict.fromkeys(record))
+                records += 1
+                if records >= SNIFF_RECORDS:
+                    break
+        return list(fields) if records else None
+    except (OSError, EOFError, zlib.error, pa.ArrowException):
+        return None
 
 
 # --------------------------------------------------------------------------- JSON lines
