@@ -37,6 +37,20 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
                   "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps")
 
 
+# A pre-LN model has a model type of its own, so that transformers' Auto classes never build it as
+# their post-LN BERT: its config.json points ``auto_map`` at modeling code written beside the
+# weights (these two files of this package, which import torch and transformers only).
+PRELN_MODEL_TYPE = "bertpipe-preln-bert"
+PRELN_CODE_FILES = ("configuration_bertpipe_preln.py", "modeling_bertpipe_preln.py")
+_PRELN_ARCHITECTURES = {"BertForPreTraining": "BertpipePreLNForPreTraining", "BertModel": "BertpipePreLNModel"}
+_PRELN_AUTO_MAP = {
+    "AutoConfig": "configuration_bertpipe_preln.BertpipePreLNConfig",
+    "AutoModel": "modeling_bertpipe_preln.BertpipePreLNModel",
+    "AutoModelForPreTraining": "modeling_bertpipe_preln.BertpipePreLNForPreTraining",
+    "AutoModelForMaskedLM": "modeling_bertpipe_preln.BertpipePreLNForMaskedLM",
+}
+
+
 class CheckpointError(ValueError, Refusal):
     """A checkpoint folder that cannot be loaded; the message names the file and what to do."""
 
@@ -81,9 +95,11 @@ def weights_only_loads() -> Iterator[None]:
 
 
 def model_config_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
-    """transformers ``BertConfig`` dict -> :class:`ModelConfig` (size ``custom``)."""
-    if hf.get("model_type", "bert") != "bert":
-        raise CheckpointError(f"{source}: model_type={hf.get('model_type')!r} is not a BERT model")
+    """transformers ``BertConfig`` dict -> :class:`ModelConfig` (size ``custom``). Pre-LN: the
+    model type :data:`PRELN_MODEL_TYPE`, or (exports before it) ``bert`` with ``pre_layer_norm``."""
+    model_type = hf.get("model_type", "bert")
+    if model_type not in ("bert", PRELN_MODEL_TYPE):
+        raise CheckpointError(f"{source}: model_type={model_type!r} is not a BERT model")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(
             f"{source}: position_embedding_type={hf['position_embedding_type']!r} is not supported "
@@ -95,13 +111,16 @@ def model_config_from_hf(hf: dict[str, Any], source: str = "config.json") -> Mod
     fields = {k: hf[k] for k in _CONFIG_FIELDS if k in hf}
     try:
         return ModelConfig(size="custom", hidden_act=_HF_ACT[act],
-                           pre_layer_norm=bool(hf.get("pre_layer_norm", False)), **fields)
+                           pre_layer_norm=model_type == PRELN_MODEL_TYPE or bool(hf.get("pre_layer_norm", False)),
+                           **fields)
     except ValueError as err:
         raise CheckpointError(f"{source}: {err}") from None
 
 
 def hf_config_from_model(cfg: ModelConfig, architecture: str = "BertForPreTraining") -> dict[str, Any]:
-    """:class:`ModelConfig` -> a ``config.json`` dict that ``transformers.BertConfig`` reads."""
+    """:class:`ModelConfig` -> a ``config.json`` dict: ``transformers.BertConfig``'s for a post-LN
+    model, for a pre-LN one the same fields under :data:`PRELN_MODEL_TYPE`, with ``auto_map``
+    naming the modeling code :func:`save_pretrained` writes beside it."""
     hf: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": "bert",
@@ -112,9 +131,21 @@ def hf_config_from_model(cfg: ModelConfig, architecture: str = "BertForPreTraini
         "tie_word_embeddings": True,
     }
     if cfg.pre_layer_norm:
-        # transformers has no pre-LN BERT; the key keeps our loader exact (theirs would ignore it).
+        # transformers has no pre-LN BERT: its Auto classes load this one with the code written
+        # beside it (trust_remote_code=True) and refuse it without. The key keeps exports older
+        # than the model type readable the same way.
+        hf["architectures"] = [_PRELN_ARCHITECTURES.get(architecture, "BertpipePreLNModel")]
+        hf["model_type"] = PRELN_MODEL_TYPE
+        hf["auto_map"] = dict(_PRELN_AUTO_MAP)
         hf["pre_layer_norm"] = True
     return hf
+
+
+def preln_code() -> dict[str, str]:
+    """The pre-LN modeling code an export carries: file name -> source."""
+    from importlib.resources import files
+
+    return {name: files("bert_core.model").joinpath(name).read_text(encoding="utf-8") for name in PRELN_CODE_FILES}
 
 
 # --------------------------------------------------------------------------- weights
@@ -258,8 +289,11 @@ def save_pretrained(
     """Write ``model`` as a transformers folder: config.json, model.safetensors, vocab files.
 
     ``tokenizer_file`` defaults to the ``tokenizer.json`` beside ``vocab_file`` when there is one.
-    ``transformers.BertForPreTraining.from_pretrained(path)`` opens the result (a post-LN model
-    computes the same outputs there as here).
+    transformers opens the result and computes the same outputs as here: a post-LN model as its
+    own BERT (``model_type: bert``), a pre-LN one with the modeling code written beside the
+    weights (``AutoModel.from_pretrained(path, trust_remote_code=True)``; without it refused). Its
+    tokenizer needs no code: ``AutoTokenizer.from_pretrained(path, trust_remote_code=False)``
+    (transformers 5 reads config.json first and, with the argument left out, asks).
     """
     from safetensors.torch import save as save_safetensors
 
@@ -277,9 +311,10 @@ def save_pretrained(
         # safetensors refuses shared storage) so every version finds the one it looks for.
         state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()
     architecture = "BertModel" if is_encoder else type(model).__name__
-    if cfg.pre_layer_norm:
-        log.warning("%s: pre-LN model; transformers' BERT is post-LN, only bert_core loads it exactly", path)
     storage.makedirs(path)
+    if cfg.pre_layer_norm:
+        for name, source in preln_code().items():
+            storage.write_text(storage.join(path, name), source)
     with storage.open_file(storage.join(path, WEIGHTS_SAFETENSORS), "wb") as f:
         f.write(save_safetensors(state, metadata={"format": "pt"}))
     if vocab_file:

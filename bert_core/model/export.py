@@ -1,5 +1,7 @@
 """Export: any checkpoint we produce or read (a DeepSpeed run, a transformers folder) -> a
-transformers-layout folder that ``transformers.BertForPreTraining.from_pretrained`` opens.
+transformers-layout folder that transformers opens: a post-LN model as its own BERT
+(``transformers.AutoModel.from_pretrained``), a pre-LN one with the modeling code written beside
+its weights (``from_pretrained(..., trust_remote_code=True)``; see ``checkpoint.save_pretrained``).
 
     bertpipe export runs/demo/checkpoints --output runs/demo/hf
 
