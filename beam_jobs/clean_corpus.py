@@ -25,6 +25,7 @@ from apache_beam.pvalue import AsSingleton, TaggedOutput
 from beam_jobs.job import (
     LOCAL_BYTES_PER_WORKER,
     LOCAL_RUNNER,
+    EmptyResultError,
     check_produced,
     check_shared_storage,
     forward_to_cli,
@@ -39,6 +40,7 @@ from bert_core import storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
+from bert_core.corpus.records import check_text_field
 from bert_core.corpus.sentences import split_paragraphs
 from bert_core.histogram import bin_index
 from bert_core.sorted_runs import SPILL_DIR
@@ -632,6 +634,7 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     wiki_files = expand_inputs(cfg.wikipedia, "wikipedia")
     book_files = expand_inputs(cfg.books, "books")
     text_files = expand_inputs(cfg.text, "text")
+    check_text_field(text_files, cfg)
     if not wiki_files and not book_files and not text_files:
         raise InputError("no inputs: give --wikipedia GLOB, --books GLOB and/or --text GLOB "
                          "(corpus.wikipedia / corpus.books / corpus.text)")
@@ -675,7 +678,24 @@ def _checked_manifest(output: str, cfg: CorpusConfig, num_shards: int, files: in
     if total_bytes > 0 and c["documents"] + c["rejects"] == 0:
         storage.remove(storage.join(output, storage.MANIFEST))
         check_produced("corpus", 0, "documents and 0 rejects", total_bytes, "bytes of input")
+    if c["documents"] == 0 and c["rejects"] > 0:
+        storage.remove(storage.join(output, storage.MANIFEST))
+        raise EmptyResultError(_nothing_kept(output, c, num_shards))
     return manifest
+
+
+def _nothing_kept(output: str, counts: dict[str, Any], num_shards: int) -> str:
+    """One line for a run that rejected every record it read: how many, why, and one example."""
+    reasons: dict[str, int] = {}
+    for source in counts.values():
+        if isinstance(source, dict):
+            for reason, n in source.get("rejected_by_reason", {}).items():
+                reasons[reason] = reasons.get(reason, 0) + n
+    top = max(reasons, key=reasons.__getitem__)
+    example = next(iter(D.read_rejects(output, num_shards, top)), {}).get("detail", "")
+    listed = ", ".join(f"{reason} {n:,}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    return (f"corpus: 0 documents kept of {counts['rejects']:,} records read, every one rejected ({listed}); "
+            f"e.g. {example}; the reasons are in {output}/rejects-*.jsonl")
 
 
 if __name__ == "__main__":

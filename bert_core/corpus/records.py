@@ -222,13 +222,16 @@ SNIFF_RECORDS = 100  # records read from the head of each JSON lines file by che
 
 
 def check_text_field(files: list[str], cfg: CorpusConfig) -> None:
-    """Refuse, before any work, text files none of whose first records has ``corpus.text_field``
-    (a Parquet file: its columns), naming the fields they do have. One record without the field
-    is a reject; a file without it anywhere in its head is a wrong ``--text-field``."""
+    """Refuse, before any work, text inputs none of which has ``corpus.text_field`` in its first
+    records (a Parquet file: its columns), naming the fields they do have: that is a wrong
+    ``--text-field``. A record, or a file, without the field beside others that have it is a
+    reject of the job."""
     problems = []
     for uri in files:
         seen = _head_fields(uri)
-        if seen is not None and cfg.text_field not in seen:
+        if seen is not None and cfg.text_field in seen:
+            return
+        if seen is not None:
             problems.append(f"{uri}: no record has the field {cfg.text_field!r} (they have: "
                             f"{_names(dict.fromkeys(seen))})")
     if problems:
