@@ -18,6 +18,7 @@ from apache_beam.metrics import Metrics
 
 from beam_jobs.job import (
     LOCAL_RUNNER,
+    EmptyResultError,
     check_produced,
     check_shared_storage,
     forward_to_cli,
@@ -359,6 +360,9 @@ def run(
         raise VocabError(f"vocab {vocab} lacks [CLS], [SEP] or [MASK]; instances need all three: "
                          "use a BERT vocab (the vocab stage always adds them)")
     shards = storage.shard_uris(corpus, corpus_manifest)
+    if not count_documents(shards):
+        raise EmptyResultError(f"{corpus} holds 0 documents: there is nothing to make instances from; "
+                               "run corpus on inputs that keep documents (its rejects say why they did not)")
     storage.check_writable(output)
     prepare_output(output, config)
 
@@ -378,6 +382,12 @@ def _checked_manifest(output: str, documents: int) -> dict[str, Any]:
     manifest = storage.read_manifest(output)
     c = manifest["counts"]
     made = sum(n for k, n in c.items() if k.startswith(("instances_seq", "eval_instances_seq")))
+    if documents and c["documents_read"] == documents and not made:
+        storage.remove(storage.join(output, storage.MANIFEST))
+        raise EmptyResultError(
+            f"instances: 0 instances from {documents:,} documents ({c['documents_rejected']:,} rejected for "
+            f"having no token of the vocab, {c['documents_used']:,} used); check that --vocab is the corpus's "
+            f"own vocab; the rejects are under {output}")
     if documents and (c["documents_read"] != documents or (c["documents_used"] and not made)):
         storage.remove(storage.join(output, storage.MANIFEST))
         check_produced("instances", 0, f"instances from {c['documents_used']:,} documents used and "
