@@ -77,13 +77,18 @@ def runs_base(config: PipelineConfig) -> str:
 
 
 def _corpus(config: PipelineConfig, p: _Problems, dump_downloaded: bool = False) -> None:
-    """The corpus globs; ``dump_downloaded``: the refresh's own dump replaces ``corpus.wikipedia``."""
+    """The corpus globs, and the text field in the head of the text files; ``dump_downloaded``: the
+    refresh's own dump replaces ``corpus.wikipedia``."""
     from bert_core.corpus.inputs import InputError, expand_inputs
+    from bert_core.corpus.records import check_text_field
 
     kinds = ("books", "text") if dump_downloaded else ("wikipedia", "books", "text")
+    files: dict[str, list[str]] = {kind: [] for kind in kinds}
     for kind in kinds:
         for pattern in getattr(config.corpus, kind):
-            p.check(expand_inputs, [pattern], kind)
+            files[kind] += p.check(expand_inputs, [pattern], kind) or []
+    if files["text"]:
+        p.check(check_text_field, files["text"], config.corpus)
     if not dump_downloaded and not any(getattr(config.corpus, k) for k in kinds):
         p.errors.append(InputError("no corpus inputs: set corpus.wikipedia, corpus.books and/or corpus.text"))
 

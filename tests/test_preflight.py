@@ -66,6 +66,10 @@ def test_the_preflight_lists_every_missing_input_at_once(samples_dir, tmp_path):
         check_run(_config(samples_dir, root, "finetune.data_dir=null"))
     with pytest.raises(PreflightConfigError, match=r"1 input problem: no corpus inputs: set corpus.wikipedia"):
         check_run(_config(samples_dir, root, "corpus.books=[]"))
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"body": "a sentence. and another."}\n')
+    with pytest.raises(PreflightConfigError, match=r"records.jsonl: no record has the field 'text' \(they have: body\)"):
+        check_run(_config(samples_dir, root, f"corpus.text=[{records}]"))
     # two extra checkpoints of one folder name would share finetune/<name>
     (tmp_path / "other" / "minilm").mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
