@@ -84,7 +84,7 @@ class CorpusConfig(_Model):
     minhash_num_perm: int = Field(128, ge=16, description="MinHash permutations (bands x rows).")
     num_shards: int = Field(0, ge=0, description="Output document shards; 0 = automatic.")
     allow_truncated: bool = Field(
-        False, description="Keep what was read from an input file that is cut short (a warning "
+        False, json_schema_extra=VERSIONED_WHEN_SET, description="Keep what was read from an input file that is cut short (a warning "
         "line per file) instead of failing the stage."
     )
     text_format: Literal["none", "google"] = Field(
