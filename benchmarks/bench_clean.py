@@ -297,9 +297,13 @@ def main() -> None:
         tmp = Path(tmp_dir)
         dump1 = samples / "wikipedia" / DUMP
         xml = bz2.decompress(dump1.read_bytes())
-        end = xml.index(b"</page>") + len(b"</page>")  # the header and the first page
+        # The header and the first page that is not a redirect: a job that reads pages and keeps
+        # none fails, as it should.
+        header_end = start = xml.index(b"<page>")
+        while b"<redirect" in xml[start:(end := xml.index(b"</page>", start) + len(b"</page>"))]:
+            start = xml.index(b"<page>", end)
         tiny = tmp / "enwiki-1page.xml.bz2"
-        tiny_xml = xml[:end] + b"\n</mediawiki>\n"
+        tiny_xml = xml[:header_end] + xml[start:end] + b"\n</mediawiki>\n"
         tiny.write_bytes(bz2.compress(tiny_xml))
         start_refs, starts = measured_in_turn(args.repeats, "1-page", tmp, lambda out: run_wikiextractor(python, tiny, out),
                                               {w: (lambda out, w=w: run_ours(tiny, out, w, *FORCED)) for w in WORKERS})
