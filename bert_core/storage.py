@@ -38,6 +38,10 @@ class OutputError(ValueError, Refusal):
     """An output folder that cannot be written (under a file, read-only, no space)."""
 
 
+class NotTextError(ValueError, Refusal):
+    """A file that should be UTF-8 text is not."""
+
+
 class SchemeError(ConfigError):
     """A URI whose scheme no installed fsspec backend serves."""
 
@@ -108,8 +112,9 @@ def reach(uri: str) -> None:
     store = path.split("/", 1)[0]
     if (os.getpid(), f"{protocol}://{store}") in _REACHED:
         return
-    backend(uri)  # a missing backend is a SchemeError at once; building the client is timed below
-    probe = path.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0].rstrip("/") or store
+    # a missing backend is a SchemeError at once; building the client is timed below
+    head = str(uri).split("*", 1)[0].split("?", 1)[0].split("[", 1)[0].rstrip("/")
+    probe = backend(uri)._strip_protocol(head) or store  # as the backend names it (http keeps its URL)
     seconds = float(os.environ.get("BERTPIPE_STORAGE_TIMEOUT") or REACH_SECONDS)
     answer = _within(seconds, _info_or_missing, uri, probe)
     if answer is _NO_ANSWER:
@@ -248,8 +253,14 @@ def size(uri: str) -> int:
 
 
 def read_text(uri: str) -> str:
+    """A UTF-8 text file whole; a file that is not UTF-8 is refused naming it and the byte."""
     with open_file(uri, "rb") as f:
-        return f.read().decode("utf-8")
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise NotTextError(f"{to_uri(uri)} is not UTF-8 text (byte {err.start:,} is 0x{data[err.start]:02x}); "
+                           "give the right file, or re-encode it as UTF-8") from None
 
 
 def write_text(uri: str, text: str) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bert_core import storage
+from bert_core.config import ConfigError
 from bert_core.failures import InfrastructureError, Refusal, is_infrastructure_error
 
 DEFAULT_BASE_URL = "https://dumps.wikimedia.org"
@@ -34,7 +35,11 @@ _CHUNK = 1 << 20
 
 
 class DownloadError(Refusal):
-    """The dump cannot be fetched as asked (a bad date or language, missing or unfinished)."""
+    """The dump cannot be fetched as asked (missing or unfinished)."""
+
+
+class DumpOptionError(ConfigError, DownloadError):
+    """A dump date or language that cannot name a dump."""
 
 
 class ChecksumError(DownloadError):
@@ -63,9 +68,9 @@ def base_url(explicit: str | None = None) -> str:
 
 def dump_url(base: str, lang: str, date: str) -> str:
     if not re.fullmatch(r"\d{8}", date):
-        raise DownloadError(f"--date {date!r}: expected YYYYMMDD, e.g. 20240601 (a dump date)")
+        raise DumpOptionError(f"--date {date!r}: expected YYYYMMDD, e.g. 20240601 (a dump date)")
     if not re.fullmatch(r"[a-z][a-z0-9_-]*", lang):
-        raise DownloadError(f"--lang {lang!r}: expected a wiki language code such as en or de")
+        raise DumpOptionError(f"--lang {lang!r}: expected a wiki language code such as en or de")
     return f"{base}/{lang}wiki/{date}"
 
 

@@ -1,0 +1,236 @@
+"""Every command that takes an input, met with the wrong input a user tries first: a missing file,
+an empty one, a cut one, the wrong kind of folder, a field that is not there, an unknown scheme.
+Each row ends with the documented exit code (2 config or option, 1 data, 3 machine or network),
+one last line naming the file or field, no traceback, and no manifest written as done.
+
+A new command adds its rows to ``ROWS``; ``test_every_command_that_takes_an_input_has_rows``
+keeps the table complete."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from beam_jobs import build_vocab, clean_corpus, create_instances
+from bert_core import storage
+from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec, VocabConfig
+from flows.cli import app
+from flows.cli.main import COMMANDS
+
+PROSE = ("The river runs through the old town. It was first mapped in 1820 by a surveyor, who "
+         "walked its banks for three years. Today it feeds two lakes and a canal. ")
+
+
+@dataclass(frozen=True)
+class Made:
+    """Real, finished stage outputs and a few bad files, made once for the table."""
+
+    tmp: Path
+    samples: Path
+    silent_port: int  # a server on 127.0.0.1 that takes connections and never answers
+    corpus: str
+    vocab: str
+    instances: str
+
+
+@pytest.fixture(scope="module")
+def made(samples_dir, tmp_path_factory) -> Iterator[Made]:
+    tmp = tmp_path_factory.mktemp("bad-inputs")
+    books = tmp / "books"
+    books.mkdir()
+    for n in range(4):
+        (books / f"book{n}.txt").write_text(f"Book {n}\n\n" + "\n\n".join(
+            f"Chapter {i}. {PROSE}" for i in range(12)), encoding="utf-8")
+    corpus, vocab, instances = str(tmp / "corpus"), str(tmp / "vocab"), str(tmp / "instances")
+    clean_corpus.run(CorpusConfig(books=[str(books / "*.txt")], dedup_near=False), corpus, workers=1)
+    build_vocab.run(VocabConfig(vocab_size=200, num_unused=0), corpus, vocab, workers=1)
+    create_instances.run(InstanceConfig(lengths=[SequenceSpec(max_seq_length=32, max_predictions_per_seq=4)],
+                                        dupe_factor=1, num_shards=1, seed=1), corpus, vocab, instances, workers=1,
+                         min_docs_per_bucket=2)
+    # the bad files
+    (tmp / "empty.txt").write_text("")
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "body.jsonl").write_text("".join(json.dumps({"id": i, "body": PROSE * 2}) + "\n" for i in range(3)))
+    packed = gzip.compress(("".join(json.dumps({"text": PROSE * 3}) + "\n" for _ in range(200))).encode())
+    (tmp / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    (tmp / "no-manifest").mkdir()
+    (tmp / "no-manifest" / "part-00000.parquet").write_bytes(b"PAR1")
+    (tmp / "half-manifest").mkdir()
+    text = Path(corpus, storage.MANIFEST).read_text()
+    (tmp / "half-manifest" / storage.MANIFEST).write_text(text[: len(text) // 2])
+    (tmp / "not-utf8.txt").write_bytes(b"\xff\xfe\x00bad\x00" * 10)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections complete in the kernel's backlog; nothing ever reads them
+    yield Made(tmp, samples_dir, silent.getsockname()[1], corpus, vocab, instances)
+    silent.close()
+
+
+def _dead_port() -> int:
+    """A port on 127.0.0.1 that nobody listens on: connections are refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Row:
+    command: str
+    case: str
+    args: Callable[[Made], list[str]]
+    code: int
+    needles: Callable[[Made], list[str]]
+    output: str | None = "out"  # the folder under tmp that must hold no manifest afterwards
+
+
+def out(m: Made, name: str = "out") -> str:
+    return str(m.tmp / name)
+
+
+ROWS = [
+    # corpus
+    Row("corpus", "missing file", lambda m: ["--books", out(m, "nope.txt"), "--output", out(m)], 2,
+        lambda m: ["nope.txt", "does not exist"]),
+    Row("corpus", "glob that matches nothing", lambda m: ["--text", out(m, "nope/*.jsonl"), "--output", out(m)], 2,
+        lambda m: ["nope/*.jsonl", "matched no files"]),
+    Row("corpus", "empty records file", lambda m: ["--text", out(m, "empty.jsonl"), "--output", out(m),
+                                                   "--workers", "1"], 1,
+        lambda m: ["empty.jsonl", "0 documents kept"]),
+    Row("corpus", "a text field the records lack", lambda m: ["--text", out(m, "body.jsonl"), "--output", out(m)], 2,
+        lambda m: ["body.jsonl", "'text'", "they have: id, body", "--text-field"]),
+    Row("corpus", "cut .jsonl.gz", lambda m: ["--text", out(m, "cut.jsonl.gz"), "--output", out(m),
+                                              "--workers", "1"], 1,
+        lambda m: ["cut.jsonl.gz", "allow_truncated"]),
+    Row("corpus", "a scheme with no backend", lambda m: ["--text", "s3://bucket/x.jsonl", "--output", out(m)], 2,
+        lambda m: ["s3://bucket/x.jsonl", "pip install s3fs"]),
+    Row("corpus", "an unknown scheme", lambda m: ["--text", "nosuch://a/b.jsonl", "--output", out(m)], 2,
+        lambda m: ["nosuch://a/b.jsonl", "no storage backend"]),
+    Row("corpus", "a store that never answers", lambda m: ["--text", f"http://127.0.0.1:{m.silent_port}/x.jsonl",
+                                                           "--output", out(m)], 3,
+        lambda m: [f"http://127.0.0.1:{m.silent_port}", "no answer within 3 s", "run again"]),
+    Row("corpus", "a misspelt --set key", lambda m: ["--books", out(m, "*.txt"), "--output", out(m),
+                                                     "--set", "corpus.min_char=3"], 2,
+        lambda m: ["corpus.min_char", "did you mean"]),
+    # vocab
+    Row("vocab", "missing corpus", lambda m: ["--corpus", out(m, "nope"), "--output", out(m)], 1,
+        lambda m: ["nope"]),
+    Row("vocab", "a folder without a manifest", lambda m: ["--corpus", out(m, "no-manifest"), "--output", out(m)], 1,
+        lambda m: ["no-manifest", storage.MANIFEST]),
+    Row("vocab", "a manifest cut in half", lambda m: ["--corpus", out(m, "half-manifest"), "--output", out(m)], 1,
+        lambda m: ["half-manifest"]),
+    Row("vocab", "the wrong kind of folder", lambda m: ["--corpus", m.instances, "--output", out(m)], 1,
+        lambda m: [m.instances, "instances"]),
+    Row("vocab", "an empty vocab file", lambda m: ["--corpus", m.corpus, "--vocab-file", out(m, "empty.txt"),
+                                                   "--output", out(m)], 1,
+        lambda m: ["empty.txt"]),
+    # instances
+    Row("instances", "missing vocab", lambda m: ["--corpus", m.corpus, "--vocab", out(m, "nope"),
+                                                 "--output", out(m)], 1,
+        lambda m: ["nope"]),
+    Row("instances", "the corpus given as the vocab", lambda m: ["--corpus", m.corpus, "--vocab", m.corpus,
+                                                                 "--output", out(m)], 1,
+        lambda m: [m.corpus, "vocab"]),
+    Row("instances", "a vocab that is not UTF-8", lambda m: ["--corpus", m.corpus, "--vocab",
+                                                             out(m, "not-utf8.txt"), "--output", out(m)], 1,
+        lambda m: ["not-utf8.txt"]),
+    # pretrain
+    Row("pretrain", "missing instances", lambda m: ["--instances", out(m, "nope"), "--output", out(m)], 2,
+        lambda m: ["nope"]),
+    Row("pretrain", "the corpus given as instances", lambda m: ["--instances", m.corpus, "--output", out(m)], 2,
+        lambda m: [m.corpus]),
+    Row("pretrain", "an init checkpoint of another vocab",
+        lambda m: ["--instances", m.instances, "--output", out(m), "--init-checkpoint",
+                   str(m.samples / "models" / "minilm"), "--set", "pretrain.phases=[{max_seq_length: 32, "
+                   "max_steps: 2, global_batch_size: 4, micro_batch_size: 2, warmup_steps: 1}]",
+                   "--set", "instances.lengths=[{max_seq_length: 32, max_predictions_per_seq: 4}]"], 2,
+        lambda m: ["minilm/vocab.txt", "30522 tokens", "is not the vocab the instances were made with"]),
+    Row("pretrain", "a missing init checkpoint", lambda m: ["--instances", m.instances, "--output", out(m),
+                                                            "--init-checkpoint", out(m, "gone")], 2,
+        lambda m: ["gone"]),
+    # export
+    Row("export", "missing source", lambda m: [out(m, "nope"), "--output", out(m)], 1, lambda m: ["nope"]),
+    Row("export", "an empty folder", lambda m: [out(m, "no-manifest"), "--output", out(m)], 1,
+        lambda m: ["no-manifest"]),
+    # finetune
+    Row("finetune", "missing task data", lambda m: ["--task", "sentiment", "--data", out(m, "nope"),
+                                                    "--checkpoint", str(m.samples / "models" / "minilm"),
+                                                    "--output", out(m)], 1,
+        lambda m: ["nope"]),
+    Row("finetune", "an unknown task", lambda m: ["--task", "nosuch", "--data", str(m.samples / "tasks"),
+                                                  "--checkpoint", str(m.samples / "models" / "minilm"),
+                                                  "--output", out(m)], 2,
+        lambda m: ["nosuch"]),
+    Row("finetune", "a missing checkpoint", lambda m: ["--task", "sentiment", "--data", str(m.samples / "tasks"),
+                                                       "--checkpoint", out(m, "gone"), "--output", out(m)], 1,
+        lambda m: ["gone"]),
+    # features
+    Row("features", "an empty input", lambda m: ["--checkpoint", str(m.samples / "models" / "minilm"),
+                                                 "--input", out(m, "empty.txt"), "--output", out(m, "f.parquet")], 1,
+        lambda m: ["empty.txt"], output=None),
+    Row("features", "a missing input", lambda m: ["--checkpoint", str(m.samples / "models" / "minilm"),
+                                                  "--input", out(m, "nope.txt"), "--output", out(m, "f.parquet")], 1,
+        lambda m: ["nope.txt"], output=None),
+    # verify, stats
+    Row("verify", "a missing folder", lambda m: [out(m, "nope")], 1, lambda m: ["nope"], output=None),
+    Row("verify", "a folder without a manifest", lambda m: [out(m, "no-manifest")], 1,
+        lambda m: ["no-manifest"], output=None),
+    Row("stats", "a manifest cut in half", lambda m: [out(m, "half-manifest")], 1,
+        lambda m: ["half-manifest"], output=None),
+    Row("stats", "a missing folder", lambda m: [out(m, "nope")], 1, lambda m: ["nope"], output=None),
+    # download, models, refresh, run
+    Row("download", "a date that is not a date", lambda m: ["wikipedia", "--date", "2026-13-01", "--to", out(m)], 2,
+        lambda m: ["2026-13-01"]),
+    Row("download", "an unreachable mirror", lambda m: ["wikipedia", "--date", "20261101", "--to", out(m),
+                                                        "--base-url", f"http://127.0.0.1:{_dead_port()}",
+                                                        "--retries", "0"], 3,
+        lambda m: ["127.0.0.1"]),
+    Row("models", "a version that is not there", lambda m: ["show", "nosuch", "--set", f"storage_root={out(m)}"], 1,
+        lambda m: ["nosuch"], output=None),
+    Row("refresh", "no current model to continue, task data missing",
+        lambda m: ["--date", "20261101", "--set", f"storage_root={out(m)}", "--set",
+                   f"finetune.data_dir={out(m, 'nope')}"], 1,
+        lambda m: [out(m, "nope")]),
+    Row("run", "a book glob that matches nothing",
+        lambda m: ["--set", f"storage_root={out(m)}", "--set", f"corpus.books=[{out(m, 'nope')}/*.txt]",
+                   "--set", "corpus.wikipedia=[]", "--set", "corpus.text=[]"], 2,
+        lambda m: [f"{out(m, 'nope')}/*.txt"]),
+    Row("config", "two errors at once", lambda m: ["show", "--set", "vocab.size=3", "--set",
+                                                   "instances.masked_lm_prob=2"], 2,
+        lambda m: ["vocab.size: unknown key; did you mean vocab.vocab_size?", "instances.masked_lm_prob"],
+        output=None),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[f"{r.command}: {r.case}" for r in ROWS])
+def test_a_bad_input_is_one_last_line_with_its_exit_code_and_nothing_done(row: Row, made: Made, monkeypatch):
+    monkeypatch.setenv("BERTPIPE_STORAGE_TIMEOUT", "3")
+    target = made.tmp / row.output if row.output else None
+    if target is not None and target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    args = row.args(made)
+    result = CliRunner().invoke(app, [row.command, *args])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == row.code, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # handled: no traceback
+    assert "Traceback" not in result.output
+    assert lines, "a failure says something"
+    for needle in row.needles(made):
+        assert needle in lines[-1], (needle, lines[-1])
+    if target is not None:
+        assert not list(target.rglob(storage.MANIFEST)), f"{target} holds a manifest after a failed run"
+
+
+def test_every_command_that_takes_an_input_has_rows():
+    takes_input = {"corpus", "vocab", "instances", "pretrain", "export", "finetune", "features", "refresh",
+                   "models", "verify", "stats", "download", "run", "config"}
+    assert takes_input <= set(COMMANDS)
+    assert {row.command for row in ROWS} == takes_input
