@@ -180,15 +180,10 @@ def _current_model(config: PipelineConfig, p: _Problems) -> None:
     tokens = p.check(storage.read_text, vocab_file)
     if tokens is None or config.refresh.init != "continue":
         return
-    from bert_core.pretrain.run_folder import model_config
+    from bert_core.pretrain.run_folder import check_init_vocab, model_config
 
     p.check(model_config, config, len(tokens.splitlines()), model)
-    own = storage.join(model, "vocab.txt")
-    if storage.exists(own) and storage.read_text(own).splitlines() != tokens.splitlines():
-        p.errors.append(Refusal(
-            f"models:current ({current}) holds a vocab.txt other than its vocab {vocab_file}: continuing "
-            "it on instances of that vocab would give its tokens other ids; set refresh.vocab=retrain "
-            "and refresh.init=scratch, or promote a model whose vocab matches"))
+    p.check(check_init_vocab, model, vocab_file)
 
 
 def _vocab_file(config: PipelineConfig, p: _Problems) -> None:

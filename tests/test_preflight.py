@@ -119,7 +119,8 @@ def test_the_refresh_preflight_checks_the_current_model_and_its_vocab(samples_di
     assert len(problems) == 4
     assert problems[0].startswith("--date '2026-12': give a dump date as YYYYMMDD")
     assert "vocab_size=32 but the instances' vocab has 40 tokens" in problems[1]
-    assert problems[2].startswith("models:current (v1) holds a vocab.txt other than its vocab")
+    assert problems[2].startswith(f"{root}/models/v1/vocab.txt (30522 tokens) is not the vocab the instances "
+                                  "were made with")
     assert f"{tmp_path}/no-tasks/sentiment does not exist" in problems[3]
 
     # a current model whose folder is gone stops the refresh before its download
