@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-fast bench bench-scale lint samples browser clean gpu-wheels gpu-check gpu-variants gpu-quality
+.PHONY: setup demo test test-slow test-all bench bench-scale lint samples browser clean gpu-wheels gpu-check gpu-variants gpu-quality
 
 setup: $(STAMP)
 
@@ -25,11 +25,17 @@ samples: $(STAMP)
 demo: $(STAMP) samples
 	$(BIN)/python -m flows.demo --samples $(SAMPLES)
 
+# `make test`: every test not marked slow, within 8 minutes on 2 cores. `make test-slow`: the
+# end-to-end and stress tests marked slow, which CI runs after it. `make test-all`: both at once.
+PYTEST := $(BIN)/python -m pytest -q -ra --durations=15 -n 2 --dist loadgroup
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=15 -n 2 --dist loadgroup
+	$(PYTEST) -m "not slow"
 
-test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m "not slow" -n 2 --dist loadgroup
+test-slow: $(STAMP)
+	$(PYTEST) -m slow
+
+test-all: $(STAMP)
+	$(PYTEST)
 
 # Every benchmark, each at a bounded setting (benchmarks/run_all.py says which run shortened).
 bench: $(STAMP) samples
