@@ -66,6 +66,8 @@ def made(samples_dir, tmp_path_factory) -> Iterator[Made]:
     text = Path(corpus, storage.MANIFEST).read_text()
     (tmp / "half-manifest" / storage.MANIFEST).write_text(text[: len(text) // 2])
     (tmp / "not-utf8.txt").write_bytes(b"\xff\xfe\x00bad\x00" * 10)
+    # a finished corpus of no document, as a version that allowed it wrote one
+    storage.write_manifest(str(tmp / "empty-corpus"), stage="corpus", config={}, counts={"documents": 0})
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)  # connections complete in the kernel's backlog; nothing ever reads them
@@ -137,6 +139,9 @@ ROWS = [
     Row("instances", "the corpus given as the vocab", lambda m: ["--corpus", m.corpus, "--vocab", m.corpus,
                                                                  "--output", out(m)], 1,
         lambda m: [m.corpus, "vocab"]),
+    Row("instances", "a corpus of no document", lambda m: ["--corpus", out(m, "empty-corpus"), "--vocab", m.vocab,
+                                                           "--output", out(m)], 1,
+        lambda m: ["empty-corpus", "0 documents"]),
     Row("instances", "a vocab that is not UTF-8", lambda m: ["--corpus", m.corpus, "--vocab",
                                                              out(m, "not-utf8.txt"), "--output", out(m)], 1,
         lambda m: ["not-utf8.txt"]),
