@@ -383,6 +383,17 @@ class PretrainConfig(_Model):
                 "compile_mode=reduce-overhead records one CUDA graph per batch shape; set token_buckets "
                 "(e.g. 8) so that there are a few shapes, not one per batch"
             )
+        if self.compile_mode == "reduce-overhead":
+            for i, p in enumerate(self.phases):
+                micro_batches = p.global_batch_size // (self.world_size * p.micro_batch_size)
+                if micro_batches > 1:
+                    # A replayed CUDA graph writes the gradients into buffers allocated during its
+                    # capture, so the next micro-batch of the step cannot add into them.
+                    problems.append(
+                        f"compile_mode=reduce-overhead with phases[{i}] taking {micro_batches} micro-batches "
+                        "a step: CUDA graphs cannot accumulate gradients; set global_batch_size = ranks x "
+                        "micro_batch_size, or compile_mode: default"
+                    )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -127,6 +127,9 @@ def test_engine_of_every_preset_steps(preset, one_rank):
     (["pretrain.optimizer=lamb", "pretrain.zero_stage=2", "pretrain.precision=bf16"], ["optimizer=lamb"]),
     (["pretrain.compile_mode=reduce-overhead"], ["compile: true"]),
     (["pretrain.compile=true", "pretrain.compile_mode=reduce-overhead"], ["token_buckets"]),
+    (["pretrain.compile=true", "pretrain.compile_mode=reduce-overhead", "pretrain.token_buckets=8",
+      "pretrain.procs_per_node=1", 'pretrain.phases=[{"max_seq_length": 128, "max_steps": 10, '
+      '"global_batch_size": 512, "micro_batch_size": 128}]'], ["phases[0] taking 4 micro-batches", "CUDA graphs"]),
 ])
 def test_refused_where_deepspeed_cannot_be_right(sets, words):
     with pytest.raises(ConfigError) as err:
