@@ -25,7 +25,7 @@ from beam_jobs.job import (
     resolve_runner,
     run_pipeline,
 )
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import ConfigError, VocabConfig
 from bert_core.vocab.tokenization import Tokenizer, VocabError, check_vocab_file
 from bert_core.vocab.wordcount import iter_counts, min_count_for, read_count_of_counts
@@ -230,11 +230,10 @@ def run(
     ``distinct_words_trained``, ``distinct_words_left_out``, ``words_left_out`` (occurrences) and
     ``min_word_count`` (``t``); ``stats``: see :func:`bert_core.vocab.training.vocab_stats`.
     """
-    from bert_core.vocab.training import train_wordpiece, vocab_stats
-
     runner, beam_args = resolve_runner(runner, beam_args)
     check_shared_storage("vocab", runner, shared_storage, [("output", output), ("corpus", corpus)])
     output = storage.to_uri(output)
+    first_seen = lease.seen(output)
     corpus = storage.to_uri(corpus) if corpus else None
     if corpus is None and cfg.vocab_file is None:
         raise ConfigError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
@@ -243,7 +242,18 @@ def run(
     if corpus_manifest:
         storage.check_shards(corpus, corpus_manifest)
     storage.check_writable(output)
-    storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
+    with lease.hold(output, "vocab", first_seen) as held:
+        if held.finished:
+            return storage.read_manifest(output)
+        storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
+        return _train(cfg, corpus, output, corpus_manifest, given, workers, runner, beam_args, held)
+
+
+def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: dict[str, Any] | None,
+           given: Tokenizer | None, workers: int, runner: str, beam_args: Iterable[str],
+           held: lease.Held) -> dict[str, Any]:
+    """The body of :func:`run`, under the output's lease: count, train, save, then the manifest."""
+    from bert_core.vocab.training import train_wordpiece, vocab_stats
 
     counters: dict[str, int] = {}
     scratch = storage.join(output, SCRATCH)
@@ -277,6 +287,7 @@ def run(
     files = [storage.shard_entry(storage.join(output, name)) for name in ("vocab.txt", "tokenizer.json")]
     counts = {"vocab_size": tokenizer.vocab_size, "vocab_size_requested": None if given else cfg.vocab_size,
               "trained": given is None, **counters}
+    held.check()
     return storage.write_manifest(output, stage="vocab", config=config,
                                   inputs=[corpus_manifest] if corpus_manifest else [],
                                   shards=files, counts=counts, stats=stats)

@@ -36,7 +36,7 @@ from beam_jobs.job import (
 )
 from beam_jobs.job import counters as job_counters
 from beam_jobs.sorted_runs import WriteSortedRuns, identity
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import CorpusConfig
 from bert_core.corpus import documents as D
 from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
@@ -567,12 +567,15 @@ class SummaryFn(beam.CombineFn):
 
 
 def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num_shards: int,
-            summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The manifest, written last: the summary is complete only once every shard is written.
-    None when an input file was cut short (the driver names it: :func:`_checked_manifest`)."""
+            attempt: str | None, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest, written last and only by the attempt that holds the folder's lease: the
+    summary is complete only once every shard is written. None when an input file was cut short
+    (the driver names it: :func:`_checked_manifest`)."""
     storage.remove(storage.join(output, SPILL_DIR))
     if D.truncated_inputs(summary) and not cfg.allow_truncated:
         return None
+    if attempt is not None:
+        lease.check(output, attempt)
     return D.write_corpus_manifest(output, cfg, inputs, num_shards, summary)
 
 
@@ -580,7 +583,7 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
 
 
 def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int,
-                   spread: bool = True) -> None:
+                   spread: bool = True, attempt: str | None = None) -> None:
     """The job's graph: read -> clean (each source alone) -> find duplicates -> write shards ->
     manifest. Between steps only run file names and small summaries travel. ``spread``: reshuffle
     the work items over the workers (needless with one worker process)."""
@@ -610,7 +613,8 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
     _ = (
         p
         | "Once" >> beam.Create([None])
-        | "WriteManifest" >> beam.Map(_finish, output, cfg, inputs, num_shards, summary=AsSingleton(summary))
+        | "WriteManifest" >> beam.Map(_finish, output, cfg, inputs, num_shards, attempt,
+                                    summary=AsSingleton(summary))
     )
 
 
@@ -628,6 +632,8 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     ``dropped_markup_sentences``), where the runner reports them.
     """
     runner, beam_args = resolve_runner(runner, beam_args)
+    output = storage.to_uri(output)
+    first_seen = lease.seen(output)
     check_shared_storage("corpus", runner, shared_storage,
                          [("output", output), *((kind, g) for kind in ("wikipedia", "books", "text")
                                                 for g in getattr(cfg, kind))])
@@ -638,27 +644,28 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     if not wiki_files and not book_files and not text_files:
         raise InputError("no inputs: give --wikipedia GLOB, --books GLOB and/or --text GLOB "
                          "(corpus.wikipedia / corpus.books / corpus.text)")
-    output = storage.to_uri(output)
     storage.check_writable(output)
     total_bytes = sum(storage.size(f) for f in wiki_files + book_files + text_files)
     # Shard count from the input size (never from workers), so output bytes do not depend on them.
     num_shards = cfg.num_shards or D.auto_num_shards(total_bytes // 2)
-    storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
-    storage.remove(storage.join(output, SPILL_DIR))
     inputs = {"wikipedia": wiki_files, "books": book_files, "text": text_files}
     if is_local(runner):
         workers = local_workers(workers, wiki_files + book_files + text_files, bytes_per_worker)
     spread = workers > 1 or not is_local(runner)
 
-    try:
-        result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards, spread), workers, runner,
-                              beam_args)
-    finally:
-        storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
-    if counters is not None:
-        for name, n in (job_counters(result, NAMESPACE) or {}).items():
-            counters[name] = counters.get(name, 0) + n
-    return _checked_manifest(output, cfg, num_shards, len(wiki_files + book_files + text_files), total_bytes)
+    with lease.hold(output, "corpus", first_seen) as held:
+        if held.finished:
+            return storage.read_manifest(output)
+        D.clear_output(output)
+        try:
+            result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards, spread, held.attempt),
+                                  workers, runner, beam_args)
+        finally:
+            storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
+        if counters is not None:
+            for name, n in (job_counters(result, NAMESPACE) or {}).items():
+                counters[name] = counters.get(name, 0) + n
+        return _checked_manifest(output, cfg, num_shards, len(wiki_files + book_files + text_files), total_bytes)
 
 
 def _checked_manifest(output: str, cfg: CorpusConfig, num_shards: int, files: int, total_bytes: int) -> dict[str, Any]:

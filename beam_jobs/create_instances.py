@@ -25,7 +25,7 @@ from beam_jobs.job import (
     resolve_runner,
     run_pipeline,
 )
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import InstanceConfig
 from bert_core.corpus.documents import count_documents, read_sentences
 from bert_core.instances.batch import instance_shard_name
@@ -306,9 +306,10 @@ def read_parts(shards: list[str], workers: int) -> list[tuple[str, int, int]]:
 def build_pipeline(p: beam.Pipeline, shards: list[str], output: str, config: InstanceConfig, vocab: str,
                    vocab_ids: VocabIds, *, workers: int, inputs: list[dict] | None = None,
                    vocab_used: dict[str, str] | None = None, lowercase: bool = True,
-                   min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET) -> None:
+                   min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET, attempt: str | None = None) -> None:
     """The job's graph on ``p``: documents shards -> instance shards, rejects and manifests in
-    ``output`` (prepared by the caller)."""
+    ``output`` (prepared by the caller; ``attempt``: the id of the lease it holds on ``output``,
+    checked before the manifests)."""
     docs = (p
             | "ListParts" >> beam.Create(read_parts(shards, workers))
             | "ReadSentences" >> beam.FlatMap(read_part))
@@ -321,7 +322,7 @@ def build_pipeline(p: beam.Pipeline, shards: list[str], output: str, config: Ins
         | "WriteManifests" >> beam.Map(
             lambda rs, rj, lay, n, e: write_manifests(
                 rs, rj, lay, output=output, config=config, inputs=inputs or [], documents_used=n,
-                eval_documents=e, vocab=vocab_used),
+                eval_documents=e, vocab=vocab_used, attempt=attempt),
             rj=beam.pvalue.AsList(out["rejects"]), lay=beam.pvalue.AsSingleton(out["layout"]),
             n=beam.pvalue.AsSingleton(out["documents"]), e=beam.pvalue.AsSingleton(out["eval_documents"]),
         )
@@ -349,6 +350,7 @@ def run(
                          [("output", output), ("corpus", corpus), ("vocab", vocab)])
     # resolved here, on the driver: a worker has another working directory, or is another machine
     corpus, vocab, output = storage.to_uri(corpus), storage.to_uri(vocab), storage.to_uri(output)
+    first_seen = lease.seen(output)
     corpus_manifest = storage.read_manifest(corpus)
     storage.check_shards(corpus, corpus_manifest)
     inputs = [corpus_manifest]
@@ -364,14 +366,18 @@ def run(
         raise EmptyResultError(f"{corpus} holds 0 documents: there is nothing to make instances from; "
                                "run corpus on inputs that keep documents (its rejects say why they did not)")
     storage.check_writable(output)
-    prepare_output(output, config)
+    with lease.hold(output, "instances", first_seen) as held:
+        if held.finished:
+            return storage.read_manifest(output)
+        prepare_output(output, config)
 
-    def build(p: beam.Pipeline) -> None:
-        build_pipeline(p, shards, output, config, vocab, vocab_ids, workers=workers, inputs=inputs,
-                       vocab_used=vocab_used, lowercase=lowercase, min_docs_per_bucket=min_docs_per_bucket)
+        def build(p: beam.Pipeline) -> None:
+            build_pipeline(p, shards, output, config, vocab, vocab_ids, workers=workers, inputs=inputs,
+                           vocab_used=vocab_used, lowercase=lowercase, min_docs_per_bucket=min_docs_per_bucket,
+                           attempt=held.attempt)
 
-    run_pipeline(build, workers, runner, beam_args)
-    return _checked_manifest(output, count_documents(shards))
+        run_pipeline(build, workers, runner, beam_args)
+        return _checked_manifest(output, count_documents(shards))
 
 
 def _checked_manifest(output: str, documents: int) -> dict[str, Any]:

@@ -6,6 +6,9 @@ Produced by ``bertpipe corpus`` (beam_jobs/clean_corpus.py).
                                   title: string, sentences: list<string> (document order)
     rejects-SSSSS-of-NNNNN.jsonl  {"source", "id", "reason", "detail"[, "duplicate_of"]}
     _MANIFEST.json                written last (bert_core.storage.write_manifest, stage="corpus")
+
+The attempt that holds the folder's lease (``bert_core.lease``) first clears what an earlier
+attempt left (:func:`clear_output`), so the manifest it writes names only its own shards.
 """
 
 from __future__ import annotations
@@ -172,6 +175,21 @@ LENGTH_EDGES = {
 
 def length_stats(doc: Document) -> dict[str, int]:
     return {"sentences": len(doc["sentences"]), "chars": sum(map(len, doc["sentences"]))}
+
+
+OWN_FILES = ("docs-*-of-*.parquet", "rejects-*-of-*.jsonl", "text-*-of-*.txt")
+
+
+def clear_output(output: str) -> None:
+    """Remove an earlier attempt's manifest, temporary files and shards (of any count) from a
+    corpus folder; other files are left alone. Called by the attempt that holds the lease."""
+    from bert_core.sorted_runs import SPILL_DIR
+
+    storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
+    storage.remove(storage.join(output, SPILL_DIR))
+    for pattern in OWN_FILES:
+        for uri in storage.glob(storage.join(output, pattern)):
+            storage.remove(uri, recursive=False)
 
 
 def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list[str]],

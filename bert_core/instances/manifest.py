@@ -1,4 +1,5 @@
-"""The instances stage's folder: cleared before a run, manifests written after it.
+"""The instances stage's folder: cleared before a run, manifests written after it, both by the
+attempt that holds the folder's lease (``bert_core.lease``).
 
     OUT/seq{L}/part-SSSSS-of-NNNNN.parquet        training instances of length L (batch.py)
     OUT/seq{L}/eval/part-SSSSS-of-NNNNN.parquet   the eval split: the same columns, its own documents
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import InstanceConfig
 from bert_core.instances.pool_files import merge_rejects
 from bert_core.instances.sharding import EVAL, TRAIN, set_folder
@@ -57,15 +58,20 @@ def _set_stats(results: list[dict], length: int, split: str) -> tuple[list[dict]
 
 def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout: dict, *, output: str,
                     config: InstanceConfig, inputs: list[dict], documents_used: int,
-                    eval_documents: int = 0, vocab: dict[str, str] | None = None) -> dict:
+                    eval_documents: int = 0, vocab: dict[str, str] | None = None,
+                    attempt: str | None = None) -> dict:
     """Per-length manifests (each eval split's first), the rejects file (from ``rejects``, the
     job's spill files of them and their counts), then the job's spill folder removed and the
     top-level manifest written (last: it marks done). ``layout`` has an eval set per length
-    when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used.
+    when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used; ``attempt`` is
+    the id of the lease the job holds on ``output`` (``bert_core.lease``), checked before any
+    manifest, so an attempt that lost its lease commits nothing.
 
     The top-level counts include ``eval_documents`` and ``eval_instances_seq{L}``;
     ``rejects.jsonl`` is merged from the job's sorted spill files of them.
     """
+    if attempt is not None:
+        lease.check(output, attempt)
     n_rejected = merge_rejects([uri for uri, _ in rejects], storage.join(output, "rejects.jsonl"))
     stats_by_length: dict[str, Any] = {}
     counts: dict[str, Any] = {"documents_read": documents_used + n_rejected,
@@ -100,6 +106,8 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
             stats=summary,
         )
     storage.remove(storage.join(output, SPILL_DIR))
+    if attempt is not None:
+        lease.check(output, attempt)
     return storage.write_manifest(
         output, stage="instances", config=config, inputs=inputs, counts=counts,
         stats=stats_by_length, lengths={f"seq{s.max_seq_length}": f"seq{s.max_seq_length}"
