@@ -18,9 +18,10 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import PipelineConfig, PretrainConfig
 from bert_core.failures import InfrastructureError, is_infrastructure_exit
 from bert_core.pretrain.errors import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, PretrainConfigError
@@ -286,9 +287,16 @@ def launch_pretraining(
     if storage.has_manifest(output):
         on_line(f"{storage.to_uri(output)}: finished already ({storage.MANIFEST} present), nothing to do")
         return storage.to_uri(output)
-    if config.pretrain.accelerator == "cpu":
-        ensure_cpu_comm_op(on_line)
-    argv, env = prepare_run(config, instances, output, init_checkpoint, node_rank)
-    on_line("$ " + " ".join(argv))
-    run_launch(argv, env, on_line)
+    # One launch at a time writes a run folder: a second waits on its lease (bert_core.lease)
+    # and finds it finished, or takes it over and resumes when the first died. With one launcher
+    # per node, the first node's holds it for all of them (the others wait for it at rendezvous).
+    with lease.hold(output, "pretrain") if not node_rank else nullcontext():
+        if storage.has_manifest(output):
+            on_line(f"{storage.to_uri(output)}: finished already ({storage.MANIFEST} present), nothing to do")
+            return storage.to_uri(output)
+        if config.pretrain.accelerator == "cpu":
+            ensure_cpu_comm_op(on_line)
+        argv, env = prepare_run(config, instances, output, init_checkpoint, node_rank)
+        on_line("$ " + " ".join(argv))
+        run_launch(argv, env, on_line)
     return storage.to_uri(output)

@@ -36,6 +36,7 @@ from bert_core.pretrain.errors import (
 from bert_core.pretrain.metrics import MetricsLog, eval_rows, read_metrics, train_rows
 from bert_core.pretrain.run_folder import (
     check_init_vocab,
+    check_splits,
     checkpoint_dir,
     latest_step,
     load_run_config,
@@ -261,17 +262,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def check_instances(config: PipelineConfig, instances: str,
                     init_checkpoint: str | None = None) -> tuple[str, int]:
     """What a run reads, checked before it starts: the vocab the instances name (the one they
-    were made with), the model's vocab size against it and each phase's shard sizes (a cut
-    shard fails now, not hours in). Returns (vocab file, vocab size); raises a refusal."""
-    from bert_core.pretrain.data import length_folder, read_vocab, vocab_file_of
+    were made with), the model's vocab size against it and every split of each phase's length,
+    training and eval, against its manifest (:func:`check_splits`: a cut shard fails now, not
+    hours in). Returns (vocab file, vocab size); raises a refusal."""
+    from bert_core.pretrain.data import read_vocab, vocab_file_of
 
     vocab_file = vocab_file_of(instances, fallback=config.vocab.vocab_file)
     vocab_size = len(read_vocab(vocab_file))
     if init_checkpoint:
         check_init_vocab(init_checkpoint, vocab_file)
     model_config(config, vocab_size, init_checkpoint)
-    for phase in config.pretrain.phases:
-        storage.check_shards(length_folder(instances, phase.max_seq_length), checksums=False)
+    check_splits(instances, [phase.max_seq_length for phase in config.pretrain.phases])
     return vocab_file, vocab_size
 
 

@@ -119,6 +119,20 @@ def check_run_config(config: PipelineConfig, run: str) -> None:
         )
 
 
+def check_splits(instances: str, lengths: list[int]) -> None:
+    """Refuse, naming the file, instances whose splits pre-training reads do not match their
+    manifests: for each sequence length the training shards (sizes) and the eval split
+    (``seq{L}/eval/``: sizes, and sha256 when small), which must be there whenever the training
+    manifest counts eval instances. A reader trusts only the shards a manifest names."""
+    for length in sorted(set(lengths)):
+        train = storage.join(instances, f"seq{length}")
+        manifest = storage.read_manifest(train)
+        storage.check_shards(train, manifest, checksums=False)
+        eval_split = storage.join(train, "eval")
+        if storage.has_manifest(eval_split) or (manifest.get("counts") or {}).get("eval_instances"):
+            storage.check_shards(eval_split, storage.read_manifest(eval_split))
+
+
 def total_steps(config: PipelineConfig) -> int:
     return sum(p.max_steps for p in config.pretrain.phases)
 
