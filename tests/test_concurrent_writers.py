@@ -1,0 +1,186 @@
+"""Concurrent writers of one folder: real `bertpipe` processes of the same stage with the same
+inputs, started together (or one killed with SIGKILL). Each case ends with every run finished and
+outputs byte-identical to a single run's, or with one waiting on the other; `bertpipe verify` is
+clean on every folder with a manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bert_core import lease, storage
+
+SETS = ["--set", "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
+        "--set", "instances.dupe_factor=1",
+        "--set", "pretrain.phases=[{max_seq_length: 64, max_steps: 3, global_batch_size: 8, micro_batch_size: 4, "
+        "learning_rate: 0.003, warmup_steps: 1}]"]
+
+
+def bertpipe(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str]]:
+    return [(p.wait(timeout), p.stdout.read()) for p in procs]
+
+
+def verify_all(root: str) -> None:
+    """`bertpipe verify` on every folder under ``root`` with a manifest of its own stage."""
+    tops = sorted({m.rsplit("/", 1)[0] for m in storage.glob(storage.join(root, "**", storage.MANIFEST))})
+    tops = [t for t in tops if not any(t != o and t.startswith(o + "/") for o in tops)]
+    assert tops
+    for folder in tops:
+        out = subprocess.run([sys.executable, "-m", "flows.cli", "verify", folder], capture_output=True,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert not storage.exists(storage.join(folder, lease.LEASE))
+
+
+def shard_bytes(folder: str) -> dict[str, bytes]:
+    """Every shard a manifest under ``folder`` names, by its path below ``folder``."""
+    found = {}
+    for m in storage.glob(storage.join(folder, "**", storage.MANIFEST)):
+        sub = m.rsplit("/", 1)[0]
+        for uri in storage.shard_uris(sub):
+            with storage.open_file(uri, "rb") as f:
+                found[uri[len(storage.to_uri(folder)):]] = f.read()
+    return found
+
+
+@pytest.fixture(scope="module")
+def inputs(samples_dir, tmp_path_factory) -> dict[str, str]:
+    """Text records cut from a sample book, the corpus made of them and a vocab file."""
+    root = tmp_path_factory.mktemp("concurrent")
+    words = (samples_dir / "books" / "botchan.txt").read_text(encoding="utf-8").split()
+    with open(root / "records.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"id": str(i), "text": " ".join(words[2000 + i * 300:2000 + i * 300 + 300])}) + "\n")
+    corpus = str(root / "corpus")
+    code, out = finish([bertpipe("corpus", "--text", str(root / "records.jsonl"), "--output", corpus,
+                                 "--workers", "1")])[0]
+    assert code == 0, out
+    return {"records": str(root / "records.jsonl"), "corpus": corpus,
+            "vocab": str(samples_dir / "models" / "minilm" / "vocab.txt")}
+
+
+def stage_args(stage: str, inputs: dict[str, str], output: str) -> list[str]:
+    if stage == "corpus":
+        return ["corpus", "--text", inputs["records"], "--output", output, "--workers", "1"]
+    if stage == "vocab":
+        return ["vocab", "--corpus", inputs["corpus"], "--output", output, "--workers", "1",
+                "--set", "vocab.vocab_size=300"]
+    return ["instances", "--corpus", inputs["corpus"], "--vocab", inputs["vocab"], "--output", output,
+            "--workers", "1", *SETS]
+
+
+def single_run(stage: str, inputs: dict[str, str], output: str) -> dict[str, bytes]:
+    code, out = finish([bertpipe(*stage_args(stage, inputs, output))])[0]
+    assert code == 0, out
+    return shard_bytes(output)
+
+
+def concurrent_runs(stage: str, inputs: dict[str, str], root: Path, writers: int, env=None) -> None:
+    """``writers`` runs of ``stage`` into one folder at once: all finish, one folder, the bytes
+    of a single run, verify clean."""
+    out = str(root / "together")
+    results = finish([bertpipe(*stage_args(stage, inputs, out), env=env) for _ in range(writers)])
+    for code, text in results:
+        assert code == 0, text[-3000:]
+    assert sum("waiting for it to finish" in text for _, text in results) >= 1
+    verify_all(out)
+    assert shard_bytes(out) == single_run(stage, inputs, str(root / "alone"))
+
+
+@pytest.mark.parametrize("stage", [pytest.param("corpus", marks=pytest.mark.slow),
+                                   pytest.param("vocab", marks=pytest.mark.slow), "instances"])
+def test_two_runs_of_a_stage_at_once_leave_one_whole_folder(stage, inputs, tmp_path) -> None:
+    concurrent_runs(stage, inputs, tmp_path, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["corpus", "vocab", "instances"])
+def test_three_runs_of_a_stage_at_once_leave_one_whole_folder(stage, inputs, tmp_path) -> None:
+    concurrent_runs(stage, inputs, tmp_path, 3)
+
+
+def hold_and_sleep(folder: str) -> None:
+    held = lease.acquire(folder, "test")
+    print(held.attempt, flush=True)
+    time.sleep(600)
+
+
+def test_a_killed_holder_is_taken_over_and_its_leftovers_cleared(tmp_path) -> None:
+    folder = str(tmp_path / "out")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from tests.test_concurrent_writers import "
+                               f"hold_and_sleep; hold_and_sleep({folder!r})"], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parent.parent)
+    dead = holder.stdout.readline().strip()
+    assert lease.read(folder).attempt == dead and lease.in_progress(folder)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    start = time.time()
+    with lease.hold(folder, "test") as held:
+        assert held.attempt != dead and not held.finished
+        assert time.time() - start < 5  # a dead pid on this machine is not waited for
+    assert lease.read(folder) is None
+
+
+def test_a_second_writer_is_refused_in_one_line_past_its_wait(inputs, tmp_path) -> None:
+    folder = str(tmp_path / "out")
+    holder = subprocess.Popen([sys.executable, "-c", "from tests.test_concurrent_writers import "
+                               f"hold_and_sleep; hold_and_sleep({folder!r})"], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parent.parent)
+    try:
+        holder.stdout.readline()
+        code, out = finish([bertpipe(*stage_args("instances", inputs, folder), env={"BERTPIPE_LEASE_WAIT": "0"})])[0]
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert code == 3, out
+    assert "Traceback" not in out
+    assert "is being written by attempt" in lines[-1] and "BERTPIPE_LEASE_WAIT" in lines[-1], lines[-1]
+    assert not storage.has_manifest(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["corpus", "instances"])
+def test_a_writer_killed_at_a_random_point_then_a_rerun(stage, inputs, tmp_path) -> None:
+    out = str(tmp_path / "together")
+    first = bertpipe(*stage_args(stage, inputs, out))
+    second = bertpipe(*stage_args(stage, inputs, out))
+    time.sleep(random.uniform(1.0, 8.0))
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    code, text = finish([second])[0]
+    assert code == 0, text[-3000:]
+    code, text = finish([bertpipe(*stage_args(stage, inputs, out))])[0]  # the rerun
+    assert code == 0, text[-3000:]
+    verify_all(out)
+    assert shard_bytes(out) == single_run(stage, inputs, str(tmp_path / "alone"))
+
+
+def test_pretraining_checks_the_eval_split_and_names_the_file(inputs, tmp_path) -> None:
+    from bert_core.pretrain.run_folder import check_splits
+
+    out = str(tmp_path / "instances")
+    code, text = finish([bertpipe(*stage_args("instances", inputs, out))])[0]
+    assert code == 0, text
+    check_splits(out, [64])
+    shard = Path(storage.shard_uris(out + "/seq64/eval")[0])
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(storage.ManifestError, match=r"seq64/eval/part-00000-of-00001\.parquet has 100 bytes"):
+        check_splits(out, [64])
+    (Path(out) / "seq64" / "eval" / storage.MANIFEST).unlink()
+    with pytest.raises(storage.UnfinishedWriteError, match="seq64/eval"):
+        check_splits(out, [64])
