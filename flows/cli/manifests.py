@@ -37,10 +37,14 @@ def stats(
 def verify(
     uri: Annotated[str, typer.Argument(help="A stage's output folder; its sub-folders with a manifest too.")],
 ) -> None:
-    """Check every shard of a folder (and of its sub-folders) against its manifest: size and sha256."""
-    from bert_core import storage
+    """Check every shard of a folder (and of its sub-folders) against its manifest: size and sha256.
+    A run that holds the folder's lease (``bert_core.lease``) is named too."""
+    from bert_core import lease, storage
 
     storage.read_manifest(uri)
+    held = lease.in_progress(uri)
+    if held:
+        typer.echo(f"note: {storage.to_uri(uri)} is being written by {lease.Record(**held).describe()}")
     found = storage.glob(storage.join(uri, "**", storage.MANIFEST))
     folders = sorted({storage.to_uri(uri).rstrip("/"), *(m.rsplit("/", 1)[0] for m in found)})
     bad = 0
