@@ -26,6 +26,8 @@ from bert_core.failures import InfrastructureError, Refusal, is_infrastructure_e
 MANIFEST = "_MANIFEST.json"
 SCHEMA_VERSION = 1
 MANIFEST_SHA256 = "manifest_sha256"  # set by read_manifest: the sha256 of the bytes it read
+WRITTEN_URI = "written_uri"  # set by read_manifest: where the folder was when its manifest was written
+ROOT_FILE = "_ROOT.json"  # at a storage root: the name its versions give it (root_name)
 
 _FILESYSTEMS: dict[tuple[int, str], fsspec.AbstractFileSystem] = {}
 
@@ -393,6 +395,7 @@ def read_manifest(folder: str) -> dict[str, Any]:
     if "shards" not in manifest:
         raise ManifestError(f"{to_uri(path)} is not a bertpipe manifest; re-run the stage that produces it")
     # Where the folder is now, not where it was written: a copied folder never points back.
+    manifest[WRITTEN_URI] = str(manifest.get("uri") or to_uri(folder))
     manifest["uri"] = to_uri(folder)
     manifest[MANIFEST_SHA256] = hashlib.sha256(raw).hexdigest()
     return manifest
@@ -405,14 +408,16 @@ def manifest_sha256(folder: str) -> str:
 
 def input_problems(manifest: dict[str, Any], stages: Iterable[str] | None = None) -> list[tuple[str, str]]:
     """The recorded inputs of ``manifest`` (of ``stages``, default all) whose manifest is gone or
-    is not the one that was read, as (input, what happened). Inputs recorded without a sha256
-    (raw files, older manifests) cannot be checked and are passed over."""
+    is not the one that was read, as (input, what happened), each looked for where it is now
+    (:func:`relocated`). Inputs recorded without a sha256 (raw files, older manifests) cannot be
+    checked and are passed over."""
     wanted = None if stages is None else set(stages)
     problems = []
     for entry in manifest.get("inputs", []):
         uri, recorded = entry.get("uri"), entry.get("sha256")
         if not uri or not recorded or (wanted is not None and entry.get("stage") not in wanted):
             continue
+        uri = relocated(manifest, uri)
         if not has_manifest(uri):
             problems.append((to_uri(uri), f"is gone (no {MANIFEST})"))
         elif manifest_sha256(uri) != recorded:
@@ -434,6 +439,80 @@ def check_inputs(manifest: dict[str, Any], stages: Iterable[str] | None = None) 
         raise ManifestError(f"{consumer}: its input {input_uri} {what} since it was made"
                             f"{f' (and {more} more)' if more else ''}; re-run {stage} for {consumer}, "
                             f"or restore {input_uri}")
+
+
+def relocated(manifest: dict[str, Any], uri: str) -> str:
+    """Where a path that ``manifest`` (from :func:`read_manifest`) recorded is now.
+
+    A manifest records paths as they were when it was written. When its folder has since moved
+    with the storage root it lies in (a root copied, synced or mounted elsewhere: the root is the
+    nearest folder above holding ``_ROOT.json``), a path inside the root it was written in is the
+    same path inside the root it lies in now, and is never read from the old place. Any other
+    path is as recorded.
+    """
+    uri = to_uri(uri)
+    written, now = (str(manifest.get(k) or "").rstrip("/") for k in (WRITTEN_URI, "uri"))
+    if not written or not now or written == now:
+        return uri
+    root = find_root(now)
+    if root is None:
+        return uri
+    inside = now[len(root):]  # the folder's place in its root, e.g. /vocab/<version>
+    if not written.endswith(inside):
+        return uri
+    old = written[: len(written) - len(inside)]
+    return root + uri[len(old):] if uri == old or uri.startswith(old + "/") else uri
+
+
+def find_root(folder: str) -> str | None:
+    """The storage root ``folder`` lies in: the nearest folder above it (or itself) that holds
+    ``_ROOT.json``; None when there is none."""
+    parts = split_protocol(folder)[1].rstrip("/").split("/")
+    for n in range(len(parts), 0, -1):
+        here = _with_protocol(folder, "/".join(parts[:n]) or "/")
+        if exists(join(here, ROOT_FILE)):
+            return to_uri(here).rstrip("/")
+    return None
+
+
+def root_name(root: str) -> str:
+    """The name versions give the storage root ``root``: where it was first written, kept in
+    ``<root>/_ROOT.json``, so that a root copied, synced or mounted elsewhere keeps its versions.
+
+    A root without the file is named where the manifests of its stage folders say they were
+    written, else where it is, and the file is written then; a root that cannot be written is
+    named all the same.
+    """
+    uri = join(root, ROOT_FILE)
+    if exists(uri):
+        try:
+            return str(json.loads(read_text(uri))["name"])
+        except (ValueError, KeyError, TypeError):
+            raise ManifestError(f"{uri} is damaged: it names the storage root for its versions; restore "
+                                'it, or write {"name": "<where the root was first written>"} into it') from None
+    name = _written_under(root) or to_uri(root).rstrip("/")
+    try:
+        tmp = join(root, unique_name(ROOT_FILE, "tmp"))
+        write_text(tmp, json.dumps({"schema_version": SCHEMA_VERSION, "name": name}, indent=2))
+        filesystem(root).mv(split_protocol(tmp)[1], split_protocol(uri)[1])
+    except OSError:
+        pass  # a read-only root: the next run that may write records the name
+    return name
+
+
+def _written_under(root: str) -> str | None:
+    """The root the stage folders of ``root`` were written under (``<root>/<stage>/<version>``
+    with the ``uri`` their manifest recorded), or None when it holds none."""
+    for stage in ("corpus", "vocab", "instances"):
+        for uri in glob(join(root, stage, "*", MANIFEST)):
+            try:
+                written = str(json.loads(read_text(uri)).get("uri") or "").rstrip("/")
+            except (ValueError, NotTextError):
+                continue
+            inside = "/" + "/".join(uri.split("/")[-3:-1])
+            if written.endswith(inside):
+                return written[: len(written) - len(inside)]
+    return None
 
 
 def shard_uris(folder: str, manifest: dict[str, Any] | None = None) -> list[str]:

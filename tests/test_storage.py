@@ -93,3 +93,39 @@ def test_a_copied_folder_is_read_where_it_is_now(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "a")
     assert storage.read_manifest(str(tmp_path / "b"))["uri"] == str(tmp_path / "b")
+
+
+def test_a_moved_root_reads_what_its_manifests_recorded_where_it_is_now(tmp_path):
+    import shutil
+
+    old, new, outside = tmp_path / "data", tmp_path / "elsewhere" / "copy", tmp_path / "books"
+    assert storage.root_name(str(old)) == str(old)  # a new root is named where it is, and keeps it
+    corpus, vocab = storage.join(str(old), "corpus", "c1"), storage.join(str(old), "vocab", "v1")
+    storage.write_text(storage.join(str(outside), "vocab.txt"), "[PAD]\n")
+    storage.write_manifest(corpus, stage="corpus", config={})
+    storage.write_manifest(vocab, stage="vocab", config={}, inputs=[storage.read_manifest(corpus)],
+                           vocab_file=storage.join(vocab, "vocab.txt"), given=str(outside / "vocab.txt"))
+    shutil.copytree(old, new)
+    shutil.move(old, tmp_path / "away")
+    old.write_text("moved\n")  # nothing can be read under the old place
+
+    manifest = storage.read_manifest(storage.join(str(new), "vocab", "v1"))
+    assert manifest["written_uri"] == vocab and manifest["uri"] == f"{new}/vocab/v1"
+    assert storage.relocated(manifest, manifest["vocab_file"]) == f"{new}/vocab/v1/vocab.txt"
+    assert storage.relocated(manifest, manifest["given"]) == str(outside / "vocab.txt")  # outside the root
+    assert storage.input_problems(manifest) == []  # its input found in the copy, unchanged
+    storage.remove(f"{new}/corpus/c1")
+    assert storage.input_problems(manifest) == [(f"{new}/corpus/c1", "is gone (no _MANIFEST.json)")]
+    assert storage.root_name(str(new)) == str(old)  # the copy keeps its name, so its versions
+    assert storage.find_root(f"{new}/vocab/v1") == str(new)
+
+
+def test_a_root_without_its_name_is_named_where_its_stages_were_written(tmp_path):
+    import shutil
+
+    old, new = tmp_path / "data", tmp_path / "copy"
+    storage.write_manifest(storage.join(str(old), "corpus", "c1"), stage="corpus", config={})
+    shutil.copytree(old, new)
+    assert storage.root_name(str(new)) == str(old)
+    assert json.loads((new / storage.ROOT_FILE).read_text())["name"] == str(old)
+    assert storage.root_name(str(tmp_path / "fresh")) == str(tmp_path / "fresh")

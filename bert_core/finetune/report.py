@@ -274,8 +274,9 @@ def write_index(folder: str, failed: dict[str, dict[str, Any]] | None = None,
             if m.get("stage") != "finetune" or "task" not in m:
                 continue  # a checkpoint folder's own index, or a folder this index does not know
             inputs.append(m)
+            checkpoint = storage.relocated(m, m["checkpoint"]) if m.get("checkpoint") else None
             entries[rel] = index_entry(m["task"], m.get("checkpoint_name") or rel.split("/")[0],
-                                       m.get("checkpoint"), m.get("version"), m["stats"], m["counts"])
+                                       checkpoint, m.get("version"), m["stats"], m["counts"])
     entries.update(failed or {})
     counts = {"checkpoints": len({e["checkpoint_name"] for e in entries.values()}), "tasks": len(entries)}
     for key in ("jobs", "succeeded", "failed"):

@@ -76,13 +76,15 @@ def vocab_file_of(
 ) -> str:
     """The ``vocab.txt`` the instances were tokenized with, checked against the sha256 they
     recorded (:func:`check_vocab`): the one the manifest names, else the vocab stage among its
-    inputs, else ``fallback`` (``vocab.vocab_file`` of the config, for older manifests)."""
+    inputs, else ``fallback`` (``vocab.vocab_file`` of the config, for older manifests). A vocab
+    the manifest names is looked for where it is now (``storage.relocated``)."""
     manifest = manifest or storage.read_manifest(instances)
     vocab = manifest.get("vocab_file")
     for entry in manifest.get("inputs", []):
         if not vocab and entry.get("stage") == "vocab" and entry.get("uri"):
             vocab = storage.join(entry["uri"], "vocab.txt")
-    vocab = vocab or manifest.get("vocab") or (manifest.get("config") or {}).get("vocab_file") or fallback
+    vocab = vocab or manifest.get("vocab") or (manifest.get("config") or {}).get("vocab_file")
+    vocab = storage.relocated(manifest, vocab) if vocab else fallback
     if not vocab:
         raise InstanceDataError(
             f"{storage.join(instances, storage.MANIFEST)} names no vocab (no input with stage 'vocab'); "
