@@ -18,6 +18,9 @@ import pytest
 
 from bert_core import lease, storage
 
+sys.path.insert(0, str(Path(__file__).parent))
+from test_gcs import gcs  # noqa: E402, F401  (the emulator fixture)
+
 SETS = ["--set", "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
         "--set", "instances.dupe_factor=1",
         "--set", "pretrain.phases=[{max_seq_length: 64, max_steps: 3, global_batch_size: 8, micro_batch_size: 4, "
@@ -184,3 +187,38 @@ def test_pretraining_checks_the_eval_split_and_names_the_file(inputs, tmp_path) 
     (Path(out) / "seq64" / "eval" / storage.MANIFEST).unlink()
     with pytest.raises(storage.UnfinishedWriteError, match="seq64/eval"):
         check_splits(out, [64])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["corpus", "instances"])
+def test_two_runs_of_a_stage_at_once_on_gcs(stage, inputs, gcs) -> None:  # noqa: F811
+    out = f"{gcs}/concurrent-{stage}/together"
+    results = finish([bertpipe(*stage_args(stage, inputs, out)) for _ in range(2)])
+    for code, text in results:
+        assert code == 0, text[-3000:]
+    verify_all(out)
+    assert shard_bytes(out) == single_run(stage, inputs, f"{gcs}/concurrent-{stage}/alone")
+
+
+PRETRAIN_SETS = [
+    "model.hidden_size=64", "model.num_attention_heads=2", "model.intermediate_size=128",
+    "model.num_hidden_layers=1", "pretrain.log_every=1", "pretrain.checkpoint_every=1",
+]
+
+
+@pytest.mark.slow
+def test_two_pretraining_runs_into_one_folder_at_once(inputs, tmp_path) -> None:
+    instances = str(tmp_path / "instances")
+    code, text = finish([bertpipe(*stage_args("instances", inputs, instances))])[0]
+    assert code == 0, text
+    run = str(tmp_path / "run")
+    args = ["pretrain", "--instances", instances, "--output", run, *SETS[2:],
+            *(a for s in PRETRAIN_SETS for a in ("--set", s))]
+    results = finish([bertpipe(*args) for _ in range(2)])
+    for code, text in results:
+        assert code == 0, text[-3000:]
+    assert sum("finished already" in text for _, text in results) == 1
+    verify_all(instances)
+    # The run's manifest names its export's files by their names inside hf/, where they are.
+    assert storage.shard_problems(f"{run}/hf", storage.read_manifest(run), checksums=True) == []
+    assert not storage.exists(f"{run}/{lease.LEASE}")
