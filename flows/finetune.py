@@ -91,7 +91,7 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
         return _run_here(job, cfg.data_dir, checkpoint, cfg, output, logger.info)
     label = checkpoint_name or name_of(checkpoint)
     tasks = [get_task(t).name for t in cfg.tasks]  # unknown names fail before any work
-    ident = checkpoint_identity(checkpoint)  # so does a missing checkpoint
+    ident = checkpoint_identity(checkpoint, config.storage_root)  # so does a missing checkpoint
     versions = {t: finetune_version(config, t, ident) for t in tasks}
     for t in tasks:
         clear_task(storage.join(output, t))

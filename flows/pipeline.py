@@ -112,7 +112,7 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
               f"here ({', '.join(checkpoints)})")
     jobs = []
     for label, checkpoint in checkpoints.items():
-        ident = checkpoint_identity(checkpoint)
+        ident = checkpoint_identity(checkpoint, config.storage_root)
         job_config = config.model_copy(update={"finetune": config.finetune.for_checkpoint(label)})
         for task_name in (get_task(t).name for t in config.finetune.tasks):
             jobs.append(FinetuneJob(job_config, checkpoint, finetune_folder(config, label), task_name, label,

@@ -5,6 +5,8 @@
 A stage's ``version`` hashes its config and the manifests of its inputs. A folder is done when it
 holds its ``_MANIFEST.json`` (written last) and, where the folder is not named by its version, the
 manifest records the wanted one; done work is skipped ("skipped (cached)"), another version redone.
+What lies inside the storage root enters a version by its place in the root, under the root's
+own name (``storage.root_name``), so a root copied, synced or mounted elsewhere keeps its versions.
 """
 
 from __future__ import annotations
@@ -24,30 +26,42 @@ SKIPPED = "skipped (cached)"
 # --------------------------------------------------------------------------- identities
 
 
-def manifest_identity(folder: str) -> dict[str, Any]:
+def portable(root: str, uri: str) -> str:
+    """``uri`` as a version names it: a place inside the storage root ``root`` under the root's
+    name, anything else (a user's book folder, a given checkpoint) as it is."""
+    where, base = storage.to_uri(uri), storage.to_uri(root).rstrip("/")
+    if where == base or where.startswith(base + "/"):
+        name = storage.root_name(root)
+        if name != base:  # a root at the place it is named after keeps every name as given
+            return name + where[len(base):]
+    return uri
+
+
+def manifest_identity(folder: str, root: str) -> dict[str, Any]:
     """What a downstream version depends on: the stage, its place and the bytes it wrote."""
     m = storage.read_manifest(folder)
-    return {"stage": m.get("stage"), "uri": storage.to_uri(folder),
+    return {"stage": m.get("stage"), "uri": portable(root, storage.to_uri(folder)),
             "shards": [s.get("sha256") for s in m.get("shards", [])]}
 
 
-def files_identity(patterns: list[str]) -> list[list[Any]]:
+def files_identity(patterns: list[str], root: str) -> list[list[Any]]:
     """Raw inputs (dumps, books) have no manifest: name and size stand for their content."""
-    return [[p, [[u, storage.size(u)] for u in storage.glob(p)]] for p in patterns]
+    return [[portable(root, p), [[portable(root, u), storage.size(u)] for u in storage.glob(p)]]
+            for p in patterns]
 
 
-def checkpoint_identity(checkpoint: str) -> dict[str, Any]:
+def checkpoint_identity(checkpoint: str, root: str) -> dict[str, Any]:
     """A pipeline checkpoint has a manifest (the run's); a given one is known by its files."""
     run = checkpoint.rstrip("/").rsplit("/", 1)[0]
     for folder in (checkpoint, run):
         if is_done(folder):
-            return manifest_identity(folder)
+            return manifest_identity(folder, root)
     files = storage.list_files(checkpoint)
     if not files:
         raise FileNotFoundError(f"checkpoint {checkpoint}: no files there; give a folder with "
                                 "config.json and model.safetensors (transformers layout)")
     config_json = storage.join(checkpoint, "config.json")
-    return {"uri": storage.to_uri(checkpoint), "files": [[u, storage.size(u)] for u in files],
+    return {"uri": portable(root, storage.to_uri(checkpoint)), "files": [[portable(root, u), storage.size(u)] for u in files],
             "config": storage.sha256(config_json) if storage.exists(config_json) else None}
 
 
@@ -60,24 +74,33 @@ def stage_folder(root: str, stage: str, *parts: Any) -> str:
 
 
 def corpus_folder(config: PipelineConfig) -> str:
-    inputs = files_identity(config.corpus.wikipedia + config.corpus.books + config.corpus.text)
-    return stage_folder(config.storage_root, "corpus", config.corpus, inputs)
+    root, corpus = config.storage_root, config.corpus
+    # The config names its inputs too (a refresh's dump lies under <root>/raw/).
+    named = corpus.model_copy(update={k: [portable(root, p) for p in getattr(corpus, k)]
+                                      for k in ("wikipedia", "books", "text")})
+    inputs = files_identity(corpus.wikipedia + corpus.books + corpus.text, root)
+    return stage_folder(root, "corpus", named, inputs)
 
 
 def vocab_folder(config: PipelineConfig, corpus: str) -> str:
-    return stage_folder(config.storage_root, "vocab", config.vocab, manifest_identity(corpus))
+    root, vocab = config.storage_root, config.vocab
+    if vocab.vocab_file:
+        vocab = vocab.model_copy(update={"vocab_file": portable(root, vocab.vocab_file)})
+    return stage_folder(root, "vocab", vocab, manifest_identity(corpus, root))
 
 
 def instances_folder(config: PipelineConfig, corpus: str, vocab: str) -> str:
-    return stage_folder(config.storage_root, "instances", config.instances,
-                        manifest_identity(corpus), manifest_identity(vocab))
+    root = config.storage_root
+    return stage_folder(root, "instances", config.instances,
+                        manifest_identity(corpus, root), manifest_identity(vocab, root))
 
 
 def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
     """The version of a pre-training run: its run folder and its published model share it."""
     # How often a failed launch is retried does not change what is trained.
     pretrain = versioned(config.pretrain, exclude=frozenset({"launch_retries"}))
-    return config_hash(config.model, pretrain, manifest_identity(instances), manifest_identity(vocab))
+    root = config.storage_root
+    return config_hash(config.model, pretrain, manifest_identity(instances, root), manifest_identity(vocab, root))
 
 
 def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:

@@ -376,7 +376,7 @@ def test_prefect_flow_fans_out_and_survives_a_failure(prefect_api, tiny_checkpoi
     from flows.versions import checkpoint_identity, finetune_version
 
     wnli = storage.read_manifest(f"{out}/wnli")
-    assert wnli["version"] == finetune_version(cfg, "wnli", checkpoint_identity(tiny_checkpoint))
+    assert wnli["version"] == finetune_version(cfg, "wnli", checkpoint_identity(tiny_checkpoint, cfg.storage_root))
 
     from prefect_server import latest_artifacts
 

@@ -46,7 +46,7 @@ def test_version_folders_are_pinned():
     instances = finished(versions.instances_folder(cfg, corpus, vocab), "instances")
     version = versions.pretrain_version(cfg, instances, vocab)
     run = finished(storage.join(root, "runs", "pretrain", version), "pretrain")
-    checkpoint = versions.checkpoint_identity(storage.join(run, "hf"))
+    checkpoint = versions.checkpoint_identity(storage.join(run, "hf"), root)
     finetune = {t: versions.finetune_version(cfg, t, checkpoint) for t in ("sentiment", "squad", "ner")}
     assert [corpus, vocab, instances] == [f"{root}/corpus/43c8ea87d3aa", f"{root}/vocab/cdda87d05cf4",
                                           f"{root}/instances/b999c24aeb8c"]

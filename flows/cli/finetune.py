@@ -69,7 +69,7 @@ def finetune(
         finetune_flow(cfg, checkpoint=checkpoint, output=output)
         index = storage.read_manifest(output)
     else:
-        ident = checkpoint_identity(checkpoint)
+        ident = checkpoint_identity(checkpoint, cfg.storage_root)
         versions = {t: finetune_version(cfg, t, ident) for t in tasks}
         index = run_many(tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune, output,
                          log=lambda m: typer.echo(m, err=True), checkpoint_name=checkpoint_name(checkpoint),
