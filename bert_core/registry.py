@@ -6,6 +6,8 @@ aliases ``current`` and ``previous``, in storage (a local folder or ``gs://``).
 
 Every file is written whole (a temporary file, then a rename), so a reader sees the old file or
 the new one; the layout is :class:`Registry`'s, the rules for moving an alias :meth:`Registry.promote`'s.
+A record names what the storage root holds by its place in the root, so a root copied, synced or
+mounted elsewhere reads its own models and data, never the place it was copied from.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ ALIASES = ("current", "previous")
 FOLDER = "_registry"
 LOCK_WAIT_S = 60.0  # how long a promotion waits for another one to finish
 LOCK_STALE_S = 600.0  # a lock this old outlived its holder (the aliases move in seconds)
+PATHS = ("model", "run", "corpus", "vocab", "instances")  # the record fields that name folders
 
 
 class RegistryError(Refusal):
@@ -84,11 +87,46 @@ class Registry:
                                     steps and tokens seen, the suite's scores, the gate's decision
         _registry/aliases.json      current, previous and the history of current; written last
         _registry/lock              held while the aliases move
+
+    A record names a folder inside the storage root (``root``'s parent) by its path in the
+    root (``models/<version>``, ``corpus/<version>``), any other folder by its URI. A record that
+    names folders by URIs inside the root it was written in (its model lies at
+    ``<that root>/models/<version>``) is read as naming them in the root it lies in now.
     """
 
     def __init__(self, root: str) -> None:
-        self.root = storage.to_uri(root)
+        self.root = storage.to_uri(root).rstrip("/")
         self.folder = storage.join(self.root, FOLDER)
+        self.storage_root = self.root.rsplit("/", 1)[0]
+
+    # ----------------------------------------------------------------- paths
+
+    def _resolved(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` with every folder it names as a URI where that folder is now."""
+        out, old = dict(record), self._written_in(record)
+        for key in PATHS:
+            value = record.get(key)
+            if not value:
+                continue
+            if "://" not in value and not os.path.isabs(value):
+                out[key] = storage.join(self.storage_root, value)
+            elif old and (value == old or value.startswith(old + "/")):
+                out[key] = self.storage_root + value[len(old):]
+        return out
+
+    def _written_in(self, record: dict[str, Any]) -> str | None:
+        """The storage root a record that names its model by URI was written in."""
+        model, tail = str(record.get("model") or ""), f"/{self.root.rsplit('/', 1)[1]}/{record.get('version')}"
+        return model[: -len(tail)] if ("://" in model or os.path.isabs(model)) and model.endswith(tail) else None
+
+    def _stored(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` as written: folders inside the storage root by their path in it."""
+        out = dict(record)
+        for key in PATHS:
+            if record.get(key):
+                uri = storage.to_uri(record[key])
+                out[key] = uri[len(self.storage_root) + 1:] if uri.startswith(self.storage_root + "/") else uri
+        return out
 
     # ----------------------------------------------------------------- reading
 
@@ -96,9 +134,9 @@ class Registry:
         return storage.join(self.folder, "versions", f"{version}.json")
 
     def versions(self) -> list[dict[str, Any]]:
-        """Every record, oldest first."""
+        """Every record, oldest first, its folders where they are now."""
         uris = [u for u in storage.list_files(storage.join(self.folder, "versions")) if u.endswith(".json")]
-        return sorted((_read(u) for u in uris), key=lambda r: (r.get("created", ""), r["version"]))
+        return sorted((self._resolved(_read(u)) for u in uris), key=lambda r: (r.get("created", ""), r["version"]))
 
     def has(self, version: str) -> bool:
         return storage.exists(self.record_uri(version))
@@ -108,7 +146,7 @@ class Registry:
             known = ", ".join(r["version"] for r in self.versions()) or "none yet"
             raise RegistryError(f"model version {version!r} is not in the registry {self.root} "
                                 f"(registered: {known}); `bertpipe models list` shows them")
-        return _read(self.record_uri(version))
+        return self._resolved(_read(self.record_uri(version)))
 
     def aliases(self) -> dict[str, Any]:
         """``{"current": v | None, "previous": v | None, "history": [...]}``."""
@@ -136,12 +174,13 @@ class Registry:
     # ----------------------------------------------------------------- writing
 
     def register(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Add or update a version's record (``version`` and ``model`` required)."""
-        old = _read(self.record_uri(record["version"])) if self.has(record["version"]) else {}
+        """Add or update a version's record (``version`` and ``model`` required); returns it as
+        :meth:`get` does."""
+        old = self.get(record["version"]) if self.has(record["version"]) else {}
         merged = {**old, **record, "schema_version": SCHEMA_VERSION,
                   "created": old.get("created") or _now(), "updated": _now()}
-        _write_whole(self.record_uri(record["version"]), merged)
-        return merged
+        _write_whole(self.record_uri(record["version"]), self._stored(merged))
+        return self._resolved(self._stored(merged))
 
     def promote(self, version: str, expect_current: str | None | bool = False) -> dict[str, Any]:
         """Make ``version`` current (the old current becomes previous); returns the aliases.

@@ -153,3 +153,25 @@ def test_a_decided_promotion_that_crashed_is_finished_and_a_rollback_is_not_undo
     assert reg.settle("v2") == "promoted" and reg.current() == "v2" and reg.get("v2")["promoted"]
     reg.rollback()
     assert reg.settle("v2") == "promoted" and reg.current() == "v1"  # a person's rollback stands
+
+
+def test_records_name_the_roots_folders_by_their_place_in_it(two):
+    import shutil
+
+    root, reg = two
+    reg.register({"version": "v2", "corpus": str(root / "corpus" / "c1"), "vocab": "/elsewhere/vocab"})
+    stored = json.loads(storage.read_text(reg.record_uri("v2")))
+    assert (stored["model"], stored["corpus"], stored["vocab"]) == ("models/v2", "corpus/c1", "/elsewhere/vocab")
+    # a record of an older bertpipe names its folders by absolute paths in the root it was written in
+    stored["model"], stored["instances"] = str(root / "models" / "v2"), str(root / "instances" / "i1")
+    storage.write_text(reg.record_uri("v2"), json.dumps(stored))
+    copy = root.parent / f"{root.name}-moved"
+    shutil.copytree(root, copy)
+    moved = Registry(registry_root(str(copy)))
+    record = moved.get("v2")
+    assert (record["model"], record["instances"]) == (f"{copy}/models/v2", f"{copy}/instances/i1")
+    assert (record["corpus"], record["vocab"]) == (f"{copy}/corpus/c1", "/elsewhere/vocab")
+    assert moved.model("current") == f"{copy}/models/v1"
+    assert moved.register({"version": "v2", "steps": 3})["model"] == f"{copy}/models/v2"
+    assert json.loads(storage.read_text(moved.record_uri("v2")))["instances"] == "instances/i1"
+
