@@ -318,6 +318,40 @@ def test_a_niced_launch_stays_nice_in_its_own_session():
     assert out.stdout.strip().endswith("nice 7"), out
 
 
+def _running(pid: int) -> bool:
+    """Is ``pid`` a live process (not a zombie waiting for its parent)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["exits", "is stopped"])
+def test_the_launchers_group_ends_with_the_launch(how):
+    """A rank the launcher left behind (its session is its own, so nothing else ends it) is
+    ended when the launcher exits, and when the launching process is stopped mid-run."""
+    launcher = ("import subprocess, sys, time; "
+                "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+                "print(rank.pid, flush=True)" + ("; time.sleep(120)" if how == "is stopped" else ""))
+    code = ("import signal, sys; from bert_core.pretrain.launch import run_launch; "
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
+            f"run_launch(['python', '-c', {launcher!r}])")
+    launch = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        rank = int(launch.stdout.readline())
+        if how == "is stopped":
+            assert _running(rank)
+            launch.terminate()
+        assert launch.wait(30) == (0 if how == "exits" else 143)
+        deadline = time.monotonic() + 10
+        while _running(rank) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(rank)
+    finally:
+        launch.kill()
+
+
 def test_launch_with_missing_instances_is_a_config_error(tmp_path):
     cfg = tiny_config()
     with pytest.raises(LaunchConfigError, match="no _MANIFEST.json"):

@@ -13,9 +13,11 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -194,6 +196,21 @@ def keep_niceness(pid: int) -> None:
             pass
 
 
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End what is left of the launcher's process group (the launcher and its local ranks):
+    SIGTERM while the launcher runs, so its ranks are stopped through it, then SIGKILL."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # the group is empty: every rank is gone
+        pass
+
+
 def run_launch(
     argv: list[str],
     env: dict[str, str] | None = None,
@@ -216,14 +233,34 @@ def run_launch(
         text=True, bufsize=1, start_new_session=True,
     ) as proc:
         keep_niceness(proc.pid)
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            tail.append(line)
-            if CONFIG_ERROR_PREFIX in line:
-                config_error = line.split(CONFIG_ERROR_PREFIX, 1)[1].strip()
-            on_line(line)
-        code = proc.wait()
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            nonlocal config_error
+            assert proc.stdout is not None
+            try:
+                for raw in proc.stdout:
+                    line = raw.rstrip("\n")
+                    tail.append(line)
+                    if CONFIG_ERROR_PREFIX in line:
+                        config_error = line.split(CONFIG_ERROR_PREFIX, 1)[1].strip()
+                    on_line(line)
+            except BaseException as err:  # on_line's own; raised below, in the caller's thread
+                failed.append(err)
+
+        # Read beside, wait on the launcher here: a rank left behind keeps the pipe open, so
+        # the end of its output is not the end of the launch.
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait()
+        finally:
+            # The launcher's session is its own, so nothing ends it with this process: however
+            # this one leaves (done, an exception, a stop signal), no rank keeps the device or port.
+            stop_group(proc)
+        reader.join()
+    if failed:
+        raise failed[0]
     if code == 0:
         return 0
     lines = list(tail)
