@@ -25,7 +25,7 @@ import torch
 from bert_core import storage
 from bert_core.config import ConfigError, load_config
 from bert_core.model.weight_decay import param_groups
-from bert_core.pretrain.ds_config import ds_config
+from bert_core.pretrain.ds_config import ds_config, loop_clipping
 from bert_core.pretrain.launch import (
     LaunchConfigError,
     LaunchError,
@@ -98,7 +98,9 @@ def test_ds_config_from_pretrain_config():
         "torch_adam": True, "adam_w_mode": True}}
     assert ds["scheduler"]["params"]["warmup_type"] == "linear"
     assert ds["scheduler"]["params"]["total_num_steps"] == 200
-    assert ds["gradient_clipping"] == 1.0 and ds["csv_monitor"]["output_path"] == "/runs/x/monitor/"
+    # at ZeRO 0 the loop clips (on the device), so DeepSpeed does not
+    assert cfg.zero_stage == 0 and ds["gradient_clipping"] == 0.0 and loop_clipping(cfg) == 1.0
+    assert ds["csv_monitor"]["output_path"] == "/runs/x/monitor/"
     assert "bf16" not in ds and "fp16" not in ds
     no_warmup = load_config("demo", None, ["pretrain.phases.1.warmup_steps=0"]).pretrain
     assert ds_config(no_warmup, 1)["scheduler"]["params"]["warmup_num_steps"] == 1  # DeepSpeed refuses 0
@@ -106,6 +108,7 @@ def test_ds_config_from_pretrain_config():
     ds = ds_config(gpu, 0)
     assert ds["optimizer"]["params"]["fused"] is True and ds["bf16"] == {"enabled": True}
     assert ds["zero_optimization"] == {"stage": 2}
+    assert ds["gradient_clipping"] == 1.0 and loop_clipping(gpu) == 0.0
     assert ds["gradient_accumulation_steps"] == gpu.phases[0].global_batch_size // (
         gpu.phases[0].micro_batch_size * gpu.world_size)
     # LAMB: no DeepSpeed optimizer section, the client optimizer is torch-optimizer's Lamb

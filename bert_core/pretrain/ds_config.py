@@ -2,7 +2,7 @@
 
     python -c "from bert_core.config import load_config; from bert_core.pretrain.ds_config import ds_config; import json; c = load_config('demo'); print(json.dumps(ds_config(c.pretrain, 0, '/tmp/run'), indent=1))"
 
-Batch sizes, precision, ZeRO stage, clipping, AdamW (always torch's, fused on GPU: nothing to
+Batch sizes, precision, ZeRO stage, clipping (the loop's own at ZeRO 0), AdamW (always torch's, fused on GPU: nothing to
 compile at start-up), the linear warm-up and decay, a monitor. LAMB is torch-optimizer's
 per-tensor ``Lamb``, built here outside DeepSpeed.
 """
@@ -16,6 +16,13 @@ from bert_core.config import PretrainConfig, PretrainPhase
 
 def gradient_accumulation_steps(cfg: PretrainConfig, phase: PretrainPhase) -> int:
     return phase.global_batch_size // (phase.micro_batch_size * cfg.world_size)
+
+
+def loop_clipping(cfg: PretrainConfig) -> float:
+    """The gradient norm the training loop clips to itself (0: none, or DeepSpeed's own): at ZeRO 0
+    without loss scaling, where DeepSpeed's clipping builds tensors from host values every step,
+    torch's foreach clipping computes the same on the device (``loop.backward_and_step``)."""
+    return cfg.gradient_clipping if cfg.zero_stage == 0 and cfg.precision != "fp16" else 0.0
 
 
 def uses_client_optimizer(cfg: PretrainConfig) -> bool:
@@ -37,7 +44,7 @@ def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None)
         "train_batch_size": phase.global_batch_size,
         "train_micro_batch_size_per_gpu": phase.micro_batch_size,
         "gradient_accumulation_steps": gradient_accumulation_steps(cfg, phase),
-        "gradient_clipping": cfg.gradient_clipping,
+        "gradient_clipping": 0.0 if loop_clipping(cfg) else cfg.gradient_clipping,
         "zero_optimization": {"stage": cfg.zero_stage},
         "steps_per_print": 10**9,  # our own metrics.jsonl reports progress
         "wall_clock_breakdown": False,

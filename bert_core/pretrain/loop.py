@@ -57,6 +57,26 @@ def _dropout_seed(seed: int, phase: int, step: int, rank: int, micro: int) -> in
     return hash((seed, phase, step, rank, micro)) & 0x7FFF_FFFF
 
 
+def real_tokens(batch: dict[str, Any]) -> int:
+    """The real (non-padding) tokens of a loader batch, read on the host: ``cu_seqlens[B]``,
+    where a token bucket's padding positions (counted in ``token_index``) come after it."""
+    return int(batch["cu_seqlens"][batch["input_ids"].shape[0]])
+
+
+def backward_and_step(engine: Any, loss: Any, max_norm: float) -> None:
+    """``engine.backward`` and ``engine.step`` for one micro-batch; with ``max_norm`` (the loop's
+    own clipping, ``ds_config.loop_clipping``) the gradients are clipped at the step's last
+    micro-batch, after the backward that all-reduced them and before the optimizer reads them,
+    with torch's foreach clipping: the norm and the scale stay on the device."""
+    import torch
+
+    engine.backward(loss)
+    if max_norm and engine.is_gradient_accumulation_boundary():
+        grads = [p for p in engine.module.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=True)
+    engine.step()
+
+
 # --------------------------------------------------------------------------- one phase
 
 
@@ -116,6 +136,7 @@ def run_phase(
     from bert_core.device import peak_flops
     from bert_core.model.bert import flops_per_token
     from bert_core.pretrain.data import PretrainingLoader, to_device
+    from bert_core.pretrain.ds_config import loop_clipping
     from bert_core.pretrain.evaluate import EvalSplit, eval_folder, evaluate
 
     pre = config.pretrain
@@ -162,6 +183,7 @@ def run_phase(
             metrics.truncate(phase_index + 1, 0)
 
     accumulation = engine.gradient_accumulation_steps()
+    max_norm = loop_clipping(pre)
     batches = iter(loader)
     device = engine.device
     peak = peak_flops(device, pre.precision, pre.peak_flops_per_rank)
@@ -180,14 +202,14 @@ def run_phase(
         lr = float(engine.get_lr()[0])
         sums.zero_()
         for micro in range(accumulation):
-            batch = to_device(next(batches), device)
+            host_batch = next(batches)
+            batch = to_device(host_batch, device)
             torch.manual_seed(_dropout_seed(pre.seed, phase_index, step, rank, micro))
             out = engine(**batch)
-            engine.backward(out["loss"])
-            engine.step()
+            backward_and_step(engine, out["loss"], max_norm)
             sums += torch.stack([out["loss"].detach(), out["mlm_acc"], out["nsp_acc"], one]).double()
             sequences += batch["input_ids"].shape[0]
-            tokens += batch["token_index"].numel()
+            tokens += real_tokens(host_batch)
         step += 1
         if step % pre.log_every == 0 or step == phase.max_steps or step == 1:
             # CPU seconds of every rank since it started: the run's compute cost
