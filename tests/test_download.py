@@ -179,7 +179,7 @@ def test_cli_download_wikipedia(site, dump, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert (out / NAME).stat().st_size == dump.stat().st_size and (out / "_MANIFEST.json").exists()
     bad = CliRunner().invoke(app, ["download", "wikipedia", "--date", "June", "--to", str(out)])
-    assert bad.exit_code == 1 and "expected YYYYMMDD" in bad.output
+    assert bad.exit_code == 2 and "expected YYYYMMDD" in bad.output  # the option, not the data
 
 
 def test_a_full_disk_is_not_retried(site, dump, tmp_path):

@@ -590,7 +590,7 @@ def test_features_of_a_file_that_is_not_utf8_is_one_line(samples_dir, tmp_path):
     latin1 = tmp_path / "sentences.txt"
     latin1.write_bytes("Zoë went to Malmö .\n".encode("latin-1"))
     result = features(samples_dir / "models" / "minilm", latin1, tmp_path / "features.parquet")
-    assert_one_line(result, 1, str(latin1), "not UTF-8", "save the file as UTF-8")
+    assert_one_line(result, 1, str(latin1), "not UTF-8", "as UTF-8")
 
 
 def test_features_with_some_sentences_rejected_prints_and_stores_counts(samples_dir, tmp_path):

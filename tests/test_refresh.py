@@ -290,7 +290,8 @@ def test_a_small_corpus_is_refused_and_a_continued_run_is_rewarmed():
     assert (phase.max_seq_length, phase.global_batch_size) == (first.max_seq_length, first.global_batch_size)
 
 
-def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site, receiver, tmp_path):
+def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site, receiver, samples_dir,
+                                                                sentiment_tasks, tmp_path):
     from prefect import get_client
     from typer.testing import CliRunner
 
@@ -299,7 +300,12 @@ def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site
     from flows.refresh import NOTIFY, apply_notify_automation
 
     result = CliRunner().invoke(app, ["refresh", "--date", MONTHS[0], "--base-url", site.url,
-                                      "--set", f"storage_root={tmp_path}", "--set", f"refresh.notify_url={receiver.url}"])
+                                      "--set", f"storage_root={tmp_path}", "--set", f"refresh.notify_url={receiver.url}",
+                                      # every other input there (wherever the command runs), so the dump is what is missing
+                                      "--set", "corpus.books=[]", "--set", "corpus.text=[]",
+                                      "--set", f"finetune.data_dir={sentiment_tasks}",
+                                      "--set", "finetune.tasks=[sentiment]",
+                                      "--set", f"finetune.extra_checkpoints=[{samples_dir}/models/minilm]"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert result.output.startswith(f"no finished enwiki articles dump among {MONTHS[0]}")
     # the failed run reaches the webhook (the automation the refresh applied on the shared test server)
