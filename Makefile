@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-slow test-all bench bench-scale lint samples browser clean gpu-wheels gpu-check gpu-variants gpu-quality
+.PHONY: setup demo test test-slow test-all bench bench-scale lint samples browser clean gpu-wheels gpu-check gpu-quality
 
 setup: $(STAMP)
 
@@ -67,7 +67,8 @@ clean:
 # The GPU check (benchmarks/gpu_check.py) for a bare GPU machine with no internet whose Python 3.12
 # has torch, transformers, tokenizers, pyarrow and numpy: `make gpu-wheels` here puts everything
 # else in .whl/ (DeepSpeed as a pure-Python wheel built here, its JIT ops left to run time), and
-# `make gpu-check` there installs them into a private folder and runs every stage into $(OUT).
+# `make gpu-check CALL=n GPU_LEFT=s` there installs them into a private folder and runs the slot's
+# call n into $(OUT), s being the GPU time left (docs/benchmarks.md, "The slot's plan").
 GPU_WHEELS := .whl
 GPU_SITE := /tmp/bertpipe-site
 GPU_PY ?= python3
@@ -86,13 +87,11 @@ gpu-wheels: $(STAMP)
 GPU_INSTALL = $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 	--target $(GPU_SITE) $(GPU_WHEELS)/*.whl
 GPU_ENV = PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+CALL ?= 1
 gpu-check:
 	$(GPU_INSTALL)
-	$(GPU_ENV) $(GPU_PY) -m benchmarks.gpu_check --out $(OUT) $(GPU_CHECK_ARGS)
-
-# The check's variants stage, in a call of its own after `make gpu-check` (same machine).
-gpu-variants:
-	$(MAKE) gpu-check GPU_CHECK_ARGS="--stages variants"
+	$(GPU_ENV) $(GPU_PY) -m benchmarks.gpu_check --out $(OUT) --call $(CALL) \
+		$(if $(GPU_LEFT),--gpu-left-s $(GPU_LEFT)) $(GPU_CHECK_ARGS)
 
 # Quality protocol version 3 on this machine's CPU (docs/quality-protocol-v3.md), each step resumed from
 # what is on disk. 1. `make quality-v3-choice`: the six runs side by side, then every setting on dev, and

@@ -1,17 +1,24 @@
 """The GPU check: one prepared script for a short slot on one GPU, most important numbers first.
 
-    python -m benchmarks.gpu_check --out DIR            # on a machine with a CUDA GPU
-    python -m benchmarks.gpu_check --out DIR --dry-run  # every stage on CPU, tiny (the test suite)
-    make gpu-wheels && make gpu-check                    # the same, with its wheels installed first
+    python -m benchmarks.gpu_check --out DIR --call 1 --gpu-left-s S   # the slot's first call
+    python -m benchmarks.gpu_check --out DIR --call 2 --gpu-left-s S   # its second
+    python -m benchmarks.gpu_check --out DIR --dry-run --call 1        # the same on CPU, tiny (the test suite)
+    make gpu-wheels && make gpu-check CALL=1 GPU_LEFT=S                 # with its wheels installed first
 
 It builds its own input (a synthetic vocab and seq128 instances through the project's instance
-code, a few MB), then runs its stages in order, each in its own process under its own timeout,
-each appending one JSON line to ``DIR/gpu_check.jsonl`` and printing a summary line: ``env``
-(the machine), ``e2e`` (BERT-base through ``bertpipe``'s launcher: real tokens/s and MFU between
-logged steps after warm-up, checkpoint saves apart), ``compare`` (ours against transformers'
-BertForPreTraining), ``e2e_large`` (BERT-large through the launcher), ``numerics``, ``resume``,
-``finetune``; and, asked for with ``--stages variants`` (``make gpu-variants``), the product's
-engine in process on one fixed batch, one change after another.
+code, a few MB), then runs its stages in order of value, each in its own process group under its
+own timeout: ``env`` (the machine), ``e2e`` (BERT-base through ``bertpipe``'s launcher: real
+tokens/s and MFU between logged steps after warm-up, checkpoint saves apart), ``numerics`` (fp32
+and bf16 against the CPU, and token-bucketed batches against the exact batch, eagerly, before
+anything compiles), ``variants`` (the product's engine in process on one fixed batch, one change
+after another, eager ones before compiled ones), ``e2e_large`` (BERT-large through the launcher),
+``compare`` (ours against transformers' BertForPreTraining), ``resume`` and ``finetune`` (of
+``e2e_large``'s run). The slot's two calls (:data:`SLOT_CALLS`) split them so that each call
+stands alone, on a warm machine or a fresh one.
+
+Whatever stops a call, what it measured stays: each stage, and each variant as it finishes,
+appends its JSON line to ``DIR/gpu_check.jsonl``, and every stage's output streams into
+``DIR/gpu_check.log`` line by line.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ import gc
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +43,19 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-# The check, most important first; then ``variants`` (its own call: it compiles four times).
-CHECK_STAGES = ("env", "e2e", "compare", "e2e_large", "numerics", "resume", "finetune")
-STAGES = (*CHECK_STAGES, "variants")
-TIMEOUTS = {"env": 60, "e2e": 180, "variants": 540, "compare": 150, "e2e_large": 180, "numerics": 90,
-            "resume": 150, "finetune": 120}
+# Every stage, most valuable first.
+STAGES = ("env", "e2e", "numerics", "variants", "e2e_large", "compare", "resume", "finetune")
+# The slot: one machine start, then two calls, each under the 600 s command limit with its own
+# budget (docs/benchmarks.md, "The slot's plan"). The second call reads nothing the first wrote,
+# so it runs the same on a fresh machine.
+SLOT_CALLS = {1: (("env", "e2e", "numerics", "variants"), 420),
+              2: (("env", "e2e_large", "compare", "resume", "finetune"), 300)}
+TIMEOUTS = {"env": 60, "e2e": 150, "numerics": 60, "variants": 300, "e2e_large": 150, "compare": 120,
+            "resume": 120, "finetune": 90}
+# Kept from the GPU time left for the last transfer back and the give-back.
+SLOT_RESERVE_S = 60
+COMMAND_LIMIT_S = 600
+RESULTS, LOG = "gpu_check.jsonl", "gpu_check.log"
 RESULT_PREFIX = "GPU_CHECK_RESULT "
 SEQ = 128
 MAX_PREDICTIONS = 20
@@ -223,18 +241,21 @@ def stage_e2e(work: Path, plan: Plan) -> dict[str, Any]:
     return launch_and_measure(work, plan, work / "run", pretrain_config(work, plan))
 
 
+def large_config(work: Path, plan: Plan) -> Any:
+    return pretrain_config(work, plan, "mini" if plan.dry_run else "large", plan.large_micro_batch,
+                           plan.large_global_batch)
+
+
 def stage_e2e_large(work: Path, plan: Plan) -> dict[str, Any]:
-    """BERT-large (NVIDIA's published figure is for it), checkpointed only at the end."""
-    size = "mini" if plan.dry_run else "large"
-    config = pretrain_config(work, plan, size, plan.large_micro_batch, plan.large_global_batch,
-                             extra=(f"pretrain.checkpoint_every={plan.steps}",))
-    return launch_and_measure(work, plan, work / "run-large", config)
+    """BERT-large (NVIDIA's published figure is for it); ``resume`` and ``finetune`` read its run."""
+    return launch_and_measure(work, plan, work / "run-large", large_config(work, plan))
 
 
 # Each variant is the one before it plus one change: product settings, or a DeepSpeed section
 # set over the rendered config where the change is DeepSpeed's default against ours (None drops
 # that override again). The baseline is how the product trained before these changes (the
-# stored q/k/v matrix aside, which every variant has).
+# stored q/k/v matrix aside, which every variant has). Every eager variant runs before the first
+# compile, whose failure could leave the device unusable; the compiled ones run on static shapes.
 VARIANTS: tuple[tuple[str, tuple[str, ...], dict[str, Any]], ...] = (
     ("baseline", ("model.attention_probs_dropout_prob=0.1", "pretrain.zero_stage=1"),
      {"timers": {"throughput": {"enabled": True, "synchronized": True}}}),
@@ -242,10 +263,10 @@ VARIANTS: tuple[tuple[str, tuple[str, ...], dict[str, Any]], ...] = (
     ("attention_dropout_0", ("model.attention_probs_dropout_prob=0",), {}),
     ("immediate_grad_update", (), {"bf16": {"enabled": True, "immediate_grad_update": True}}),
     ("autocast_zero0", ("pretrain.zero_stage=0",), {"bf16": None}),
-    ("compile", ("pretrain.compile=true",), {}),
     ("static_shapes", ("pretrain.token_buckets=8",), {}),
+    ("compile", ("pretrain.compile=true",), {}),
     ("cuda_graphs", ("pretrain.compile_mode=reduce-overhead",), {}),
-    ("chunked_mlm_loss", ("pretrain.mlm_loss_chunk=1024",), {}),  # 5 chunks of the 5,120 rows at 256
+    ("chunked_mlm_loss", ("pretrain.mlm_loss_chunk=1024",), {}),  # 6 chunks of the 6,144 rows at 256
 )
 KERNEL_CLASSES = (("attention", ("flash", "fmha", "attention", "sdpa", "varlen")),
                   ("matmul", ("gemm", "mm", "matmul", "cutlass", "xmma", "linear")))
@@ -311,6 +332,25 @@ def host_syncs(step, device) -> int | None:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def training_step(engine: Any, batch: dict[str, Any], losses: list[Any], max_norm: float = 0.0) -> Any:
+    """One optimizer step of ``engine`` on ``batch`` as the loop takes it (dropout reseeded per
+    step, the loop's own clipping), keeping each step's loss in ``losses`` (on the device: no
+    wait for the host)."""
+    import torch
+
+    from bert_core.pretrain.loop import backward_and_step
+
+    def step() -> None:
+        torch.manual_seed(len(losses))
+        out = engine(**batch)
+        # A copy now: under CUDA graphs the loss is a view of the graph's output buffer, which
+        # the next replay overwrites.
+        losses.append(out["loss"].detach().clone())
+        backward_and_step(engine, out["loss"], max_norm)
+
+    return step
+
+
 def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], ds: dict[str, Any]) -> dict[str, Any]:
     """The product's engine (``build_engine``) on the loader's first batch, ``variant_steps``
     optimizer steps with dropout reseeded per step as the loop does."""
@@ -319,6 +359,7 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
     from bert_core.device import peak_flops
     from bert_core.model.bert import flops_per_token
     from bert_core.pretrain.data import PretrainingLoader, read_vocab, to_device
+    from bert_core.pretrain.ds_config import loop_clipping
     from bert_core.pretrain.loop import build_engine
 
     micro = plan.variant_micro_batch  # one micro-batch an optimizer step
@@ -338,14 +379,7 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
     real_tokens = int(batch["attention_mask"].sum())
     scheduler.step()
     losses: list[Any] = []
-
-    def step() -> None:
-        torch.manual_seed(len(losses))
-        out = engine(**batch)
-        engine.backward(out["loss"])
-        engine.step()
-        losses.append(out["loss"].detach())
-
+    step = training_step(engine, batch, losses, loop_clipping(pre))
     warmup, timed = plan.variant_steps
     for _ in range(warmup):
         step()
@@ -373,7 +407,7 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
     return row
 
 
-def stage_variants(work: Path, plan: Plan) -> dict[str, Any]:
+def stage_variants(work: Path, plan: Plan, out: Path) -> dict[str, Any]:
     import torch
 
     instances = build_data(work, plan)
@@ -389,6 +423,8 @@ def stage_variants(work: Path, plan: Plan) -> dict[str, Any]:
         except Exception as err:  # one variant failing (a kernel, a compile) leaves the others
             row = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
         rows.append({"variant": name, **row})
+        append_row(out, {"stage": "variants", "variant": name, "ok": "error" not in row, "dry_run": plan.dry_run,
+                         "time": time.time(), "result": row})
         print(f"variant {name}: {row}", flush=True)
     base = rows[0].get("loss_at_step")
     for row in rows:
@@ -534,7 +570,72 @@ def stage_numerics(work: Path, plan: Plan) -> dict[str, Any]:
     row["fp32_within_1e-4"] = row["fp32_loss_diff"] <= 1e-4
     row["bf16_within_1e-2"] = row["bf16_loss_diff"] <= 1e-2
     row["attention_kernels"] = attention_kernels(bf16, dev_batch, device)
+    del model, bf16
+    row["buckets"] = bucket_numerics(cpu_model, batch, device)
+    row["buckets_within_1e-2"] = all(b["loss_rel_diff"] <= 1e-2 and b["grad_norm_rel_diff"] <= 1e-2
+                                     for b in row["buckets"])
     return row
+
+
+BUCKETS = 8  # the variants' and the presets' token_buckets
+
+
+def fill_bucket(batch: dict[str, Any], token_buckets: int) -> tuple[dict[str, Any], int]:
+    """``batch`` with padding turned into real tokens, row by row, up to a whole token bucket, and
+    the bucket count that bucket is of: ``token_buckets``, or the next count whose bucket the batch
+    can fill and still be padded (a batch in the top bucket would have none left). Bucketed with
+    that count it has no padding positions, and every extra ``cu_seqlens`` entry is empty."""
+    mask = batch["attention_mask"].clone()
+    B, T = mask.shape
+    n_real = int(mask.sum())
+    buckets = token_buckets
+    while True:
+        size = -(-B * T // buckets)
+        target = -(-n_real // size) * size
+        if target < B * T or size == 1:
+            break
+        buckets += 1
+    free = (mask == 0).reshape(-1).nonzero().squeeze(1)[:target - n_real]  # flat positions to fill
+    out = dict(batch)
+    mask.view(-1)[free] = 1
+    out["attention_mask"] = mask
+    # segment B, a word of the vocab: past every masked position, so the predictions stay as they are
+    out["token_type_ids"] = batch["token_type_ids"].reshape(-1).index_fill(0, free, 1).view(B, T)
+    out["input_ids"] = batch["input_ids"].reshape(-1).index_fill(0, free, 1000).view(B, T)
+    return out, buckets
+
+
+def bucket_numerics(cpu_model: Any, batch: dict[str, Any], device: Any) -> list[dict[str, Any]]:
+    """The loss and gradient norm of a token-bucketed batch against the exact batch (no buckets),
+    eagerly in bf16 on the device, for the loader's batch and for one whose extra ``cu_seqlens``
+    entries are all empty. The packed attention (varlen) sees these zero-length sequences here,
+    before any compiled variant does."""
+    import copy
+
+    import torch
+
+    from bert_core.model.bert import pretraining_plan
+    from bert_core.pretrain.data import to_device
+
+    model = copy.deepcopy(cpu_model).to(device, dtype=torch.bfloat16)
+    raw = {k: batch[k] for k in RAW_KEYS}
+    rows = []
+    for name, (inputs, buckets) in (("loader", (raw, BUCKETS)), ("extra_entries_empty", fill_bucket(raw, BUCKETS))):
+        exact = inputs | pretraining_plan(inputs["attention_mask"], inputs["masked_lm_positions"],
+                                          inputs["masked_lm_ids"], inputs["masked_lm_weights"])
+        bucketed = inputs | pretraining_plan(inputs["attention_mask"], inputs["masked_lm_positions"],
+                                             inputs["masked_lm_ids"], inputs["masked_lm_weights"], buckets)
+        B = inputs["input_ids"].shape[0]
+        cu = bucketed["cu_seqlens"]
+        empty = int((cu[B + 1:] == cu[B:-1]).sum())
+        want = _loss_and_grad_norm(model, to_device(exact, device))
+        got = _loss_and_grad_norm(model, to_device(bucketed, device))
+        rows.append({"batch": name, "token_buckets": buckets, "real_tokens": int(inputs["attention_mask"].sum()),
+                     "bucket_rows": int(bucketed["token_index"].numel()), "empty_extra_entries": empty,
+                     "extra_entries": int(cu.numel()) - B - 1, "exact": want, "bucketed": got,
+                     "loss_rel_diff": abs(got[0] - want[0]) / abs(want[0]),
+                     "grad_norm_rel_diff": abs(got[1] - want[1]) / want[1]})
+    return rows
 
 
 def attention_kernels(model, batch, device) -> list[str]:
@@ -554,9 +655,9 @@ def stage_resume(work: Path, plan: Plan) -> dict[str, Any]:
     from bert_core.pretrain.launch import launch_pretraining
     from bert_core.pretrain.metrics import read_metrics, train_rows
 
-    source = work / "run"
+    source = work / "run-large"
     if not (source / "_MANIFEST.json").exists():
-        raise RuntimeError(f"{source}: stage e2e did not finish; nothing to resume")
+        raise RuntimeError(f"{source}: stage e2e_large did not finish; nothing to resume")
     run = work / "run-resumed"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(source, run, ignore=shutil.ignore_patterns("hf", "_MANIFEST.json"))
@@ -566,7 +667,7 @@ def stage_resume(work: Path, plan: Plan) -> dict[str, Any]:
             shutil.rmtree(folder)
     (phase / "latest").write_text(f"step{plan.checkpoint_at}")
     lines: list[str] = []
-    launch_pretraining(pretrain_config(work, plan), str(work / "instances"), str(run),
+    launch_pretraining(large_config(work, plan), str(work / "instances"), str(run),
                        on_line=lambda line: (lines.append(line), print(line)))
     original = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(source)))}
     resumed = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(run))) if r["step"] > plan.checkpoint_at}
@@ -584,9 +685,9 @@ def stage_finetune(work: Path, plan: Plan) -> dict[str, Any]:
     from bert_core.config import FinetuneConfig
     from bert_core.finetune.train import run_job
 
-    checkpoint = work / "run" / "hf"
+    checkpoint = work / "run-large" / "hf"
     if not (checkpoint / "model.safetensors").exists():
-        raise RuntimeError(f"{checkpoint}: stage e2e did not export a model")
+        raise RuntimeError(f"{checkpoint}: stage e2e_large did not export a model")
     cfg = FinetuneConfig(tasks=["sst2"], learning_rates=[5e-5], batch_sizes=[16], epochs=[3.0],
                          accelerator=plan.accelerator, precision=plan.precision, threads=4)
     t0 = time.perf_counter()
@@ -626,55 +727,145 @@ def summary(stage: str, row: dict[str, Any]) -> str:
                                      f"{x['ours_tokens_per_s']} tok/s MFU {x['ours_mfu']} vs ref "
                                      f"{x['reference_tokens_per_s']} = {x['ratio']}x" for x in r["rows"]),
         "numerics": lambda: f"fp32 diff {r['fp32_loss_diff']:.2e}, bf16 diff {r['bf16_loss_diff']:.2e}, "
-                            f"kernels {r['attention_kernels'][:3]}",
+                            "buckets against exact: " + ", ".join(
+                                f"{b['batch']} loss {b['loss_rel_diff']:.1e} grad {b['grad_norm_rel_diff']:.1e}"
+                                for b in r["buckets"]) + f"; kernels {r['attention_kernels'][:3]}",
         "resume": lambda: f"skipped {len(r['skipped'])}, max loss diff {r['max_loss_diff']}",
         "finetune": lambda: f"{r['task']} {r['main_metric']} {r['score']}, {r['train']}",
     }[stage]
     return f"[{stage}] ok ({row['seconds']:.0f} s): {text()}"
 
 
-def run_stage_inline(stage: str, work: Path, plan: Plan) -> None:
+def append_row(out: Path, row: dict[str, Any]) -> None:
+    """One JSON line onto ``OUT/gpu_check.jsonl``, on disk before this returns."""
+    with open(out / RESULTS, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_stage_inline(stage: str, work: Path, out: Path, plan: Plan) -> None:
     """The child process: one stage, its result as the last line of output."""
-    result = STAGE_FUNCTIONS[stage](work, plan)
+    fn = STAGE_FUNCTIONS[stage]
+    result = fn(work, plan, out) if stage == "variants" else fn(work, plan)
     print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
 
 
-def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> dict[str, Any]:
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """End a stage: its process group and the group of every process below it (the launcher
+    starts its ranks in a session of its own), SIGTERM first so the stage can stop its launcher,
+    SIGKILL for whatever is left after ``grace`` seconds."""
+    groups = set()
+    for pid in {proc.pid} | _descendants(proc.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgid(0))  # never this driver's own group
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(grace if sig == signal.SIGTERM else None)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def start_stage(stage: str, work: Path, out: Path, plan: Plan) -> subprocess.Popen:
+    """The stage's process, in a process group of its own, its output on a pipe."""
     argv = [sys.executable, "-m", "benchmarks.gpu_check", "--stage", stage, "--work", str(work),
             "--out", str(out), "--precision", plan.precision] + (["--dry-run"] if plan.dry_run else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, process_group=0)
+
+
+def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> dict[str, Any]:
+    """One stage, its output streamed into ``OUT/gpu_check.log`` as it comes; past ``timeout``,
+    or when this process is stopped, the stage and everything it started are stopped. Returns
+    the stage's row."""
     t0 = time.perf_counter()
-    log_file = out / f"gpu_check-{stage}.log"
     row: dict[str, Any] = {"stage": stage, "dry_run": plan.dry_run, "time": time.time()}
-    with open(log_file, "w") as log:
+    tail: deque[str] = deque(maxlen=12)
+    results: list[str] = []
+    with open(out / LOG, "a") as log, start_stage(stage, work, out, plan) as proc:
+        log.write(f"===== {stage} (timeout {timeout:.0f} s)\n")
+        log.flush()
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if line.startswith(RESULT_PREFIX):
+                    results.append(line[len(RESULT_PREFIX):])
+                elif line.strip():
+                    tail.append(line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
         try:
-            done = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, timeout=timeout, start_new_session=True)
-            text, code = done.stdout, done.returncode
-        except subprocess.TimeoutExpired as err:
-            text = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+            code: int | None = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stop_process_tree(proc)
             code = None
-        log.write(text)
+        except BaseException:  # this call is being stopped: nothing of it runs on into the next
+            stop_process_tree(proc, grace=3)
+            raise
+        reader.join(30)
     row["seconds"] = round(time.perf_counter() - t0, 1)
-    results = [line[len(RESULT_PREFIX):] for line in text.splitlines() if line.startswith(RESULT_PREFIX)]
     if code == 0 and results:
         row |= {"ok": True, "result": json.loads(results[-1])}
     else:
         why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
-        tail = [line for line in text.splitlines() if line.strip()][-12:]
         row |= {"ok": False, "error": f"{why}: " + " | ".join(tail)}
     return row
 
 
+def call_budget(budget_s: float | None, gpu_left_s: float | None, call: int | None, dry_run: bool) -> float:
+    """The seconds this call may take: ``--budget-s``, else the call's share of the slot; never
+    more than the GPU time left less the reserve, nor (on a GPU) the command limit less a margin."""
+    budget = budget_s if budget_s is not None else (SLOT_CALLS[call][1] if call else COMMAND_LIMIT_S - 60)
+    if gpu_left_s is not None:
+        budget = min(budget, gpu_left_s - SLOT_RESERVE_S)
+    return budget if dry_run else min(budget, COMMAND_LIMIT_S - 30)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--out", required=True, help="Folder for gpu_check.jsonl and each stage's log.")
+    p.add_argument("--out", required=True, help="Folder for gpu_check.jsonl and gpu_check.log.")
     p.add_argument("--work", help="Scratch folder (data, runs); default OUT/../gpu-check-work.")
     p.add_argument("--dry-run", action="store_true", help="Every stage on CPU with a tiny model.")
-    p.add_argument("--stages", default=",".join(CHECK_STAGES),
-                   help=f"Comma-separated stages to run, in order, of {', '.join(STAGES)}.")
-    p.add_argument("--budget-s", type=float, default=540, help="Skip stages that would start after this.")
+    p.add_argument("--call", type=int, choices=sorted(SLOT_CALLS),
+                   help="The slot's call: its stages and budget (docs/benchmarks.md, the slot's plan).")
+    p.add_argument("--stages", help=f"Comma-separated stages to run, in order, of {', '.join(STAGES)} "
+                                    "(default: the call's, else all).")
+    p.add_argument("--gpu-left-s", type=float,
+                   help=f"The slot's GPU time left (the device tool's budget_left_s); the call keeps "
+                        f"{SLOT_RESERVE_S} s of it for the transfer back.")
+    p.add_argument("--budget-s", type=float, help="Seconds this call may take (default: the call's).")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="Default: bf16 on GPU, fp32 in the dry run.")
     p.add_argument("--stage", help=argparse.SUPPRESS)  # the child process's one stage
     args = p.parse_args(argv)
@@ -684,34 +875,46 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work).resolve() if args.work else out.parent / "gpu-check-work"
     work.mkdir(parents=True, exist_ok=True)
     if args.stage:
+        # A stopped stage raises SystemExit here, so the launcher's own cleanup runs (run_launch).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         try:
-            run_stage_inline(args.stage, work, plan)
+            run_stage_inline(args.stage, work, out, plan)
         except Exception:
             traceback.print_exc()
             return 1
         return 0
     if plan.dry_run:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # Stopped (SIGTERM), the call stops its stage too, keeping the rows written so far.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     start = time.perf_counter()
-    build_data(work, plan)
-    print(f"[data] {work / 'instances'} ready ({time.perf_counter() - start:.0f} s)", flush=True)
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    stages = ([s.strip() for s in args.stages.split(",") if s.strip()] if args.stages
+              else list(SLOT_CALLS[args.call][0] if args.call else STAGES))
     unknown = sorted(set(stages) - set(STAGES))
     if unknown:
         print(f"gpu_check: unknown stage(s) {unknown}; choose from {', '.join(STAGES)}", file=sys.stderr)
         return 2
+    budget = call_budget(args.budget_s, args.gpu_left_s, args.call, plan.dry_run)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        with open(out / LOG, "a") as log:
+            log.write(line + "\n")
+
+    say(f"[plan] {','.join(stages)} within {budget:.0f} s")
+    build_data(work, plan)
+    say(f"[data] {work / 'instances'} ready ({time.perf_counter() - start:.0f} s)")
     failed = 0
     for stage in stages:
-        left = args.budget_s - (time.perf_counter() - start)
+        left = budget - (time.perf_counter() - start)
         if left < 20:
-            row = {"stage": stage, "ok": False, "error": f"skipped: {args.budget_s:.0f} s budget spent"}
+            row = {"stage": stage, "ok": False, "error": f"skipped: {budget:.0f} s budget spent"}
         else:
             row = run_stage(stage, work, out, plan, min(TIMEOUTS[stage] * (3 if plan.dry_run else 1), left))
         failed += not row["ok"]
-        with open(out / "gpu_check.jsonl", "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
-        print(summary(stage, row) if "result" in row or "seconds" in row else f"[{stage}] {row['error']}",
-              flush=True)
+        append_row(out, row)
+        say(summary(stage, row) if "seconds" in row else f"[{stage}] {row['error']}")
+    say(f"[done] {time.perf_counter() - start:.0f} s")
     return 1 if failed else 0
 
 
