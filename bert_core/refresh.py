@@ -118,15 +118,6 @@ def gate(new: dict[str, Any], current: dict[str, Any] | None, refresh: RefreshCo
             "rows": rows}
 
 
-def run_counts(run_manifest: dict[str, Any]) -> dict[str, int]:
-    """A pre-training run's optimizer steps and token positions (sequences x their length, an
-    upper bound on real tokens: packed sequences are nearly full)."""
-    phases = run_manifest["config"]["pretrain"]["phases"]
-    tokens = sum(p.get("sequences", 0) * phases[p["phase"] - 1]["max_seq_length"]
-                 for p in run_manifest["stats"].get("phases", []))
-    return {"steps": int(run_manifest["counts"].get("steps", 0)), "tokens": int(tokens)}
-
-
 def model_identity(model: str | None) -> str | None:
     """What a continued run depends on besides its config and data: the sha256 of the model's manifest."""
     return storage.manifest_sha256(model) if model else None

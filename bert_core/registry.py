@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from bert_core import storage
+from bert_core.card import write_card
 from bert_core.failures import Refusal
 
 SCHEMA_VERSION = 1
@@ -180,7 +181,14 @@ class Registry:
         merged = {**old, **record, "schema_version": SCHEMA_VERSION,
                   "created": old.get("created") or _now(), "updated": _now()}
         _write_whole(self.record_uri(record["version"]), self._stored(merged))
-        return self._resolved(self._stored(merged))
+        resolved = self._resolved(self._stored(merged))
+        self._card(resolved)
+        return resolved
+
+    def _card(self, record: dict[str, Any]) -> None:
+        """The model card in a whole model's folder, quoting its record (scores, gate, promotion)."""
+        if record.get("model") and storage.has_manifest(record["model"]):
+            write_card(record["model"], record)
 
     def promote(self, version: str, expect_current: str | None | bool = False) -> dict[str, Any]:
         """Make ``version`` current (the old current becomes previous); returns the aliases.
@@ -209,7 +217,9 @@ class Registry:
                     f"but current is now {aliases['current']} (another refresh promoted it); run the "
                     "refresh again to judge against the new current")
             history = [*aliases["history"], version]
-            return self._move(history, f"promote {version}")
+            moved = self._move(history, f"promote {version}")
+        self._card({**record, "promoted": record.get("promoted") or moved["moved"]})
+        return moved
 
     def settle(self, version: str) -> str:
         """Carry out the gate's recorded decision for ``version``: "promoted" or "kept". A promotion

@@ -142,12 +142,16 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
 def publish_model(run: str, output: str):
     """Copy a finished run's ``hf/`` export to ``output`` (the bucket) with a manifest."""
     def work() -> None:
+        from bert_core.card import CARD
+
         run_manifest = storage.read_manifest(run)
         files = storage.copy_files(storage.join(run, "hf"), output)
         if not any(f.endswith(("model.safetensors", "pytorch_model.bin")) for f in files):
             raise RuntimeError(f"{storage.join(run, 'hf')} holds no model weights; was the export written?")
         storage.write_manifest(output, stage="model", config={"run": storage.to_uri(run)},
-                               inputs=[run_manifest], shards=[storage.shard_entry(f) for f in files],
+                               inputs=[run_manifest],
+                               # the card is rewritten by the registry as the version is judged
+                               shards=[storage.shard_entry(f) for f in files if not f.endswith("/" + CARD)],
                                counts={"files": len(files)})
 
     return run_once("model", output, work)

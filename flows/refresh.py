@@ -140,7 +140,7 @@ def run_suite(config: PipelineConfig, version: str, model: str, parent: dict[str
     from flows.versions import finetune_folder
 
     eval_sets = {"new_dump": instances}
-    if parent and same_vocab:
+    if parent and same_vocab and parent.get("instances"):  # an imported model has no instances of ours
         eval_sets["previous_dump"] = parent["instances"]
     suite: dict[str, Any] = {"new": {"mlm": score_mlm(config, version, model, eval_sets)}, "current": None}
     if parent:
@@ -167,12 +167,12 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
     dump computes nothing. With ``refresh.notify_url`` set, the refresh first applies
     :func:`apply_notify_automation`.
     """
+    from bert_core.card import run_counts
     from bert_core.refresh import (
         check_corpus_floor,
         continued_config,
         gate,
         model_identity,
-        run_counts,
     )
     from flows.pipeline import publish_model, stage_once
     from flows.versions import instances_folder, pretrain_version, unwrap, vocab_folder

@@ -96,6 +96,14 @@ def out(m: Made, name: str = "out") -> str:
     return str(m.tmp / name)
 
 
+def _without_vocab(m: Made) -> str:
+    """The sample MiniLM's config.json alone: a model folder that names no vocab."""
+    folder = m.tmp / "no-vocab"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text((m.samples / "models" / "minilm" / "config.json").read_text())
+    return str(folder)
+
+
 ROWS = [
     # corpus
     Row("corpus", "missing file", lambda m: ["--books", out(m, "nope.txt"), "--output", out(m)], 2,
@@ -198,6 +206,14 @@ ROWS = [
         lambda m: ["127.0.0.1"]),
     Row("models", "a version that is not there", lambda m: ["show", "nosuch", "--set", f"storage_root={out(m)}"], 1,
         lambda m: ["nosuch"], output=None),
+    Row("models", "import: a missing folder", lambda m: ["import", out(m, "nope"), "--set", f"storage_root={out(m)}"],
+        1, lambda m: [out(m, "nope"), "does not exist"]),
+    Row("models", "import: a folder with no config.json",
+        lambda m: ["import", out(m, "no-manifest"), "--set", f"storage_root={out(m)}"], 1,
+        lambda m: [out(m, "no-manifest"), "config.json"]),
+    Row("models", "import: a model folder with no vocab.txt",
+        lambda m: ["import", _without_vocab(m), "--set", f"storage_root={out(m)}"], 1,
+        lambda m: [out(m, "no-vocab"), "vocab.txt"]),
     Row("refresh", "no current model to continue, task data missing",
         lambda m: ["--date", "20261101", "--set", f"storage_root={out(m)}", "--set",
                    f"finetune.data_dir={out(m, 'nope')}"], 1,
@@ -208,6 +224,16 @@ ROWS = [
                    "--set", f"finetune.data_dir={m.samples}/tasks",
                    "--set", f"finetune.extra_checkpoints=[{m.samples}/models/minilm]"], 2,
         lambda m: [f"{out(m, 'nope')}/*.txt"]),
+    Row("plan", "a book glob that matches nothing",
+        lambda m: ["--set", f"storage_root={out(m)}", "--set", f"corpus.books=[{out(m, 'nope')}/*.txt]",
+                   "--set", "corpus.wikipedia=[]", "--set", "corpus.text=[]"], 2,
+        lambda m: [f"{out(m, 'nope')}/*.txt", "matched no files"]),
+    Row("plan", "a size that is not a size",
+        lambda m: ["--set", "corpus.wikipedia=[dumps/*.xml.bz2]", "--assume-size", "dumps/*.xml.bz2=lots"], 2,
+        lambda m: ["--assume-size", "dumps/*.xml.bz2=lots"], output=None),
+    Row("plan", "a size for a glob the config does not name",
+        lambda m: ["--set", "corpus.wikipedia=[dumps/*.xml.bz2]", "--assume-size", "other/*.xml=2GB"], 2,
+        lambda m: ["other/*.xml", "dumps/*.xml.bz2"], output=None),
     Row("config", "two errors at once", lambda m: ["show", "--set", "vocab.size=3", "--set",
                                                    "instances.masked_lm_prob=2"], 2,
         lambda m: ["vocab.size: unknown key; did you mean vocab.vocab_size?", "instances.masked_lm_prob"],
@@ -238,6 +264,6 @@ def test_a_bad_input_is_one_last_line_with_its_exit_code_and_nothing_done(row: R
 
 def test_every_command_that_takes_an_input_has_rows():
     takes_input = {"corpus", "vocab", "instances", "pretrain", "export", "finetune", "features", "refresh",
-                   "models", "verify", "stats", "download", "run", "config"}
+                   "models", "verify", "stats", "download", "run", "plan", "config"}
     assert takes_input <= set(COMMANDS)
     assert {row.command for row in ROWS} == takes_input

@@ -20,6 +20,7 @@ import re
 import torch
 
 from bert_core import storage
+from bert_core.card import write_card
 from bert_core.config import ModelConfig
 from bert_core.model.bert import BertForPreTraining
 from bert_core.model.checkpoint import (
@@ -250,4 +251,6 @@ def export_checkpoint(
     for key, value in model.state_dict().items():
         if not torch.equal(back[key], value):
             raise CheckpointError(f"{out}: {key} differs after writing; the export is corrupt")
+    runs = [storage.read_manifest(f) for f in (parent, run) if storage.has_manifest(f)]
+    write_card(out, run_manifest=next((m for m in runs if m.get("stage") == "pretrain"), None))
     return out

@@ -421,6 +421,7 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
     """``RUN/hf/`` in the transformers layout, then the run manifest (written last). The vocab
     is checked again first: one written into the vocab folder during the run is refused, not
     shipped with a model trained on the old ids."""
+    from bert_core.card import write_card
     from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import check_vocab
 
@@ -439,5 +440,6 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
                "last_loss": stats[-1].get("last_loss"), "eval": stats[-1].get("eval")},
         hf=hf, init_checkpoint=args.init_checkpoint,
     )
+    write_card(hf)
     print(f"exported {hf} and wrote {storage.join(args.output, storage.MANIFEST)}", flush=True)
 

