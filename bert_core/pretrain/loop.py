@@ -429,7 +429,9 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
     check_vocab(args.instances, vocab_file, instances)
     hf = storage.join(args.output, "hf")
     save_pretrained(model, hf, vocab_file=vocab_file, lowercase=config.vocab.lowercase)
-    shards = [storage.shard_entry(storage.join(hf, name)) for name in ("config.json", "model.safetensors")]
+    # named by their place in the run folder, so that `bertpipe verify RUN` finds them in hf/
+    shards = [storage.shard_entry(storage.join(hf, name), path=f"hf/{name}")
+              for name in ("config.json", "model.safetensors")]
     storage.write_manifest(
         args.output, stage="pretrain", config=config,
         inputs=[instances], shards=shards, vocab_file=storage.to_uri(vocab_file),
