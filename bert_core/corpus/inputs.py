@@ -11,6 +11,29 @@ from bert_core import storage
 from bert_core.config import ConfigError
 from bert_core.corpus.books import book_stem
 
+# Compressed inputs count this many times their size: about what text shrinks to.
+COMPRESSED = (".bz2", ".gz", ".zst")
+TEXT_PER_COMPRESSED_BYTE = 4
+
+
+def text_bytes(uri: str, size: int) -> int:
+    """The bytes of text a file of ``size`` bytes holds, a compressed one by its ratio."""
+    return size * TEXT_PER_COMPRESSED_BYTE if uri.endswith(COMPRESSED) else size
+
+
+# On the local runner, one worker process per this many bytes of text, up to ``workers``: a worker
+# process costs Beam's start-up (about a CPU-second and a hundred MB), more than a second core
+# saves on a tiny input. Any real corpus starts every worker.
+LOCAL_BYTES_PER_WORKER = 4 << 20
+
+
+def local_workers_for(workers: int, text_bytes_total: int, bytes_per_worker: int = LOCAL_BYTES_PER_WORKER) -> int:
+    """Worker processes for ``text_bytes_total`` bytes of text: one per ``bytes_per_worker``, at
+    least one, at most ``workers``; every one of ``workers`` if ``bytes_per_worker`` is 0."""
+    if bytes_per_worker <= 0:
+        return max(1, workers)
+    return max(1, min(workers, -(-text_bytes_total // bytes_per_worker)))
+
 
 class InputError(ConfigError):
     """Missing input paths or empty globs of the config: raised before any work starts."""

@@ -1,6 +1,7 @@
 """``bertpipe run``: the whole pipeline once, as the Prefect flow ``bert_pipeline``.
 
     bertpipe run --preset demo
+    bertpipe run --preset demo --dry-run      (the plan of ``bertpipe plan``; nothing runs)
 
 What every stage reads is checked before Prefect starts (``bert_core.preflight``). A flow that
 fails ends the command with the failure's one line, as any command does (flows/cli/main.py).
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -79,12 +80,19 @@ def run_flow(flow: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             raise
 
 
-def run(preset: PresetOpt = "demo", config: ConfigOpt = None, set_: SetOpt = None) -> None:
+def run(preset: PresetOpt = "demo", config: ConfigOpt = None, set_: SetOpt = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the inputs and print the plan "
+                                              "(as `bertpipe plan`); run nothing.")] = False) -> None:
     """Run the whole pipeline once (stages already finished for this config are skipped)."""
     cfg = resolve(preset, config, set_)
     from bert_core.preflight import check_run
 
     check_run(cfg)
+    if dry_run:
+        from flows.cli.plan import make_plan, print_plan
+
+        print_plan(make_plan(cfg))
+        return
     from flows.pipeline import bert_pipeline
 
     summary = run_flow(bert_pipeline, cfg)
