@@ -104,14 +104,6 @@ def _without_vocab(m: Made) -> str:
     return str(folder)
 
 
-def _without_vocab(m: Made) -> str:
-    """The sample MiniLM's config.json alone: a model folder that names no vocab."""
-    folder = m.tmp / "no-vocab"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text((m.samples / "models" / "minilm" / "config.json").read_text())
-    return str(folder)
-
-
 ROWS = [
     # corpus
     Row("corpus", "missing file", lambda m: ["--books", out(m, "nope.txt"), "--output", out(m)], 2,
@@ -214,14 +206,6 @@ ROWS = [
         lambda m: ["127.0.0.1"]),
     Row("models", "a version that is not there", lambda m: ["show", "nosuch", "--set", f"storage_root={out(m)}"], 1,
         lambda m: ["nosuch"], output=None),
-    Row("models", "import: a missing folder", lambda m: ["import", out(m, "nope"), "--set", f"storage_root={out(m)}"],
-        1, lambda m: [out(m, "nope"), "does not exist"]),
-    Row("models", "import: a folder with no config.json",
-        lambda m: ["import", out(m, "no-manifest"), "--set", f"storage_root={out(m)}"], 1,
-        lambda m: [out(m, "no-manifest"), "config.json"]),
-    Row("models", "import: a model folder with no vocab.txt",
-        lambda m: ["import", _without_vocab(m), "--set", f"storage_root={out(m)}"], 1,
-        lambda m: [out(m, "no-vocab"), "vocab.txt"]),
     Row("models", "import: a missing folder", lambda m: ["import", out(m, "nope"), "--set", f"storage_root={out(m)}"],
         1, lambda m: [out(m, "nope"), "does not exist"]),
     Row("models", "import: a folder with no config.json",
