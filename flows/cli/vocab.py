@@ -48,6 +48,7 @@ def vocab(
     vocab_cfg = validate({**cfg.vocab.model_dump(), **updates}, "vocab options", type(cfg.vocab))
     from beam_jobs import build_vocab
     from bert_core.vocab.training import report_markdown
+    from flows.cli.manifests import plain_markdown
 
     manifest = build_vocab.run(vocab_cfg, corpus, output, **opt.beam_run(cfg, ctx, workers, runner))
-    typer.echo(report_markdown(manifest))
+    typer.echo(plain_markdown(report_markdown(manifest)))
