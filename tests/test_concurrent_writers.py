@@ -221,3 +221,29 @@ def test_two_pretraining_runs_into_one_folder_at_once(inputs, tmp_path) -> None:
     verify_all(instances)
     verify_all(run)
     assert not storage.exists(f"{run}/{lease.LEASE}")
+
+
+@pytest.mark.slow
+def test_two_whole_pipeline_runs_at_once_both_finish_and_every_folder_verifies(
+        prefect_api, samples_dir, make_pipeline_config, tmp_path) -> None:
+    """Two `bertpipe run` of one config on one storage root at the same moment (a schedule and a
+    manual run): both exit 0, each stage is done once and read whole by both, and every folder
+    verifies."""
+    import yaml
+
+    root = tmp_path / "data"
+    config = make_pipeline_config(samples_dir, root)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    env = {"PREFECT_API_URL": prefect_api.api}
+    results = finish([bertpipe("run", "--config", str(path), env=env) for _ in range(2)], timeout=900)
+    for code, text in results:
+        assert code == 0, text[-3000:]
+    outputs = [[line.split()[-1] for line in text.splitlines() if line.startswith(("corpus ", "instances "))]
+               for _, text in results]
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 2  # the same folders, whoever ran them
+    for stage in ("corpus", "vocab", "instances"):
+        (version,) = [p for p in (root / stage).iterdir() if p.is_dir()]
+        verify_all(str(version))
+    for run in (root / "pretrain").iterdir():
+        verify_all(str(run))
