@@ -11,6 +11,7 @@ shape of :class:`PipelineConfig`.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from importlib import resources
 from pathlib import Path
@@ -317,7 +318,10 @@ class PretrainConfig(_Model):
         0, ge=0, description="Steps between evaluations on the instances' eval split (seq{L}/eval); "
         "0 = only at the end of each phase, which always evaluates."
     )
-    monitor: Literal["tensorboard", "csv", "none"] = "csv"
+    monitor: Literal["tensorboard", "csv", "wandb", "none"] = Field(
+        "csv", description="DeepSpeed's monitor of the training loss and rate: csv and tensorboard under "
+        "RUN/monitor/, wandb to Weights & Biases (WANDB_MODE=offline keeps it on disk; needs "
+        "pip install 'bertpipe[wandb]').")
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank.")
     peak_flops_per_rank: float | None = Field(
         None, gt=0, description="Peak FLOP/s of one rank, for the MFU estimate (e.g. 312e12 A100 bf16); "
@@ -366,6 +370,9 @@ class PretrainConfig(_Model):
                 problems.append(
                     f"phases[{i}].warmup_steps={p.warmup_steps} exceeds max_steps={p.max_steps}"
                 )
+        if self.monitor == "wandb" and importlib.util.find_spec("wandb") is None:
+            problems.append("monitor=wandb needs the wandb package: pip install 'bertpipe[wandb]' "
+                            "(or monitor=csv)")
         if self.launcher == "hostfile" and not self.hostfile:
             problems.append("launcher=hostfile needs pretrain.hostfile (a DeepSpeed hostfile path)")
         if self.accelerator == "cpu" and self.precision == "fp16":

@@ -73,7 +73,11 @@ def ds_config(cfg: PretrainConfig, phase_index: int, run_dir: str | None = None)
                        "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     if not uses_client_optimizer(cfg):
         out["optimizer"] = _optimizer_section(cfg, phase)
-    if cfg.monitor != "none" and run_dir:
+    if cfg.monitor == "wandb":
+        # one W&B run per phase, grouped by the run folder's name
+        group = run_dir.rstrip("/").rsplit("/", 1)[-1] if run_dir else None
+        out["wandb"] = {"enabled": True, "project": "bertpipe", "group": group}
+    elif cfg.monitor != "none" and run_dir:
         section = "csv_monitor" if cfg.monitor == "csv" else "tensorboard"
         out[section] = {"enabled": True, "output_path": f"{run_dir.rstrip('/')}/monitor/",
                         "job_name": f"phase{phase_index + 1}"}
