@@ -319,3 +319,39 @@ def test_a_refresh_without_a_finished_dump_says_so_in_one_line(prefect_api, site
         assert len(client.read_automations_by_name(NOTIFY)) == 1
     with pytest.raises(ConfigError, match="refresh.notify_url: String should match pattern"):
         load_config("demo", sets=["refresh.notify_url=hooks.example.com/x"])
+
+
+@pytest.mark.slow
+def test_two_refreshes_of_one_month_at_once_register_one_version(prefect_api, site, samples_dir, sentiment_tasks,
+                                                                 tmp_path):
+    """A schedule and a manual `bertpipe refresh` of the same month on one root at the same moment:
+    both finish, the month becomes one version, and every folder with a manifest verifies."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from bert_core.registry import Registry, registry_root
+
+    (sample,) = sorted((samples_dir / "wikipedia").glob("*.xml.bz2"))
+    _publish_xml(site.root, _monthly_dumps(sample)[0], MONTHS[0])
+    root = tmp_path / "data"
+    path = tmp_path / "refresh.yaml"
+    path.write_text(yaml.safe_dump(_refresh_config(sentiment_tasks, root).model_dump(mode="json")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PREFECT_API_URL": prefect_api.api}
+    procs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "refresh", "--date", MONTHS[0], "--base-url",
+                               site.url, "--config", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env) for _ in range(2)]
+    results = [(p.wait(900), p.stdout.read()) for p in procs]
+    for code, text in results:
+        assert code == 0, text[-3000:]
+    registry = Registry(registry_root(str(root)))
+    (version,) = registry.versions()
+    assert registry.current() == version["version"]
+    folders = sorted({p.parent for p in root.rglob(storage.MANIFEST)})
+    tops = [f for f in folders if not any(o != f and o in f.parents for o in folders)]
+    for folder in tops:
+        out = subprocess.run([sys.executable, "-m", "flows.cli", "verify", str(folder)], capture_output=True,
+                             text=True, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
