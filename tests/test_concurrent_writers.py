@@ -157,7 +157,7 @@ def test_a_second_writer_is_refused_in_one_line_past_its_wait(inputs, tmp_path) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["corpus", "instances"])
+@pytest.mark.parametrize("stage", ["corpus", "vocab", "instances"])
 def test_a_writer_killed_at_a_random_point_then_a_rerun(stage, inputs, tmp_path) -> None:
     out = str(tmp_path / "together")
     first = bertpipe(*stage_args(stage, inputs, out))
@@ -247,3 +247,45 @@ def test_two_whole_pipeline_runs_at_once_both_finish_and_every_folder_verifies(
         verify_all(str(version))
     for run in (root / "pretrain").iterdir():
         verify_all(str(run))
+
+
+def processes_naming(text: str) -> list[str]:
+    """Command lines of the live processes that name ``text`` (a run folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.slow
+def test_a_pretraining_killed_at_a_random_point_takes_its_ranks_with_it_and_a_rerun_finishes(
+        inputs, tmp_path) -> None:
+    """SIGKILL on `bertpipe pretrain` gives its launcher no chance to clean up: the launcher
+    ends with it all the same (and stops its ranks), and the rerun resumes and finishes a run
+    folder that verifies."""
+    instances = str(tmp_path / "instances")
+    code, text = finish([bertpipe(*stage_args("instances", inputs, instances))])[0]
+    assert code == 0, text
+    run = str(tmp_path / "run")
+    args = ["pretrain", "--instances", instances, "--output", run, *SETS[2:],
+            *(a for s in PRETRAIN_SETS for a in ("--set", s)), "--set", "pretrain.phases.0.max_steps=30"]
+    first = bertpipe(*args)
+    deadline = time.monotonic() + 300
+    while not storage.exists(f"{run}/metrics.jsonl") and time.monotonic() < deadline:  # the ranks train
+        time.sleep(0.5)
+    time.sleep(random.uniform(0.0, 3.0))
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    deadline = time.monotonic() + 60
+    while processes_naming(run) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_naming(run) == []  # no launcher or rank outlives the command
+    code, text = finish([bertpipe(*args)])[0]  # the rerun
+    assert code == 0, text[-3000:]
+    verify_all(run)
+    verify_all(instances)

@@ -10,6 +10,7 @@ or ``no_ssh``. :func:`run_launch` streams the launcher's output and classifies a
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import shutil
@@ -211,6 +212,20 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         pass
 
 
+def _end_with_parent(parent: int) -> None:
+    """In the launcher, before it starts (Linux): SIGTERM when the process that started it dies,
+    by SIGKILL too, so that the launcher stops its ranks instead of training on beside the next
+    attempt. Elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_launch(
     argv: list[str],
     env: dict[str, str] | None = None,
@@ -230,7 +245,7 @@ def run_launch(
     config_error = None
     with subprocess.Popen(
         _resolve(argv), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, bufsize=1, start_new_session=True,
+        text=True, bufsize=1, start_new_session=True, preexec_fn=functools.partial(_end_with_parent, os.getpid()),
     ) as proc:
         keep_niceness(proc.pid)
         failed: list[BaseException] = []
