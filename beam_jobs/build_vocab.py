@@ -22,11 +22,14 @@ from beam_jobs.job import (
     check_shared_storage,
     counters,
     forward_to_cli,
+    item_key,
+    progress_folder,
     resolve_runner,
     run_pipeline,
 )
 from bert_core import lease, storage
 from bert_core.config import ConfigError, VocabConfig
+from bert_core.progress import OnProgress, Phase, Tally, Watch, counted
 from bert_core.vocab.tokenization import Tokenizer, VocabError, check_vocab_file
 from bert_core.vocab.wordcount import iter_counts, min_count_for, read_count_of_counts
 
@@ -55,11 +58,17 @@ from bert_core.vocab.wordcount import iter_counts, min_count_for, read_count_of_
 # sample MiniLM model) instead: it is validated (one token per line, no duplicates, ``[PAD]`` = 0,
 # ``[UNK]``/``[CLS]``/``[SEP]``/``[MASK]`` present, casing consistent with ``lowercase``) and copied;
 # with a corpus, its coverage is measured too.
+#
+# Progress: each counting work item writes the documents it has counted to the output's
+# ``_progress/count/`` (``bert_core/progress.py``), summed by the driver against the corpus's
+# documents; the driver then counts the words it streams to the trainer (two passes: the
+# alphabet, then training) and to the measurement.
 
 NAMESPACE = "build_vocab"
 COUNTERS = ("documents", "sentences", "words", "documents_without_sentences", "null_sentences")
 SCRATCH = "_word_counts"
 SPILL = "_partial"  # partial counts inside the scratch folder
+COUNT_PHASE = "count"  # the progress phase of CountPartWords: documents counted
 MIN_BUCKETS = 16
 
 
@@ -85,9 +94,10 @@ class CountPartWords(beam.DoFn):
     summed over the bundle and spilled to ``word<TAB>count`` files, one per word bucket. Only
     the file names are shuffled: the local runner holds every shuffled element in memory."""
 
-    def __init__(self, lowercase: bool, strip_accents: bool, scratch: str, buckets: int):
+    def __init__(self, lowercase: bool, strip_accents: bool, scratch: str, buckets: int,
+                 progress: str | None = None):
         self.lowercase, self.strip_accents = lowercase, strip_accents
-        self.scratch, self.buckets = scratch, buckets
+        self.scratch, self.buckets, self.progress = scratch, buckets, progress
         self.documents = Metrics.counter(NAMESPACE, "documents")
         self.sentences = Metrics.counter(NAMESPACE, "sentences")
         self.words = Metrics.counter(NAMESPACE, "words")
@@ -103,8 +113,10 @@ class CountPartWords(beam.DoFn):
         from bert_core.vocab.wordcount import count_words
 
         uri, part, parts = item
+        tally = Tally(self.progress, COUNT_PHASE, item_key(item))
         for _, sentences in read_sentences(uri, part=part, parts=parts):
             self.documents.inc()
+            tally.add(1)
             nulls = sum(s is None for s in sentences or [])
             if nulls:  # a null in list<string> is a corpus bug: counted so it shows, words unaffected
                 self.null_sentences.inc(nulls)
@@ -118,6 +130,7 @@ class CountPartWords(beam.DoFn):
             self.counts.update(counts)
             if len(self.counts) >= MAX_BUFFERED_WORDS:
                 yield from self._spill()
+        tally.close()
 
     def finish_bundle(self) -> Iterator[Any]:
         from apache_beam.transforms.window import GlobalWindows
@@ -160,12 +173,13 @@ class CountWords(beam.PTransform):
     """Work items ``(shard, part, parts)`` -> ``counts-BBBBB.tsv`` files in ``scratch``, one per
     word bucket, each sorted by count descending then word (what :func:`iter_counts` merges),
     and their counts of counts ``hist-BBBBB.tsv``; the output PCollection holds the bucket
-    numbers written."""
+    numbers written. ``progress``: the folder the items write their progress to (none if None)."""
 
-    def __init__(self, lowercase: bool, strip_accents: bool, scratch: str, buckets: int):
+    def __init__(self, lowercase: bool, strip_accents: bool, scratch: str, buckets: int,
+                 progress: str | None = None):
         super().__init__()
         self.lowercase, self.strip_accents = lowercase, strip_accents
-        self.scratch, self.buckets = scratch, buckets
+        self.scratch, self.buckets, self.progress = scratch, buckets, progress
 
     def expand(self, items):
         return (
@@ -173,29 +187,37 @@ class CountWords(beam.PTransform):
             # spread the work items (never the documents) over the workers
             | "SpreadWorkItems" >> beam.Reshuffle()
             | "CountPartWords" >> beam.ParDo(
-                CountPartWords(self.lowercase, self.strip_accents, self.scratch, self.buckets))
+                CountPartWords(self.lowercase, self.strip_accents, self.scratch, self.buckets, self.progress))
             | "GroupByBucket" >> beam.GroupByKey()
             | "SumPerWord" >> beam.Map(_merge_bucket, self.scratch)
         )
 
 
 def count_corpus_words(corpus: str, scratch: str, cfg: VocabConfig, workers: int, runner: str,
-                       beam_args: Iterable[str]) -> dict[str, int | str]:
+                       beam_args: Iterable[str], on_progress: OnProgress | None = None,
+                       documents: int | None = None) -> dict[str, int | str]:
     """Run the counting pipeline; sorted ``counts-BBBBB.tsv`` files land in ``scratch``.
-    Returns the counters (each :data:`NOT_REPORTED` on a runner without metrics)."""
+    Returns the counters (each :data:`NOT_REPORTED` on a runner without metrics).
+    ``on_progress`` is told the documents counted (of ``documents``) while it runs."""
     shards = storage.shard_uris(corpus)
     storage.remove(scratch)
     # More buckets for a bigger corpus, so one bucket's words stay a bounded table.
     buckets = max(MIN_BUCKETS, len(shards))
+    folder = progress_folder(scratch)
+    watch = Watch(folder, "vocab", {COUNT_PHASE: Phase("counting words", documents, "documents")}, on_progress)
 
     def build(p: beam.Pipeline) -> None:
         _ = (
             p
             | "ListWorkItems" >> beam.Create(plan_parts(shards, workers), reshuffle=False)
-            | "CountWords" >> CountWords(cfg.lowercase, cfg.do_strip_accents, scratch, buckets)
+            | "CountWords" >> CountWords(cfg.lowercase, cfg.do_strip_accents, scratch, buckets,
+                                         folder if on_progress else None)
         )
 
-    found = counters(run_pipeline(build, workers, runner, beam_args), NAMESPACE)
+    try:
+        found = counters(run_pipeline(build, workers, runner, beam_args, watch if on_progress else None), NAMESPACE)
+    finally:
+        watch.clear()
     storage.remove(storage.join(scratch, SPILL))
     return {name: NOT_REPORTED if found is None else found.get(name, 0) for name in COUNTERS}
 
@@ -221,9 +243,12 @@ def run(
     runner: str = LOCAL_RUNNER,
     beam_args: Iterable[str] = (),
     shared_storage: bool = False,
+    on_progress: OnProgress | None = None,
 ) -> dict[str, Any]:
     """Train (or validate, with ``cfg.vocab_file``) a vocab; returns the written manifest.
-    ``runner``, ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`.
+    ``runner``, ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`;
+    ``on_progress`` is told the documents counted, then the words given to the trainer and to
+    the measurement.
 
     The manifest (stage "vocab"): ``config`` = VocabConfig with ``strip_accents`` resolved;
     ``counts``: vocab size, documents, sentences, words, and :func:`left_out`'s
@@ -246,12 +271,12 @@ def run(
         if held.finished:
             return storage.read_manifest(output)
         storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
-        return _train(cfg, corpus, output, corpus_manifest, given, workers, runner, beam_args, held)
+        return _train(cfg, corpus, output, corpus_manifest, given, workers, runner, beam_args, held, on_progress)
 
 
 def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: dict[str, Any] | None,
            given: Tokenizer | None, workers: int, runner: str, beam_args: Iterable[str],
-           held: lease.Held) -> dict[str, Any]:
+           held: lease.Held, on_progress: OnProgress | None = None) -> dict[str, Any]:
     """The body of :func:`run`, under the output's lease: count, train, save, then the manifest."""
     from bert_core.vocab.training import train_wordpiece, vocab_stats
 
@@ -259,7 +284,8 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
     scratch = storage.join(output, SCRATCH)
     try:
         if corpus:
-            counters = count_corpus_words(corpus, scratch, cfg, workers, runner, beam_args)
+            documents = (corpus_manifest or {}).get("counts", {}).get("documents")
+            counters = count_corpus_words(corpus, scratch, cfg, workers, runner, beam_args, on_progress, documents)
         has_words = bool(corpus) and next(iter_counts(scratch), None) is not None
         if corpus_manifest and not has_words:
             check_produced("vocab", 0, "word counts", corpus_manifest["counts"].get("documents", 0),
@@ -275,12 +301,24 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
                 raise ConfigError(f"vocab.max_words={cfg.max_words} keeps no word of corpus {corpus}: the "
                                  f"{count_of_counts[max(count_of_counts)]} most frequent words tie; raise it")
             counters |= left_out(count_of_counts, min_count)
-            # the sorted counts stream from the scratch files at each pass, never held here
-            vocab = train_wordpiece(lambda: iter_counts(scratch, min_count), cfg.vocab_size, cfg.min_frequency,
-                                    cfg.limit_alphabet, cfg.num_unused)
+            # the sorted counts stream from the scratch files at each pass, never held here; the
+            # trainer reads them twice (its alphabet, then the training), counted as one phase
+            trained, passes = counters["distinct_words_trained"], iter(range(2))
+
+            def words() -> Iterator[tuple[str, int]]:
+                start = next(passes, 1) * trained
+                return counted(iter_counts(scratch, min_count), on_progress, "vocab", "training WordPiece",
+                               2 * trained, "words", start)
+
+            vocab = train_wordpiece(words, cfg.vocab_size, cfg.min_frequency, cfg.limit_alphabet, cfg.num_unused)
             tokenizer = Tokenizer(vocab, cfg.lowercase, cfg.do_strip_accents, cfg.max_input_chars_per_word)
         tokenizer.save(output)
-        stats = vocab_stats(tokenizer, iter_counts(scratch)) if has_words else {}
+        if has_words:
+            distinct = sum(read_count_of_counts(scratch).values())
+            stats = vocab_stats(tokenizer, counted(iter_counts(scratch), on_progress, "vocab", "measuring the vocab",
+                                                   distinct, "words"))
+        else:
+            stats = {}
     finally:
         storage.remove(scratch)
     config = cfg.model_dump(mode="json") | {"strip_accents": cfg.do_strip_accents}

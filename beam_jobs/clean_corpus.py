@@ -30,9 +30,12 @@ from beam_jobs.job import (
     check_shared_storage,
     forward_to_cli,
     is_local,
+    item_key,
     local_workers,
+    progress_folder,
     resolve_runner,
     run_pipeline,
+    shares_of_files,
 )
 from beam_jobs.job import counters as job_counters
 from beam_jobs.sorted_runs import WriteSortedRuns, identity
@@ -43,6 +46,7 @@ from bert_core.corpus.inputs import InputError, book_ids, expand_inputs
 from bert_core.corpus.records import check_text_field
 from bert_core.corpus.sentences import split_paragraphs
 from bert_core.histogram import bin_index
+from bert_core.progress import OnProgress, Phase, Tally, Watch
 from bert_core.sorted_runs import SPILL_DIR
 
 # How the job works:
@@ -76,6 +80,10 @@ from bert_core.sorted_runs import SPILL_DIR
 # job in one process, which costs the fewest CPU-seconds (no gRPC traffic between processes;
 # ``benchmarks/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
 # whatever the input size.
+#
+# Progress: each read work item writes the bytes of input it covers (its share of its file) and
+# the records it read to the output's ``_progress/read/`` (``bert_core/progress.py``), which the
+# driver sums against the input's size while the job runs.
 
 NAMESPACE = "clean_corpus"
 REJECTS = "rejects"
@@ -90,6 +98,7 @@ BANDS = "bands"
 # over every article would cost a large share of the job's CPU (and 8 band records per article)
 # for almost no hits.
 NEAR_DEDUP_SOURCES = (D.BOOKS, D.TEXT)
+READ_PHASE = "read"  # the progress phase of the read steps: bytes of input, and records
 ROW_GROUP_CHARS = 2 << 20  # characters of documents per Parquet row group of a shard (bounds the writer)
 LATE_REJECTS = 50_000  # duplicate rejects a shard writer holds before it spills them
 
@@ -111,7 +120,19 @@ def _spread(items, label: str, spread: bool):
     return items | label >> beam.Reshuffle() if spread else items
 
 
-class ReadPagesFn(beam.DoFn):
+class _ReadFn(beam.DoFn):
+    """A read step's progress: with ``progress`` (a folder) and ``shares`` (work item -> its
+    bytes of input), each item's records and, when it is done, its bytes."""
+
+    def __init__(self, progress: str | None = None, shares: dict[str, int] | None = None):
+        self.progress, self.shares = progress, shares or {}
+
+    def tally(self, item: Any) -> tuple[Tally, int]:
+        key = item_key(item)
+        return Tally(self.progress, READ_PHASE, key), self.shares.get(key, 0)
+
+
+class ReadPagesFn(_ReadFn):
     """One dump work item -> documents (sentences) and rejects; plus one READ count and one
     ``(file, (pages read, cuts met))`` CUTS entry per item."""
 
@@ -121,8 +142,10 @@ class ReadPagesFn(beam.DoFn):
 
         read = pages = 0
         cuts = []
+        tally, share = self.tally(item)
         for kind, record in read_pages(item):
             read += 1
+            tally.add(records=1)
             if kind == "cut":
                 cuts.append(record)
                 continue
@@ -159,17 +182,20 @@ class ReadPagesFn(beam.DoFn):
                 if stats.dropped_markup_sentences:
                     Metrics.counter(NAMESPACE, "dropped_markup_sentences").inc(stats.dropped_markup_sentences)
                 yield D.make_document(doc_id, D.WIKIPEDIA, title, sentences, record["origin"])
+        tally.close(share)
         yield TaggedOutput(READ, (D.WIKIPEDIA, read))
         yield TaggedOutput(CUTS, (item.uri, (pages, cuts)))
 
 
-class ReadBookFn(beam.DoFn):
+class ReadBookFn(_ReadFn):
     """One book file -> one document, or a reject naming why it is not a book."""
 
     def process(self, element: tuple[str, str]) -> Iterator[Any]:
         from bert_core.corpus.books import BookError, book_paragraphs
 
         uri, doc_id = element
+        tally, share = self.tally(uri)
+        tally.close(share, records=1)
         yield TaggedOutput(READ, (D.BOOKS, 1))
         try:
             with storage.open_file(uri, "rb") as f:
@@ -189,41 +215,52 @@ class ReadBookFn(beam.DoFn):
         yield D.make_document(doc_id, D.BOOKS, title, split_paragraphs(paragraphs), uri)
 
 
-class ReadRecordsFn(beam.DoFn):
+class ReadRecordsFn(_ReadFn):
     """One text work item (a JSON lines file or a Parquet row group) -> documents and rejects,
     plus its READ count."""
 
-    def __init__(self, cfg: CorpusConfig):
+    def __init__(self, cfg: CorpusConfig, progress: str | None = None, shares: dict[str, int] | None = None):
+        super().__init__(progress, shares)
         self.cfg = cfg
 
     def process(self, item) -> Iterator[Any]:
         from bert_core.corpus.records import read_records
 
         read = 0
+        tally, share = self.tally(item)
         for kind, record in read_records(item, self.cfg):
             read += 1
+            tally.add(records=1)
             yield TaggedOutput(REJECTS, record) if kind == "reject" else record
+        tally.close(share)
         yield TaggedOutput(READ, (D.TEXT, read))
+
+
+def _shares(progress: str | None, items: list, uri_of) -> dict[str, int] | None:
+    return shares_of_files(items, uri_of) if progress else None
 
 
 class ReadWikipediaDump(beam.PTransform):
     """Dump files -> {"docs", "rejects", "cuts", "read"} ("cuts": the rejects of files that break
     off, each naming the pages read from its whole file). Work items are reshuffled across
-    workers unless ``spread`` is false: see :func:`_spread`."""
+    workers unless ``spread`` is false: see :func:`_spread`. ``progress``: the folder the items
+    write their progress to (none if None)."""
 
-    def __init__(self, files: list[str], spread: bool = True):
+    def __init__(self, files: list[str], spread: bool = True, progress: str | None = None):
         super().__init__()
-        self.files, self.spread = files, spread
+        self.files, self.spread, self.progress = files, spread, progress
 
     def expand(self, pbegin):
         from bert_core.corpus.dumps import plan_reads
 
         # a single-stream .bz2 is split by bz2 block too, so one big file uses every worker
         items = [item for f in self.files for item in plan_reads(f)]
+        shares = _shares(self.progress, items, lambda item: item.uri)
         listed = pbegin | "ListWorkItems" >> beam.Create(items, reshuffle=False)
         out = (
             _spread(listed, "SpreadWorkItems", self.spread)
-            | "ParsePages" >> beam.ParDo(ReadPagesFn()).with_outputs(REJECTS, READ, CUTS, main="docs")
+            | "ParsePages" >> beam.ParDo(ReadPagesFn(self.progress, shares))
+            .with_outputs(REJECTS, READ, CUTS, main="docs")
         )
         # a cut's reject counts the pages of every item of its file, the items before it too
         cuts = (
@@ -241,37 +278,42 @@ def _cut_rejects(_uri: str, parts: Iterable[tuple[int, list]]) -> list[D.Reject]
 
 
 class ReadBooks(beam.PTransform):
-    """Book files -> {"docs", "rejects", "read"}."""
+    """Book files -> {"docs", "rejects", "read"}; ``progress`` as for :class:`ReadWikipediaDump`."""
 
-    def __init__(self, files: list[str], spread: bool = True):
+    def __init__(self, files: list[str], spread: bool = True, progress: str | None = None):
         super().__init__()
-        self.files, self.spread = files, spread
+        self.files, self.spread, self.progress = files, spread, progress
 
     def expand(self, pbegin):
         ids = book_ids(self.files)
+        shares = _shares(self.progress, list(ids), lambda uri: uri)
         listed = pbegin | "ListBooks" >> beam.Create(sorted(ids.items()), reshuffle=False)
         out = (
             _spread(listed, "SpreadBooks", self.spread)
-            | "ReadBooks" >> beam.ParDo(ReadBookFn()).with_outputs(REJECTS, READ, main="docs")
+            | "ReadBooks" >> beam.ParDo(ReadBookFn(self.progress, shares)).with_outputs(REJECTS, READ, main="docs")
         )
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
 
 
 class ReadTextRecords(beam.PTransform):
     """Text record files -> {"docs", "rejects", "read"}: one work item per Parquet row group
-    and per JSON lines file, reshuffled across workers."""
+    and per JSON lines file, reshuffled across workers; ``progress`` as for
+    :class:`ReadWikipediaDump`."""
 
-    def __init__(self, files: list[str], cfg: CorpusConfig, spread: bool = True):
+    def __init__(self, files: list[str], cfg: CorpusConfig, spread: bool = True, progress: str | None = None):
         super().__init__()
-        self.files, self.cfg, self.spread = files, cfg, spread
+        self.files, self.cfg, self.spread, self.progress = files, cfg, spread, progress
 
     def expand(self, pbegin):
         from bert_core.corpus.records import plan_records
 
-        listed = pbegin | "ListRecordItems" >> beam.Create(plan_records(self.files, self.cfg), reshuffle=False)
+        items = plan_records(self.files, self.cfg)
+        shares = _shares(self.progress, items, lambda item: item.uri)
+        listed = pbegin | "ListRecordItems" >> beam.Create(items, reshuffle=False)
         out = (
             _spread(listed, "SpreadRecordItems", self.spread)
-            | "ReadRecords" >> beam.ParDo(ReadRecordsFn(self.cfg)).with_outputs(REJECTS, READ, main="docs")
+            | "ReadRecords" >> beam.ParDo(ReadRecordsFn(self.cfg, self.progress, shares))
+            .with_outputs(REJECTS, READ, main="docs")
         )
         return {"docs": out.docs, "rejects": out[REJECTS], "read": out[READ]}
 
@@ -583,18 +625,19 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
 
 
 def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str]], num_shards: int,
-                   spread: bool = True, attempt: str | None = None) -> None:
+                   spread: bool = True, attempt: str | None = None, progress: str | None = None) -> None:
     """The job's graph: read -> clean (each source alone) -> find duplicates -> write shards ->
     manifest. Between steps only run file names and small summaries travel. ``spread``: reshuffle
-    the work items over the workers (needless with one worker process)."""
+    the work items over the workers (needless with one worker process); ``progress``: the folder
+    the read steps write their progress to."""
     wiki_files, book_files, text_files = inputs["wikipedia"], inputs["books"], inputs["text"]
     parts = []
     if wiki_files:
-        parts.append(("Wikipedia", p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files, spread)))
+        parts.append(("Wikipedia", p | "ReadWikipediaDump" >> ReadWikipediaDump(wiki_files, spread, progress)))
     if book_files:
-        parts.append(("Books", p | "ReadBooksFiles" >> ReadBooks(book_files, spread)))
+        parts.append(("Books", p | "ReadBooksFiles" >> ReadBooks(book_files, spread, progress)))
     if text_files:
-        parts.append(("Text", p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg, spread)))
+        parts.append(("Text", p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg, spread, progress)))
     runs = [part | f"Clean{name}" >> CleanDocuments(cfg, output, num_shards) for name, part in parts]
     by_kind = {kind: [r[kind] for r in runs] | f"All{kind.capitalize()}Runs" >> beam.Flatten()
                for kind in ("docs", "rejects", "exact", "bands")}
@@ -620,7 +663,8 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
 
 def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RUNNER,
         beam_args: Iterable[str] = (), counters: dict[str, int] | None = None,
-        bytes_per_worker: int = LOCAL_BYTES_PER_WORKER, shared_storage: bool = False) -> dict[str, Any]:
+        bytes_per_worker: int = LOCAL_BYTES_PER_WORKER, shared_storage: bool = False,
+        on_progress: OnProgress | None = None) -> dict[str, Any]:
     """Run the job; returns the manifest. Missing inputs raise :class:`InputError` at once.
 
     ``runner`` is a Beam runner name (``beam_jobs.job``: the local FnApiRunner by default, ``dask``,
@@ -629,7 +673,8 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     local runner ``workers`` is an upper bound: :func:`local_workers` starts one process per
     ``bytes_per_worker`` of input (0: all of them). ``counters``, if given, receives the job's
     Beam counters (``rejected_<reason>``, ``slow_path_paragraphs``,
-    ``dropped_markup_sentences``), where the runner reports them.
+    ``dropped_markup_sentences``), where the runner reports them. ``on_progress`` is told the
+    bytes of input read (of their total, with the records read) while the job runs.
     """
     runner, beam_args = resolve_runner(runner, beam_args)
     output = storage.to_uri(output)
@@ -657,11 +702,17 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
         if held.finished:
             return storage.read_manifest(output)
         D.clear_output(output)
+        watch = Watch(progress_folder(output), "corpus", {READ_PHASE: Phase("reading inputs", total_bytes, "bytes")},
+                      on_progress)
+        watch.clear()
+        folder = progress_folder(output) if on_progress else None
         try:
-            result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards, spread, held.attempt),
-                                  workers, runner, beam_args)
+            result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards, spread, held.attempt,
+                                                           folder),
+                                  workers, runner, beam_args, watch if on_progress else None)
         finally:
             storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
+            watch.clear()
         if counters is not None:
             for name, n in (job_counters(result, NAMESPACE) or {}).items():
                 counters[name] = counters.get(name, 0) + n

@@ -22,6 +22,8 @@ from beam_jobs.job import (
     check_produced,
     check_shared_storage,
     forward_to_cli,
+    item_key,
+    progress_folder,
     resolve_runner,
     run_pipeline,
 )
@@ -51,6 +53,7 @@ from bert_core.instances.sharding import (
     set_folder,
     split_pools,
 )
+from bert_core.progress import OnProgress, Phase, Tally, Watch, report
 from bert_core.sorted_runs import spill_folder
 from bert_core.vocab.tokenization import VocabError, load_tokenizer
 
@@ -104,6 +107,25 @@ def read_part(part: tuple[str, int, int]) -> Iterator[tuple[str, list[str] | Non
     for i, doc in enumerate(read_sentences(uri)):
         if i % parts == k:
             yield doc
+
+
+# Progress phases (``bert_core/progress.py``): documents read, pools turned into instances,
+# shards written; each work item writes its count under the output's ``_progress/<phase>/``.
+READ_PHASE, POOLS_PHASE, SHARDS_PHASE = "read", "pools", "shards"
+
+
+class ReadPart(beam.DoFn):
+    """:func:`read_part`, writing the documents read to ``progress`` (none if None)."""
+
+    def __init__(self, progress: str | None = None):
+        self.progress = progress
+
+    def process(self, part: tuple[str, int, int]) -> Iterator[tuple[str, list[str] | None]]:
+        tally = Tally(self.progress, READ_PHASE, item_key(part))
+        for doc in read_part(part):
+            tally.add(1)
+            yield doc
+        tally.close()
 
 
 class TokenizeDocuments(beam.DoFn):
@@ -189,8 +211,10 @@ class CreateInstances(beam.DoFn):
     sorted by key (rows of the file: :class:`bert_core.instances.pool_files.RowRange`); and each
     piece's size on the 'sizes' output. Eval pools make one pass (dupe_factor 1)."""
 
-    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: dict[str, int], output: str) -> None:
+    def __init__(self, config: InstanceConfig, vocab_ids: VocabIds, pools: dict[str, int], output: str,
+                 progress: str | None = None) -> None:
         self.config, self.vocab_ids, self.pools, self.output = config, vocab_ids, pools, output
+        self.progress = progress
         self.instances = Metrics.counter(NAMESPACE, "instances")
         self.eval_instances = Metrics.counter(NAMESPACE, "eval_instances")
 
@@ -216,14 +240,15 @@ class CreateInstances(beam.DoFn):
                 counter.inc(stop - start)
                 yield key, RowRange(uri, start, stop)
                 yield beam.pvalue.TaggedOutput("sizes", (key, stop - start))
+        report(self.progress, POOLS_PHASE, item_key((split, b)), 1)
 
 
 class WriteShards(beam.DoFn):
     """(((length, split), shard), parts) -> the Parquet shard (rows in rank order, streamed from
     the spill files) in ``seq{L}/`` or ``seq{L}/eval/``, its manifest entry and stats."""
 
-    def __init__(self, output: str, mask_id: int) -> None:
-        self.output, self.mask_id = output, mask_id
+    def __init__(self, output: str, mask_id: int, progress: str | None = None) -> None:
+        self.output, self.mask_id, self.progress = output, mask_id, progress
 
     def process(self, group: tuple[tuple[int, int], Iterable[Any]], layout: dict) -> Iterator[dict]:
         (length_split, index), parts = group
@@ -238,6 +263,7 @@ class WriteShards(beam.DoFn):
             for batch in rows.batches():
                 writer.write(batch)
         entry = writer.close()
+        report(self.progress, SHARDS_PHASE, item_key((length_split, index)), 1)
         yield {"length": length, "split": split, "index": index,
                "entry": entry, "stats": writer.stats.to_dict()}
 
@@ -252,10 +278,11 @@ class CreateInstanceShards(beam.PTransform):
 
     def __init__(self, config: InstanceConfig, vocab: str, vocab_ids: VocabIds, output: str,
                  documents_read: int, lowercase: bool = True,
-                 min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET, tokens_read: int = 0) -> None:
+                 min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET, tokens_read: int = 0,
+                 progress: str | None = None) -> None:
         super().__init__()
         self.config, self.vocab, self.vocab_ids = config, vocab, vocab_ids
-        self.output, self.lowercase = output, lowercase
+        self.output, self.lowercase, self.progress = output, lowercase, progress
         # Known up front (Parquet footers), the eval threshold and the pool counts need no side
         # input: tokenized documents go straight into the pool shuffle.
         self.threshold = eval_threshold(documents_read, config)
@@ -275,7 +302,8 @@ class CreateInstanceShards(beam.PTransform):
         instances = (
             tokenized.docs
             | "GroupBuckets" >> beam.GroupByKey()  # file names, not documents
-            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, self.pools, self.output))
+            | "CreateInstances" >> beam.ParDo(CreateInstances(cfg, self.vocab_ids, self.pools, self.output,
+                                                              self.progress))
             .with_outputs("sizes", main="pieces")
         )
         layout = (
@@ -290,7 +318,8 @@ class CreateInstanceShards(beam.PTransform):
             (placed, empty)
             | "FlattenShards" >> beam.Flatten()
             | "GroupShards" >> beam.GroupByKey()  # row ranges of spill files, not rows
-            | "WriteShards" >> beam.ParDo(WriteShards(self.output, self.vocab_ids.mask_id), layout=layout_si)
+            | "WriteShards" >> beam.ParDo(WriteShards(self.output, self.vocab_ids.mask_id, self.progress),
+                                          layout=layout_si)
         )
         return {"results": results, "rejects": tokenized.rejects, "layout": layout, "documents": n_docs,
                 "eval_documents": n_eval}
@@ -306,16 +335,17 @@ def read_parts(shards: list[str], workers: int) -> list[tuple[str, int, int]]:
 def build_pipeline(p: beam.Pipeline, shards: list[str], output: str, config: InstanceConfig, vocab: str,
                    vocab_ids: VocabIds, *, workers: int, inputs: list[dict] | None = None,
                    vocab_used: dict[str, str] | None = None, lowercase: bool = True,
-                   min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET, attempt: str | None = None) -> None:
+                   min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET, attempt: str | None = None,
+                   progress: str | None = None) -> None:
     """The job's graph on ``p``: documents shards -> instance shards, rejects and manifests in
     ``output`` (prepared by the caller; ``attempt``: the id of the lease it holds on ``output``,
-    checked before the manifests)."""
+    checked before the manifests; ``progress``: the folder the steps write their progress to)."""
     docs = (p
             | "ListParts" >> beam.Create(read_parts(shards, workers))
-            | "ReadSentences" >> beam.FlatMap(read_part))
+            | "ReadSentences" >> beam.ParDo(ReadPart(progress)))
     out = docs | "CreateInstanceShards" >> CreateInstanceShards(
         config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket,
-        estimated_tokens(shards))
+        estimated_tokens(shards), progress)
     _ = (
         out["results"]
         | "GatherResults" >> beam.combiners.ToList()
@@ -341,10 +371,13 @@ def run(
     beam_args: Iterable[str] = (),
     min_docs_per_bucket: int = MIN_DOCS_PER_BUCKET,
     shared_storage: bool = False,
+    on_progress: OnProgress | None = None,
 ) -> dict[str, Any]:
     """Run the job; returns the top-level manifest. ``lowercase`` only matters for a bare vocab.txt;
     ``min_docs_per_bucket`` lets a test give a tiny corpus several random-next pools; ``runner``,
-    ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`."""
+    ``beam_args`` and ``shared_storage``: as for :func:`beam_jobs.clean_corpus.run`; ``on_progress``
+    is told the documents read (of the corpus's), the pools made into instances and the shards
+    written while the job runs."""
     runner, beam_args = resolve_runner(runner, beam_args)
     check_shared_storage("instances", runner, shared_storage,
                          [("output", output), ("corpus", corpus), ("vocab", vocab)])
@@ -370,13 +403,23 @@ def run(
         if held.finished:
             return storage.read_manifest(output)
         prepare_output(output, config)
+        folder = progress_folder(output)
+        watch = Watch(folder, "instances", {
+            READ_PHASE: Phase("reading documents", count_documents(shards), "documents"),
+            POOLS_PHASE: Phase("creating instances", None, "pools"),
+            SHARDS_PHASE: Phase("writing shards", None, "shards"),
+        }, on_progress)
+        watch.clear()
 
         def build(p: beam.Pipeline) -> None:
             build_pipeline(p, shards, output, config, vocab, vocab_ids, workers=workers, inputs=inputs,
                            vocab_used=vocab_used, lowercase=lowercase, min_docs_per_bucket=min_docs_per_bucket,
-                           attempt=held.attempt)
+                           attempt=held.attempt, progress=folder if on_progress else None)
 
-        run_pipeline(build, workers, runner, beam_args)
+        try:
+            run_pipeline(build, workers, runner, beam_args, watch if on_progress else None)
+        finally:
+            watch.clear()
         return _checked_manifest(output, count_documents(shards))
 
 

@@ -1,5 +1,5 @@
-"""The skeleton every Beam job here stands on: pipeline options, run, counters, and reading the
-documents shards of a corpus.
+"""The skeleton every Beam job here stands on: pipeline options, run, counters, progress, and
+reading the documents shards of a corpus.
 
 Each job is a function ``run(cfg, <inputs>, output, ...)`` that takes its stage's config and
 Beam's own options (``workers``, ``runner``, ``beam_args``); ``bertpipe <stage>`` is its command
@@ -8,6 +8,7 @@ line, and ``python -m beam_jobs.<job>`` forwards there (:func:`forward_to_cli`).
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import logging
 import os
@@ -25,6 +26,7 @@ from apache_beam.runners.runner import PipelineResult
 from bert_core import storage
 from bert_core.corpus.documents import read_sentences
 from bert_core.failures import Refusal
+from bert_core.progress import Watch
 
 # The runner is named through Beam's ``PipelineOptions`` (``--runner``). The local default,
 # :data:`LOCAL_RUNNER`, is Beam's in-process FnApiRunner (the engine the DirectRunner runs batch
@@ -40,6 +42,11 @@ from bert_core.failures import Refusal
 # (:func:`check_shared_storage`); a run that reads a non-empty input and produces nothing fails
 # (:func:`check_produced`); and counters never fail a job on a runner that reports none
 # (:func:`counters`).
+#
+# Progress travels as files (``bert_core/progress.py``): each work item writes its counts under
+# the output's ``_progress/`` folder, which every worker reaches (the rule above), and the driver
+# polls them while the job runs (:func:`watching`). Beam's counters are no substitute: the local
+# runner and the Dask runner report them only once the job has ended.
 #
 # While a job runs, Beam's own INFO messages and the harness start-up and shut-down lines of the
 # local worker processes stay out of the terminal (:func:`harness_chatter_dropped`); warnings and
@@ -265,17 +272,83 @@ def harness_chatter_dropped(enabled: bool = True) -> Iterator[None]:
             os.close(terminal)
 
 
+PROGRESS_DIR = "_progress"
+POLL_S = 1.0
+
+
+def progress_folder(output: str) -> str:
+    """Where a job's workers write their progress counts: ``<output>/_progress``."""
+    return storage.join(output, PROGRESS_DIR)
+
+
+@contextmanager
+def watching(watch: Watch | None, every_s: float = POLL_S) -> Iterator[None]:
+    """Poll ``watch`` from a thread while the body runs, and once more when it ends well; after
+    a failure nothing more is reported, so no progress follows the error.
+
+    The thread runs in a copy of the caller's context: a Prefect run's progress artifact is
+    then the run's own. A display that fails is logged once and never fails the job."""
+    if watch is None:
+        yield
+        return
+    stop = threading.Event()
+    broken: list[BaseException] = []
+
+    def poll() -> None:
+        if broken:
+            return
+        try:
+            watch.poll()
+        except Exception as err:  # a display, not the job
+            broken.append(err)
+            _LOG.warning("progress display stopped: %s: %s", type(err).__name__, err)
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            poll()
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), name="beam-progress",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    poll()
+
+
 def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: str = LOCAL_RUNNER,
-                 beam_args: Iterable[str] = ()) -> PipelineResult:
-    """Build the graph with ``build(pipeline)``, run it to the end, return the result."""
+                 beam_args: Iterable[str] = (), watch: Watch | None = None) -> PipelineResult:
+    """Build the graph with ``build(pipeline)``, run it to the end, return the result; ``watch``
+    is polled while it runs (:func:`watching`)."""
     runner, beam_args = resolve_runner(runner, beam_args)
     with fewer_gc_passes(), memory_returned(is_local(runner)), \
-            harness_chatter_dropped(is_local(runner) and workers > 1):
+            harness_chatter_dropped(is_local(runner) and workers > 1), watching(watch):
         p = beam.Pipeline(options=pipeline_options(workers, runner, beam_args))
         build(p)
         result = p.run()
         result.wait_until_finish()
     return result
+
+
+def item_key(item: Any) -> str:
+    """A work item's name in progress files: the same on every worker and on a retry."""
+    return repr(item)
+
+
+def shares_of_files(items: Iterable[Any], uri_of: Callable[[Any], str]) -> dict[str, int]:
+    """Each work item's share of its file's bytes (:func:`item_key` -> bytes): a file's items
+    share its size evenly, so the shares of all items sum to the size of the input."""
+    by_file: dict[str, list[Any]] = {}
+    for item in items:
+        by_file.setdefault(uri_of(item), []).append(item)
+    shares = {}
+    for uri, its in by_file.items():
+        size, n = storage.size(uri), len(its)
+        for k, item in enumerate(its):
+            shares[item_key(item)] = size * (k + 1) // n - size * k // n
+    return shares
 
 
 def counters(result: PipelineResult, namespace: str) -> dict[str, int] | None:
