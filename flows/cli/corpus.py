@@ -6,8 +6,9 @@
         --output ./bertpipe-data/corpus                             (JSON lines / Parquet records)
     bertpipe corpus --preset demo --output ./bertpipe-data/corpus     (globs from corpus.*)
 
-Runs the Beam job directly (no Prefect), with a progress display while it runs and a table of
-counts (read / kept / rejected by reason) at the end.
+Runs the Beam job directly (no Prefect), with progress while it runs (bytes of input read of
+their total, records, rate, ETA: ``flows/cli/progress.py``) and a table of counts (read / kept /
+rejected by reason) at the end.
 """
 
 from __future__ import annotations
@@ -57,8 +58,6 @@ def corpus(
 ) -> None:
     """Clean Wikipedia dumps, books and text records into document-level sentences (Beam). Arguments
     after `--` go to Beam."""
-    from rich.console import Console
-
     cfg = opt.resolve(preset, config, set_)
     corpus_cfg = cfg.corpus
     updates = {}
@@ -73,12 +72,12 @@ def corpus(
 
     from beam_jobs import clean_corpus
     from beam_jobs.clean_corpus import LOCAL_BYTES_PER_WORKER
+    from flows.cli.progress import progress_bars
 
     per_worker = LOCAL_BYTES_PER_WORKER if bytes_per_worker is None else bytes_per_worker
-    with Console(stderr=True).status(f"cleaning {len(corpus_cfg.wikipedia)} dump glob(s), {len(corpus_cfg.books)} "
-                                     f"book glob(s) and {len(corpus_cfg.text)} text glob(s) with "
-                                     f"up to {workers or cfg.workers} worker(s) ..."):
-        manifest = clean_corpus.run(corpus_cfg, output, bytes_per_worker=per_worker, **opt.beam_run(cfg, ctx, workers, runner))
+    with progress_bars() as on_progress:
+        manifest = clean_corpus.run(corpus_cfg, output, bytes_per_worker=per_worker, on_progress=on_progress,
+                                    **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_counts(manifest))
 
 

@@ -3,7 +3,8 @@
     bertpipe instances --corpus ./bertpipe-data/corpus --vocab ./bertpipe-data/vocab \
         --output ./bertpipe-data/instances --preset demo --set instances.dupe_factor=5
 
-``instances`` runs the Beam job directly (no Prefect); ``--vocab`` is a vocab stage folder or a
+``instances`` runs the Beam job directly (no Prefect), with progress while it runs (documents
+read, pools, shards written: ``flows/cli/progress.py``); ``--vocab`` is a vocab stage folder or a
 ``vocab.txt`` (then ``vocab.lowercase`` says the casing); extra arguments after the options go
 to Beam.
 """
@@ -33,7 +34,9 @@ def instances(
     after `--` go to Beam."""
     cfg = opt.resolve(preset, config, set_)
     from beam_jobs import create_instances
+    from flows.cli.progress import progress_bars
 
-    manifest = create_instances.run(cfg.instances, corpus, vocab, output, lowercase=cfg.vocab.lowercase,
-                                **opt.beam_run(cfg, ctx, workers, runner))
+    with progress_bars() as on_progress:
+        manifest = create_instances.run(cfg.instances, corpus, vocab, output, lowercase=cfg.vocab.lowercase,
+                                        on_progress=on_progress, **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(format_stats(manifest))

@@ -5,8 +5,9 @@
     bertpipe vocab --corpus ./bertpipe-data/corpus --output ./bertpipe-data/vocab \
         --vocab-file samples/models/minilm/vocab.txt       (validate + measure an existing vocab)
 
-Runs the Beam job directly (no Prefect) and prints the vocab report; extra arguments after the
-options go to Beam.
+Runs the Beam job directly (no Prefect), with progress while it runs (documents counted, words
+given to the trainer: ``flows/cli/progress.py``), and prints the vocab report; extra arguments
+after the options go to Beam.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def vocab(
     from beam_jobs import build_vocab
     from bert_core.vocab.training import report_markdown
     from flows.cli.manifests import plain_markdown
+    from flows.cli.progress import progress_bars
 
-    manifest = build_vocab.run(vocab_cfg, corpus, output, **opt.beam_run(cfg, ctx, workers, runner))
+    with progress_bars() as on_progress:
+        manifest = build_vocab.run(vocab_cfg, corpus, output, on_progress=on_progress,
+                                   **opt.beam_run(cfg, ctx, workers, runner))
     typer.echo(plain_markdown(report_markdown(manifest)))
