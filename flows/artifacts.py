@@ -13,11 +13,15 @@ import base64
 import io
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from bert_core.histogram import Histogram
+from bert_core.progress import Meter, OnProgress, Update
 
 if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn
     from matplotlib.figure import Figure
@@ -135,6 +139,49 @@ def progress(key: str, fraction: float, description: str | None = None) -> UUID:
     else:
         update_progress_artifact(artifact_id, percent, description=description)
     return artifact_id
+
+
+PUBLISH_S = 5.0  # how often a stage's progress artifact is updated: each update is an API call
+
+
+class StageProgress:
+    """A stage's ``on_progress`` for a flow: its progress artifact under ``key``, updated at most
+    every :data:`PUBLISH_S` seconds (and whenever a phase starts or ends), the description saying
+    the phase, counts, rate and ETA (:class:`bert_core.progress.Meter`). A phase of unknown total
+    keeps the last known fraction."""
+
+    def __init__(self, key: str):
+        self.key = check_key(key)
+        self.meters: dict[str, Meter] = {}
+        self.fraction, self.phase, self.published_at = 0.0, None, 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self, update: Update) -> None:
+        with self.lock:
+            meter = self.meters.setdefault(update.phase, Meter())
+            text = meter.describe(update)  # every update feeds the rate, published or not
+            if update.fraction is not None:
+                self.fraction = update.fraction
+            boundary = update.phase != self.phase or update.fraction == 1.0
+            if boundary or time.monotonic() - self.published_at >= PUBLISH_S:
+                self.phase, self.published_at = update.phase, time.monotonic()
+                progress(self.key, self.fraction, text)
+
+    def finished(self, text: str) -> None:
+        with self.lock:
+            progress(self.key, 1.0, text)
+
+
+@contextmanager
+def stage_progress(stage: str) -> Iterator[OnProgress]:
+    """``on_progress`` for a stage run in a flow (artifact ``<stage>-progress``), at 100% once the
+    body ends well (a stage found finished and skipped ends there too)."""
+    reporter = StageProgress(f"{stage}-progress")
+    start = time.monotonic()
+    yield reporter
+    from bert_core.progress import clock
+
+    reporter.finished(f"{stage}: done in {clock(time.monotonic() - start)}")
 
 
 def _run_id() -> str:

@@ -2,7 +2,8 @@
 
     bertpipe corpus --wikipedia GLOB --books GLOB --text GLOB --output URI   (the same work without Prefect)
 
-Runs ``beam_jobs.clean_corpus.run`` and publishes its counts (``corpus-counts``: kept and
+Runs ``beam_jobs.clean_corpus.run``, its progress live (``corpus-progress``: bytes of input
+read, records, rate, ETA), and publishes its counts (``corpus-counts``: kept and
 rejected by reason) and length histograms (``corpus-lengths``).
 """
 
@@ -34,12 +35,19 @@ def clean_corpus(config: PipelineConfig, output: str) -> str:
     """Clean ``config.corpus.wikipedia`` dumps, ``config.corpus.books`` and ``config.corpus.text``
     records into documents."""
     from beam_jobs import clean_corpus as job
-    from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
+    from flows.artifacts import (
+        histogram,
+        markdown_image,
+        publish_markdown,
+        publish_table,
+        stage_progress,
+    )
 
     logger = get_run_logger()
-    manifest = finished_manifest("corpus", output, lambda: job.run(
-        config.corpus, output, workers=config.workers, runner=config.beam_runner,
-        beam_args=config.beam_args, shared_storage=config.shared_storage))
+    with stage_progress("corpus") as on_progress:
+        manifest = finished_manifest("corpus", output, lambda: job.run(
+            config.corpus, output, workers=config.workers, runner=config.beam_runner,
+            beam_args=config.beam_args, shared_storage=config.shared_storage, on_progress=on_progress))
     counts = manifest["counts"]
     logger.info("corpus: %s documents, %s sentences, %s rejects", counts["documents"],
                 counts["sentences"], counts["rejects"])

@@ -2,7 +2,8 @@
 
     bertpipe instances --corpus C --vocab V --output O    (the same work without Prefect)
 
-Runs ``beam_jobs.create_instances.run`` and publishes its statistics
+Runs ``beam_jobs.create_instances.run``, its progress live (``instances-progress``: documents
+read, pools, shards written), and publishes its statistics
 (``instances-stats``) and length histogram (``instances-lengths``).
 """
 
@@ -37,13 +38,20 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
     """Masked-LM instances (with next-sentence pairs where configured) from the corpus stage's
     documents and the vocab stage's vocab."""
     from beam_jobs import create_instances as job
-    from flows.artifacts import histogram, markdown_image, publish_markdown, publish_table
+    from flows.artifacts import (
+        histogram,
+        markdown_image,
+        publish_markdown,
+        publish_table,
+        stage_progress,
+    )
 
     logger = get_run_logger()
-    manifest = finished_manifest("instances", output, lambda: job.run(
-        config.instances, corpus, vocab, output, lowercase=config.vocab.lowercase,
-        workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args,
-        shared_storage=config.shared_storage))
+    with stage_progress("instances") as on_progress:
+        manifest = finished_manifest("instances", output, lambda: job.run(
+            config.instances, corpus, vocab, output, lowercase=config.vocab.lowercase,
+            workers=config.workers, runner=config.beam_runner, beam_args=config.beam_args,
+            shared_storage=config.shared_storage, on_progress=on_progress))
     logger.info("instances: %s", manifest["counts"])
     publish_table("instances-stats", stats_rows(manifest, nsp=config.instances.next_sentence_prediction),
                   f"Instance statistics of {manifest['uri']}")

@@ -2,7 +2,8 @@
 
     bertpipe vocab --corpus C --output O [--vocab-file F]   (the same work without Prefect)
 
-Runs ``beam_jobs.build_vocab.run`` and publishes the ``vocab-report`` artifact.
+Runs ``beam_jobs.build_vocab.run``, its progress live (``vocab-progress``: documents counted,
+words given to the trainer), and publishes the ``vocab-report`` artifact.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from flows.versions import finished_manifest, output_run_name
 def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
     """A WordPiece vocab trained on the corpus stage's documents (or ``config.vocab.vocab_file``)."""
     from beam_jobs import build_vocab as job
-    from flows.artifacts import histogram, markdown_image, publish_markdown
+    from flows.artifacts import histogram, markdown_image, publish_markdown, stage_progress
 
     logger = get_run_logger()
-    manifest = finished_manifest("vocab", output, lambda: job.run(
-        config.vocab, corpus, output, workers=config.workers, runner=config.beam_runner,
-        beam_args=config.beam_args, shared_storage=config.shared_storage))
+    with stage_progress("vocab") as on_progress:
+        manifest = finished_manifest("vocab", output, lambda: job.run(
+            config.vocab, corpus, output, workers=config.workers, runner=config.beam_runner,
+            beam_args=config.beam_args, shared_storage=config.shared_storage, on_progress=on_progress))
     logger.info("vocab: %s", manifest["counts"])
     md = report_markdown(manifest)
     if manifest["stats"].get("token_length_histogram"):
