@@ -5,7 +5,8 @@ setting per task chosen on dev and reported on the final split.
 
 Each (task, setting, seed) is a task run named by what it is, here or, with
 ``finetune.deployment`` set, as a child flow run on that deployment's work pool. The work is
-``bert_core.finetune.train.run_job``; the ``finetune-results`` artifact shows the grid on 0-100.
+``bert_core.finetune.train.run_job``; the ``finetune-progress`` artifact counts the jobs done
+while they run, and the ``finetune-results`` artifact shows the grid on 0-100.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
     from bert_core.finetune.grid import checkpoint_name as name_of
     from bert_core.finetune.grid import job_name, settings
     from bert_core.finetune.report import clear_task, summarize, table_rows, write_results
+    from bert_core.progress import Update
     from bert_core.registry import resolve_checkpoint
-    from flows.artifacts import publish_table
+    from flows.artifacts import publish_table, stage_progress
     from flows.versions import checkpoint_identity, finetune_version
 
     logger = get_run_logger()
@@ -98,13 +100,16 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
     jobs = {job_name(t, label, s, seed): {"task": t, "setting": s.as_dict(), "seed": seed}
             for t in tasks for s in settings(cfg) for seed in cfg.seeds}
     # The runner's workers are the concurrency limit: jobs beyond it wait for a free one.
-    with ThreadPoolTaskRunner(max_workers=cfg.max_parallel_jobs) as runner:
+    with ThreadPoolTaskRunner(max_workers=cfg.max_parallel_jobs) as runner, \
+            stage_progress("finetune") as on_progress:
         futures = [runner.submit(finetune_one, parameters={
             "name": name, "job": j, "config": config, "checkpoint": checkpoint, "output": output,
             "checkpoint_name": label}) for name, j in jobs.items()]
         results = []
+        on_progress(Update("finetune", "jobs", 0, len(jobs), "jobs"))
         for (name, j), future in zip(jobs.items(), futures, strict=True):
             future.wait()
+            on_progress(Update("finetune", "jobs", len(results) + 1, len(jobs), "jobs"))
             state = future.state
             if state.is_completed():
                 results.append({**j, "ok": True, "metrics": future.result()})

@@ -17,6 +17,7 @@ from bert_core import storage
 from bert_core.config import FinetuneConfig
 from bert_core.finetune import get_task
 from bert_core.finetune.errors import AllJobsFailed
+from bert_core.progress import OnProgress, Update
 
 # The paper's protocol: every setting of the grid runs every seed; per task, the setting with the
 # best mean dev score over seeds is selected, and that setting's mean ± sd over seeds is reported on
@@ -334,14 +335,22 @@ def format_manifest(manifest: dict[str, Any]) -> str:
 def run_many(
     tasks: list[str], seeds: list[int], data_dir: str, checkpoint: str, cfg: FinetuneConfig,
     output: str, log: Callable[[str], None] | None = None, checkpoint_name: str | None = None,
-    versions: dict[str, str] | None = None,
+    versions: dict[str, str] | None = None, on_progress: OnProgress | None = None,
 ) -> dict[str, Any]:
     """Every (task, setting, seed) one after another in this process; returns the index of
-    ``output`` (:func:`write_results`)."""
+    ``output`` (:func:`write_results`). ``on_progress`` is told the jobs done of all (phase
+    "jobs", a failed one counted done) and each job's training steps."""
     from bert_core.finetune.grid import settings
     from bert_core.finetune.train import run_job
 
     results = []
+    total = len(tasks) * len(settings(cfg)) * len(seeds)
+
+    def jobs_done() -> None:
+        if on_progress:
+            on_progress(Update("finetune", "jobs", len(results), total, "jobs"))
+
+    jobs_done()
     for task in tasks:
         clear_task(storage.join(output, task))
         for setting in settings(cfg):
@@ -351,8 +360,9 @@ def run_many(
                 if log:
                     log(what)
                 r = job_result(task, setting.as_dict(), seed, lambda t=task, c=job_cfg, s=seed:
-                               run_job(t, data_dir, checkpoint, c, s, output, log=log))
+                               run_job(t, data_dir, checkpoint, c, s, output, log=log, on_progress=on_progress))
                 if log and not r["ok"]:
                     log(f"{what} FAILED: {r['error']}")
                 results.append(r)
+                jobs_done()
     return write_results(output, cfg, checkpoint, data_dir, results, checkpoint_name, versions)

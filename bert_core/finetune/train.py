@@ -19,6 +19,7 @@ from bert_core import storage
 from bert_core.config import FinetuneConfig
 from bert_core.finetune.errors import TaskDataError
 from bert_core.model.schedule import linear_warmup_decay
+from bert_core.progress import OnProgress, Update
 
 
 def prepare_task(task_name: str, data_dir: str, tokenizer: Any, cfg: FinetuneConfig) -> Any:
@@ -116,9 +117,11 @@ def _deepspeed_engine(model: Any, optimizer: Any, scheduler: Any, cfg: FinetuneC
 
 
 def train_and_predict(
-    data: Any, checkpoint: str, cfg: FinetuneConfig, seed: int, pad_id: int, log=None
+    data: Any, checkpoint: str, cfg: FinetuneConfig, seed: int, pad_id: int, log=None,
+    on_progress: OnProgress | None = None, job: str = "training",
 ) -> dict[str, Any]:
     """Fine-tune all parameters on ``data.train``; return per-split outputs and training stats.
+    ``on_progress`` is told each optimizer step (of the job's, phase ``job``).
 
     The paper's recipe: all parameters trained, AdamW (no decay on biases and LayerNorm), linear
     warmup over ``warmup_proportion`` of the steps then linear decay to 0, gradient clipping at
@@ -178,6 +181,8 @@ def train_and_predict(
             losses.append(loss.detach())
             seen += len(batch["input_ids"])
             step += 1
+            if on_progress:
+                on_progress(Update("finetune", job, step, total_steps, "steps"))
             if log and (step % 20 == 0 or step == total_steps):
                 log(f"step {step}/{total_steps} loss {losses[-1].item():.4f}")
     losses = torch.stack(losses).float().tolist() if losses else []
@@ -222,10 +227,12 @@ def _write_predictions(job_dir: str, files: dict[str, Any]) -> list[str]:
 
 
 def run_job(
-    task: str, data_dir: str, checkpoint: str, cfg: FinetuneConfig, seed: int, output: str, log=None
+    task: str, data_dir: str, checkpoint: str, cfg: FinetuneConfig, seed: int, output: str, log=None,
+    on_progress: OnProgress | None = None,
 ) -> dict[str, Any]:
     """Fine-tune + evaluate one (task, setting, seed); ``cfg`` holds one setting. Writes
-    metrics.json and predictions; returns the metrics.
+    metrics.json and predictions; returns the metrics. ``on_progress`` is told the training
+    steps, in a phase named by the job (``sst2 lr3e-5-bs32-ep3 seed=2``).
 
     The files: ``<output>/<task>/<setting>/seed=<seed>/metrics.json`` (``grid.job_dir``) and the
     task's predictions (GLUE ``*_predictions.tsv``, SQuAD ``predictions.json`` +
@@ -253,7 +260,8 @@ def run_job(
         train_stats = result["train"]
     else:
         data = prepare_task(spec.name, data_dir, tokenizer, cfg)
-        trained = train_and_predict(data, checkpoint, cfg, seed, tokenizer.pad_id, log=log)
+        trained = train_and_predict(data, checkpoint, cfg, seed, tokenizer.pad_id, log=log, on_progress=on_progress,
+                                    job=f"{spec.name} {setting.name} seed={seed}")
         split_metrics, files = {}, {}
         for split, outs in trained["outputs"].items():
             m, f = data.finish(split, outs)

@@ -5,8 +5,9 @@
     bertpipe features --checkpoint samples/models/minilm --input tests/fixtures/tasks/ner/valid.txt \
         --output ./features.parquet --layers sum_last_four
 
-``finetune`` runs every (task, setting, seed) here (``--prefect``: as the Prefect flow) and
-prints the grid on 0-100; ``bertpipe stats <output>`` shows it again.
+``finetune`` runs every (task, setting, seed) here (``--prefect``: as the Prefect flow), with
+progress while it runs (jobs done of all, and the running job's steps: ``flows/cli/progress.py``),
+and prints the grid on 0-100; ``bertpipe stats <output>`` shows it again.
 """
 
 from __future__ import annotations
@@ -71,9 +72,12 @@ def finetune(
     else:
         ident = checkpoint_identity(checkpoint, cfg.storage_root)
         versions = {t: finetune_version(cfg, t, ident) for t in tasks}
-        index = run_many(tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune, output,
-                         log=lambda m: typer.echo(m, err=True), checkpoint_name=checkpoint_name(checkpoint),
-                         versions=versions)
+        from flows.cli.progress import progress_bars
+
+        with progress_bars() as on_progress:
+            index = run_many(tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune, output,
+                             log=lambda m: typer.echo(m, err=True), checkpoint_name=checkpoint_name(checkpoint),
+                             versions=versions, on_progress=on_progress)
     typer.echo(format_table(table_rows(task_stats(output, tasks))))
     for f in index.get("failures", []):
         typer.secho(f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}", fg="red", err=True)
