@@ -21,8 +21,7 @@ from typer.testing import CliRunner
 from beam_jobs import build_vocab, clean_corpus, create_instances
 from bert_core import storage
 from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec, VocabConfig
-from flows.cli import app
-from flows.cli.main import COMMANDS
+from flows.cli.main import COMMANDS, app
 
 PROSE = ("The river runs through the old town. It was first mapped in 1820 by a surveyor, who "
          "walked its banks for three years. Today it feeds two lakes and a canal. ")

@@ -192,7 +192,7 @@ def test_max_words_bound_trains_on_the_most_frequent_words_and_counts_the_rest(c
 def test_cased_vocab_keeps_case_and_accents(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     docs = [{"doc_id": f"wiki:{i}", "source": "wikipedia", "title": "t",
              "sentences": ["Émile Zola wrote in Paris.", "THE END of Émile's story, in Paris again."] * 3}
@@ -247,7 +247,7 @@ def test_unfinished_corpus_is_refused(tmp_path) -> None:
 def test_cli_vocab(samples_dir, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     given = str(samples_dir / "models" / "minilm" / "vocab.txt")
     ok = CliRunner().invoke(app, ["vocab", "--output", str(tmp_path / "v"), "--vocab-file", given])

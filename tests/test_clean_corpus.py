@@ -299,7 +299,7 @@ def tiny_inputs(tmp_path) -> tuple[str, str]:
 def test_cli_runs_and_fails_fast_on_missing_input(tiny_inputs, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     wiki, book = tiny_inputs
     missing = CliRunner().invoke(app, ["corpus", "--wikipedia", str(tmp_path / "no/*.xml"),
@@ -317,7 +317,7 @@ def test_cli_runs_and_fails_fast_on_missing_input(tiny_inputs, tmp_path) -> None
 def test_cli_takes_the_job_options_and_passes_the_rest_to_beam(tiny_inputs, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     wiki, book = tiny_inputs
     done = CliRunner().invoke(app, ["corpus", "--wikipedia", wiki, "--output", str(tmp_path / "o"), "--preset",

@@ -130,7 +130,7 @@ def test_manifest_stats_and_rejects(runs) -> None:
 
 
 def test_cli_without_nsp_dynamic_masking_and_stats(corpus, vocab_file, tmp_path) -> None:
-    from flows.cli import app
+    from flows.cli.main import app
 
     out = str(tmp_path / "packed")
     sets = ["instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
@@ -195,7 +195,7 @@ def test_prefect_flow_publishes_stats_and_skips_a_finished_folder(prefect_api, c
 
 
 def test_cli_takes_the_job_options_and_passes_the_rest_to_beam(corpus, vocab_file, runs, tmp_path) -> None:
-    from flows.cli import app
+    from flows.cli.main import app
 
     out = str(tmp_path / "run")
     sets = ["instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10},"

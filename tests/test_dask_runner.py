@@ -183,7 +183,7 @@ def test_an_empty_result_fails_in_one_line(tiny_corpus, address, tmp_path) -> No
 def test_a_local_output_on_a_remote_runner_is_refused_before_any_work(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     out = tmp_path / "vocab"
     refused = CliRunner().invoke(app, ["vocab", "--corpus", "gs://bucket/corpus", "--output", str(out),
@@ -255,7 +255,7 @@ def run_stages(root: Path, records: Path, runner_args: list[str]) -> dict[str, d
     relative to ``root`` (the working directory); returns :func:`stage_digests` of each stage."""
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     common = ["--preset", "demo", *(a for s in SETS for a in ("--set", s)), *runner_args]
     for argv in (["corpus", "--text", str(records.relative_to(root)), "--output", "corpus"],

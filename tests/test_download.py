@@ -169,7 +169,7 @@ def test_unfinished_or_missing_dump_is_a_clear_error(site, dump):
 
 
 def test_cli_download_wikipedia(site, dump, tmp_path, monkeypatch):
-    from flows.cli import app
+    from flows.cli.main import app
 
     _site_tree(site.root, dump)
     monkeypatch.setenv("BERTPIPE_DUMPS_URL", site.url)

@@ -31,7 +31,7 @@ from bert_core.corpus.sentences import split_sentences
 from bert_core.model.checkpoint import CheckpointError
 from bert_core.pretrain import errors, loop
 from bert_core.pretrain.data import InstanceDataError, vocab_file_of
-from flows.cli import app
+from flows.cli.main import app
 
 PROSE = ("The river runs through the old town. It was first mapped in 1820 by a surveyor, who "
          "walked its banks for three years. Today it feeds two lakes and a canal. ")

@@ -219,7 +219,7 @@ def test_cli_finetune_and_features(tiny_checkpoint, tmp_path):
     import pyarrow.parquet as pq
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     runner = CliRunner()
     r = runner.invoke(app, ["finetune", "--task", "sst2,wnli", "--data", str(FIXTURES), "--checkpoint",

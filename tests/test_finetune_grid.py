@@ -153,7 +153,7 @@ def test_cli_grid_selection_report_and_stats(sentiment_data, tiny_checkpoint, tm
     """The same protocol in one process (one seed): selection, report.md, final split, stats."""
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "ft"

@@ -75,8 +75,7 @@ def test_a_fine_tuning_data_error_is_a_refusal_of_one_line(tmp_path):
     from bert_core.finetune import get_task
     from bert_core.finetune.errors import AllJobsFailed, TaskDataError, TaskFileMissing, UnknownTask
     from bert_core.finetune.report import write_results
-    from flows.cli import app
-    from flows.cli.main import failure
+    from flows.cli.main import app, failure
 
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")

@@ -186,7 +186,7 @@ def test_compose_runs_prefect_on_postgres_on_localhost_only():
 
 
 def test_cli_renders_everything(tmp_path: Path):
-    from flows.cli import app
+    from flows.cli.main import app
 
     out = tmp_path / "infra"
     result = CliRunner().invoke(app, [

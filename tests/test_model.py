@@ -275,7 +275,7 @@ def test_chunked_mlm_loss_of_a_batch_without_predictions_touches_the_head() -> N
 def test_export_cli_round_trips_through_transformers(minilm: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     model = _pretraining_model(minilm).eval()
     save_pretrained(model, str(tmp_path / "ours"), vocab_file=str(minilm / "vocab.txt"))
@@ -443,7 +443,7 @@ def test_zero3_trains_like_plain_torch_and_exports(tmp_path: Path, minilm: Path)
     assert losses["zero3"][-1] < losses["zero3"][0] - 0.5
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     res = CliRunner().invoke(app, ["export", str(tmp_path / "checkpoints"), "--output", str(tmp_path / "hf"),
                                    "--vocab", str(minilm / "vocab.txt"), "--preset", "demo"])

@@ -135,7 +135,7 @@ def test_finetune_folders_are_named_by_checkpoint_and_task_and_indexed(pipeline_
     from typer.testing import CliRunner
 
     from bert_core import storage
-    from flows.cli import app
+    from flows.cli.main import app
 
     first = pipeline_run.first
     assert [(j["checkpoint"], j["status"]) for j in first["finetune_jobs"]] == [

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from bert_core.plan import parse_assumed
-from flows.cli import app
+from flows.cli.main import app
 from flows.cli.plan import make_plan
 
 

@@ -217,7 +217,7 @@ def test_broken_files_keep_what_they_hold_and_add_one_reject(bad_run) -> None:
 def test_cli_reads_text_records_with_named_fields(news, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     records = [{"uid": 100 + i, "headline": f"Story {i}", "body": a} for i, a in enumerate(news[:3])]
     (tmp_path / "stories.jsonl").write_bytes(jsonl(records + [{"uid": 7, "headline": "No body"}]))

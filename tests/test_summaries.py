@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from beam_jobs import clean_corpus, create_instances
 from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec
-from flows.cli import app
+from flows.cli.main import app
 from flows.cli.manifests import number, plain_markdown
 
 REPR = re.compile(r"\{'|': |\d\.\d{7,}")  # a dict's repr, or a float printed in full

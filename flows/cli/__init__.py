@@ -1,5 +1,3 @@
-"""The ``bertpipe`` command line: the command map in ``main.py``, each stage's commands beside it."""
-
-from flows.cli.main import app, main
-
-__all__ = ["app", "main"]
+"""The ``bertpipe`` command line: the command map in ``main.py`` (``flows.cli.main:app``), each
+stage's commands beside it. The package imports nothing, so a command module may import its
+siblings (``flows.cli.options``) without a circle through the package."""

@@ -1,5 +1,5 @@
 """``python -m flows.cli`` runs ``bertpipe``."""
 
-from flows.cli import main
+from flows.cli.main import main
 
 main()
