@@ -17,7 +17,7 @@ from typing import Any
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig
 from bert_core.failures import Refusal, refusal
-from bert_core.registry import Registry, registry_root, resolve_checkpoint
+from bert_core.refresh.registry import Registry, registry_root, resolve_checkpoint
 
 
 class PreflightError(Refusal):

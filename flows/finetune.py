@@ -80,7 +80,7 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
     from bert_core.finetune.grid import job_name, settings
     from bert_core.finetune.report import clear_task, summarize, table_rows, write_results
     from bert_core.progress import Update
-    from bert_core.registry import resolve_checkpoint
+    from bert_core.refresh.registry import resolve_checkpoint
     from flows.artifacts import publish_table, stage_progress
     from flows.versions import checkpoint_identity, finetune_version
 

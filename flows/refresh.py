@@ -6,7 +6,7 @@ gate -> promotion in the model registry.
     bertpipe serve --only refresh/monthly         (the monthly schedule of infra/prefect.yaml)
 
 Each part is the existing stage flow, skipped when its folder is finished; the logic is
-``bert_core.refresh`` and ``bert_core.registry``; what every part reads is checked first
+``bert_core.refresh`` (its gate and registry); what every part reads is checked first
 (``bert_core.preflight``). ``refresh-corpus`` is the first half alone.
 """
 
@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from bert_core import storage
 from bert_core.config import PipelineConfig, config_hash
 from bert_core.preflight import check_refresh, runs_base
-from bert_core.registry import Registry, registry_root
+from bert_core.refresh.registry import Registry, registry_root
 from flows.retry import retry_on_infrastructure
 from flows.versions import SKIPPED, corpus_folder, is_done
 
@@ -37,7 +37,7 @@ def candidate_dates(today: dt.date) -> list[str]:
       cache_policy=NO_CACHE, task_run_name="find-dump-{lang}")
 def find_dump(lang: str, dates: list[str], base_url: str | None) -> str:
     from bert_core.corpus.download import DownloadError, list_dump_files
-    from bert_core.refresh import NoDumpError
+    from bert_core.refresh.gate import NoDumpError
 
     logger = get_run_logger()
     reasons = []
@@ -125,7 +125,7 @@ def _rename_run(name: str) -> None:
 @task(cache_policy=NO_CACHE, task_run_name="score-mlm-{label}")
 def score_mlm(config: PipelineConfig, label: str, model: str, eval_sets: dict[str, str]) -> dict[str, Any]:
     """Held-out masked-LM scores of ``model`` on each eval set (name -> instances folder)."""
-    from bert_core.refresh import eval_length, mlm_scores
+    from bert_core.refresh.gate import eval_length, mlm_scores
 
     return {name: mlm_scores(model, instances, eval_length(config), config.instances.seed)
             for name, instances in eval_sets.items()}
@@ -135,7 +135,7 @@ def run_suite(config: PipelineConfig, version: str, model: str, parent: dict[str
               instances: str, same_vocab: bool) -> dict[str, Any]:
     """Inside a flow: the suite's scores of the new model and, on the same documents and tasks,
     of the current one (``parent``). Masked-LM scores need a shared vocab; fine-tuning does not."""
-    from bert_core.refresh import finetune_scores
+    from bert_core.refresh.gate import finetune_scores
     from flows.pipeline import fan_out_finetune
     from flows.versions import finetune_folder
 
@@ -168,7 +168,7 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
     :func:`apply_notify_automation`.
     """
     from bert_core.card import run_counts
-    from bert_core.refresh import (
+    from bert_core.refresh.gate import (
         check_corpus_floor,
         continued_config,
         gate,

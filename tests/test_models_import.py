@@ -1,4 +1,4 @@
-"""bert_core/model/importing.py and `bertpipe models import`: a public checkpoint (the sample
+"""bert_core/refresh/importing.py and `bertpipe models import`: a public checkpoint (the sample
 MiniLM) becomes the current version of a fresh storage root, with its vocab as the line's vocab;
 transformers loads the version; the root moves; a refresh continues it on the sample dump and the
 suite judges it against itself."""
@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bert_core import storage
-from bert_core.registry import Registry, registry_root
+from bert_core.refresh.registry import Registry, registry_root
 
 
 def _import(samples_dir, root):

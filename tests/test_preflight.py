@@ -17,7 +17,7 @@ import pytest
 from bert_core import storage
 from bert_core.config import load_config
 from bert_core.preflight import PreflightConfigError, PreflightError, check_refresh, check_run
-from bert_core.registry import Registry, registry_root
+from bert_core.refresh.registry import Registry, registry_root
 
 BERTPIPE = str(Path(sys.executable).with_name("bertpipe"))
 

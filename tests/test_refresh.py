@@ -184,7 +184,7 @@ def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, re
     from prefect_server import pipeline_artifact, pipeline_flow_runs
     from typer.testing import CliRunner
 
-    from bert_core.registry import Registry, registry_root
+    from bert_core.refresh.registry import Registry, registry_root
     from flows.cli.main import app
     from flows.refresh import refresh
 
@@ -264,7 +264,7 @@ def _scores(loss: float, old_loss: float, score: float, sd: float) -> dict:
 
 def test_the_gate_promotes_unless_a_metric_is_worse_beyond_its_band():
     from bert_core.config import RefreshConfig
-    from bert_core.refresh import gate
+    from bert_core.refresh.gate import gate
 
     cfg = RefreshConfig(mlm_loss_band=0.05, finetune_band=1.0)
     current = _scores(3.00, 3.00, 80.0, 0.5)
@@ -279,7 +279,7 @@ def test_the_gate_promotes_unless_a_metric_is_worse_beyond_its_band():
 
 def test_a_small_corpus_is_refused_and_a_continued_run_is_rewarmed():
     from bert_core.config import load_config
-    from bert_core.refresh import CorpusFloorError, check_corpus_floor, continued_config
+    from bert_core.refresh.gate import CorpusFloorError, check_corpus_floor, continued_config
 
     cfg = load_config("demo", sets=["refresh.max_steps=30", "refresh.warmup_steps=3", "refresh.learning_rate=1e-4"])
     with pytest.raises(CorpusFloorError, match="3 documents, below refresh.min_documents=100"):
@@ -332,7 +332,7 @@ def test_two_refreshes_of_one_month_at_once_register_one_version(prefect_api, si
 
     import yaml
 
-    from bert_core.registry import Registry, registry_root
+    from bert_core.refresh.registry import Registry, registry_root
 
     (sample,) = sorted((samples_dir / "wikipedia").glob("*.xml.bz2"))
     _publish_xml(site.root, _monthly_dumps(sample)[0], MONTHS[0])

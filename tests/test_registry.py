@@ -1,4 +1,4 @@
-"""bert_core/registry.py and ``bertpipe models``: versions with lineage, aliases moved whole and
+"""bert_core/refresh/registry.py and ``bertpipe models``: versions with lineage, aliases moved whole and
 last, a lock so two promotions never both win, and ``models:current`` wherever a checkpoint goes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bert_core import storage
-from bert_core.registry import Registry, RegistryError, registry_root, resolve_checkpoint
+from bert_core.refresh.registry import Registry, RegistryError, registry_root, resolve_checkpoint
 from flows.cli.main import app
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran"]

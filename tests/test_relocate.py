@@ -35,7 +35,7 @@ def _written_since(root, before: dict[str, float]) -> list:
 
 @pytest.mark.slow
 def test_a_copied_root_finds_its_work_and_never_reads_the_old_place(prefect_api, dumps, sentiment_tasks, tmp_path):
-    from bert_core.registry import Registry, registry_root
+    from bert_core.refresh.registry import Registry, registry_root
     from flows.refresh import refresh
 
     old, copy = tmp_path / "data", tmp_path / "elsewhere" / "copy"

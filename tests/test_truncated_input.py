@@ -161,7 +161,7 @@ def _publish_cut_xml(root: Path, sample: Path, date: str) -> str:
 def test_a_refresh_of_a_cut_dump_stops_at_the_corpus_in_one_line(prefect_api, site, samples_dir, tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from bert_core.registry import Registry, registry_root
+    from bert_core.refresh.registry import Registry, registry_root
     from flows.cli.main import app
 
     (sample,) = sorted((samples_dir / "wikipedia").glob("*.xml.bz2"))

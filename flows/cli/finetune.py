@@ -39,7 +39,7 @@ def finetune(
     from bert_core.finetune import TASKS
     from bert_core.finetune.grid import checkpoint_name
     from bert_core.finetune.report import format_table, run_many, table_rows, task_stats
-    from bert_core.registry import resolve_checkpoint
+    from bert_core.refresh.registry import resolve_checkpoint
     from flows.versions import checkpoint_identity, finetune_version
 
     tasks = [t.strip().lower() for item in task for t in item.split(",") if t.strip()]
@@ -104,7 +104,7 @@ def features(
     ``<output>.rejects.jsonl``. An input with no sentence kept exits 1 with one line.
     """
     from bert_core.finetune.features import extract_file, rejects_uri
-    from bert_core.registry import resolve_checkpoint
+    from bert_core.refresh.registry import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(checkpoint, resolve(preset, config, set_).storage_root)
     c = extract_file(checkpoint, input_, output, layers=layers, input_format=input_format or None,

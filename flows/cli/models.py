@@ -6,7 +6,7 @@
     bertpipe models rollback
     bertpipe models import PATH           (a transformers-layout checkpoint starts the line)
 
-The work is ``bert_core.registry``; ``models:current`` (or ``models:<version>``) names a
+The work is ``bert_core.refresh.registry``; ``models:current`` (or ``models:<version>``) names a
 registered model wherever a command takes a checkpoint.
 """
 
@@ -23,13 +23,13 @@ VersionArg = Annotated[str, typer.Argument(help="A registered version, or curren
 
 
 def _registry(preset: str, config: str | None, set_: list[str] | None):
-    from bert_core.registry import Registry, registry_root
+    from bert_core.refresh.registry import Registry, registry_root
 
     return Registry(registry_root(resolve(preset, config, set_).storage_root))
 
 
 def _version(registry: Any, ref: str) -> str:
-    from bert_core.registry import ALIASES, RegistryError
+    from bert_core.refresh.registry import ALIASES, RegistryError
 
     if ref not in ALIASES:
         return ref
@@ -89,7 +89,7 @@ def models_import(path: Annotated[str, typer.Argument(help="A transformers-layou
                   preset: PresetOpt = "demo", config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Register a transformers-layout checkpoint as a version of the line; its vocab becomes the
     line's vocab, so that `bertpipe refresh` continues it."""
-    from bert_core.model.importing import import_model
+    from bert_core.refresh.importing import import_model
 
     cfg = resolve(preset, config, set_)
     record = import_model(path, cfg.storage_root)

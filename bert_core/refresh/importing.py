@@ -25,7 +25,7 @@ from bert_core.config import VocabConfig, config_hash
 from bert_core.failures import Refusal
 from bert_core.model.bert import BertForPreTraining
 from bert_core.model.checkpoint import CheckpointError, load_into, load_pretrained, save_pretrained
-from bert_core.registry import Registry, registry_root
+from bert_core.refresh.registry import Registry, registry_root
 from bert_core.vocab.tokenization import Tokenizer, parse_vocab, vocab_problems
 
 HEAD_SEED = 0  # the init of heads a checkpoint lacks: fixed, so the version is one model
