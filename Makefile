@@ -101,19 +101,19 @@ gpu-check:
 # Finished, the results go to docs/quality-v3.json, which the demo's summary then reads.
 .PHONY: quality-v3-choice quality-v3
 QUALITY_V3_WORK ?= /work/quality-v2
-QUALITY_V3 = nice -n 19 $(BIN)/python -m benchmarks.bench_quality --work $(QUALITY_V3_WORK) --reuse --protocol v3 \
+QUALITY_V3 = nice -n 19 $(BIN)/python -m benchmarks.quality $(1) --protocol v3 --work $(QUALITY_V3_WORK) --reuse \
 	--recipe $$($(BIN)/python -c 'import json; print(json.load(open("bench-results/quality-v3-choice.json"))["name"])') \
 	--budgets 60 --jobs 2
 quality-v3-choice: $(STAMP)
-	nice -n 19 $(BIN)/python -m benchmarks.quality_search pretrain --stage .search-v2 --out $(QUALITY_V3_WORK)/v3-choice-out \
-		--recipes v2 --seeds 42 --scale 0.25 --keep $(QUALITY_V3_WORK)/v3-choice-runs
-	nice -n 19 $(BIN)/python -m benchmarks.quality_search evaluate --work $(QUALITY_V3_WORK) --stage .search-v2 \
-		--checkpoints $(QUALITY_V3_WORK)/v3-choice-runs --jobs 2 --every-setting --sizes 300,1000 --subsamples 2 \
+	nice -n 19 $(BIN)/python -m benchmarks.quality pretrain --protocol v3 --candidates --stage .search-v2 \
+		--out $(QUALITY_V3_WORK)/v3-choice-out --seeds 42 --scale 0.25 --keep $(QUALITY_V3_WORK)/v3-choice-runs
+	nice -n 19 $(BIN)/python -m benchmarks.quality choose --protocol v3 --work $(QUALITY_V3_WORK) --stage .search-v2 \
+		--checkpoints $(QUALITY_V3_WORK)/v3-choice-runs --jobs 2 --sizes 300,1000 --subsamples 2 \
 		--output bench-results/quality-v3-search.json --choose bench-results/quality-v3-choice.json
 
 quality-v3: $(STAMP)
-	$(QUALITY_V3) --pretrain-only & pretraining=$$!; \
-	$(QUALITY_V3) --every-setting --heldout-genres --output bench-results/quality-v3.json --plot docs/quality-v3.png; \
+	$(call QUALITY_V3,pretrain) & pretraining=$$!; \
+	$(call QUALITY_V3,score) --every-setting --heldout-genres --output bench-results/quality-v3.json --plot docs/quality-v3.png; \
 	scored=$$?; wait $$pretraining || exit $$?; [ $$scored -eq 0 ] || exit $$scored; \
 	cp bench-results/quality-v3.json docs/quality-v3.json
 
@@ -126,7 +126,7 @@ quality-v3: $(STAMP)
 .PHONY: gpu-quality-evaluate
 QUALITY_STAGE ?= .search-v2
 QUALITY_KEEP ?= .search-v2-device
-QUALITY_ARGS ?= --recipes v2 --seeds 42,43
+QUALITY_ARGS ?= --seeds 42,43
 QUALITY_EVAL_SECONDS ?= 480
 QUALITY_EVAL_ARGS ?= --jobs 12
 QUALITY_ACCELERATOR ?= gpu
@@ -135,14 +135,14 @@ gpu-quality gpu-quality-evaluate: .SHELLFLAGS := -o pipefail -c
 gpu-quality:
 	$(GPU_INSTALL)
 	mkdir -p $(OUT)
-	$(GPU_ENV) $(GPU_PY) -m benchmarks.quality_search pretrain --stage $(QUALITY_STAGE) --out $(OUT) \
+	$(GPU_ENV) $(GPU_PY) -m benchmarks.quality pretrain --protocol v2 --candidates --stage $(QUALITY_STAGE) --out $(OUT) \
 		--keep $(QUALITY_KEEP)/runs $(QUALITY_ARGS) 2>&1 | tee $(OUT)/pretrain.log
 
 gpu-quality-evaluate:
 	$(GPU_INSTALL)
 	mkdir -p $(OUT)
-	QUALITY_ACCELERATOR=$(QUALITY_ACCELERATOR) $(GPU_ENV) $(GPU_PY) -m benchmarks.quality_search evaluate \
-		--every-setting --stage $(QUALITY_STAGE) --work $(QUALITY_KEEP) --checkpoints $(QUALITY_KEEP)/runs \
+	QUALITY_ACCELERATOR=$(QUALITY_ACCELERATOR) $(GPU_ENV) $(GPU_PY) -m benchmarks.quality choose --protocol v2 \
+		--stage $(QUALITY_STAGE) --work $(QUALITY_KEEP) --checkpoints $(QUALITY_KEEP)/runs \
 		--sizes 300,1000 --subsamples 3 --seconds $(QUALITY_EVAL_SECONDS) \
 		--cache-in $(QUALITY_STAGE)/quality-v2-cache.tar.xz --cache-out $(OUT)/quality-v2-cache.tar.xz \
 		--output $(OUT)/quality-v2-search.json --choose $(OUT)/quality-v2-choice.json $(QUALITY_EVAL_ARGS) \

@@ -38,18 +38,12 @@ def samples_dir(arg: str | None) -> Path:
 
 
 def load_data(samples: Path, tokenizer, n_train: int, n_dev: int, max_seq_length: int):
-    from bert_core.finetune.glue import SENTIMENT_LABELS, encode_pairs, read_sentiment
+    from bert_core.finetune.glue import SENTIMENT_LABELS, encode_examples, read_sentiment
 
     folder = str(samples / "tasks" / "sentiment")
     train = read_sentiment(folder, "train")[0][:n_train]
     dev = read_sentiment(folder, "dev")[0][:n_dev]
-
-    def encode(examples):
-        enc = encode_pairs(tokenizer, examples, max_seq_length)
-        return [{"input_ids": i, "token_type_ids": t, "label": SENTIMENT_LABELS.index(e.label)}
-                for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], examples, strict=True)]
-
-    return encode(train), encode(dev)
+    return tuple(encode_examples(tokenizer, part, SENTIMENT_LABELS, max_seq_length) for part in (train, dev))
 
 
 def run_ours(checkpoint: str, train, dev, cfg, seed: int, pad_id: int) -> dict:

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from bert_core import storage
+
 MIN_WORDS = 6  # shorter paragraphs are headings, labels or list fragments
 MIN_LETTERS = 0.72  # share of letters and spaces in a prose paragraph
 MIN_DOCUMENT_CHARS = 400  # smaller files are stubs and indexes
@@ -126,14 +128,6 @@ GENRES: dict[str, str] = {
 # ---------------------------------------------------------------- downloading and unpacking
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def download(source: Source, folder: Path) -> Path:
     """The source's distribution file in ``folder``, fetched once and checked against its pin."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -149,7 +143,7 @@ def download(source: Source, folder: Path) -> Path:
         if run.returncode != 0 or not path.exists():
             hint = " (run `apt-get update` once first)" if source.registry == "debian" else ""
             raise SystemExit(f"{source.name}: `{' '.join(cmd)}` failed{hint}:\n{run.stderr[-1500:]}")
-    digest = sha256(path)
+    digest = storage.sha256(str(path))
     if source.sha256 and digest != source.sha256:
         raise SystemExit(f"{source.name}: {path} has sha256 {digest}, pinned {source.sha256}; "
                          f"delete it and fetch again, or pin the registry's new version here")
@@ -560,7 +554,7 @@ def fetch(folder: Path, log: Callable[[str], None] = print,
     for source in SOURCES:
         if only is not None and source.name not in only:
             there = sorted((folder / source.name).glob("*.txt"))
-            seen.update(hashlib.sha256(p.read_bytes()).hexdigest() for p in there)
+            seen.update(storage.sha256(str(p)) for p in there)
             summary[source.name] = {"files": len(there), "duplicates": 0,
                                     "mb": round(sum(p.stat().st_size for p in there) / 1e6, 2)}
             continue

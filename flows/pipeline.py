@@ -161,14 +161,12 @@ def publish_model(run: str, output: str):
 def save_random_init(config: PipelineConfig, vocab: str, output: str):
     """The pre-trained model's architecture and vocab with the weights its run started from (the baseline)."""
     def work() -> None:
-        from bert_core.model.checkpoint import save_pretrained
-        from bert_core.pretrain.in_process import random_init
+        from bert_core.pretrain.in_process import save_random_init
         from bert_core.pretrain.run_folder import model_config
         from bert_core.vocab.tokenization import load_tokenizer
 
-        model = random_init(model_config(config, load_tokenizer(vocab).vocab_size), config.pretrain.seed)
-        save_pretrained(model, output, vocab_file=storage.join(vocab, "vocab.txt"),
-                        lowercase=config.vocab.lowercase)
+        model = save_random_init(model_config(config, load_tokenizer(vocab).vocab_size), config.pretrain.seed,
+                                 output, storage.join(vocab, "vocab.txt"), config.vocab.lowercase)
         files = storage.list_files(output)
         storage.write_manifest(output, stage="model", config={"random_init_seed": config.pretrain.seed,
                                                               **model.config.model_dump(mode="json")},

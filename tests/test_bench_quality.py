@@ -9,18 +9,12 @@ import math
 import pytest
 from scipy import stats
 
-from benchmarks import quality_tasks as qt
-from benchmarks.bench_quality import (
-    RECIPES,
-    Cache,
-    best_setting,
-    cpu_per_step,
-    endpoints,
-    mean_sd,
-    steps_in_budget,
-    train_cpu_seconds,
-)
 from benchmarks.common import welch
+from benchmarks.quality import tasks as qt
+from benchmarks.quality.build import cpu_per_step, steps_in_budget, train_cpu_seconds
+from benchmarks.quality.cache import Cache
+from benchmarks.quality.protocol import best_setting, endpoints, mean_sd
+from benchmarks.quality.spec import RECIPES
 from bert_core.finetune.glue import Example
 
 
@@ -81,16 +75,12 @@ def test_recipes_are_product_settings():
         assert cfg.pretrain.weight_decay == recipe.weight_decay, name
 
 
-def test_version_2_candidates_are_the_search_variants_and_version_1_cache_keys_stay():
-    from benchmarks.bench_quality import CHOSEN, RECIPES_V2
-    from benchmarks.quality_search import CANDIDATES_V2
+def test_version_2_candidates_are_product_settings_and_version_1_cache_keys_stay():
+    from benchmarks.quality.spec import CHOSEN, candidates
     from bert_core.config import PretrainConfig, load_config
 
-    assert list(RECIPES_V2) == list(CANDIDATES_V2) == ["k2", "k2-lr1e-3", "k2-wd0.1", "k2-wwm", "k2-seq128", "k1"]
-    for name, recipe in RECIPES_V2.items():
-        variant = CANDIDATES_V2[name]
-        assert (recipe.seq, recipe.global_batch, recipe.learning_rate, recipe.weight_decay, recipe.whole_word_mask) == \
-            (variant.seq, variant.batch, variant.learning_rate, variant.weight_decay, variant.whole_word_mask), name
+    assert list(candidates("v2")) == ["k2", "k2-lr1e-3", "k2-wd0.1", "k2-wwm", "k2-seq128", "k1"]
+    for name, recipe in candidates("v2").items():
         cfg = load_config("demo", None, recipe.instance_sets() + recipe.pretrain_sets(100, 1))
         assert (cfg.instances.masking, cfg.instances.next_sentence_prediction, cfg.model.pre_layer_norm) == \
             ("dynamic", False, True), name
@@ -105,8 +95,8 @@ def test_version_2_candidates_are_the_search_variants_and_version_1_cache_keys_s
 
 
 def test_the_test_phase_of_a_version_2_recipe_refuses_another_frozen_choice_or_corpus_in_one_line(tmp_path):
-    from benchmarks.bench_quality import freeze_check, main
-    from benchmarks.quality_choice import ChoiceRefused
+    from benchmarks.quality.choice import ChoiceRefused
+    from benchmarks.quality.protocol import freeze_check, main
 
     choice = tmp_path / "choice.json"
     choice.write_text(json.dumps({"name": "k2", "corpus": "k2"}))
@@ -125,7 +115,10 @@ def test_the_test_phase_of_a_version_2_recipe_refuses_another_frozen_choice_or_c
 
 
 def test_goals_pass_only_on_every_task_and_size():
-    from benchmarks.bench_quality import QUICK, goals
+    from benchmarks.quality.protocol import goals
+    from benchmarks.quality.spec import protocol
+
+    quick = protocol("v2", quick=True)
 
     def run(seed, scores, mlm=50.0):
         curve = {t: {s: [{"macro_f1": v}] for s in ("10", "20")} for t, v in scores.items()}
@@ -137,7 +130,7 @@ def test_goals_pass_only_on_every_task_and_size():
             {"arm": "A 60", "runs": [run(42, {"x": 70, "y": 39}), run(43, {"x": 71, "y": 38, }, mlm=math.nan)]}]
     rows = [{"arm": "A 60", "size": s, "gain": g, "ci_low": lo, "ci_high": 9.0, "runs": [2, 2]}
             for s, g, lo in (("10", 4.0, 0.5), ("20", 3.5, -0.1))]
-    plan = {"goal_sizes": QUICK["goal_sizes"], "grid": QUICK["grid"]}
+    plan = {"goal_sizes": quick["goal_sizes"], "grid": quick["grid"]}
     one, two, three, four = goals(arms, rows, {}, ["x", "y"], plan, ["novel"])["A 60"]
     assert not one["met"] and len(one["failing"]) == 8  # no every-setting cells: every one fails
     assert not two["met"] and two["per_task"]["x"]["pass"] and not two["per_task"]["y"]["pass"]
@@ -208,7 +201,7 @@ def test_cache_reads_finished_jobs_only_with_reuse(tmp_path):
 def test_a_fresh_cache_folder_resumes_from_the_packed_file(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from benchmarks.bench_quality import pack_cache
+    from benchmarks.quality.cache import pack_cache
 
     done = tmp_path / "here"
     with ThreadPoolExecutor(1) as pool:
@@ -280,7 +273,10 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     checkpoint as arm A-GPU from an archive of ``<recipe>-seed<S>`` folders, fine-tuning only it."""
     import shutil
 
-    from benchmarks.bench_quality import CHOSEN, QUICK, main
+    from benchmarks.quality.protocol import main
+    from benchmarks.quality.spec import CHOSEN, protocol
+
+    QUICK = protocol("v3", quick=True)
 
     samples = tmp_path / "samples"
     write_tiny_samples(samples)
@@ -339,8 +335,8 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     assert again["cache"] == {"reused": computed, "computed": 0}
     assert again["endpoints"] == result["endpoints"]
 
-    # arm A-GPU: a checkpoint pre-trained elsewhere, as quality_search pretrain archives it
-    from benchmarks import quality_search as qs
+    # arm A-GPU: a checkpoint pre-trained elsewhere, as the search's pretrain archives it
+    from benchmarks.quality import search as qs
 
     folders, archives = tmp_path / "gpu-runs", tmp_path / "gpu-archives"
     first = result["arms"][2]["runs"][0]
@@ -369,7 +365,7 @@ def test_the_search_pretrains_each_recipe_and_its_archives_unpack_whole(tmp_path
     loads."""
     import shutil
 
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
     from bert_core.model.bert import BertForPreTraining
     from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import read_vocab, vocab_file_of

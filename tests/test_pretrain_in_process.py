@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.quality.search import short_run, train_mlm
 from bert_core.config import ModelConfig
 from bert_core.pretrain.data import read_vocab, vocab_file_of
-from bert_core.pretrain.in_process import random_init, short_run, train_mlm
+from bert_core.pretrain.in_process import random_init
 from tests.test_data import make_instances
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from benchmarks import quality_choice as qc
+from benchmarks.quality import choice as qc
 
 TASKS = ["sentiment", "tweets3"]
 CELLS = qc.cells(TASKS, qc.CHOICE_SIZES)
@@ -105,7 +105,7 @@ def test_every_setting_cells_have_welch_intervals_over_run_means_and_the_goal_li
 
 
 def test_recipe_names_and_the_step_count_of_a_timing():
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
 
     assert qs.recipe_names("v2") == ["k2", "k2-lr1e-3", "k2-wd0.1", "k2-wwm", "k2-seq128", "k1"]
     assert qs.recipe_names("k1,chosen") == ["k1", "chosen"]
@@ -122,7 +122,7 @@ def test_recipe_names_and_the_step_count_of_a_timing():
 
 def tiny_stage(tmp_path: Path, samples_dir: Path) -> tuple[Path, dict[str, str]]:
     """A version-2 stage as prepare writes it, on tiny instances: K1 at 64 tokens, K2 at 128."""
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
     from tests.test_data import make_instances
 
     stage = tmp_path / "stage"
@@ -144,7 +144,7 @@ def test_the_stage_packs_instances_compactly_and_unpacks_them_row_for_row(tmp_pa
     import numpy as np
     import pyarrow.parquet as pq
 
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
     from bert_core.pretrain.data import PretrainingLoader, vocab_file_of
 
     stage, folders = tiny_stage(tmp_path, samples_dir)
@@ -162,7 +162,7 @@ def test_the_stage_packs_instances_compactly_and_unpacks_them_row_for_row(tmp_pa
 
 
 def test_a_compact_checkpoint_expands_to_the_files_saved(tmp_path):
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
     from bert_core.model.checkpoint import save_pretrained
 
     vocab = tmp_path / "vocab.txt"
@@ -184,7 +184,7 @@ def test_gpu_minutes_time_the_runs_side_by_side_and_give_them_one_step_count(tmp
     """Two candidates (K1 at 64 tokens, K2 at 128 x 32) x two seeds side by side on CPU, a
     1-second timing instead of 30: one step count for the four, logged with the card, steps,
     tokens seen and wall-clock, each checkpoint archived as ``<recipe>-seed<S>``."""
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
     from bert_core.model.bert import BertForPreTraining
 
     stage, _ = tiny_stage(tmp_path, samples_dir)
@@ -232,9 +232,9 @@ def test_evaluate_every_setting_reads_the_stage_and_local_checkpoints_and_writes
     at each setting asked for, gains per cell against B of the run's corpus, the choice and the
     packed job cache written (jobs keyed by the accelerator), and a second call reading every
     job from the cache."""
-    from benchmarks import bench_quality as bq
-    from benchmarks import quality_finetune
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import cache as bq
+    from benchmarks.quality import finetune as quality_finetune
+    from benchmarks.quality import search as qs
     from bert_core.model.checkpoint import save_pretrained
 
     stage = tmp_path / "stage"
@@ -282,7 +282,7 @@ def test_evaluate_every_setting_reads_the_stage_and_local_checkpoints_and_writes
 
 
 def test_run_jobs_starts_no_job_after_its_seconds_and_reads_finished_ones_from_the_cache():
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
 
     class Cache(dict):
         def lookup(self, key):
@@ -302,7 +302,7 @@ def test_run_jobs_starts_no_job_after_its_seconds_and_reads_finished_ones_from_t
 def test_pretrain_keep_runs_only_what_is_missing_and_archives_the_runs_only_when_they_fit(tmp_path, monkeypatch):
     """Runs already in ``--keep`` are not run again (here all are: nothing is trained); their logs
     come back always, their compact archive only when it fits what a device call returns."""
-    from benchmarks import quality_search as qs
+    from benchmarks.quality import search as qs
     from bert_core.model.checkpoint import save_pretrained
 
     stage, keep = tmp_path / "stage", tmp_path / "keep"

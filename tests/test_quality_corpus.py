@@ -1,5 +1,5 @@
 """The quality protocol's corpora on tiny real files: the dictd books, the task-text filter, the
-genre set-aside and the per-genre counts (benchmarks/quality_corpus.py)."""
+genre set-aside and the per-genre counts (benchmarks/quality/corpus.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import distinct_text as dt
-from benchmarks import quality_corpus as qc
+from benchmarks.quality import corpus as qc
 from bert_core.finetune.glue import Example
 
 HELD_OUT = "The held out sentence has at least eight words in it."

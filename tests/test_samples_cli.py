@@ -3,6 +3,7 @@ import sys
 
 import pytest
 
+from bert_core import storage
 from flows.tools import samples
 
 
@@ -124,5 +125,5 @@ def test_two_downloads_at_once_into_one_empty_cache_both_verify(tmp_path):
     procs = [_start(code, dict(os.environ)) for _ in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    assert samples._sha256(tmp_path / src.filename) == src.sha256
+    assert storage.sha256(str(tmp_path / src.filename)) == src.sha256
     assert sorted(p.name for p in tmp_path.iterdir()) == [src.filename]  # no temporary left behind

@@ -233,6 +233,15 @@ def encode_pairs(
     return out
 
 
+def encode_examples(tokenizer: Any, examples: list[Example], labels: Sequence[str],
+                    max_seq_length: int) -> list[dict[str, Any]]:
+    """Examples as fine-tuning features: ``input_ids``, ``token_type_ids`` (:func:`encode_pairs`)
+    and ``label``, its index in ``labels`` (the value itself when ``labels`` is empty: regression)."""
+    enc = encode_pairs(tokenizer, examples, max_seq_length)
+    return [{"input_ids": i, "token_type_ids": t, "label": labels.index(e.label) if labels else e.label}
+            for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], examples, strict=True)]
+
+
 def glue_metrics(task: str, labels: Sequence, preds: Sequence) -> dict[str, float]:
     """The paper's metric(s) for a task; ``labels``/``preds`` are class ids or scores (STS-B)."""
     if task == "cola":
@@ -272,12 +281,7 @@ def prepare(task: str, folder: str, tokenizer: Any, cfg: Any) -> Any:
         raise TaskDataError(f"task {task}: no training examples in {folder}")
 
     def encode(ex: list[Example]) -> list[dict[str, Any]]:
-        enc = encode_pairs(tokenizer, ex, cfg.max_seq_length)
-        return [
-            {"input_ids": i, "token_type_ids": t,
-             "label": e.label if not labels else labels.index(e.label)}
-            for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], ex, strict=True)
-        ]
+        return encode_examples(tokenizer, ex, labels, cfg.max_seq_length)
 
     def finish(split: str, outputs: list[Any]) -> tuple[dict[str, float], dict[str, Any]]:
         ex = examples[split]

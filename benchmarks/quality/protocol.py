@@ -1,10 +1,10 @@
-"""Quality: does our pre-training pay, and most when labels are few? A pre-registered
-learning-curve protocol (``docs/quality.md``; version 2, ``docs/quality-protocol-v2.md``).
+"""The test phase: does our pre-training pay, and most when labels are few? A pre-registered
+learning-curve protocol (``docs/quality.md``), its draws from ``protocols/v<N>.json``.
 
-    nice -n 19 python -m benchmarks.bench_quality --work /work/quality-runs --reuse   # the protocol
-    python -m benchmarks.bench_quality --quick --work /tmp/q                           # bookkeeping on tiny data
+    nice -n 19 python -m benchmarks.quality score --protocol v3 --work /work/quality-runs --reuse
+    python -m benchmarks.quality score --quick --work /tmp/q      # bookkeeping on tiny data
 
-- **Tasks** (``benchmarks/quality_tasks.py``): ``sentiment`` and ``tweets3``; a run stops if any
+- **Tasks** (``tasks.py``): ``sentiment`` and ``tweets3``; a run stops if any
   dev or test text is in the pre-training corpus.
 - **Arms**: A, ``--recipe`` pre-trained by the product path (``bertpipe corpus``, ``vocab``,
   ``instances``, ``pretrain``) for each ``--budgets`` of CPU-minutes, 3 runs (seeds 42-44), or
@@ -16,8 +16,8 @@ learning-curve protocol (``docs/quality.md``; version 2, ``docs/quality-protocol
 - **Endpoints**: A - B macro-F1 at 300 and 1,000 labels with 95% Welch intervals over runs,
   the full-label gain, a linear probe, held-out MLM accuracy, the regression check;
   ``--every-setting``: A - B at each grid setting; version 2's goals (:func:`goals`).
-- **Version 2**: ``--corpus k1|k2`` (``benchmarks/quality_corpus.py``), the candidates of
-  ``quality_search.CANDIDATES_V2`` as recipes, ``--heldout-genres``; the test phase of a
+- **Version 2**: ``--corpus k1|k2`` (``corpus.py``), the candidates of
+  the data's ``candidates`` as recipes, ``--heldout-genres``; the test phase of a
   candidate starts only on its frozen choice (:func:`freeze_check`).
 - **Bookkeeping**: every run and job is cached under ``--work`` by a hash of its settings
   (``--reuse`` resumes, ``--pack-cache`` packs the jobs in one file); writes ``--output``
@@ -30,140 +30,43 @@ import argparse
 import hashlib
 import json
 import math
-import os
-import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from benchmarks.common import machine, measure, samples, welch
-from benchmarks.quality_search import CANDIDATES_V2, weights_digest
+from benchmarks.common import machine, samples, welch
+from benchmarks.quality import search as qs
+from benchmarks.quality.build import (
+    baseline,
+    baseline_folder,
+    corpus_and_vocab,
+    corpus_inputs,
+    cpu_per_step,
+    instances_for,
+    manifest_digest,
+    pretrain,
+    pretrain_folder,
+    steps_in_budget,
+)
+from benchmarks.quality.cache import Cache, pack_cache, weights_digest
+from benchmarks.quality.measures import heldout_mlm_accuracy, linear_probe, tfidf_scores
+from benchmarks.quality.spec import (
+    CHOSEN,
+    PRETRAIN_SEED,
+    RECIPES,
+    ROOT,
+    candidates,
+    protocol,
+    versions,
+)
+from benchmarks.quality.tasks import load_tasks
 from bert_core.pretrain.metrics import read_metrics
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results"
 CACHE_ARCHIVE = ROOT / "docs" / "results" / "quality-cache.tar.xz"  # the protocol's finished jobs
-
-
-# --------------------------------------------------------------------------- recipes
-
-
-PRETRAIN_SEED = 42  # the product's default; run k of an arm pre-trains (or initialises) with seed 42 + k
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a small BERT is pre-trained: product settings of the instances stage and of pre-training.
-    Model settings a recipe does not name are the demo preset's (pre-LN among them)."""
-
-    about: str
-    seq: int = 128
-    next_sentence_prediction: bool = True
-    masking: str = "static"
-    whole_word_mask: bool = False
-    model: dict = field(default_factory=lambda: {"size": "tiny"})
-    global_batch: int = 32
-    learning_rate: float = 1e-3
-    warmup_fraction: float = 0.1
-    weight_decay: float = 0.01  # the product's default (pretrain.weight_decay)
-
-    def key(self) -> dict:
-        """The recipe in a cache key: its fields, less those of :data:`LATER_FIELDS` at their
-        defaults (a recipe that leaves them alone keeps the key it had without them)."""
-        return {k: v for k, v in asdict(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
-
-    def instance_sets(self) -> list[str]:
-        length = {"max_seq_length": self.seq, "max_predictions_per_seq": math.ceil(self.seq * 0.15)}
-        return [f"instances.lengths=[{json.dumps(length)}]",
-                f"instances.next_sentence_prediction={str(self.next_sentence_prediction).lower()}",
-                f"instances.masking={self.masking}",
-                f"instances.whole_word_mask={str(self.whole_word_mask).lower()}",
-                f"pretrain.phases=[{json.dumps({'max_seq_length': self.seq})}]"]
-
-    def pretrain_sets(self, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> list[str]:
-        phase = {"max_seq_length": self.seq, "max_steps": steps, "global_batch_size": self.global_batch,
-                 "micro_batch_size": self.global_batch // ranks, "learning_rate": self.learning_rate,
-                 "warmup_steps": max(1, round(steps * self.warmup_fraction))}
-        return [self.instance_sets()[0], f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.procs_per_node={ranks}",
-                f"pretrain.checkpoint_every={max(1, steps // 10)}", f"pretrain.log_every={max(1, min(50, steps // 10))}",
-                "pretrain.eval_every=0", f"pretrain.seed={seed}", f"pretrain.weight_decay={self.weight_decay}",
-                *(f"model.{k}={v}" for k, v in self.model.items())]
-
-
-LATER_FIELDS = {"weight_decay": 0.01}  # Recipe fields a cache key leaves out at these values
-
-
-def recipe_of(variant) -> Recipe:
-    """A search ``Variant`` (``benchmarks.quality_search``) as the product-path recipe of the same
-    settings: MLM only, packed sentences, 15% of pieces masked anew each epoch, pre-LN."""
-    if variant.masked_lm_prob != 0.15 or variant.max_predictions or variant.tapt or not variant.corpus:
-        raise ValueError(f"{variant.about}: not a version-2 candidate (a corpus, 15% masked, no TAPT)")
-    return Recipe(variant.about, seq=variant.seq, next_sentence_prediction=False, masking="dynamic",
-                  whole_word_mask=variant.whole_word_mask, model={"size": variant.size, "pre_layer_norm": True},
-                  global_batch=variant.batch, learning_rate=variant.learning_rate, weight_decay=variant.weight_decay)
-
-
-TINY_WIDE = {"size": "custom", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "intermediate_size": 1024}
-
-RECIPES: dict[str, Recipe] = {
-    "paper": Recipe("the paper's objective at the demo's old settings: MLM + NSP pairs, static masks, seq 128"),
-    "mlm-only": Recipe("RoBERTa: no next-sentence pairs, whole sentences packed to 128", next_sentence_prediction=False),
-    "mlm-only-seq64": Recipe("packed sentences at 64 tokens, twice the sequences a step",
-                             seq=64, next_sentence_prediction=False, global_batch=64),
-    "mlm-only-seq64-lr3e-3": Recipe("as mlm-only-seq64 with a 3x higher peak rate and pre-LN",
-                                    seq=64, next_sentence_prediction=False, global_batch=64, learning_rate=3e-3,
-                                    model={"size": "tiny", "pre_layer_norm": True}),
-    "mlm-only-seq64-lr3e-3-dynamic": Recipe("as mlm-only-seq64-lr3e-3 with masks drawn anew each epoch",
-                                            seq=64, next_sentence_prediction=False, global_batch=64,
-                                            learning_rate=3e-3, masking="dynamic",
-                                            model={"size": "tiny", "pre_layer_norm": True}),
-    "mlm-only-seq64-dynamic": Recipe("as mlm-only-seq64 with masks drawn anew each epoch",
-                                     seq=64, next_sentence_prediction=False, global_batch=64, masking="dynamic"),
-    "mlm-only-seq64-wwm": Recipe("as mlm-only-seq64 with whole-word masking",
-                                 seq=64, next_sentence_prediction=False, global_batch=64, whole_word_mask=True),
-    "mlm-only-seq64-wide": Recipe("as mlm-only-seq64 with hidden 256 (2 layers, 4 heads)",
-                                  seq=64, next_sentence_prediction=False, global_batch=64, model=TINY_WIDE),
-}
-CHOSEN = "mlm-only-seq64-lr3e-3-dynamic"
-RECIPES_V2 = {name: recipe_of(v) for name, v in CANDIDATES_V2.items()}  # version 2's candidates, table order
-RECIPES |= RECIPES_V2
-
-
-# --------------------------------------------------------------------------- the protocol's constants
-
-
-SIZES: tuple[int | None, ...] = (100, 300, 1000, None)  # None = the whole training pool
-SUBSAMPLES = 5
-RUNS = 3
-BUDGETS = (60.0, 240.0)
-GRID = [{"learning_rate": lr, "pooling": pooling, "layerwise_lr_decay": decay}
-        for lr in (3e-4, 1e-3) for pooling in ("cls", "mean") for decay in (1.0, 0.8)]
-MINILM_SETTING = {"learning_rate": 1e-4, "epochs": 3.0, "pooling": "mean"}
-TFIDF_C = (0.1, 1.0, 10.0)
-PRIMARY_SIZES = ("300", "1000")  # also goals 1-3's sizes (goal 2 at the last)
-CHOICE_FILE = RESULTS / "quality-v2-choice.json"  # version 2's frozen recipe choice
-# What a protocol version draws beyond the curve's sizes x subsamples: fine-tunings per run on the
-# whole pool, the every-setting endpoint's sizes and subsamples, its frozen choice, and whether arm
-# C runs. Version 1 is version 2 without --every-setting.
-PROTOCOLS = {
-    "v2": {"pool_subsamples": SUBSAMPLES, "every_setting_sizes": (100, 300, 1000), "every_setting_subsamples": SUBSAMPLES,
-           "choice": CHOICE_FILE, "reference": True},
-    "v3": {"pool_subsamples": 1, "every_setting_sizes": (300, 1000), "every_setting_subsamples": 3,
-           "choice": RESULTS / "quality-v3-choice.json", "reference": False},
-}
-PROBE_SIZE = 1000
-QUICK = {"sizes": (10, 20, None), "goal_sizes": ("10", "20"), "subsamples": 2, "runs": 2, "steps": 4, "pool": 60,
-         "dev": 40, "test": 40,
-         "global_batch": 8, "grid": [s | {"epochs": 1.0, "min_steps": 2} for s in GRID[:2]], "heldout_sequences": 50,
-         "protocols": {"v2": {"pool_subsamples": 2, "every_setting_sizes": (10, 20), "every_setting_subsamples": 2},
-                       "v3": {"pool_subsamples": 1, "every_setting_sizes": (10, 20), "every_setting_subsamples": 1}}}
 
 
 def size_name(size: int | None) -> str:
@@ -181,29 +84,6 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
 def best_setting(scored: list[tuple[dict, float]]) -> dict:
     """The setting with the highest dev score; ties go to the first listed."""
     return max(enumerate(scored), key=lambda item: (item[1][1], -item[0]))[1][0]
-
-
-def cpu_per_step(rows: list[dict]) -> float:
-    """CPU seconds (all ranks) one training step costs, from the train rows past the first quarter."""
-    rows = [r for r in rows if r.get("kind", "train") == "train" and "cpu_seconds" in r]
-    late = [r for r in rows if r["step"] > rows[-1]["step"] // 4] or rows
-    first, last = (late[0], late[-1]) if len(late) > 1 else (rows[0], rows[-1])
-    if last["step"] == first["step"]:
-        raise ValueError("the calibration run logged one step only; give it more steps")
-    return (last["cpu_seconds"] - first["cpu_seconds"]) / (last["step"] - first["step"])
-
-
-def train_cpu_seconds(rows: list[dict]) -> float:
-    """CPU seconds of training steps over a run's train rows; a resumed run's counter starts
-    again, so only increases between rows of one process count."""
-    rows = [r for r in rows if r.get("kind", "train") == "train" and "cpu_seconds" in r]
-    return sum(max(0.0, b["cpu_seconds"] - a["cpu_seconds"]) for a, b in zip(rows, rows[1:], strict=False)
-               if b["cpu_seconds"] >= a["cpu_seconds"])
-
-
-def steps_in_budget(cpu_minutes: float, seconds_per_step: float) -> int:
-    """Optimizer steps whose CPU cost fits ``cpu_minutes`` (at least 1)."""
-    return max(1, int(cpu_minutes * 60 / seconds_per_step))
 
 
 def run_value(run: dict, tasks: list[str], size: str, metric: str = "macro_f1") -> float | None:
@@ -239,313 +119,13 @@ def endpoints(arms: list[dict], tasks: list[str], sizes: list[str]) -> list[dict
     return out
 
 
-class Cache:
-    """Finished work on disk, one JSON file per job, named by a hash of everything that decides its
-    result; with ``reuse`` a job whose file exists is read, not run again. With ``reuse`` and no
-    folder yet, the folder starts as ``archive`` holds it (:func:`pack_cache`): finished jobs
-    travel to another machine as that one file."""
-
-    def __init__(self, folder: Path, reuse: bool, archive: Path | None = None) -> None:
-        self.folder, self.reuse = folder, reuse
-        self.hits = self.misses = 0
-        if reuse and archive is not None and archive.exists() and not folder.exists():
-            unpack_cache(archive, folder)
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def path(self, key: dict) -> Path:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-        return self.folder / f"{digest}.json"
-
-    def lookup(self, key: dict):
-        path = self.path(key)
-        if self.reuse and path.exists():
-            self.hits += 1
-            return json.loads(path.read_text())["value"]
-        return None
-
-    def store(self, key: dict, value) -> None:
-        self.misses += 1
-        path = self.path(key)
-        tmp = path.with_suffix(f".{os.getpid()}.part")  # two processes may finish the same job
-        tmp.write_text(json.dumps({"key": key, "value": value}, default=str))
-        tmp.replace(path)
-
-    def run(self, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str) -> list:
-        """Each job's value, from disk or computed in ``pool``; progress printed as they end."""
-        return run_cached(self, pool, jobs, label)
-
-
-def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str,
-               in_flight: int | None = None, seconds: float | None = None) -> list:
-    """Each job's value, from ``cache`` (its ``lookup``/``store``) or computed in ``pool`` and
-    stored as it ends, started in list order with at most ``in_flight`` running (default: all at
-    once). With ``seconds``, no job starts after that many seconds; a job not run is None."""
-    values: list = [cache.lookup(key) for key, _, _ in jobs]
-    todo = [i for i, v in enumerate(values) if v is None]
-    if len(todo) < len(jobs):
-        print(f"  {label}: {len(jobs) - len(todo)} of {len(jobs)} jobs reused", flush=True)
-    started, queue, running = time.monotonic(), list(reversed(todo)), {}
-    limit, every = in_flight or max(1, len(todo)), max(5, len(todo) // 20)
-    done_count = 0
-    while queue or running:
-        while queue and len(running) < limit and (seconds is None or time.monotonic() < started + seconds):
-            i = queue.pop()
-            running[pool.submit(jobs[i][1], *jobs[i][2])] = i
-        if not running:
-            break
-        finished, _ = wait(running, return_when=FIRST_COMPLETED)
-        for future in finished:
-            i = running.pop(future)
-            values[i] = future.result()
-            cache.store(jobs[i][0], values[i])
-            done_count += 1
-            if done_count % every == 0 or done_count == len(todo):
-                print(f"  {label}: {done_count}/{len(todo)} jobs done in {time.monotonic() - started:.0f} s",
-                      flush=True)
-    return values
-
-
-def pack_cache(folder: Path, archive: Path) -> int:
-    """Every finished job of a :class:`Cache` folder into one ``.tar.xz``, in name order and
-    without owners or times, so the same jobs give the same bytes; the number of jobs."""
-    import tarfile
-
-    def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = 0, 0, 0, "", "", 0o644
-        return info
-
-    files = sorted(folder.glob("*.json"))
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_name(f"{archive.name}.{os.getpid()}.part")
-    with tarfile.open(tmp, "w:xz") as tar:
-        for f in files:
-            tar.add(f, arcname=f.name, filter=plain)
-    tmp.replace(archive)
-    return len(files)
-
-
-def unpack_cache(archive: Path, folder: Path) -> None:
-    """The jobs of a :func:`pack_cache` archive as a :class:`Cache` folder (written whole, then renamed)."""
-    import tarfile
-
-    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp.replace(folder)
-
-
 # --------------------------------------------------------------------------- data
-
-
-def bertpipe(args: list[str], log: Path) -> float:
-    """Run a ``bertpipe`` command as a user types it, its output added to ``log``; its CPU seconds
-    (the whole process tree, ``benchmarks.common.measure``)."""
-    print("  $ bertpipe " + " ".join(args), flush=True)
-    return measure([sys.executable, "-m", "flows.cli", *args], log)["cpu_s"]
-
-
-def corpus_inputs(sample_dir: Path | None = None, tweets: Path | None = None) -> list[tuple[str, str]]:
-    """The demo preset's corpus as ``bertpipe corpus`` options: (flag, glob) pairs, the globs as the
-    preset names them, or under ``sample_dir`` when given; ``tweets`` replaces the preset's text
-    (the sample tweets) with that file."""
-    from bert_core.config import load_config
-    from flows.demo import demo_config
-
-    cfg = (demo_config(str(sample_dir), []) if sample_dir else load_config("demo")).corpus
-    text = [str(tweets)] if tweets else cfg.text
-    return [(flag, p) for flag, globs in (("--wikipedia", cfg.wikipedia), ("--books", cfg.books),
-                                          ("--text", text)) for p in globs]
-
-
-def corpus_and_vocab(inputs: list[tuple[str, str]], work: Path) -> tuple[Path, Path]:
-    """The corpus and vocab stages with the demo preset on ``inputs``, built once per set of inputs
-    (a change of inputs removes the corpus and everything built from it)."""
-    corpus, vocab = work / "corpus", work / "vocab"
-    stamp = work / "corpus-inputs.json"
-    # a file input (the filtered tweets) is named with its sha256: new content, new corpus
-    inputs = [(flag, f"{p}#{hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16]}" if Path(p).is_file() else p)
-              for flag, p in inputs]
-    if not stamp.exists() or json.loads(stamp.read_text()) != [list(i) for i in inputs]:
-        for built in [corpus, vocab, *work.glob("instances-*")]:
-            shutil.rmtree(built, ignore_errors=True)
-    if not (corpus / "_MANIFEST.json").exists():
-        args = [a.split("#")[0] for i in inputs for a in i]
-        bertpipe(["corpus", *args, "--output", str(corpus)], work / "corpus.log")
-        stamp.write_text(json.dumps(inputs))
-    if not (vocab / "_MANIFEST.json").exists():
-        bertpipe(["vocab", "--corpus", str(corpus), "--output", str(vocab)], work / "vocab.log")
-    return corpus, vocab
-
-
-def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path:
-    """The instances stage with the recipe's settings, built once per distinct setting."""
-    sets = recipe.instance_sets()
-    key = "-".join([f"seq{recipe.seq}", "nsp" if recipe.next_sentence_prediction else "packed", recipe.masking,
-                    "wwm" if recipe.whole_word_mask else "wordpiece"])
-    out = work / f"instances-{key}"
-    if not (out / "_MANIFEST.json").exists():
-        cmd = ["instances", "--corpus", str(corpus), "--vocab", str(vocab), "--output", str(out)]
-        for s in sets:
-            cmd += ["--set", s]
-        bertpipe(cmd, work / f"instances-{key}.log")
-    return out
 
 
 # --------------------------------------------------------------------------- checkpoints
 
 
-def pretrain_folder(work: Path, recipe: str, budget: float, ranks: int, seed: int, quick: bool = False) -> Path:
-    """Where arm A's run of ``recipe`` at ``budget`` CPU-minutes with ``seed`` lives under ``work``."""
-    return work / f"pretrain-{recipe}-{budget:g}-r{ranks}-seed{seed}{'-quick' if quick else ''}"
-
-
-def baseline_folder(work: Path, recipe: str, seed: int, quick: bool = False) -> Path:
-    """Where arm B's random init of ``recipe`` with ``seed`` lives under ``work``."""
-    return work / f"random-init-{recipe}-seed{seed}{'-quick' if quick else ''}"
-
-
-def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> dict:
-    """``bertpipe pretrain`` with the recipe's settings for ``steps``, resumed from the run's last
-    checkpoint when a killed run left one: CPU minutes, final eval. ``run/done.json`` holds the
-    result of a finished run, which is then not run again."""
-    import fcntl
-
-    done_file = run / "done.json"
-    run.parent.mkdir(parents=True, exist_ok=True)
-    with open(run.parent / f"{run.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process pre-training this run: wait for it
-        if done_file.exists() and (run / "hf" / "config.json").exists():
-            return json.loads(done_file.read_text())
-        cmd = ["pretrain", "--instances", str(instances), "--output", str(run)]
-        for s in recipe.pretrain_sets(steps, ranks, seed):
-            cmd += ["--set", s]
-        started = time.perf_counter()
-        cpu = bertpipe(cmd, run.parent / f"{run.name}.log")
-        rows = read_metrics(str(run))
-        evals = [r for r in rows if r.get("kind") == "eval"]
-        train = [r for r in rows if r.get("kind", "train") == "train"]
-        done = {"steps": steps, "cpu_minutes_this_session": cpu / 60,
-                "wall_minutes_this_session": (time.perf_counter() - started) / 60,
-                "train_cpu_minutes": train_cpu_seconds(rows) / 60, "last_loss": train[-1]["loss"] if train else None,
-                "eval": {k: evals[-1].get(k) for k in ("mlm_loss", "mlm_acc", "instances")} if evals else None}
-        done_file.write_text(json.dumps(done))
-        return done
-
-
-def baseline(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETRAIN_SEED) -> Path:
-    """Arm B: the product's random init (``bert_core.pretrain.in_process.random_init``) of the
-    model config pre-training would build for ``seed``, with the same vocab."""
-    from bert_core.config import load_config
-    from bert_core.model.checkpoint import save_pretrained
-    from bert_core.pretrain.data import read_vocab, vocab_file_of
-    from bert_core.pretrain.in_process import random_init
-    from bert_core.pretrain.run_folder import model_config
-
-    if (folder / "config.json").exists():
-        return folder
-    cfg = load_config("demo", None, recipe.pretrain_sets(1, 1, seed))
-    vocab_file = vocab_file_of(str(instances))
-    model = random_init(model_config(cfg, len(read_vocab(vocab_file))), cfg.pretrain.seed)
-    save_pretrained(model, str(folder), vocab_file=vocab_file, lowercase=cfg.vocab.lowercase)
-    return folder
-
-
 # --------------------------------------------------------------------------- measures beside fine-tuning
-
-
-def mean_features(checkpoint: str, examples: list, max_seq_length: int = 64) -> list:
-    """Frozen mean-pooled features of every layer (embeddings first): one [N, H] array per layer."""
-    import torch
-
-    from bert_core.finetune.glue import encode_pairs
-    from bert_core.model.bert import BertModel
-    from bert_core.vocab.tokenization import load_tokenizer
-
-    torch.set_num_threads(1)
-    tokenizer = load_tokenizer(checkpoint)
-    model = BertModel.from_pretrained(checkpoint).eval()
-    ids = encode_pairs(tokenizer, examples, max_seq_length)["input_ids"]
-    layers: list[list] = []
-    with torch.no_grad():
-        for i in range(0, len(ids), 128):
-            chunk = ids[i:i + 128]
-            T = max(len(x) for x in chunk)
-            batch = torch.tensor([x + [tokenizer.pad_id] * (T - len(x)) for x in chunk])
-            mask = (batch != tokenizer.pad_id).float()[..., None]
-            out = model(batch, torch.zeros_like(batch), mask[..., 0].long(), output_hidden_states=True)
-            for n, h in enumerate(out.hidden_states):
-                if len(layers) <= n:
-                    layers.append([])
-                layers[n].append(((h * mask).sum(1) / mask.sum(1)).numpy())
-    return [np.concatenate(parts) for parts in layers]
-
-
-def linear_probe(checkpoint: str, train: list, test: list, labels: tuple[str, ...]) -> list[float]:
-    """Test macro-F1 of a logistic regression on each layer's frozen mean-pooled features."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
-    from benchmarks.quality_finetune import scores
-
-    y_train, y_test = [labels.index(e.label) for e in train], [labels.index(e.label) for e in test]
-    out = []
-    for f_train, f_test in zip(mean_features(checkpoint, train), mean_features(checkpoint, test), strict=True):
-        scaler = StandardScaler().fit(f_train)
-        clf = LogisticRegression(max_iter=2000).fit(scaler.transform(f_train), y_train)
-        out.append(scores(y_test, clf.predict(scaler.transform(f_test)).tolist())["macro_f1"])
-    return out
-
-
-def heldout_mlm_accuracy(checkpoint: str, examples: list, seed: int = 0, max_seq_length: int = 64) -> float:
-    """Masked-LM accuracy on the task's own text (:func:`masked_lm_accuracy`), each example one sequence."""
-    from bert_core.finetune.glue import encode_pairs
-    from bert_core.vocab.tokenization import load_tokenizer
-
-    sequences = encode_pairs(load_tokenizer(checkpoint), examples, max_seq_length)["input_ids"]
-    return masked_lm_accuracy(checkpoint, sequences, seed)
-
-
-def masked_lm_accuracy(checkpoint: str, sequences: list[list[int]], seed: int = 0) -> float:
-    """Masked-LM accuracy on ``sequences`` (``[CLS] ... [SEP]`` ids): in each, 15% of the word
-    pieces (never [CLS]/[SEP]) replaced by [MASK], drawn with ``seed``; the share predicted exactly."""
-    import torch
-
-    from bert_core.model.bert import BertForPreTraining
-    from bert_core.vocab.tokenization import load_tokenizer
-
-    torch.set_num_threads(1)
-    tokenizer = load_tokenizer(checkpoint)
-    model = BertForPreTraining.from_pretrained(checkpoint).eval()
-    mask_id = tokenizer.mask_id
-    rng = np.random.default_rng(seed)
-    right = total = 0
-    with torch.no_grad():
-        for ids in sequences:
-            inner = np.arange(1, len(ids) - 1)
-            if not len(inner):
-                continue
-            picked = rng.choice(inner, max(1, round(0.15 * len(inner))), replace=False)
-            masked = torch.tensor([ids])
-            masked[0, picked] = mask_id
-            hidden = model.bert(masked).last_hidden_state[0, picked]
-            right += int((model.mlm_logits(hidden).argmax(-1) == torch.tensor(ids)[picked]).sum())
-            total += len(picked)
-    return 100 * right / max(1, total)
-
-
-def tfidf_scores(train: list, evaluate: list, labels: tuple[str, ...], c: float) -> dict[str, float]:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-
-    from benchmarks.quality_finetune import scores
-
-    vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)
-    x = vectorizer.fit_transform([e.text_a for e in train])
-    clf = LogisticRegression(C=c, max_iter=2000).fit(x, [labels.index(e.label) for e in train])
-    pred = clf.predict(vectorizer.transform([e.text_a for e in evaluate])).tolist()
-    return scores([labels.index(e.label) for e in evaluate], pred)
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -565,7 +145,7 @@ def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: 
                   draws: list[tuple[int | None, int]]) -> list:
     """The jobs of one checkpoint on one task at each (size, subsamples) of ``draws``: (cache key,
     function, arguments); subsample k is fine-tuned with seed 1 + k."""
-    from benchmarks.quality_finetune import encoded, finetune
+    from benchmarks.quality.finetune import encoded, finetune
     from bert_core.finetune.data import subsample
 
     jobs = []
@@ -586,7 +166,7 @@ def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: 
 def choose_setting(cache: Cache, pool, checkpoint: Path, ckpt_key: dict, task, parts: dict, grid: list[dict],
                    label: str) -> dict:
     """The arm's setting for a task: the grid on the full pool, one seed, scored on dev (macro-F1)."""
-    from benchmarks.quality_finetune import encoded, finetune
+    from benchmarks.quality.finetune import encoded, finetune
 
     data, pad = encoded(str(checkpoint), {"train": parts["train"], "dev": parts["dev"]}, task.labels, 64)
     jobs = [(ckpt_key | {"task": task.name, "size": "all", "setting": s, "seed": 1, "split": "dev"}, finetune,
@@ -617,8 +197,8 @@ def evaluate_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: 
         setting = arm["settings"][name]["selected"]
         jobs = finetune_jobs(checkpoint, ckpt_key, task, parts, setting, curve_draws(plan))
         run.setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"{label} {name} curve"), jobs)
-        probe_train = subsample(parts["train"], PROBE_SIZE, name)
-        extra = [(ckpt_key | {"task": name, "measure": "probe", "size": PROBE_SIZE}, linear_probe,
+        probe_train = subsample(parts["train"], plan["probe_size"], name)
+        extra = [(ckpt_key | {"task": name, "measure": "probe", "size": plan["probe_size"]}, linear_probe,
                   (str(checkpoint), probe_train, parts["test"], task.labels)),
                  (ckpt_key | {"task": name, "measure": "heldout-mlm"}, heldout_mlm_accuracy,
                   (str(checkpoint), parts["test"]))]
@@ -635,9 +215,9 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
     arm: dict = {"arm": "TF-IDF + LR", "budget_cpu_minutes": None, "settings": {}, "runs": [{"seed": None}]}
     for name, (task, parts) in tasks.items():
         jobs = [({"arm": "tfidf", "task": name, "C": c, "split": "dev", "quick": plan["quick"]}, tfidf_scores,
-                 (parts["train"], parts["dev"], task.labels, c)) for c in TFIDF_C]
+                 (parts["train"], parts["dev"], task.labels, c)) for c in plan["tfidf_c"]]
         dev = cache.run(pool, jobs, f"TF-IDF {name} dev")
-        c = best_setting([(c, d["macro_f1"]) for c, d in zip(TFIDF_C, dev, strict=True)])
+        c = best_setting([(c, d["macro_f1"]) for c, d in zip(plan["tfidf_c"], dev, strict=True)])
         arm["settings"][name] = {"selected": {"C": c}}
         jobs = [({"arm": "tfidf", "task": name, "C": c, "size": size_name(size), "subsample": k, "split": "test",
                   "quick": plan["quick"]}, tfidf_scores,
@@ -654,7 +234,7 @@ def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_
     subsamples (:func:`every_setting_draws`): ``run["every_setting"][cell]``, one job per subsample
     (cells ``task/size/setting``, settings numbered from 1 in grid order). The arm's own setting's
     cells are its curve's jobs of those subsamples, read from the curve, never run again."""
-    from benchmarks.quality_choice import cell
+    from benchmarks.quality.choice import cell
 
     draws = every_setting_draws(plan)
     out = run.setdefault("every_setting", {})
@@ -672,8 +252,8 @@ def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_
 
 
 def every_setting_endpoint(arms: list[dict], tasks: list[str], plan: dict) -> dict[str, list[dict]]:
-    """Per A arm, the secondary endpoint's cells against B (``quality_choice.every_setting_cells``)."""
-    from benchmarks.quality_choice import every_setting_cells
+    """Per A arm, the secondary endpoint's cells against B (``choice.every_setting_cells``)."""
+    from benchmarks.quality.choice import every_setting_cells
 
     def scores(arm: dict) -> list[dict[str, list[float]]]:
         return [{c: [j["macro_f1"] for j in jobs] for c, jobs in r.get("every_setting", {}).items()}
@@ -692,7 +272,7 @@ def goals(arms: list[dict], endpoint_rows: list[dict], every_setting: dict[str, 
     TF-IDF + LR's at the last goal size on every task; 3, the primary gain at least +3 with its
     interval above 0 at each goal size; 4, held-out MLM accuracy on each task's test text and on
     each of ``genres``' set-aside documents (None: not measured) for every A and B run."""
-    from benchmarks.quality_choice import goal_every_setting
+    from benchmarks.quality.choice import goal_every_setting
 
     sizes = plan["goal_sizes"]
     base = next(a for a in arms if a["arm"] == "B")
@@ -734,15 +314,15 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not math.isnan(value)
 
 
-def freeze_check(recipe: str, choice: str | None, quick: bool, protocol: str = "v2") -> dict | None:
+def freeze_check(recipe: str, choice: str | None, quick: bool, version: str = "v2") -> dict | None:
     """A version-2 recipe's test phase starts only on its frozen choice (``--choice``, default the
-    ``protocol``'s in :data:`PROTOCOLS`; ``--quick`` without ``--choice`` skips the check): the
-    choice, or a one-line refusal (``quality_choice.frozen_choice``). None for a version-1 recipe."""
-    from benchmarks.quality_choice import frozen_choice
+    ``version``'s data file; ``--quick`` without ``--choice`` skips the check): the
+    choice, or a one-line refusal (``choice.frozen_choice``). None for a version-1 recipe."""
+    from benchmarks.quality.choice import frozen_choice
 
-    if recipe not in RECIPES_V2 or (quick and choice is None):
+    if recipe not in candidates("v2") or (quick and choice is None):
         return None
-    path = Path(choice) if choice else PROTOCOLS[protocol]["choice"]
+    path = Path(choice) if choice else ROOT / protocol(version)["choice"]
     return {"file": str(path)} | frozen_choice(path, recipe)
 
 
@@ -768,10 +348,9 @@ def card_name(card: str) -> str:
 
 def gpu_runs(checkpoints: Path, recipe: str, into: Path, seeds: list[int]) -> dict:
     """Arm A-GPU: the runs of ``recipe`` pre-trained elsewhere, folders ``<recipe>-seed<S>`` in
-    ``checkpoints`` or in the archives there (``quality_search.unpack`` under ``into``), each with
+    ``checkpoints`` or in the archives there (``search.unpack`` under ``into``), each with
     its ``pretrain-log.json``; only ``seeds`` count (the others are listed as ignored, a seed
     without a folder as not run). The arm is named by the logs' card (``A-GPU H200``)."""
-    from benchmarks import quality_search as qs
 
     found = qs.run_folders(checkpoints, [recipe]).get(recipe) or (
         qs.run_folders(qs.unpack(checkpoints, into), [recipe]).get(recipe, []))
@@ -794,22 +373,6 @@ def gpu_runs(checkpoints: Path, recipe: str, into: Path, seeds: list[int]) -> di
             "runs": runs,
             "not_run": [s for s in seeds if s not in {r["seed"] for r in runs}],
             "ignored": [s for s, _ in found if s not in seeds]}
-
-
-def load_tasks(samples_dir: Path, quick: bool) -> dict:
-    """Each task's definition and split; ``quick`` shrinks them and skips the pins."""
-    from dataclasses import replace
-
-    from benchmarks import quality_tasks as qt
-
-    out = {}
-    for name, task in qt.TASKS.items():
-        if quick:
-            task = replace(task, dev_size=QUICK["dev"], test_size=QUICK["test"], pool_size=QUICK["pool"])
-            out[name] = (task, qt.split(task, task.read(samples_dir)))
-        else:
-            out[name] = (task, qt.load(task, samples_dir))
-    return out
 
 
 def plot(result: dict, path: Path) -> None:
@@ -840,13 +403,13 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import quality_tasks as qt
+    from benchmarks.quality import tasks as qt
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", default=None, help="sample folder (default: benchmarks.common.samples())")
     parser.add_argument("--work", default=str(RESULTS / "quality-data"), help="corpus, runs and the job cache")
     parser.add_argument("--recipe", default=CHOSEN, choices=list(RECIPES), help="pre-training recipe of arm A")
-    parser.add_argument("--budgets", type=floats, default=list(BUDGETS), help="CPU-minutes of pre-training for arm A")
+    parser.add_argument("--budgets", type=floats, default=None, help="CPU-minutes of pre-training for arm A")
     parser.add_argument("--ranks", type=int, default=1, help="pre-training ranks (CPU processes)")
     parser.add_argument("--calibration-steps", type=int, default=40)
     parser.add_argument("--jobs", type=int, default=1, help="fine-tuning jobs side by side (one thread each); "
@@ -862,20 +425,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-only", action="store_true",
                         help="only TF-IDF and arm C (MiniLM), beside a run that does the rest")
     parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
-                        help="v1: version 1's corpus; k1, k2: protocol version 2's (benchmarks.quality_corpus), each "
+                        help="v1: version 1's corpus; k1, k2: protocol version 2's (benchmarks.quality.corpus), each "
                              "built under --work/<corpus> with its vocab, instances and runs (default: a version-2 "
                              "recipe's own corpus, else v1)")
     parser.add_argument("--choice", default=None,
                         help="a version-2 recipe's test phase starts only when this frozen choice names it (default: "
                              "the --protocol's, bench-results/quality-v<N>-choice.json; none with --quick)")
-    parser.add_argument("--protocol", default="v2", choices=list(PROTOCOLS),
+    parser.add_argument("--protocol", default="v2", choices=versions(),
                         help="the protocol version's draws, frozen choice and arms (docs/quality-protocol-v<N>.md; "
                              "version 1 is v2 without --every-setting)")
     parser.add_argument("--every-setting", action="store_true",
                         help="A and B at every grid setting at each size but the whole pool: the 48 cells of A - B")
     parser.add_argument("--checkpoints", default=None,
-                        help="arm A-GPU instead of pre-training arm A: folders <recipe>-seed<S> (or quality_search "
-                             "pretrain's archives of them) with their pretrain-log.json")
+                        help="arm A-GPU instead of pre-training arm A: folders <recipe>-seed<S> (or the search's "
+                             "pretrain archives of them) with their pretrain-log.json")
     parser.add_argument("--distinct-text", default=None,
                         help="k2's distinct text (default: benchmarks.distinct_text in the bertpipe cache, fetched "
                              "once; none with --quick)")
@@ -885,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=str(RESULTS / "quality.json"))
     parser.add_argument("--plot", default=str(ROOT / "docs" / "quality.png"))
     args = parser.parse_args(argv)
-    own_corpus = CANDIDATES_V2[args.recipe].corpus if args.recipe in RECIPES_V2 else None
+    own_corpus = RECIPES[args.recipe].corpus
     if own_corpus and args.corpus not in (None, own_corpus):
         raise SystemExit(f"--recipe {args.recipe} pre-trains on {own_corpus}, not --corpus {args.corpus}")
     args.corpus = args.corpus or own_corpus or "v1"
@@ -895,11 +458,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                                   args.protocol)
     if args.heldout_genres and args.corpus == "v1":
         parser.error("--heldout-genres needs --corpus k1 or k2 (version 1's corpus sets no text aside)")
-    draws = {k: v for k, v in PROTOCOLS[args.protocol].items() if k not in ("choice", "reference")}
-    plan = {"sizes": list(QUICK["sizes"] if args.quick else SIZES), "subsamples": QUICK["subsamples"] if args.quick
-            else SUBSAMPLES, "runs": QUICK["runs"] if args.quick else RUNS, "grid": QUICK["grid"] if args.quick else GRID,
-            "goal_sizes": QUICK["goal_sizes"] if args.quick else PRIMARY_SIZES, "quick": args.quick,
-            "protocol": args.protocol} | (QUICK["protocols"][args.protocol] if args.quick else draws)
+    plan = protocol(args.protocol, args.quick) | {"protocol": args.protocol}
+    args.budgets = args.budgets or plan["budgets"]
+    if not plan["runs_here"] and not args.quick and not args.checkpoints:
+        print(f"protocol {args.protocol} needs {plan['needs']}", flush=True)
     archive = Path(args.cache_archive) if args.cache_archive else None if args.quick else CACHE_ARCHIVE
     work = Path(args.work)
     if args.pack_cache:
@@ -913,12 +475,12 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}", flush=True)
 
-    tasks = load_tasks(sample_dir, args.quick)
+    tasks = load_tasks(sample_dir, plan)
     for name, (_, parts) in tasks.items():
         print(f"{name}: " + " / ".join(f"{len(v)} {k}" for k, v in parts.items()), flush=True)
     recipe = RECIPES[args.recipe]
     if args.quick:
-        recipe = replace_recipe(recipe, global_batch=QUICK["global_batch"])
+        recipe = replace(recipe, global_batch=plan["global_batch"])
     runs, built = work, None  # where the runs of arms A and B live
     if args.corpus == "v1":
         _, tweets = tasks["tweets3"]
@@ -932,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"dev/test texts are in the pre-training corpus ({leaked}); the arms would not be fair")
         instances = instances_for(recipe, corpus, vocab, work)
     else:
-        from benchmarks import quality_corpus as qc
+        from benchmarks.quality import corpus as qc
 
         distinct = Path(args.distinct_text) if args.distinct_text else None
         built = qc.build(args.corpus, recipe, work, sample_dir, {n: p for n, (_, p) in tasks.items()}, distinct,
@@ -952,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         check_vocab(gpu, instances)
     for budget in [] if gpu else args.budgets:
         if args.quick:
-            steps[budget] = QUICK["steps"]
+            steps[budget] = plan["steps"]
             continue
         calibration = {"calibration": recipe.key(), "ranks": args.ranks, "steps": args.calibration_steps}
         calibration |= {} if args.corpus == "v1" else {"corpus": args.corpus}
@@ -1005,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.heldout_genres:
             return
         heldout = built.prepared.heldout
-        count = QUICK["heldout_sequences"] if args.quick else qc.HELDOUT_SEQUENCES
+        count = plan["heldout_sequences"] if args.quick else qc.HELDOUT_SEQUENCES
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(heldout.glob("*.jsonl")))).hexdigest()[:16]
         job = (key | {"measure": "heldout-genres", "heldout": digest, "sequences": count}, qc.genre_mlm_accuracy,
                (str(checkpoint), heldout, count))
@@ -1021,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = result["protocol"]["sizes"]
         with_b = any(a["arm"] == "B" for a in arms)
         result["endpoints"] = endpoints(arms, task_names, sizes) if with_b else []
-        result["primary"] = [e for e in result["endpoints"] if e["size"] in PRIMARY_SIZES]
+        result["primary"] = [e for e in result["endpoints"] if e["size"] in plan["goal_sizes"]]
         result["every_setting"] = every_setting_endpoint(arms, task_names, plan) if with_b and args.every_setting else {}
         if with_b:
             genres = [g for g, n in result["genres"].items() if n.get("set_aside")] if args.heldout_genres else None
@@ -1071,13 +633,13 @@ def main(argv: list[str] | None = None) -> int:
                     run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
                     a["runs"].append(run)
                     score_run(pool, a, run, checkpoint, key, steps[budget] * recipe.global_batch)
-        if PROTOCOLS[args.protocol]["reference"] and not args.no_reference and not args.quick:
+        if plan["reference"] and not args.no_reference and not args.quick:
             minilm = sample_dir / "models" / "minilm"
             c: dict = {"arm": "C (MiniLM)", "budget_cpu_minutes": None,
-                       "settings": {n: {"selected": MINILM_SETTING} for n in tasks}, "runs": [{"seed": None}]}
+                       "settings": {n: {"selected": plan["reference_setting"]} for n in tasks}, "runs": [{"seed": None}]}
             arms.append(c)
             for name, (task, parts) in tasks.items():
-                jobs = finetune_jobs(minilm, {"arm": "C", "tasks": base_key["tasks"]}, task, parts, MINILM_SETTING,
+                jobs = finetune_jobs(minilm, {"arm": "C", "tasks": base_key["tasks"]}, task, parts, plan["reference_setting"],
                                      curve_draws(plan))
                 c["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"C {name}"), jobs)
                 write()
@@ -1138,16 +700,6 @@ def goal_figures(goal: dict) -> str:
                          for s, v in goal["per_size"].items()) or "no endpoint"
     return (f"{goal['numbers']} of {goal['expected']} numbers" + (f"; {goal['why']}" if "why" in goal else "")
             + (f"; missing: {', '.join(goal['missing'][:6])}" if goal["missing"] else ""))
-
-
-def replace_recipe(recipe: Recipe, **changes) -> Recipe:
-    from dataclasses import replace
-
-    return replace(recipe, **changes)
-
-
-def manifest_digest(folder: Path) -> str:
-    return hashlib.sha256((folder / "_MANIFEST.json").read_bytes()).hexdigest()[:16]
 
 
 def floats(text: str) -> list[float]:

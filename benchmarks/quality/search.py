@@ -3,9 +3,9 @@ for its CPU-minutes (version 1's :data:`RECIPES`; version 2's :data:`CANDIDATES_
 ``--candidates v2``, ``--recipes v2``). Three steps, the last two on whatever accelerator there is
 (``make gpu-quality`` and ``gpu-quality-evaluate`` run them on the device machine, from the stage):
 
-    python -m benchmarks.quality_search prepare --work W --stage .search-v2 --candidates v2  # here
-    python -m benchmarks.quality_search pretrain --stage .search-v2 --out OUT --recipes v2 --seeds 42,43
-    python -m benchmarks.quality_search evaluate --work W --checkpoints OUT --every-setting --choose FILE
+    python -m benchmarks.quality prepare --protocol v2 --work W --stage .search-v2            # here
+    python -m benchmarks.quality pretrain --protocol v2 --candidates --stage .search-v2 --out OUT --seeds 42,43
+    python -m benchmarks.quality choose --protocol v2 --work W --checkpoints OUT --choose FILE
 
 The steps: :func:`prepare`, :func:`prepare_v2`, :func:`pretrain_all`, :func:`evaluate`, :func:`evaluate_v2`.
 """
@@ -25,12 +25,27 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.quality import build
+from benchmarks.quality import corpus as quality_corpus
+from benchmarks.quality import tasks as qt
+from benchmarks.quality.cache import Cache, pack_cache, run_cached, weights_digest
+from benchmarks.quality.spec import (
+    CHOSEN,
+    PRETRAIN_SEED,
+    ROOT,
+    SEARCH_V1,
+    Recipe,
+    candidates,
+    protocol,
+)
+from benchmarks.quality.spec import RECIPES as ALL
+from bert_core.config import PretrainConfig
 
 BUDGET_MINUTES = 60.0
 TAPT_MINUTES = 5.0
@@ -49,46 +64,12 @@ STAGE_SAMPLES = "samples"  # the stage's copy of the tasks' files, at their path
 TIMING_ROUNDS = 3  # prepare: each cost is timed this many times, the costs in turn, and the median kept
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One pre-training recipe: what it changes of the chosen one. ``corpus`` None reads version
-    1's staged instances; ``max_predictions`` None keeps the instances' own (15% of ``seq``)."""
-
-    about: str
-    size: str = "tiny"
-    learning_rate: float = 3e-3
-    weight_decay: float = 0.01
-    masked_lm_prob: float = 0.15
-    max_predictions: int | None = None
-    tapt: bool = False  # continue the protocol's first run on the tasks' training text
-    corpus: str | None = None
-    seq: int = 64
-    batch: int = 64
-    whole_word_mask: bool = False
-
-
-RECIPES = {
-    "chosen": Variant("the chosen recipe itself, run by this search (the control for the device)"),
-    "wd0.1": Variant("weight decay 0.1", weight_decay=0.1),
-    "mask0.25": Variant("25% of pieces masked (at most 16 of 64)", masked_lm_prob=0.25, max_predictions=16),
-    "mini": Variant("mini (L4/H256) at peak rate 1e-3, fewer steps for the same CPU-minutes", size="mini",
-                    learning_rate=1e-3),
-    "tapt": Variant("task-adaptive: the protocol's first 60-minute run, then 5 CPU-minutes of MLM on the "
-                    "tasks' training pools at peak rate 1e-3", learning_rate=1e-3, tapt=True),
-}
-
-# version 2's candidates, in the protocol's table order (its tie-break)
-CANDIDATES_V2 = {
-    "k2": Variant("the chosen recipe on K2", corpus="k2"),
-    "k2-lr1e-3": Variant("K2 at peak rate 1e-3", corpus="k2", learning_rate=1e-3),
-    "k2-wd0.1": Variant("K2 with weight decay 0.1", corpus="k2", weight_decay=0.1),
-    "k2-wwm": Variant("K2 with whole words masked (15%, dynamic)", corpus="k2", whole_word_mask=True),
-    "k2-seq128": Variant("K2 at 128 tokens x 32 sequences a step", corpus="k2", seq=128, batch=32),
-    "k1": Variant("the chosen recipe on K1 (version 1's corpus)", corpus="k1"),
-}
-CHOSEN_ON_K1 = Variant("the chosen recipe of version 1 on K1: the step count's reference", corpus="k1")
+RECIPES = {name: ALL[name] for name in SEARCH_V1}  # version 1's search
+CANDIDATES_V2 = candidates("v2")
+CHOSEN_ON_K1 = ALL["chosen-on-k1"]
 CANDIDATE_SETS = {"v1": RECIPES, "v2": CANDIDATES_V2}
 ALL_RECIPES = RECIPES | CANDIDATES_V2
+GRID = protocol("v2")["grid"]
 
 
 def recipe_names(text: str) -> list[str]:
@@ -102,28 +83,32 @@ def recipe_names(text: str) -> list[str]:
     return names
 
 
-def model_for(variant: Variant, vocab_size: int, seed: int = 42, init: str | None = None):
+def model_for(variant: Recipe, vocab_size: int, seed: int = 42, init: str | None = None):
     """The variant's model from the product's random init for ``seed``, or ``init``'s weights
     (the steps that follow draw their dropout from ``seed`` either way)."""
     import torch
 
-    from bert_core.config import ModelConfig
     from bert_core.model.bert import BertForPreTraining
     from bert_core.pretrain.in_process import random_init
 
     if init:
         torch.manual_seed(seed)
         return BertForPreTraining.from_pretrained(init)
-    return random_init(ModelConfig(size=variant.size, vocab_size=vocab_size, max_position_embeddings=512,
-                                   pre_layer_norm=True), seed)
+    return random_init(model_config_for(variant, vocab_size), seed)
 
 
-def train(variant: Variant, model, instances: str, steps: int, seed: int, device: str = "cpu", **kwargs) -> list[dict]:
+def model_config_for(recipe: Recipe, vocab_size: int):
+    """The search's model config of ``recipe``: pre-LN at 512 positions, the same for every
+    candidate, since fine-tuning is at 64 tokens whatever the pre-training length."""
+    from bert_core.config import ModelConfig
+
+    return ModelConfig(size=recipe.size, vocab_size=vocab_size, max_position_embeddings=512, pre_layer_norm=True)
+
+
+def train(variant: Recipe, model, instances: str, steps: int, seed: int, device: str = "cpu", **kwargs) -> list[dict]:
     """The product's in-process masked-LM steps at the variant's settings: ``batch`` sequences of
     ``seq`` tokens a step, the instances' dynamic masks drawn with the variant's share of pieces
     (whole words with ``whole_word_mask``, as the loader masks for ``instances.whole_word_mask``)."""
-    from bert_core.pretrain.in_process import short_run, train_mlm
-
     config = short_run(variant.seq, steps, variant.batch, variant.learning_rate, variant.weight_decay, seed)
     masking = {"masked_lm_prob": variant.masked_lm_prob, "whole_word_mask": variant.whole_word_mask}
     if variant.max_predictions:
@@ -131,10 +116,61 @@ def train(variant: Variant, model, instances: str, steps: int, seed: int, device
     return train_mlm(model, instances, config, device=device, masking=masking, **kwargs)
 
 
+def train_mlm(model: Any, instances: str, config: PretrainConfig, phase_index: int = 0, device: str = "cpu",
+              masking: dict[str, Any] | None = None, log_every: int = 500,
+              on_step: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+    """The phase's ``max_steps`` optimizer steps on ``instances`` in this process: batches of its
+    ``global_batch_size`` at its length, AdamW with the config's betas, epsilon and weight decay
+    (matrices only), linear warmup then linear decay, gradient clipping; ``masking`` overrides
+    fields of the instances' dynamic masking. The loss and masked-LM accuracy every ``log_every``
+    steps and at the last."""
+    import torch
+
+    from bert_core.model.schedule import linear_warmup_decay
+    from bert_core.model.weight_decay import param_groups
+    from bert_core.pretrain.data import PretrainingLoader, to_device
+
+    phase = config.phases[phase_index]
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=phase.learning_rate,
+                                  betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(phase.warmup_steps, phase.max_steps))
+    loader = PretrainingLoader(instances, max_seq_length=phase.max_seq_length,
+                               micro_batch_size=phase.global_batch_size, seed=config.seed + phase_index)
+    if masking:
+        loader.masking = replace(loader.masking, **masking)
+    batches = iter(loader)
+    log = []
+    for step in range(phase.max_steps):
+        result = model(**to_device(next(batches), device))
+        result["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.gradient_clipping)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if on_step:
+            on_step(step)
+        if step % log_every == 0 or step == phase.max_steps - 1:
+            log.append({"step": step, "loss": float(result["mlm_loss"]), "mlm_acc": float(result["mlm_acc"])})
+    return log
+
+
+def short_run(max_seq_length: int, steps: int, batch_size: int, learning_rate: float, weight_decay: float,
+              seed: int) -> PretrainConfig:
+    """One phase of ``steps`` at ``max_seq_length``, ``batch_size`` sequences a step, warmup over
+    a tenth of the steps: the config :func:`train_mlm` reads for a short run."""
+    from bert_core.config import PretrainPhase
+
+    phase = PretrainPhase(max_seq_length=max_seq_length, max_steps=steps, global_batch_size=batch_size,
+                          micro_batch_size=batch_size, learning_rate=learning_rate,
+                          warmup_steps=max(1, steps // 10))
+    return PretrainConfig(phases=[phase], procs_per_node=1, weight_decay=weight_decay, seed=seed)
+
+
 # --------------------------------------------------------------------------- prepare (here)
 
 
-def cpu_seconds_per_step(variant: Variant, instances: str, vocab_size: int, warmup: int = 5, timed: int = 30) -> float:
+def cpu_seconds_per_step(variant: Recipe, instances: str, vocab_size: int, warmup: int = 5, timed: int = 30) -> float:
     """CPU seconds a step of ``variant`` costs on this machine, one thread, after ``warmup`` steps."""
     import torch
 
@@ -147,7 +183,6 @@ def cpu_seconds_per_step(variant: Variant, instances: str, vocab_size: int, warm
 
 def task_text(samples: Path, out: Path) -> Path:
     """The tasks' training pools as ``--text`` records of 20 sentences (no dev or test text)."""
-    from benchmarks import quality_tasks as qt
 
     texts = [e.text_a for name, task in qt.TASKS.items() for e in qt.load(task, samples)["train"]]
     out.mkdir(parents=True, exist_ok=True)
@@ -163,18 +198,17 @@ def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int) -> dict:
     task-adaptive pre-training gets 5 CPU-minutes on the tasks' training text. Copies what the
     pre-training step needs into ``stage`` (instances, the task text's instances, the protocol's
     first run) and writes the step counts to ``stage/steps.json``."""
-    from benchmarks import bench_quality as bq
     from bert_core.pretrain.data import read_vocab, vocab_file_of
 
-    recipe = bq.RECIPES[bq.CHOSEN]
+    recipe = ALL[CHOSEN]
     instances = work / "instances-seq64-packed-dynamic-wordpiece"
-    first_run = bq.pretrain_folder(work, bq.CHOSEN, BUDGET_MINUTES, 1, bq.PRETRAIN_SEED) / "hf"
+    first_run = build.pretrain_folder(work, CHOSEN, BUDGET_MINUTES, 1, PRETRAIN_SEED) / "hf"
     search = work / "search"
     text = task_text(samples, search)
     corpus = search / "task-corpus"
     if not (corpus / "_MANIFEST.json").exists():
-        bq.bertpipe(["corpus", "--text", str(text), "--output", str(corpus)], search / "corpus.log")
-    task_instances = bq.instances_for(recipe, corpus, work / "vocab", search)
+        build.bertpipe(["corpus", "--text", str(text), "--output", str(corpus)], search / "corpus.log")
+    task_instances = build.instances_for(recipe, corpus, work / "vocab", search)
     vocab_size = len(read_vocab(vocab_file_of(str(instances))))
     costs = {name: cpu_seconds_per_step(v, str(instances), vocab_size) for name, v in RECIPES.items()}
     steps = {name: round(chosen_steps * costs["chosen"] / cost) for name, cost in costs.items()}
@@ -192,20 +226,17 @@ def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int) -> dict:
 
 def corpus_for(name: str, work: Path, samples: Path) -> tuple[Path, Path]:
     """Corpus ``name`` (``k1``, ``k2``) and its vocab, built once under ``work/name`` by
-    ``benchmarks.quality_corpus`` (with the chosen recipe's instances beside them); stops when a
+    ``corpus`` (with the chosen recipe's instances beside them); stops when a
     dev or test text of a task is in it."""
-    from benchmarks import bench_quality as bq
-    from benchmarks import quality_corpus
-    from benchmarks import quality_tasks as qt
 
     if name not in quality_corpus.CORPORA:
         raise SystemExit(f"corpus {name}: not one of {', '.join(quality_corpus.CORPORA)}")
     tasks = {n: qt.load(t, samples) for n, t in qt.TASKS.items()}
-    built = quality_corpus.build(name, bq.RECIPES[bq.CHOSEN], work, samples, tasks)
+    built = quality_corpus.build(name, ALL[CHOSEN], work, samples, tasks)
     return built.corpus, built.vocab
 
 
-def cost_key(variant: Variant) -> tuple:
+def cost_key(variant: Recipe) -> tuple:
     """What decides a step's cost: variants equal in it (they differ in optimizer settings only)
     share one timing."""
     return (variant.corpus, variant.size, variant.seq, variant.batch, variant.masked_lm_prob,
@@ -217,10 +248,9 @@ def stage_instances_name(corpus: str, seq: int) -> str:
 
 
 def stage_tasks(samples: Path, stage: Path) -> list[Path]:
-    """Every file that ``quality_tasks.TASKS`` pins, checked against its pin and copied from
-    ``samples`` to the same path under ``stage/samples``: what ``quality_tasks.load`` reads on a
+    """Every file that ``quality_qt.TASKS`` pins, checked against its pin and copied from
+    ``samples`` to the same path under ``stage/samples``: what ``tasks.load`` reads on a
     machine without the samples (it checks the pins again there)."""
-    from benchmarks import quality_tasks as qt
 
     copied = []
     for task in qt.TASKS.values():
@@ -248,7 +278,7 @@ def restage_tasks(work: Path, stage: Path, samples: Path) -> dict:
     """The tasks' files (:func:`stage_tasks`) added to a version-2 stage already prepared, its
     plan's ``stage_bytes`` updated."""
     if not (stage / "steps.json").exists():
-        raise SystemExit(f"{stage}/steps.json is missing: run quality_search prepare --candidates v2 --stage {stage}")
+        raise SystemExit(f"{stage}/steps.json is missing: run benchmarks.quality prepare --candidates v2 --stage {stage}")
     plan = json.loads((stage / "steps.json").read_text())
     if plan.get("candidates") != "v2":
         raise SystemExit(f"{stage} is not a version-2 stage (prepare --candidates v2 writes one)")
@@ -266,7 +296,6 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
     come from :func:`corpus_for`. Writes ``stage`` (each corpus's vocab folder, its instances
     packed by :func:`pack_instances`, the tasks' files by :func:`stage_tasks` and ``steps.json``)
     and the same plan to ``work/search-v2/plan.json``."""
-    from benchmarks import bench_quality as bq
     from bert_core.pretrain.data import read_vocab, vocab_file_of
 
     names = [n for n, v in CANDIDATES_V2.items() if v.corpus in corpora]
@@ -274,13 +303,13 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
         raise SystemExit(f"--corpus {','.join(corpora)}: no candidate of version 2 uses it (k1, k2)")
     built = {corpus: corpus_for(corpus, work, samples) for corpus in sorted({"k1", *(CANDIDATES_V2[n].corpus
                                                                                    for n in names)})}
-    base = bq.RECIPES[bq.CHOSEN]
+    base = ALL[CHOSEN]
     local: dict[tuple[str, int], Path] = {}
     for corpus, seq in sorted({("k1", 64), *((CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names)}):
         corpus_dir, vocab_dir = built[corpus]
-        local[corpus, seq] = bq.instances_for(replace(base, seq=seq), corpus_dir, vocab_dir, work / corpus)
+        local[corpus, seq] = build.instances_for(replace(base, seq=seq), corpus_dir, vocab_dir, work / corpus)
     timed_variants = {"chosen": CHOSEN_ON_K1, **{n: CANDIDATES_V2[n] for n in names}}
-    groups: dict[tuple, tuple[str, Variant]] = {}
+    groups: dict[tuple, tuple[str, Recipe]] = {}
     for name, variant in timed_variants.items():
         groups.setdefault(cost_key(variant), (name, variant))
     rounds: dict[tuple, list[float]] = {key: [] for key in groups}
@@ -629,7 +658,7 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
     ``out/pretrain-logs.json`` and the compact archive of them all to ``out`` only when it fits
     in what a device call returns (:func:`archive_runs`)."""
     if not (stage / "steps.json").exists():
-        raise SystemExit(f"{stage}/steps.json is missing: run quality_search prepare --stage {stage} first")
+        raise SystemExit(f"{stage}/steps.json is missing: run benchmarks.quality prepare --stage {stage} first")
     plan = json.loads((stage / "steps.json").read_text())
     missing = [n for n in names if n not in plan["steps"]]
     if missing:
@@ -765,10 +794,6 @@ def unpack(archives: Path, into: Path) -> Path:
 # --------------------------------------------------------------------------- evaluate (here)
 
 
-def weights_digest(checkpoint: Path) -> str:
-    return hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()[:20]
-
-
 def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
              subsamples: int = SUBSAMPLES) -> dict:
     """Version 1: every recipe's checkpoint, the protocol's 60-minute runs and its random inits
@@ -776,19 +801,17 @@ def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int
     setting of each task, :data:`SETTINGS`), scored on dev: the search never reads test."""
     import statistics
 
-    from benchmarks import bench_quality as bq
-    from benchmarks import quality_tasks as qt
-    from benchmarks.quality_finetune import encoded, finetune
+    from benchmarks.quality.finetune import encoded, finetune
     from bert_core.finetune.data import subsample
 
     arms = {name: checkpoints / name for name in RECIPES if (checkpoints / name / "config.json").exists()}
-    for k in range(bq.RUNS):
-        seed = bq.PRETRAIN_SEED + k
-        run = bq.pretrain_folder(work, bq.CHOSEN, BUDGET_MINUTES, 1, seed) / "hf"
+    for k in range(protocol("v2")["runs"]):
+        seed = PRETRAIN_SEED + k
+        run = build.pretrain_folder(work, CHOSEN, BUDGET_MINUTES, 1, seed) / "hf"
         if run.exists():
             arms[f"protocol A 60 seed {seed}"] = run
-        arms[f"random init seed {seed}"] = bq.baseline_folder(work, bq.CHOSEN, seed)
-    cache = bq.Cache(work / "search" / "cache", reuse=True)
+        arms[f"random init seed {seed}"] = build.baseline_folder(work, CHOSEN, seed)
+    cache = Cache(work / "search" / "cache", reuse=True)
     tasks = {name: qt.load(task, samples) for name, task in qt.TASKS.items()}
     scores: dict[str, dict[str, list[float]]] = {}
     with ProcessPoolExecutor(max(1, jobs)) as pool:
@@ -848,15 +871,15 @@ def random_init_v2(work: Path, corpus: str, vocab_file: str, seed: int) -> Path:
     positions: the same for every candidate, since fine-tuning is at 64 tokens whatever the
     pre-training length) from the product's random init for ``seed`` (the weights every
     candidate's run of ``seed`` starts from), with the corpus's vocab."""
-    from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import read_vocab
+    from bert_core.pretrain.in_process import save_random_init
 
     folder = work / "search-v2" / f"random-init-{corpus}-seed{seed}"
     if not (folder / "config.json").exists():
         part = folder.with_name(f"{folder.name}.{os.getpid()}.part")
         shutil.rmtree(part, ignore_errors=True)
-        save_pretrained(model_for(CANDIDATES_V2["k1"], len(read_vocab(vocab_file)), seed), str(part),
-                        vocab_file=vocab_file)
+        save_random_init(model_config_for(CANDIDATES_V2["k1"], len(read_vocab(vocab_file))), seed, str(part),
+                         vocab_file)
         shutil.rmtree(folder, ignore_errors=True)
         part.rename(folder)
     return folder
@@ -865,12 +888,11 @@ def random_init_v2(work: Path, corpus: str, vocab_file: str, seed: int) -> Path:
 def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: list[int], subsamples: int,
                        settings: list[int] | None = None, encodings: dict | None = None) -> list:
     """One checkpoint's dev jobs on one task: every size x subsample (fine-tuned with seed 1 + k)
-    x setting of ``bench_quality.GRID`` (``settings``: their numbers 1-8, default all), keyed for
+    x setting of ``the protocol's grid`` (``settings``: their numbers 1-8, default all), keyed for
     the job cache by the arm, its weights and vocab, and the accelerator when it is not the CPU
     (``QUALITY_ACCELERATOR``). ``encodings`` keeps each subsample's features by vocab, so that
     the checkpoints of one corpus tokenize them once."""
-    from benchmarks import bench_quality as bq
-    from benchmarks.quality_finetune import ACCELERATOR_VARIABLE, encoded, finetune
+    from benchmarks.quality.finetune import ACCELERATOR_VARIABLE, encoded, finetune
     from bert_core.finetune.data import subsample
 
     vocab = hashlib.sha256((checkpoint / "vocab.txt").read_bytes()).hexdigest()[:16]
@@ -887,8 +909,8 @@ def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: lis
                     str(checkpoint), {"train": subsample(parts["train"], size, task.name, k), "dev": parts["dev"]},
                     task.labels, 64)
             data, pad = encodings[vocab, task.name, size, k]
-            for number in settings or range(1, len(bq.GRID) + 1):
-                setting = bq.GRID[number - 1]
+            for number in settings or range(1, len(GRID) + 1):
+                setting = GRID[number - 1]
                 key = ckpt_key | {"task": task.name, "size": str(size), "subsample": k, "seed": 1 + k,
                                   "setting": setting, "split": "dev"}
                 jobs.append((key, finetune, (str(checkpoint), data, "dev", len(task.labels), setting, 1 + k, pad)))
@@ -897,13 +919,12 @@ def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: lis
 
 def run_jobs(cache, work_list: list, jobs: int, seconds: float | None = None) -> list:
     """Each job's value, from ``cache`` or computed by ``jobs`` processes, one started as another
-    ends (``bench_quality.run_cached``); with ``seconds``, no job starts after that many seconds."""
-    from benchmarks import bench_quality as bq
+    ends (``cache.run_cached``); with ``seconds``, no job starts after that many seconds."""
 
     print(f"{sum(cache.lookup(key) is None for key, _, _ in work_list)} of {len(work_list)} jobs to run "
           f"({jobs} at a time)", flush=True)
     with ProcessPoolExecutor(max(1, jobs)) as pool:
-        return bq.run_cached(cache, pool, work_list, "choice", in_flight=max(1, jobs), seconds=seconds)
+        return run_cached(cache, pool, work_list, "choice", in_flight=max(1, jobs), seconds=seconds)
 
 
 def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
@@ -916,15 +937,13 @@ def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: 
     are read from the cache under ``work/search-v2``, which starts as ``cache_in`` holds it when
     missing, so a second call resumes); a candidate's gain in a cell is the mean of its runs and
     subsamples minus the same mean of its corpus's B. Writes every score to ``output`` and, with
-    ``choose``, the choice (``benchmarks.quality_choice.choose``). With ``seconds``, jobs left
+    ``choose``, the choice (``choice.choose``). With ``seconds``, jobs left
     when that time is up are not run and nothing is written but the cache: None is returned.
     ``cache_out``: the cache packed into one file at the end, finished or not."""
     import statistics
 
-    from benchmarks import bench_quality as bq
-    from benchmarks import quality_choice as qc
-    from benchmarks import quality_tasks as qt
-    from benchmarks.quality_finetune import ACCELERATOR_VARIABLE
+    from benchmarks.quality import choice as qc
+    from benchmarks.quality.finetune import ACCELERATOR_VARIABLE
 
     names = [n for n in CANDIDATES_V2 if n in plan["steps"]]
     runs = run_folders(checkpoints, names)
@@ -942,7 +961,7 @@ def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: 
             arms[folder.name] = {"arm": name, "corpus": plan["corpus"][name], "seed": seed, "checkpoint": folder,
                                  "pretrain": {k: v for k, v in json.loads(log.read_text()).items() if k != "log"}
                                  if log.exists() else None}
-    cache = bq.Cache(work / "search-v2" / "cache", reuse=True, archive=cache_in)
+    cache = Cache(work / "search-v2" / "cache", reuse=True, archive=cache_in)
     tasks = {name: qt.load(task, samples) for name, task in qt.TASKS.items()}
     encodings: dict = {}
     work_list, owners = [], []
@@ -956,14 +975,14 @@ def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: 
     work_list, owners = [work_list[i] for i in order], [owners[i] for i in order]
     values = run_jobs(cache, work_list, jobs, seconds)
     if cache_out:
-        bq.pack_cache(cache.folder, cache_out)
+        pack_cache(cache.folder, cache_out)
     left = sum(v is None for v in values)
     if left:
         print(f"not finished: {left} of {len(values)} jobs left at the {seconds:g}-second limit; the same command "
               "again runs them (the finished ones are in the job cache)", flush=True)
         return None
     for (key, _, _), label, value in zip(work_list, owners, values, strict=True):
-        c = qc.cell(key["task"], key["size"], bq.GRID.index(key["setting"]) + 1)
+        c = qc.cell(key["task"], key["size"], GRID.index(key["setting"]) + 1)
         arms[label].setdefault("dev_macro_f1", {}).setdefault(c, []).append(value["macro_f1"])
     for label, arm in arms.items():
         scores = arm["dev_macro_f1"]
@@ -975,15 +994,15 @@ def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: 
         for c, cell_scores in arm["dev_macro_f1"].items():
             pooled.setdefault(key, {}).setdefault(c, []).extend(cell_scores)
     gains = {n: qc.gains(pooled[n], pooled[f"B-{plan['corpus'][n]}"]) for n in names if n in runs}
-    numbers = settings or list(range(1, len(bq.GRID) + 1))
-    expected = [c for c in qc.cells(list(tasks), tuple(str(s) for s in sizes), len(bq.GRID))
+    numbers = settings or list(range(1, len(GRID) + 1))
+    expected = [c for c in qc.cells(list(tasks), tuple(str(s) for s in sizes), len(GRID))
                 if int(c.rsplit("/", 1)[1]) in numbers]
     choice = qc.choose(gains, plan["corpus"], expected)
     choice["not_run"] = [n for n in names if n not in runs]
     choice["runs"] = {n: [seed for seed, _ in runs[n]] for n in runs}
     result = {"what": "version 2's recipe choice: each candidate's dev macro-F1 at every size x subsample x "
                       "setting, its gain per cell over random init with its corpus's vocab, and the choice",
-              "sizes": [str(s) for s in sizes], "subsamples": subsamples, "grid": bq.GRID, "settings": numbers,
+              "sizes": [str(s) for s in sizes], "subsamples": subsamples, "grid": GRID, "settings": numbers,
               "accelerator": os.environ.get(ACCELERATOR_VARIABLE, "cpu"), "plan": plan,
               "arms": {label: {k: str(v) if k == "checkpoint" else v for k, v in arm.items()}
                        for label, arm in arms.items()},
@@ -1011,7 +1030,7 @@ def plan_v2(stage: Path, work: Path) -> dict:
             return plan
     plan_file = work / "search-v2" / "plan.json"
     if not plan_file.exists():
-        raise SystemExit(f"neither {stage}/steps.json nor {plan_file} holds a version-2 plan: run quality_search "
+        raise SystemExit(f"neither {stage}/steps.json nor {plan_file} holds a version-2 plan: run benchmarks.quality "
                          f"prepare --work {work} --stage {stage} --candidates v2 first")
     return json.loads(plan_file.read_text())
 
@@ -1036,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", choices=["prepare", "pretrain", "evaluate"])
-    parser.add_argument("--work", default="/work/quality-runs", help="bench_quality's --work")
+    parser.add_argument("--work", default="/work/quality-runs", help="the test phase's --work")
     parser.add_argument("--stage", default=None, help="what the pre-training step reads (default .search; "
                         ".search-v2 for evaluate --every-setting, whose plan, vocabs and tasks' files it reads)")
     parser.add_argument("--out", default=None, help="pretrain: where the checkpoints' archive goes")

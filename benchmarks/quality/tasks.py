@@ -2,7 +2,7 @@
 pinned by the sha256 of its files, split once into a training pool, dev and test, and the pre-training text that leaves them out
 (the learning curve's stratified subsamples are the product's ``bert_core.finetune.data.subsample``).
 
-    python -m benchmarks.quality_tasks            # each task's sizes, labels and sha256 check
+    python -m benchmarks.quality.tasks           # each task's sizes, labels and sha256 check
 
 - ``sentiment``: the vaderSentiment ratings (product reviews and tweets); label = sign of the mean
   rating, neutral ratings left out, as the product's ``read_sentiment`` reads them.
@@ -16,7 +16,6 @@ pinned by the sha256 of its files, split once into a training pool, dev and test
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -78,18 +77,16 @@ TASKS: dict[str, Task] = {
 }
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def check_pins(task: Task, samples: Path) -> None:
     """Stop with one line when a task file is missing or is not the pinned one."""
+    from bert_core.storage import sha256
+
     for rel, pinned in task.files.items():
         path = samples / rel
         if not path.exists():
             raise SystemExit(f"{path}: missing; run `bertpipe samples fetch {samples}`")
-        if sha256(path) != pinned:
-            raise SystemExit(f"{path}: sha256 {sha256(path)[:16]}… is not the pinned {pinned[:16]}…; "
+        if (got := sha256(str(path))) != pinned:
+            raise SystemExit(f"{path}: sha256 {got[:16]}… is not the pinned {pinned[:16]}…; "
                              f"the {task.name} task would not be the registered one (fetch the samples again)")
 
 
@@ -148,7 +145,7 @@ def pretrain_tweets(samples: Path, held_out: list, out: Path) -> Path:
     """The corpus's tweets text (as ``samples fetch`` writes it) without any tweet of which a
     sentence shares a key with a held-out example: ``out/tweets.jsonl``, written once per
     held-out set."""
-    from flows.tools.samples import TWEETS_PER_RECORD, tweet_rows
+    from flows.tools.samples import tweet_records, tweet_rows
 
     keys = keys_of(held_out)
     stamp = hashlib.sha256("\n".join(["every sentence", *sorted(keys)]).encode()).hexdigest()
@@ -157,11 +154,24 @@ def pretrain_tweets(samples: Path, held_out: list, out: Path) -> Path:
         return target
     tweets = [text for _, text in tweet_rows(samples) if not holds_held_out(text, keys)]
     out.mkdir(parents=True, exist_ok=True)
-    records = (json.dumps({"id": f"tweets-{n}", "text": "\n\n".join(tweets[i:i + TWEETS_PER_RECORD])})
-               for n, i in enumerate(range(0, len(tweets), TWEETS_PER_RECORD)))
-    target.write_text("".join(r + "\n" for r in records))
+    target.write_text(tweet_records(tweets))
     (out / "held-out.sha256").write_text(stamp)
     return target
+
+
+def load_tasks(samples_dir: Path, plan: dict) -> dict:
+    """Each task's definition and split; a quick ``plan`` shrinks them and skips the pins."""
+    from dataclasses import replace
+
+    out = {}
+    for name, task in TASKS.items():
+        if plan["quick"]:
+            task = replace(task, dev_size=plan["dev"], test_size=plan["test"], pool_size=plan["pool"])
+            out[name] = (task, split(task, task.read(samples_dir)))
+        else:
+            out[name] = (task, load(task, samples_dir))
+    return out
+
 
 
 def main() -> int:

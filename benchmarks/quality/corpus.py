@@ -1,7 +1,7 @@
 """The quality protocol's corpora K1 and K2 (``docs/quality-protocol-v2.md``) as ``bertpipe corpus``
 inputs, their vocab and instances, and a checkpoint's measures per genre.
 
-    nice -n 19 python -m benchmarks.quality_corpus --work /work/quality-v2 --corpus k2 [--build]
+    nice -n 19 python -m benchmarks.quality.corpus --work /work/quality-v2 --corpus k2 [--build]
 
 A document is a tweet, a Wikipedia article or a paragraph of a book file (a speech of a play, a
 verse, a dictionary entry). Task texts leave by tweet and paragraph, and by article in the dump,
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import distinct_text
-from benchmarks import quality_tasks as qt
+from benchmarks.quality import tasks as qt
 
 CORPORA = ("k1", "k2")
 SET_ASIDE_SEED = 20240601
@@ -142,7 +142,7 @@ def tweet_docs(samples: Path) -> list[Doc]:
 def book_files(corpus: str, samples: Path, distinct: Path | None, quick: bool) -> list[Path]:
     """The book files of a corpus: the sample's (Botchan, the plays), and for K2 every source of
     ``distinct`` (``distinct_text.text_files``); with ``quick`` the smallest few of each folder."""
-    from benchmarks.bench_quality import corpus_inputs
+    from benchmarks.quality.build import corpus_inputs
 
     files = sorted(Path(p) for flag, pattern in corpus_inputs(samples) if flag == "--books"
                    for p in Path(pattern).parent.glob(Path(pattern).name))
@@ -158,7 +158,7 @@ def book_files(corpus: str, samples: Path, distinct: Path | None, quick: bool) -
 
 
 def dump_files(samples: Path) -> list[Path]:
-    from benchmarks.bench_quality import corpus_inputs
+    from benchmarks.quality.build import corpus_inputs
 
     return sorted(Path(p) for flag, pattern in corpus_inputs(samples) if flag == "--wikipedia"
                   for p in Path(pattern).parent.glob(Path(pattern).name))
@@ -170,7 +170,7 @@ def dump_files(samples: Path) -> list[Path]:
 def prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Path | None = None,
             quick: bool = False, log: Callable[[str], None] = print) -> Prepared:
     """The inputs of corpus ``k1`` or ``k2`` under ``work/<corpus>/inputs-<sha256>/``: every tweet,
-    paragraph and article that holds a task text (:func:`quality_tasks.holds_held_out` with the
+    paragraph and article that holds a task text (:func:`tasks.holds_held_out` with the
     keys of ``examples``) dropped, each genre's set-aside documents (:func:`set_aside`) and any copy
     of their text dropped and written to ``work/heldout-genres/<genre>.jsonl``. Prepared once per
     content of the inputs and keys (``work/<corpus>/prepared.json``)."""
@@ -315,7 +315,9 @@ def _digest(text: str) -> str:
 
 
 def _file_sha(path: Path) -> str:
-    return distinct_text.sha256(path) if path.exists() else "missing"
+    from bert_core.storage import sha256
+
+    return sha256(str(path)) if path.exists() else "missing"
 
 
 # --------------------------------------------------------------------------- corpus, vocab, instances
@@ -332,9 +334,9 @@ class Built:
 def build(corpus: str, recipe, work: Path, samples: Path, parts_by_task: dict[str, dict[str, list]],
           distinct: Path | None = None, quick: bool = False, log: Callable[[str], None] = print) -> Built:
     """Corpus ``k1`` or ``k2`` with its own vocab (demo preset) and the instances of ``recipe``
-    (a ``bench_quality.Recipe``), built once under ``work/<corpus>/``; stops when a dev or test
+    (a ``spec.Recipe``), built once under ``work/<corpus>/``; stops when a dev or test
     example of a task is in the built corpus."""
-    from benchmarks.bench_quality import corpus_and_vocab, instances_for
+    from benchmarks.quality.build import corpus_and_vocab, instances_for
 
     if corpus == "k2" and distinct is None and not quick:
         distinct = distinct_text.cached(log=log)
@@ -386,8 +388,8 @@ def heldout_sequences(path: Path, tokenizer, count: int = HELDOUT_SEQUENCES,
 def genre_mlm_accuracy(checkpoint: str, heldout: Path, count: int = HELDOUT_SEQUENCES,
                        length: int = HELDOUT_LENGTH, seed: int = 0) -> dict[str, float]:
     """Held-out MLM accuracy of a checkpoint on each genre's set-aside documents (the masking of
-    ``bench_quality.masked_lm_accuracy``)."""
-    from benchmarks.bench_quality import masked_lm_accuracy
+    ``measures.masked_lm_accuracy``)."""
+    from benchmarks.quality.measures import masked_lm_accuracy
     from bert_core.vocab.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
@@ -452,8 +454,9 @@ def read_jsonl(path: Path) -> Iterator[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.bench_quality import CHOSEN, RECIPES, load_tasks
     from benchmarks.common import samples
+    from benchmarks.quality.spec import CHOSEN, RECIPES, protocol
+    from benchmarks.quality.tasks import load_tasks
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, required=True)
@@ -464,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few files of each source")
     args = parser.parse_args(argv)
     sample_dir = args.samples or samples()
-    tasks = {name: parts for name, (_, parts) in load_tasks(sample_dir, args.quick).items()}
+    tasks = {name: parts for name, (_, parts) in load_tasks(sample_dir, protocol("v2", args.quick)).items()}
     distinct = args.distinct_text or (None if args.quick else distinct_text.cached())
     for corpus in args.corpus.split(","):
         if args.build:

@@ -1,6 +1,6 @@
 """One fine-tuning job of the quality benchmark with the product's loop, and its scores.
 
-    from benchmarks.quality_finetune import finetune, encoded
+    from benchmarks.quality.finetune import finetune, encoded
     scores = finetune(checkpoint, data, "dev", num_labels=2, setting={"learning_rate": 1e-3, "epochs": 6}, seed=1)
 
 A setting is a dict of ``FinetuneConfig`` fields (``learning_rate``, ``batch_size``,
@@ -22,20 +22,13 @@ DEFAULT_SETTING = {"learning_rate": 1e-3, "epochs": 6.0, "min_steps": 100, "batc
 ACCELERATOR_VARIABLE = "QUALITY_ACCELERATOR"  # gpu: jobs run on cuda (a study on the device machine)
 
 
-def encode(tokenizer, examples: list, labels: tuple[str, ...], max_seq_length: int) -> list[dict]:
-    from bert_core.finetune.glue import encode_pairs
-
-    enc = encode_pairs(tokenizer, examples, max_seq_length)
-    return [{"input_ids": i, "token_type_ids": t, "label": labels.index(e.label)}
-            for i, t, e in zip(enc["input_ids"], enc["token_type_ids"], examples, strict=True)]
-
-
 def encoded(checkpoint: str, parts: dict[str, list], labels: tuple[str, ...], max_seq_length: int):
     """Every part in the checkpoint's vocab, and its padding id."""
+    from bert_core.finetune.glue import encode_examples
     from bert_core.vocab.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(str(checkpoint))
-    return {k: encode(tokenizer, v, labels, max_seq_length) for k, v in parts.items()}, tokenizer.pad_id
+    return {k: encode_examples(tokenizer, v, labels, max_seq_length) for k, v in parts.items()}, tokenizer.pad_id
 
 
 def scores(labels: list[int], pred: list[int]) -> dict[str, float]:

@@ -1,12 +1,12 @@
 """Version 2's recipe choice on dev gains and its every-setting endpoint on test scores: pure
-functions on scores (no torch), used by ``quality_search evaluate --choose`` and the test phase.
+functions on scores (no torch), used by ``benchmarks.quality choose`` and the test phase.
 
     choice = choose({"k2": {"sentiment/300/1": 4.2, ...}, ...}, {"k2": "k2", ...})
     write_choice(choice, Path("bench-results/quality-v2-choice.json"))
     frozen_choice(Path("bench-results/quality-v2-choice.json"), "k2")   # the test phase's check
 
 A cell is (task, size, setting), named ``task/size/setting`` with the setting numbered 1-8 as
-the protocol's grid table (``bench_quality.GRID``'s order).
+the protocol's grid table (the data's ``grid`` order).
 """
 
 from __future__ import annotations
@@ -90,14 +90,14 @@ def frozen_choice(path: Path, recipe: str) -> dict:
     is missing, unreadable or names another recipe."""
     path = Path(path)
     if not path.exists():
-        raise ChoiceRefused(f"{path} is missing: the recipe choice is frozen (quality_search evaluate --choose "
+        raise ChoiceRefused(f"{path} is missing: the recipe choice is frozen (benchmarks.quality choose "
                             f"{path}, committed) before any test score of a version-2 checkpoint")
     try:
         choice = json.loads(path.read_text())
         name = choice["name"]
     except (ValueError, KeyError, TypeError):
         raise ChoiceRefused(f"{path} holds no recipe choice (JSON with a 'name'); write it again with "
-                            "quality_search evaluate --choose") from None
+                            "benchmarks.quality choose") from None
     if name != recipe:
         raise ChoiceRefused(f"{path} froze the recipe {name}, not {recipe}: run the test phase with --recipe {name}")
     return choice

@@ -1,0 +1,118 @@
+"""Finished work on disk: one JSON file per job, named by a hash of everything that decides its
+result, read back with ``--reuse``, and packed into one file to travel to another machine.
+
+    cache = Cache(Path("work/cache"), reuse=True)
+    values = cache.run(pool, [(key, function, args), ...], "label")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+
+class Cache:
+    """Finished work on disk, one JSON file per job, named by a hash of everything that decides its
+    result; with ``reuse`` a job whose file exists is read, not run again. With ``reuse`` and no
+    folder yet, the folder starts as ``archive`` holds it (:func:`pack_cache`): finished jobs
+    travel to another machine as that one file."""
+
+    def __init__(self, folder: Path, reuse: bool, archive: Path | None = None) -> None:
+        self.folder, self.reuse = folder, reuse
+        self.hits = self.misses = 0
+        if reuse and archive is not None and archive.exists() and not folder.exists():
+            unpack_cache(archive, folder)
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        return self.folder / f"{digest}.json"
+
+    def lookup(self, key: dict):
+        path = self.path(key)
+        if self.reuse and path.exists():
+            self.hits += 1
+            return json.loads(path.read_text())["value"]
+        return None
+
+    def store(self, key: dict, value) -> None:
+        self.misses += 1
+        path = self.path(key)
+        tmp = path.with_suffix(f".{os.getpid()}.part")  # two processes may finish the same job
+        tmp.write_text(json.dumps({"key": key, "value": value}, default=str))
+        tmp.replace(path)
+
+    def run(self, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str) -> list:
+        """Each job's value, from disk or computed in ``pool``; progress printed as they end."""
+        return run_cached(self, pool, jobs, label)
+
+
+def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str,
+               in_flight: int | None = None, seconds: float | None = None) -> list:
+    """Each job's value, from ``cache`` (its ``lookup``/``store``) or computed in ``pool`` and
+    stored as it ends, started in list order with at most ``in_flight`` running (default: all at
+    once). With ``seconds``, no job starts after that many seconds; a job not run is None."""
+    values: list = [cache.lookup(key) for key, _, _ in jobs]
+    todo = [i for i, v in enumerate(values) if v is None]
+    if len(todo) < len(jobs):
+        print(f"  {label}: {len(jobs) - len(todo)} of {len(jobs)} jobs reused", flush=True)
+    started, queue, running = time.monotonic(), list(reversed(todo)), {}
+    limit, every = in_flight or max(1, len(todo)), max(5, len(todo) // 20)
+    done_count = 0
+    while queue or running:
+        while queue and len(running) < limit and (seconds is None or time.monotonic() < started + seconds):
+            i = queue.pop()
+            running[pool.submit(jobs[i][1], *jobs[i][2])] = i
+        if not running:
+            break
+        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in finished:
+            i = running.pop(future)
+            values[i] = future.result()
+            cache.store(jobs[i][0], values[i])
+            done_count += 1
+            if done_count % every == 0 or done_count == len(todo):
+                print(f"  {label}: {done_count}/{len(todo)} jobs done in {time.monotonic() - started:.0f} s",
+                      flush=True)
+    return values
+
+
+def pack_cache(folder: Path, archive: Path) -> int:
+    """Every finished job of a :class:`Cache` folder into one ``.tar.xz``, in name order and
+    without owners or times, so the same jobs give the same bytes; the number of jobs."""
+    import tarfile
+
+    def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = 0, 0, 0, "", "", 0o644
+        return info
+
+    files = sorted(folder.glob("*.json"))
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_name(f"{archive.name}.{os.getpid()}.part")
+    with tarfile.open(tmp, "w:xz") as tar:
+        for f in files:
+            tar.add(f, arcname=f.name, filter=plain)
+    tmp.replace(archive)
+    return len(files)
+
+
+def unpack_cache(archive: Path, folder: Path) -> None:
+    """The jobs of a :func:`pack_cache` archive as a :class:`Cache` folder (written whole, then renamed)."""
+    import tarfile
+
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp.replace(folder)
+
+
+def weights_digest(checkpoint: Path) -> str:
+    return hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()[:20]
