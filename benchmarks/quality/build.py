@@ -112,20 +112,19 @@ def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int,
 
 
 def baseline(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETRAIN_SEED) -> Path:
-    """Arm B: the product's random init (``bert_core.pretrain.in_process.random_init``) of the
+    """Arm B: the product's random init (``bert_core.pretrain.in_process.save_random_init``) of the
     model config pre-training would build for ``seed``, with the same vocab."""
     from bert_core.config import load_config
-    from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import read_vocab, vocab_file_of
-    from bert_core.pretrain.in_process import random_init
+    from bert_core.pretrain.in_process import save_random_init
     from bert_core.pretrain.run_folder import model_config
 
     if (folder / "config.json").exists():
         return folder
     cfg = load_config("demo", None, recipe.pretrain_sets(1, 1, seed))
     vocab_file = vocab_file_of(str(instances))
-    model = random_init(model_config(cfg, len(read_vocab(vocab_file))), cfg.pretrain.seed)
-    save_pretrained(model, str(folder), vocab_file=vocab_file, lowercase=cfg.vocab.lowercase)
+    save_random_init(model_config(cfg, len(read_vocab(vocab_file))), cfg.pretrain.seed, str(folder), vocab_file,
+                     cfg.vocab.lowercase)
     return folder
 
 

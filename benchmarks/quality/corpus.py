@@ -284,12 +284,10 @@ def book_genres(files: list[Path]) -> dict[str, str]:
 
 def write_tweets(tweets: list[str], target: Path) -> None:
     """Tweets as ``samples fetch`` writes them: records of ``TWEETS_PER_RECORD``, one paragraph each."""
-    from flows.tools.samples import TWEETS_PER_RECORD
+    from flows.tools.samples import tweet_records
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    records = (json.dumps({"id": f"tweets-{n}", "text": "\n\n".join(tweets[i:i + TWEETS_PER_RECORD])})
-               for n, i in enumerate(range(0, len(tweets), TWEETS_PER_RECORD)))
-    target.write_text("".join(r + "\n" for r in records))
+    target.write_text(tweet_records(tweets))
 
 
 def write_heldout(folder: Path, docs: list[Doc]) -> None:
