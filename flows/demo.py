@@ -165,7 +165,7 @@ def quality_lines(path: Path | None = None) -> list[str]:
     for arm, goals in result.get("goals", {}).items():
         lines.append(f"  goals of {arm}: " + ", ".join(f"{g['goal']} ({g['name']}) {'met' if g['met'] else 'not met'}"
                                                        for g in goals))
-    if "every_setting" not in result:  # version 1: its shared-setting reading is in docs/quality.md
+    if "every_setting" not in result:  # version 1: its shared-setting reading is in docs/quality-notebook.md
         lines.append("  at a setting both share, the gain holds on tweets3 (a genre of the corpus) and mostly "
                      "vanishes on sentiment")
 
