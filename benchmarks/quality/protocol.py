@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = result["protocol"]["sizes"]
         with_b = any(a["arm"] == "B" for a in arms)
         result["endpoints"] = endpoints(arms, task_names, sizes) if with_b else []
-        result["primary"] = [e for e in result["endpoints"] if e["size"] in plan["goal_sizes"]]
+        result["primary"] = [e for e in result["endpoints"] if e["size"] in protocol(args.protocol)["goal_sizes"]]
         result["every_setting"] = every_setting_endpoint(arms, task_names, plan) if with_b and args.every_setting else {}
         if with_b:
             genres = [g for g, n in result["genres"].items() if n.get("set_aside")] if args.heldout_genres else None
