@@ -43,7 +43,7 @@ bench: $(STAMP) samples
 
 # The scale benchmark at x1, x10 and x30 of the sample (hours; `make bench` runs x1 only).
 bench-scale: $(STAMP) samples
-	BERTPIPE_SAMPLES=$(SAMPLES) $(BIN)/python -m benchmarks.bench_scale --sizes 1,10,30
+	BERTPIPE_SAMPLES=$(SAMPLES) $(BIN)/python -m benchmarks.speed.bench_scale --sizes 1,10,30
 
 # Headless Chromium (Debian package) and playwright-core (npm) for tests/test_ui_browser.py.
 # Each is installed only when missing, so a second run costs nothing.
@@ -64,7 +64,7 @@ lint: $(STAMP)
 clean:
 	rm -rf bertpipe-data .pytest_cache
 
-# The GPU check (benchmarks/gpu_check.py) for a bare GPU machine with no internet whose Python 3.12
+# The GPU check (benchmarks/gpu/gpu_check.py) for a bare GPU machine with no internet whose Python 3.12
 # has torch, transformers, tokenizers, pyarrow and numpy: `make gpu-wheels` here puts everything
 # else in .whl/ (DeepSpeed as a pure-Python wheel built here, its JIT ops left to run time), and
 # `make gpu-check CALL=n GPU_LEFT=s` there installs them into a private folder and runs the slot's
@@ -90,7 +90,7 @@ GPU_ENV = PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH PYTHONUNB
 CALL ?= 1
 gpu-check:
 	$(GPU_INSTALL)
-	$(GPU_ENV) $(GPU_PY) -m benchmarks.gpu_check --out $(OUT) --call $(CALL) \
+	$(GPU_ENV) $(GPU_PY) -m benchmarks.gpu.gpu_check --out $(OUT) --call $(CALL) \
 		$(if $(GPU_LEFT),--gpu-left-s $(GPU_LEFT)) $(GPU_CHECK_ARGS)
 
 # Quality protocol version 3 on this machine's CPU (docs/quality-protocol-v3.md), each step resumed from

@@ -78,7 +78,7 @@ from bert_core.sorted_runs import SPILL_DIR
 # bundle processor per stage) and any real corpus starts every worker: the number of processes,
 # and with it the job's memory, does not change as the corpus grows. ``--workers 1`` runs the
 # job in one process, which costs the fewest CPU-seconds (no gRPC traffic between processes;
-# ``benchmarks/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
+# ``benchmarks/speed/bench_clean.py`` measures both). ``--bytes-per-worker 0`` starts every worker
 # whatever the input size.
 #
 # Progress: each read work item writes the bytes of input it covers (its share of its file) and

@@ -1,5 +1,6 @@
 """What every benchmark needs: the sample data, the machine it ran on, what one command costs
-(wall time, CPU and memory of its process tree), Welch's interval and transformers' MLM labels."""
+(wall time, CPU and memory of its process tree), Welch's interval, and our model beside
+transformers' with the same weights and its MLM labels."""
 
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ def measure(argv: list[str], log: Path, env: dict[str, str] | None = None, every
             "processes": peak["processes"]}
 
 
-# --------------------------------------------------------------------------- statistics and labels
+# --------------------------------------------------------------------------- statistics, and ours beside transformers
 
 
 def welch(a: list[float], b: list[float], level: float = 0.95) -> dict[str, float]:
@@ -152,6 +153,29 @@ def welch(a: list[float], b: list[float], level: float = 0.95) -> dict[str, floa
     t = gain / se
     return {"gain": gain, "ci_low": gain - half, "ci_high": gain + half, "df": df, "t": t,
             "p": float(2 * stats.t.sf(abs(t), df))}
+
+
+def make_pair(size: str, vocab_size: int, seed: int = 0, attention_dropout: float | None = None):
+    """Our model and transformers' (SDPA attention) with identical weights and config."""
+    import torch
+    import transformers
+
+    from bert_core.config import ModelConfig
+    from bert_core.model.bert import BertForPreTraining
+    from bert_core.model.checkpoint import hf_config_from_model
+
+    extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
+    cfg = ModelConfig(size=size, vocab_size=vocab_size, max_position_embeddings=512, **extra)
+    torch.manual_seed(seed)
+    ours = BertForPreTraining(cfg)
+    hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_config_from_model(cfg).items() if k != "architectures"},
+                                     attn_implementation="sdpa")
+    ref = transformers.BertForPreTraining(hf_cfg)
+    state = ours.state_dict()
+    state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"cls.predictions.decoder.weight"}, (missing, unexpected)
+    return cfg, ours.train(), ref.train(), getattr(ref.config, "_attn_implementation", "?")
 
 
 def hf_labels(batch: dict):

@@ -4,9 +4,9 @@ ours, reference, ratio.
     make bench                      # = python -m benchmarks.run_all --samples samples
     python -m benchmarks.run_all --only clean,instances
 
-Each `benchmarks/bench_<name>.py` measures ours and its reference side by side in one run and
+Each `benchmarks/speed/bench_<name>.py` measures ours and its reference side by side in one run and
 writes `bench-results/<name>.json` = {"rows": [{"measure", "ours", "reference", "ratio", "unit"}]}.
-This script runs each as a module (`python -m benchmarks.bench_<name>`, from the repository root,
+This script runs each as a module (`python -m benchmarks.speed.bench_<name>`, from the repository root,
 with `BERTPIPE_SAMPLES` set to the sample folder), one after another (never in parallel: they
 time themselves), gathers the JSON files, adds the machine they ran on, prints the table and
 writes `bench-results/all.json`. A benchmark that fails or runs past its time limit is reported
@@ -15,7 +15,7 @@ as failed with its exit code; the others still run.
 Most benchmarks run at their own defaults. Three run here at a bounded setting (:data:`SETTINGS`);
 their full runs (the quality protocol and the full scale run take hours) have commands of their own:
 
-    bench_parity    60 steps, 2 seeds         full: python -m benchmarks.bench_parity
+    bench_parity    60 steps, 2 seeds         full: python -m benchmarks.speed.bench_parity
     quality         score --quick (bookkeeping)  full: make quality-v3
     bench_scale     x1 of the sample only     full: make bench-scale (x1, x10, x30)
 """
@@ -66,19 +66,19 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
-# Benchmarks that are a package rather than a bench_<name>.py module.
+# Benchmarks that are a package rather than a speed/bench_<name>.py module.
 MODULES = {"quality": "benchmarks.quality"}
 
 
 def discover(only: set[str] | None) -> list[str]:
-    names = sorted([*(p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")), *MODULES])
+    names = sorted([*(p.stem.removeprefix("bench_") for p in (HERE / "speed").glob("bench_*.py")), *MODULES])
     return [n for n in names if only is None or n in only]
 
 
 def command(name: str) -> list[str]:
     """The command that runs one benchmark: as a module of this package, so that
     ``benchmarks`` is ours even where an installed distribution ships a package of that name."""
-    module = MODULES.get(name, f"benchmarks.bench_{name}")
+    module = MODULES.get(name, f"benchmarks.speed.bench_{name}")
     return [sys.executable, "-m", module, *SETTINGS.get(name, Setting()).args]
 
 

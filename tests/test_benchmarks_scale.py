@@ -7,8 +7,8 @@ import io
 import tarfile
 from pathlib import Path
 
-from benchmarks import distinct_text as dt
-from benchmarks.bench_scale import renumbered_dump, rss_ratios, table
+from benchmarks.speed.bench_scale import renumbered_dump, rss_ratios, table
+from benchmarks.text import distinct_text as dt
 
 LONG = "This sentence is long enough to count as real prose in a manual."
 
@@ -130,7 +130,7 @@ def _ar_member(name: str, data: bytes) -> bytes:
 def test_rows_for_counts_text_bytes_per_row() -> None:
     import pyarrow as pa
 
-    from benchmarks.bench_scale import rows_for, text_bytes
+    from benchmarks.speed.bench_scale import rows_for, text_bytes
 
     table = pa.table({"doc_id": ["a", "b", "c"], "sentences": [["12345"], ["1234567890", "12345"], ["1"]]})
     assert text_bytes(table) == 21
@@ -142,7 +142,7 @@ def test_copied_documents_are_written_in_row_groups_like_the_corpus_stage(tmp_pa
     import pyarrow.parquet as pq
 
     from beam_jobs import clean_corpus
-    from benchmarks import bench_scale
+    from benchmarks.speed import bench_scale
 
     monkeypatch.setattr(clean_corpus, "ROW_GROUP_CHARS", 100)
     table = pa.table({"doc_id": [str(i) for i in range(10)], "sentences": [["x" * 30, "y" * 10]] * 10})

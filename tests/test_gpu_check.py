@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py's dry run: the slot's two calls on CPU, so the script that a short GPU
+"""benchmarks/gpu/gpu_check.py's dry run: the slot's two calls on CPU, so the script that a short GPU
 slot runs never rots; and what a call keeps and ends when it is stopped."""
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu_check import (
+from benchmarks.gpu.gpu_check import (
     LOG,
     RESULTS,
     SLOT_CALLS,
@@ -48,7 +48,7 @@ def dry_run(tmp_path, call: int) -> tuple[dict, list[dict], str]:
     """The slot's call on CPU with a tiny model: each stage's result, the variants' own rows, and
     what it printed."""
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--call", str(call),
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--dry-run", "--call", str(call),
                            "--out", str(out), "--work", str(tmp_path / "work"), "--budget-s", "900"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1200)
     rows = rows_of(out)
@@ -147,7 +147,7 @@ def test_a_stopped_stage_takes_its_launcher_and_ranks_with_it(tmp_path):
 
 def test_a_stopped_call_keeps_every_row_it_finished(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    call = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--stages", "env,variants",
+    call = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--dry-run", "--stages", "env,variants",
                              "--out", str(out), "--work", str(work)], cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import distinct_text as dt
 from benchmarks.quality import corpus as qc
+from benchmarks.text import distinct_text as dt
 from bert_core.finetune.glue import Example
 
 HELD_OUT = "The held out sentence has at least eight words in it."

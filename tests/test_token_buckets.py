@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu_check import BUCKETS, RAW_KEYS, fill_bucket
+from benchmarks.gpu.gpu_check import BUCKETS, RAW_KEYS, fill_bucket
 from bert_core.config import ModelConfig
 from bert_core.model import bert
 from bert_core.model.bert import BertForPreTraining, pretraining_plan

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import distinct_text
 from benchmarks.quality import tasks as qt
+from benchmarks.text import distinct_text
 
 CORPORA = ("k1", "k2")
 SET_ASIDE_SEED = 20240601

@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="arm A-GPU instead of pre-training arm A: folders <recipe>-seed<S> (or the search's "
                              "pretrain archives of them) with their pretrain-log.json")
     parser.add_argument("--distinct-text", default=None,
-                        help="k2's distinct text (default: benchmarks.distinct_text in the bertpipe cache, fetched "
+                        help="k2's distinct text (default: benchmarks.text.distinct_text in the bertpipe cache, fetched "
                              "once; none with --quick)")
     parser.add_argument("--heldout-genres", action="store_true",
                         help="per genre and run: word pieces, epochs seen and MLM accuracy on the set-aside documents")

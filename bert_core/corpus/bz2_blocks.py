@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 # to split one big dump into work items, each finding its own blocks; :func:`ends_whole` (the last
 # 11 bytes) lets the download refuse a file that is cut short.
 #
-# Why not ``indexed_bzip2``: ``benchmarks/bench_bz2.py`` compares the two on the sample dump and a
+# Why not ``indexed_bzip2``: ``benchmarks/speed/bench_bz2.py`` compares the two on the sample dump and a
 # larger file. Its C++ decoder is somewhat faster per thread over a whole file, but it can seek only
 # through an index of every block, which it builds by decoding the file from the start; a work
 # item here decodes only its own blocks, so each item costs a fraction of the file and the corpus

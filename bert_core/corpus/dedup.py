@@ -91,7 +91,7 @@ def choose_bands(num_perm: int, threshold: float) -> tuple[int, int]:
     return min(options, key=lambda br: abs((1 / br[0]) ** (1 / br[1]) - threshold))
 
 
-# Why not datasketch: benchmarks/bench_dedup.py runs both on the sample texts against exact
+# Why not datasketch: benchmarks/speed/bench_dedup.py runs both on the sample texts against exact
 # Jaccard similarities; with the same bands their recall and precision are within sampling noise
 # of each other. Ours computes signatures and LSH buckets faster, and its band keys are plain
 # strings that a Beam GroupByKey shares out over workers, where MinHashLSH is one in-memory index.

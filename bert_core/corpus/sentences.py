@@ -65,7 +65,7 @@ def _boundaries(text: str) -> list[re.Match[str]]:
     return found
 
 
-# Why not a library: benchmarks/bench_sentences.py scores this splitter, pysbd and blingfire
+# Why not a library: benchmarks/speed/bench_sentences.py scores this splitter, pysbd and blingfire
 # against hand-checked sentence boundaries of the sample Wikipedia excerpt; this one makes no more
 # boundary errors than either, is faster than both, and needs no extra dependency.
 def split_sentences(paragraph: str) -> list[str]:

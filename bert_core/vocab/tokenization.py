@@ -28,7 +28,7 @@ from bert_core.failures import Refusal
 # ``BertPreTokenizer`` -> ``WordPiece`` from ``tokenizers``, and the ids equal
 # ``transformers``' pure-Python BERT tokenizer (``BertTokenizerLegacy`` in transformers 5) with
 # the same vocab and casing, uncased and cased, on every one of the 233k lines of the sample corpus
-# (``benchmarks/bench_tokenization.py``: no line differs; the tests check the book, the news and
+# (``benchmarks/speed/bench_tokenization.py``: no line differs; the tests check the book, the news and
 # the non-ASCII Wikipedia lines), with these known, deliberate
 # differences:
 #
@@ -224,7 +224,7 @@ class Tokenizer:
     """BERT WordPiece tokenizer over a ``{token: id}`` vocab (see the module docstring).
 
     ASCII text takes a cached path past the full ``tokenizers`` pipeline, with the same ids; its
-    speed is measured by ``benchmarks/bench_tokenization.py`` (docs/benchmarks.md).
+    speed is measured by ``benchmarks/speed/bench_tokenization.py`` (docs/benchmarks.md).
     """
 
     def __init__(

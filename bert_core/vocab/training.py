@@ -23,7 +23,7 @@ from bert_core.vocab.wordcount import repeated_words
 # only uses the count of each distinct word, so feeding each word repeated by its count
 # (:func:`bert_core.vocab.wordcount.repeated_words`) gives it exactly the counts it would have built
 # from the raw text: the same vocab as raw-text training up to ties (tests/test_build_vocab.py
-# checks it; benchmarks/bench_vocab.py measures it on the whole sample corpus). Scaling the
+# checks it; benchmarks/speed/bench_vocab.py measures it on the whole sample corpus). Scaling the
 # counts down to save time changes which merges win, so we do not. Costs: time is linear in
 # the corpus's word count, as for raw-text training (but the text is already normalized and
 # split); memory is the trainer's own

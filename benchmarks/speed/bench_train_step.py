@@ -1,8 +1,8 @@
 """Pre-training step: ours (bert_core.model.bert) vs transformers.BertForPreTraining, side by side.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --samples samples
-    python benchmarks/bench_train_step.py --instances bertpipe-data/instances/<version> --sizes base
-    python benchmarks/bench_train_step.py --sizes base --mlm-loss-chunk 64  # ours: the chunked masked-LM loss
+    OMP_NUM_THREADS=1 python benchmarks/speed/bench_train_step.py --samples samples
+    python benchmarks/speed/bench_train_step.py --instances bertpipe-data/instances/<version> --sizes base
+    python benchmarks/speed/bench_train_step.py --sizes base --mlm-loss-chunk 64  # ours: the chunked masked-LM loss
 
 One training step = forward (MLM + NSP loss) + backward + AdamW step, on the same batch of real
 instances (Botchan from the sample data, tokenized with the MiniLM sample's bert-base-uncased
@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 
-from benchmarks.common import hf_labels  # noqa: E402
+from benchmarks.common import hf_labels, make_pair  # noqa: E402
 
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20
@@ -101,29 +101,6 @@ def time_loader(instances: str, batch_size: int, batches: int) -> float:
 
 
 # --------------------------------------------------------------------------- models
-
-
-def make_pair(size: str, vocab_size: int, seed: int = 0, attention_dropout: float | None = None):
-    """Our model and transformers' (SDPA attention) with identical weights and config."""
-    import torch
-    import transformers
-
-    from bert_core.config import ModelConfig
-    from bert_core.model.bert import BertForPreTraining
-    from bert_core.model.checkpoint import hf_config_from_model
-
-    extra = {} if attention_dropout is None else {"attention_probs_dropout_prob": attention_dropout}
-    cfg = ModelConfig(size=size, vocab_size=vocab_size, max_position_embeddings=512, **extra)
-    torch.manual_seed(seed)
-    ours = BertForPreTraining(cfg)
-    hf_cfg = transformers.BertConfig(**{k: v for k, v in hf_config_from_model(cfg).items() if k != "architectures"},
-                                     attn_implementation="sdpa")
-    ref = transformers.BertForPreTraining(hf_cfg)
-    state = ours.state_dict()
-    state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
-    missing, unexpected = ref.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"cls.predictions.decoder.weight"}, (missing, unexpected)
-    return cfg, ours.train(), ref.train(), getattr(ref.config, "_attn_implementation", "?")
 
 
 def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_loss_chunk: int = 0) -> dict:

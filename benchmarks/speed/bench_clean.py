@@ -1,7 +1,7 @@
 """Benchmark: our corpus cleaning job vs wikiextractor 3.1.0 on the same dump, same processes.
 
-    python benchmarks/bench_clean.py                  (make bench runs it with BERTPIPE_SAMPLES set)
-    python benchmarks/bench_clean.py --also-copies 10 (+ the excerpt copied 10x under new ids)
+    python benchmarks/speed/bench_clean.py                  (make bench runs it with BERTPIPE_SAMPLES set)
+    python benchmarks/speed/bench_clean.py --also-copies 10 (+ the excerpt copied 10x under new ids)
 
 wikiextractor is installed for this script only, into its own venv under the bertpipe cache
 (never a dependency of bertpipe). Results: ``bench-results/clean.json``.
@@ -27,7 +27,7 @@ from pathlib import Path
 # Inputs: the real enwiki excerpt (6.1 MB of XML, single bz2 stream, which our job splits by bz2
 # block), and a large dump of up to ``--large-mb`` (default 61, ten times the excerpt) of distinct
 # text: the excerpt's pages followed by one page per document of the distinct real text that
-# :mod:`benchmarks.distinct_text` fetches from the package registries (manuals, guides, the King
+# :mod:`benchmarks.text.distinct_text` fetches from the package registries (manuals, guides, the King
 # James Bible), written as a multistream .xml.bz2 the way Wikimedia publishes big dumps (with
 # the index beside it, which the job does not need: its work items find their own bz2 blocks). Those pages are plain paragraphs without wiki markup, so the large run weighs reading,
 # sentence splitting, filtering and dedup more than markup removal; its size is what the distinct
@@ -49,7 +49,7 @@ from pathlib import Path
 # many processes ran. wikiextractor's sentences that we do not keep are counted by where they come
 # from in the wikitext (:func:`missing_kinds`).
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import measure  # noqa: E402
@@ -134,9 +134,9 @@ def text_page(title: str, page_id: int, paragraphs: list[str]) -> bytes:
 
 def distinct_multistream(xml: bytes, target_mb: float, distinct: Path | None, out: Path) -> tuple[Path, float]:
     """The excerpt's pages, then one page per document of distinct real text
-    (:mod:`benchmarks.distinct_text`, every source in turn) up to ``target_mb`` of XML, as a
+    (:mod:`benchmarks.text.distinct_text`, every source in turn) up to ``target_mb`` of XML, as a
     multistream dump; and its size in MB. Nothing is copied."""
-    from benchmarks.distinct_text import cached, interleaved, text_files
+    from benchmarks.text.distinct_text import cached, interleaved, text_files
 
     header, pages, footer = split_dump(xml)
     size = len(xml)
@@ -284,7 +284,7 @@ def main() -> None:
     parser.add_argument("--large-mb", type=float, default=61.0,
                         help="XML of the large run: the excerpt, then distinct real text as pages (0: skip).")
     parser.add_argument("--distinct", type=Path, default=None,
-                        help="Folder of benchmarks.distinct_text (default: fetched into the bertpipe cache).")
+                        help="Folder of benchmarks.text.distinct_text (default: fetched into the bertpipe cache).")
     parser.add_argument("--also-copies", type=int, default=0,
                         help="Also run the excerpt copied this many times under new page ids (e.g. 10).")
     parser.add_argument("--repeats", type=int, default=3,

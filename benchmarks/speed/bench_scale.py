@@ -1,9 +1,9 @@
 """Scale: each Beam stage at x1, x10, x30 of the sample corpus; time, CPU and peak memory.
 
-    python -m benchmarks.bench_scale                    # sizes 1,10,30 (long: run it alone)
-    python -m benchmarks.bench_scale --sizes 1,3        # a quick look
-    python -m benchmarks.bench_scale --distinct DIR     # distinct text fetched there already
-    python -m benchmarks.bench_scale --stages vocab,instances --keep DIR --reuse
+    python -m benchmarks.speed.bench_scale                    # sizes 1,10,30 (long: run it alone)
+    python -m benchmarks.speed.bench_scale --sizes 1,3        # a quick look
+    python -m benchmarks.speed.bench_scale --distinct DIR     # distinct text fetched there already
+    python -m benchmarks.speed.bench_scale --stages vocab,instances --keep DIR --reuse
                                                         # later stages again on kept corpora
 
 Each stage runs as the product runs it (``python -m beam_jobs.clean_corpus``, ``build_vocab``,
@@ -28,7 +28,7 @@ from pathlib import Path
 # Inputs and measures:
 #
 # The inputs are distinct real text as far as there is enough of it: the sample, then the
-# documentation and book text of :mod:`benchmarks.distinct_text` (fetched on first use), then
+# documentation and book text of :mod:`benchmarks.text.distinct_text` (fetched on first use), then
 # copies. A copy of the sample's Wikipedia dump has every page renumbered and retitled, and a
 # copied book a new file name; the corpus stage rejects copies as exact duplicates, so the
 # documents the vocab and instances stages read are topped up to ``size`` x the x1 documents with
@@ -45,7 +45,7 @@ from pathlib import Path
 # corpus size, one line per stage); the table printed ends with the peak-RSS ratio of the largest
 # size to the smallest per stage, against the goal of a flat memory profile (:data:`RSS_GOAL`).
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import common  # noqa: E402
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,10,30", help="Corpus sizes, multiples of the sample.")
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--distinct", type=Path, default=None,
-                        help="Folder of benchmarks.distinct_text (default: fetched into the bertpipe cache).")
+                        help="Folder of benchmarks.text.distinct_text (default: fetched into the bertpipe cache).")
     parser.add_argument("--no-distinct", action="store_true", help="Copies only, no distinct text.")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--keep", type=Path, default=None, help="Keep the work folders here.")
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = samples_dir()
     distinct: list[Path] = []
     if not args.no_distinct:
-        from benchmarks.distinct_text import cached, interleaved, text_files
+        from benchmarks.text.distinct_text import cached, interleaved, text_files
 
         folder = cached(args.distinct, log=lambda m: print(m, file=sys.stderr))
         distinct = interleaved(text_files(folder))

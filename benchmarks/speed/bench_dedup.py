@@ -1,8 +1,8 @@
 """Near-duplicate search: ours (MinHash + LSH bands, bert_core/corpus/dedup.py) vs ``datasketch``
 (``MinHash`` + ``MinHashLSH``), on real text.
 
-    python -m benchmarks.bench_dedup                   # samples from ~/.cache/bertpipe/samples
-    BERTPIPE_SAMPLES=samples python -m benchmarks.bench_dedup
+    python -m benchmarks.speed.bench_dedup                   # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_dedup
 
 Documents: 300-word windows of the sample plays, book, news articles and Wikipedia excerpt,
 starting at random word positions, so windows of one text overlap by any amount and their true
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 WINDOW = 300  # words per document
 MEAN_GAP = 240  # words between window starts, on average

@@ -2,8 +2,8 @@
 tokenizer (``BertTokenizerLegacy`` in transformers 5, the Google algorithm), on every line of the
 sample corpus.
 
-    python benchmarks/bench_tokenization.py                 # samples from ~/.cache/bertpipe/samples
-    BERTPIPE_SAMPLES=samples python benchmarks/bench_tokenization.py --casings uncased
+    python benchmarks/speed/bench_tokenization.py                 # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python benchmarks/speed/bench_tokenization.py --casings uncased
 
 Both get the same lines (the Gutenberg book, the 300 news articles, the 38 plays, and the enwiki
 excerpt crudely stripped: XML entities decoded, one line each) and the bert-base-uncased
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core comparison
 os.environ.setdefault("RAYON_NUM_THREADS", "1")

@@ -1,8 +1,8 @@
 """The GPU check: one prepared script for a short slot on one GPU, most important numbers first.
 
-    python -m benchmarks.gpu_check --out DIR --call 1 --gpu-left-s S   # the slot's first call
-    python -m benchmarks.gpu_check --out DIR --call 2 --gpu-left-s S   # its second
-    python -m benchmarks.gpu_check --out DIR --dry-run --call 1        # the same on CPU, tiny (the test suite)
+    python -m benchmarks.gpu.gpu_check --out DIR --call 1 --gpu-left-s S   # the slot's first call
+    python -m benchmarks.gpu.gpu_check --out DIR --call 2 --gpu-left-s S   # its second
+    python -m benchmarks.gpu.gpu_check --out DIR --dry-run --call 1        # the same on CPU, tiny (the test suite)
     make gpu-wheels && make gpu-check CALL=1 GPU_LEFT=S                 # with its wheels installed first
 
 It builds its own input (a synthetic vocab and seq128 instances through the project's instance
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 # Every stage, most valuable first.
@@ -439,7 +439,7 @@ def _models(plan: Plan, vocab_size: int, attention_dropout: float | None = None)
     """Ours and transformers' BertForPreTraining (SDPA) with the same weights, on the device."""
     import torch
 
-    from benchmarks.bench_train_step import make_pair
+    from benchmarks.common import make_pair
 
     cfg, ours, ref, attn = make_pair(plan.size, vocab_size, attention_dropout=attention_dropout)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -794,7 +794,7 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 def start_stage(stage: str, work: Path, out: Path, plan: Plan) -> subprocess.Popen:
     """The stage's process, in a process group of its own, its output on a pipe."""
-    argv = [sys.executable, "-m", "benchmarks.gpu_check", "--stage", stage, "--work", str(work),
+    argv = [sys.executable, "-m", "benchmarks.gpu.gpu_check", "--stage", stage, "--work", str(work),
             "--out", str(out), "--precision", plan.precision] + (["--dry-run"] if plan.dry_run else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)

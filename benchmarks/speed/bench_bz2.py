@@ -1,8 +1,8 @@
 """bz2 blocks: ours (bert_core/corpus/bz2_blocks.py, stdlib ``bz2``) vs ``indexed_bzip2`` (parallel
 decompression with a block index), on the sample dump and a larger single-stream file.
 
-    python -m benchmarks.bench_bz2                     # samples from ~/.cache/bertpipe/samples
-    BERTPIPE_SAMPLES=samples python -m benchmarks.bench_bz2
+    python -m benchmarks.speed.bench_bz2                     # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_bz2
 
 Files: the sample Wikipedia excerpt as published (one bz2 stream, level 9), and a larger one made
 here from distinct real text (that excerpt decompressed, then every sample play, the book and the
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 CHUNK = 1 << 20
 

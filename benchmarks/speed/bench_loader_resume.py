@@ -1,6 +1,6 @@
 """Loader resume: ours (skip to the saved position by index) vs replaying the stream, side by side.
 
-    python benchmarks/bench_loader_resume.py            (BERTPIPE_SAMPLES = the sample folder)
+    python benchmarks/speed/bench_loader_resume.py            (BERTPIPE_SAMPLES = the sample folder)
 
 A resumed pre-training run must see the batches an uninterrupted run would have. Ours turns
 the saved (epoch, position) into shard and row offsets and reads the next batch directly
@@ -8,7 +8,7 @@ the saved (epoch, position) into shard and row offsets and reads the next batch 
 that does, e.g. transformers' ``skip_first_batches``: iterate (read, shuffle, pad) the first
 ``position`` batches of the epoch and throw them away. Both must yield the same next batch
 (checked). Instances are Botchan from the samples, cut by the instance stage's functions
-(``benchmarks/bench_train_step.build_instances``), seq128, 4 shards.
+(``benchmarks/speed/bench_train_step.build_instances``), seq128, 4 shards.
 
 Writes bench-results/loader_resume.json = {"rows": [{measure, ours, reference, ratio, unit}]}.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks.common import samples as samples_dir
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 
 MICRO_BATCH = 8
 
@@ -55,7 +55,7 @@ def best_of(fn, repeats: int = 3) -> tuple[float, dict]:
 def main() -> None:
     import torch
 
-    from benchmarks.bench_train_step import MAX_SEQ_LENGTH, build_instances
+    from benchmarks.speed.bench_train_step import MAX_SEQ_LENGTH, build_instances
     from bert_core.pretrain.data import PretrainingLoader
 
     torch.set_num_threads(1)

@@ -1,10 +1,10 @@
 """Sentence splitter: ours (bert_core/corpus/sentences.py) vs ``pysbd`` and ``blingfire``, on the
 paragraphs of the sample Wikipedia excerpt.
 
-    python -m benchmarks.bench_sentences               # samples from ~/.cache/bertpipe/samples
-    BERTPIPE_SAMPLES=samples python -m benchmarks.bench_sentences
+    python -m benchmarks.speed.bench_sentences               # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_sentences
 
-Accuracy: ``benchmarks/sentences_gold.json`` holds hand-checked sentence boundaries of 120
+Accuracy: ``benchmarks/speed/sentences_gold.json`` holds hand-checked sentence boundaries of 120
 paragraphs picked at random from the excerpt (about 400 sentences), as references into the dump
 (page title, paragraph index, character offsets where sentences begin), never the text itself.
 The gold judges every position where terminal punctuation meets whitespace and every boundary
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 GOLD = Path(__file__).resolve().parent / "sentences_gold.json"
 SPEED_CHARS = 300_000

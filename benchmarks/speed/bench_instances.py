@@ -1,8 +1,8 @@
 """Instance creation: ours (Beam job) vs google-research/bert's create_pretraining_data.py.
 
-    python benchmarks/bench_instances.py                  # sample corpus + 44 MB of distinct text
-    python benchmarks/bench_instances.py --large-mb 0     # the sample corpus only
-    BERTPIPE_SAMPLES=samples python benchmarks/bench_instances.py --dupe-factor 1
+    python benchmarks/speed/bench_instances.py                  # sample corpus + 44 MB of distinct text
+    python benchmarks/speed/bench_instances.py --large-mb 0     # the sample corpus only
+    BERTPIPE_SAMPLES=samples python benchmarks/speed/bench_instances.py --dupe-factor 1
 
 The reference is google-research/bert's own ``create_pretraining_data.py`` as published on PyPI
 (``bert-tensorflow==1.0.4``, module ``bert.create_pretraining_data``), run unmodified with
@@ -32,7 +32,7 @@ from pathlib import Path
 #
 # - the sample corpus (300 news articles, a Gutenberg book and 38 plays, about 5 MB of text);
 # - the sample corpus plus distinct real text up to ``--large-mb`` (default 44 MB): the manuals,
-#   guides and the King James Bible that :mod:`benchmarks.distinct_text` fetches from the package
+#   guides and the King James Bible that :mod:`benchmarks.text.distinct_text` fetches from the package
 #   registries, every source in turn. Nothing is copied, so tokenizer caches see new words as
 #   they would on a real corpus;
 # - the first 20 documents of the sample, which measure each side's fixed start-up (for ours:
@@ -55,7 +55,7 @@ from pathlib import Path
 # tests/test_pretraining_data.py against the reference's loops transcribed in tests/oracles.py.
 # Rows go to ``bench-results/instances.json``.
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SECTION = 40  # sentences per document cut from a book or play
@@ -145,9 +145,9 @@ def text_bytes(docs: list[tuple[str, list[str]]]) -> int:
 
 
 def distinct_documents(total_mb: float, distinct: Path | None) -> list[tuple[str, list[str]]]:
-    """The sample corpus, then distinct real text (benchmarks.distinct_text: manuals, guides, the
+    """The sample corpus, then distinct real text (benchmarks.text.distinct_text: manuals, guides, the
     King James Bible; every source in turn) up to ``total_mb`` of text. No copies."""
-    from benchmarks.distinct_text import cached, interleaved, text_files
+    from benchmarks.text.distinct_text import cached, interleaved, text_files
 
     docs = sample_documents()
     have = text_bytes(docs)
@@ -303,7 +303,7 @@ def main() -> None:
                         help="Also measure the sample plus distinct real text up to this many MB "
                              "(extra rows, one worker; 0: skip).")
     parser.add_argument("--distinct", type=Path, default=None,
-                        help="Folder of benchmarks.distinct_text (default: fetched into the bertpipe cache).")
+                        help="Folder of benchmarks.text.distinct_text (default: fetched into the bertpipe cache).")
     parser.add_argument("--seeds", type=int, default=6, help="Extra seeds for the sampling error.")
     parser.add_argument("--out", default="bench-results/instances.json")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """Learning parity: our BertForPreTraining and transformers' learn alike on the same instances.
 
-    python -m benchmarks.bench_parity                      # builds sample instances first
-    python -m benchmarks.bench_parity --instances DIR --steps 300 --seeds 3
+    python -m benchmarks.speed.bench_parity                      # builds sample instances first
+    python -m benchmarks.speed.bench_parity --instances DIR --steps 300 --seeds 3
 
 Both models start from the same weights (ours, saved in the transformers layout and opened by
 ``transformers.BertForPreTraining``), read the same batches in the same order from the same
@@ -45,7 +45,7 @@ from bert_core.model.checkpoint import save_pretrained
 from bert_core.pretrain.data import collate, to_tensors
 from bert_core.pretrain.in_process import random_init
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench-results"
 
 

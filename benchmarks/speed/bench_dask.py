@@ -1,8 +1,8 @@
 """Throughput on a Dask cluster: each Beam stage on the local runner and on a two-worker Dask
 cluster on this machine, on the same distinct text; wall time and CPU-seconds of every process.
 
-    python -m benchmarks.bench_dask                 # the sample corpus (x1)
-    python -m benchmarks.bench_dask --size 3        # with distinct text (benchmarks.distinct_text)
+    python -m benchmarks.speed.bench_dask                 # the sample corpus (x1)
+    python -m benchmarks.speed.bench_dask --size 3        # with distinct text (benchmarks.text.distinct_text)
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_scale import measure, raw_inputs  # noqa: E402
 from benchmarks.common import machine, tree_cpu  # noqa: E402
 from benchmarks.common import samples as samples_dir  # noqa: E402
+from benchmarks.speed.bench_scale import measure, raw_inputs  # noqa: E402
 
 # Each stage runs as the product runs it (python -m beam_jobs.clean_corpus, build_vocab,
 # create_instances), demo preset, first with --workers 2 on the local runner, then with --runner
 # dask against one `dask scheduler` and `dask worker --nworkers 2 --nthreads 1` started here
-# (shared_storage=true: one machine). The inputs are those of benchmarks.bench_scale at --size
+# (shared_storage=true: one machine). The inputs are those of benchmarks.speed.bench_scale at --size
 # (the sample's Wikipedia excerpt, book and plays, then distinct text; no copies). Both runners
 # must write the same bytes: the shards' sha256 are compared, and a difference fails the run.
 #
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     distinct: list[Path] = []
     if args.size > 1:
-        from benchmarks.distinct_text import cached, interleaved, text_files
+        from benchmarks.text.distinct_text import cached, interleaved, text_files
 
         distinct = interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr))))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
