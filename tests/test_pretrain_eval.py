@@ -232,3 +232,28 @@ def test_eval_rows_during_a_2_rank_run_match_a_1_rank_evaluation_of_the_same_wei
         assert check[key] == evals[-1][key]
     for key in ("loss", "mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"):
         assert check[key] == pytest.approx(evals[-1][key], rel=1e-5, abs=1e-7), key
+
+
+def test_masked_lm_accuracy_of_plain_sequences_masks_alike_for_every_model():
+    """Fixed masks from the seed: the same counts twice, a model that always predicts the inner
+    piece scores 1, [CLS] and [SEP] are never masked, and a sequence without inner pieces is skipped."""
+    from bert_core.config import ModelConfig
+    from bert_core.pretrain.evaluate import masked_lm_accuracy
+    from bert_core.pretrain.in_process import random_init
+
+    sequences = [[2, *range(10, 10 + n), 3] for n in (0, 1, 7, 20)]
+    model = random_init(ModelConfig(size="tiny", vocab_size=40), seed=1).train()
+    first = masked_lm_accuracy(model, sequences, mask_id=4, seed=0)
+    assert first == masked_lm_accuracy(model, sequences, mask_id=4, seed=0) and model.training
+    assert first["predictions"] == 1 + 1 + 3 and 0 <= first["mlm_acc"] <= 1
+
+    class Knows7(torch.nn.Module):  # predicts piece 7 wherever it is asked
+        def bert(self, ids):
+            assert ids[0, 0] == 2 and ids[0, -1] == 3 and (ids == 4).sum() == max(1, round(0.15 * (ids.shape[1] - 2)))
+            return type("Out", (), {"last_hidden_state": torch.zeros(*ids.shape, 1)})()
+
+        def mlm_logits(self, hidden):
+            return torch.nn.functional.one_hot(torch.full((len(hidden),), 7), 40).float()
+
+    assert masked_lm_accuracy(Knows7(), [[2, 7, 7, 7, 3]] * 3, mask_id=4) == {
+        "mlm_acc": 1.0, "mlm_correct": 3, "predictions": 3}

@@ -63,31 +63,18 @@ def heldout_mlm_accuracy(checkpoint: str, examples: list, seed: int = 0, max_seq
 
 
 def masked_lm_accuracy(checkpoint: str, sequences: list[list[int]], seed: int = 0) -> float:
-    """Masked-LM accuracy on ``sequences`` (``[CLS] ... [SEP]`` ids): in each, 15% of the word
-    pieces (never [CLS]/[SEP]) replaced by [MASK], drawn with ``seed``; the share predicted exactly."""
+    """The product's masked-LM accuracy (``bert_core.pretrain.evaluate.masked_lm_accuracy``, 15% of
+    each sequence's pieces masked with ``seed``) of a checkpoint, in percent."""
     import torch
 
     from bert_core.model.bert import BertForPreTraining
+    from bert_core.pretrain.evaluate import masked_lm_accuracy as product_accuracy
     from bert_core.vocab.tokenization import load_tokenizer
 
     torch.set_num_threads(1)
-    tokenizer = load_tokenizer(checkpoint)
-    model = BertForPreTraining.from_pretrained(checkpoint).eval()
-    mask_id = tokenizer.mask_id
-    rng = np.random.default_rng(seed)
-    right = total = 0
-    with torch.no_grad():
-        for ids in sequences:
-            inner = np.arange(1, len(ids) - 1)
-            if not len(inner):
-                continue
-            picked = rng.choice(inner, max(1, round(0.15 * len(inner))), replace=False)
-            masked = torch.tensor([ids])
-            masked[0, picked] = mask_id
-            hidden = model.bert(masked).last_hidden_state[0, picked]
-            right += int((model.mlm_logits(hidden).argmax(-1) == torch.tensor(ids)[picked]).sum())
-            total += len(picked)
-    return 100 * right / max(1, total)
+    model = BertForPreTraining.from_pretrained(checkpoint)
+    counts = product_accuracy(model, sequences, load_tokenizer(checkpoint).mask_id, seed)
+    return 100 * counts["mlm_correct"] / max(1, counts["predictions"])
 
 
 def tfidf_scores(train: list, evaluate: list, labels: tuple[str, ...], c: float) -> dict[str, float]:

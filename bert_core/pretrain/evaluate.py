@@ -4,6 +4,7 @@ whole eval split of one sequence length, shared by all ranks.
     split = EvalSplit.open(instances, max_seq_length=128, batch_size=32, rank=r, world_size=W)
     if split is not None:
         row = evaluate(engine, split)   # the same numbers on every rank
+    masked_lm_accuracy(model, sequences, tokenizer.mask_id, seed=0)   # any text, fixed masks
 
 (``bert_core/pretrain/loop.py`` calls it every ``pretrain.eval_every`` steps and at the end of
 each phase; ``pytest tests/test_pretrain_eval.py`` checks it.)
@@ -183,3 +184,33 @@ def evaluate(engine: Any, split: EvalSplit) -> dict[str, Any]:
         dist.all_reduce(sums)
         sums = sums.cpu()
     return eval_metrics(sums) | {"seconds": time.perf_counter() - t0}
+
+
+def masked_lm_accuracy(model: Any, sequences: list[list[int]], mask_id: int, seed: int = 0,
+                       masked_lm_prob: float = 0.15) -> dict[str, float]:
+    """Masked-LM accuracy of a ``BertForPreTraining`` on ``sequences`` (``[CLS] ... [SEP]`` ids)
+    that are not instances: in each, ``masked_lm_prob`` of the pieces between [CLS] and [SEP] (at
+    least one) are replaced by [MASK], drawn in turn from ``numpy.random.default_rng(seed)``, so
+    every model scored on the same sequences and seed sees the same masks. Each sequence is one
+    forward pass without padding. The share predicted exactly, with the counts it is made of."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    training = model.training
+    model.eval()
+    correct = predictions = 0
+    try:
+        with torch.no_grad():
+            for ids in sequences:
+                inner = np.arange(1, len(ids) - 1)
+                if not len(inner):
+                    continue
+                picked = rng.choice(inner, max(1, round(masked_lm_prob * len(inner))), replace=False)
+                masked = torch.tensor([ids])
+                masked[0, picked] = mask_id
+                hidden = model.bert(masked).last_hidden_state[0, picked]
+                correct += int((model.mlm_logits(hidden).argmax(-1) == torch.tensor(ids)[picked]).sum())
+                predictions += len(picked)
+    finally:
+        model.train(training)
+    return {"mlm_acc": correct / max(predictions, 1), "mlm_correct": correct, "predictions": predictions}
