@@ -30,10 +30,11 @@ SOURCES_FILE = "SOURCES.md"  # written by `bertpipe samples fetch`: one row per 
 def run_counts(run_manifest: dict[str, Any]) -> dict[str, int]:
     """A pre-training run's optimizer steps and token positions (sequences x their length, an
     upper bound on real tokens: packed sequences are nearly full)."""
-    phases = run_manifest["config"]["pretrain"]["phases"]
+    phases = (((run_manifest.get("config") or {}).get("pretrain") or {}).get("phases")) or []
+    # a manifest of another shape (written by hand, or by an older version) counts what it holds
     tokens = sum(p.get("sequences", 0) * phases[p["phase"] - 1]["max_seq_length"]
-                 for p in run_manifest["stats"].get("phases", []))
-    return {"steps": int(run_manifest["counts"].get("steps", 0)), "tokens": int(tokens)}
+                 for p in (run_manifest.get("stats") or {}).get("phases", []) if 0 < p.get("phase", 0) <= len(phases))
+    return {"steps": int((run_manifest.get("counts") or {}).get("steps", 0)), "tokens": int(tokens)}
 
 
 def _input(manifest: dict[str, Any], stage: str) -> dict[str, Any] | None:
