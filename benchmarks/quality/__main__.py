@@ -30,11 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     plan = data(args.protocol)
     if args.command == "prepare":
-        return search.main(["prepare", "--candidates", "v2", *rest])
+        return search.main(["prepare", *rest])
     if args.command == "pretrain" and args.candidates:
         return search.main(["pretrain", "--recipes", ",".join(plan["candidates"]), *rest])
     if args.command == "choose":
-        return search.main(["evaluate", "--every-setting", *rest])
+        return search.main(["evaluate", *rest])
     if args.command == "report":
         out = argparse.ArgumentParser(prog="report")
         out.add_argument("--output", required=True)

@@ -1,13 +1,12 @@
-"""The recipe search: which change to the chosen pre-training recipe buys the most few-label gain
-for its CPU-minutes (version 1's :data:`RECIPES`; version 2's :data:`CANDIDATES_V2` with
-``--candidates v2``, ``--recipes v2``). Three steps, the last two on whatever accelerator there is
+"""The recipe choice: which candidate recipe (the protocol's ``candidates``) buys the most
+few-label gain for its CPU-minutes. Three steps, the last two on whatever accelerator there is
 (``make gpu-quality`` and ``gpu-quality-evaluate`` run them on the device machine, from the stage):
 
     python -m benchmarks.quality prepare --protocol v2 --work W --stage .search-v2            # here
     python -m benchmarks.quality pretrain --protocol v2 --candidates --stage .search-v2 --out OUT --seeds 42,43
     python -m benchmarks.quality choose --protocol v2 --work W --checkpoints OUT --choose FILE
 
-The steps: :func:`prepare`, :func:`prepare_v2`, :func:`pretrain_all`, :func:`evaluate`, :func:`evaluate_v2`.
+The steps: :func:`prepare`, :func:`pretrain_all`, :func:`evaluate`.
 """
 
 from __future__ import annotations
@@ -35,24 +34,10 @@ from benchmarks.quality import build
 from benchmarks.quality import corpus as quality_corpus
 from benchmarks.quality import tasks as qt
 from benchmarks.quality.cache import Cache, pack_cache, run_cached, weights_digest
-from benchmarks.quality.spec import (
-    CHOSEN,
-    PRETRAIN_SEED,
-    ROOT,
-    SEARCH_V1,
-    Recipe,
-    candidates,
-    protocol,
-)
-from benchmarks.quality.spec import RECIPES as ALL
+from benchmarks.quality.spec import CHOSEN, RECIPES, ROOT, Recipe, candidates, protocol, versions
 from bert_core.config import PretrainConfig
 
 BUDGET_MINUTES = 60.0
-TAPT_MINUTES = 5.0
-SIZE = 300
-SUBSAMPLES = 5
-SETTINGS = {"sentiment": {"learning_rate": 1e-3, "pooling": "mean"},  # arm A's, chosen by the protocol's dev grid
-            "tweets3": {"learning_rate": 3e-4, "pooling": "cls"}}
 ARCHIVE_PART = 15 * 2**20  # the archive of checkpoints comes back in parts of this many bytes
 TIMING_SECONDS = 30.0  # --gpu-minutes: how long the runs are timed side by side
 XZ_PRESET = 6  # compression of the checkpoints' trip back (lossless at any preset)
@@ -63,37 +48,28 @@ RETURN_ROOM = 2**20  # of RETURN_LIMIT, what the logs beside the checkpoints' ar
 STAGE_SAMPLES = "samples"  # the stage's copy of the tasks' files, at their paths under the samples folder
 TIMING_ROUNDS = 3  # prepare: each cost is timed this many times, the costs in turn, and the median kept
 
-
-RECIPES = {name: ALL[name] for name in SEARCH_V1}  # version 1's search
-CANDIDATES_V2 = candidates("v2")
-CHOSEN_ON_K1 = ALL["chosen-on-k1"]
-CANDIDATE_SETS = {"v1": RECIPES, "v2": CANDIDATES_V2}
-ALL_RECIPES = RECIPES | CANDIDATES_V2
+CANDIDATE_SETS = {v: candidates(v) for v in versions()}
+CANDIDATES_V2 = CANDIDATE_SETS["v2"]
+ALL_RECIPES = {n: r for recipes in CANDIDATE_SETS.values() for n, r in recipes.items()}
+CHOSEN_ON_K1 = RECIPES["chosen-on-k1"]
 GRID = protocol("v2")["grid"]
 
 
 def recipe_names(text: str) -> list[str]:
-    """``--recipes``: ``v1``/``v2`` for a whole set, else names of either set, comma-separated."""
+    """``--recipes``: a version (``v2``) for its candidates, else candidates' names, comma-separated."""
     names = [n for part in text.split(",") if part.strip()
              for n in (CANDIDATE_SETS[part.strip()] if part.strip() in CANDIDATE_SETS else [part.strip()])]
     unknown = [n for n in names if n not in ALL_RECIPES]
     if unknown or not names:
         raise SystemExit(f"--recipes {text}: unknown recipe {', '.join(unknown) or '(none)'}; "
-                         f"known: v1, v2, {', '.join(ALL_RECIPES)}")
+                         f"known: {', '.join([*CANDIDATE_SETS, *ALL_RECIPES])}")
     return names
 
 
-def model_for(variant: Recipe, vocab_size: int, seed: int = 42, init: str | None = None):
-    """The variant's model from the product's random init for ``seed``, or ``init``'s weights
-    (the steps that follow draw their dropout from ``seed`` either way)."""
-    import torch
-
-    from bert_core.model.bert import BertForPreTraining
+def model_for(variant: Recipe, vocab_size: int, seed: int = 42):
+    """The variant's model from the product's random init for ``seed``."""
     from bert_core.pretrain.in_process import random_init
 
-    if init:
-        torch.manual_seed(seed)
-        return BertForPreTraining.from_pretrained(init)
     return random_init(model_config_for(variant, vocab_size), seed)
 
 
@@ -111,8 +87,6 @@ def train(variant: Recipe, model, instances: str, steps: int, seed: int, device:
     (whole words with ``whole_word_mask``, as the loader masks for ``instances.whole_word_mask``)."""
     config = short_run(variant.seq, steps, variant.batch, variant.learning_rate, variant.weight_decay, seed)
     masking = {"masked_lm_prob": variant.masked_lm_prob, "whole_word_mask": variant.whole_word_mask}
-    if variant.max_predictions:
-        masking["max_predictions_per_seq"] = variant.max_predictions
     return train_mlm(model, instances, config, device=device, masking=masking, **kwargs)
 
 
@@ -181,49 +155,6 @@ def cpu_seconds_per_step(variant: Recipe, instances: str, vocab_size: int, warmu
     return (marks[warmup + timed - 1] - marks[warmup - 1]) / timed
 
 
-def task_text(samples: Path, out: Path) -> Path:
-    """The tasks' training pools as ``--text`` records of 20 sentences (no dev or test text)."""
-
-    texts = [e.text_a for name, task in qt.TASKS.items() for e in qt.load(task, samples)["train"]]
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "task-text.jsonl"
-    path.write_text("".join(json.dumps({"id": f"task-{n}", "text": "\n\n".join(texts[i:i + 20])}) + "\n"
-                            for n, i in enumerate(range(0, len(texts), 20))))
-    return path
-
-
-def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int) -> dict:
-    """Version 1: each recipe's step count is the protocol's for the chosen recipe, scaled by the
-    chosen recipe's CPU-seconds a step over the recipe's (both timed here in-process on one thread);
-    task-adaptive pre-training gets 5 CPU-minutes on the tasks' training text. Copies what the
-    pre-training step needs into ``stage`` (instances, the task text's instances, the protocol's
-    first run) and writes the step counts to ``stage/steps.json``."""
-    from bert_core.pretrain.data import read_vocab, vocab_file_of
-
-    recipe = ALL[CHOSEN]
-    instances = work / "instances-seq64-packed-dynamic-wordpiece"
-    first_run = build.pretrain_folder(work, CHOSEN, BUDGET_MINUTES, 1, PRETRAIN_SEED) / "hf"
-    search = work / "search"
-    text = task_text(samples, search)
-    corpus = search / "task-corpus"
-    if not (corpus / "_MANIFEST.json").exists():
-        build.bertpipe(["corpus", "--text", str(text), "--output", str(corpus)], search / "corpus.log")
-    task_instances = build.instances_for(recipe, corpus, work / "vocab", search)
-    vocab_size = len(read_vocab(vocab_file_of(str(instances))))
-    costs = {name: cpu_seconds_per_step(v, str(instances), vocab_size) for name, v in RECIPES.items()}
-    steps = {name: round(chosen_steps * costs["chosen"] / cost) for name, cost in costs.items()}
-    steps["tapt"] = round(chosen_steps * TAPT_MINUTES / BUDGET_MINUTES)
-    shutil.rmtree(stage, ignore_errors=True)
-    for src, name in ((instances, "instances"), (task_instances, "task-instances"), (first_run, "first-run")):
-        shutil.copytree(src, stage / name)
-    vocab = Path(vocab_file_of(str(instances)))
-    shutil.copy(vocab, stage / "vocab.txt")
-    plan = {"vocab": str(vocab), "chosen_steps": chosen_steps, "cpu_seconds_per_step": costs, "steps": steps,
-            "budget_cpu_minutes": {n: BUDGET_MINUTES + (TAPT_MINUTES if RECIPES[n].tapt else 0) for n in RECIPES}}
-    (stage / "steps.json").write_text(json.dumps(plan, indent=1))
-    return plan
-
-
 def corpus_for(name: str, work: Path, samples: Path) -> tuple[Path, Path]:
     """Corpus ``name`` (``k1``, ``k2``) and its vocab, built once under ``work/name`` by
     ``corpus`` (with the chosen recipe's instances beside them); stops when a
@@ -232,15 +163,14 @@ def corpus_for(name: str, work: Path, samples: Path) -> tuple[Path, Path]:
     if name not in quality_corpus.CORPORA:
         raise SystemExit(f"corpus {name}: not one of {', '.join(quality_corpus.CORPORA)}")
     tasks = {n: qt.load(t, samples) for n, t in qt.TASKS.items()}
-    built = quality_corpus.build(name, ALL[CHOSEN], work, samples, tasks)
+    built = quality_corpus.build(name, RECIPES[CHOSEN], work, samples, tasks)
     return built.corpus, built.vocab
 
 
 def cost_key(variant: Recipe) -> tuple:
     """What decides a step's cost: variants equal in it (they differ in optimizer settings only)
     share one timing."""
-    return (variant.corpus, variant.size, variant.seq, variant.batch, variant.masked_lm_prob,
-            variant.max_predictions, variant.whole_word_mask)
+    return (variant.corpus, variant.size, variant.seq, variant.batch, variant.masked_lm_prob, variant.whole_word_mask)
 
 
 def stage_instances_name(corpus: str, seq: int) -> str:
@@ -278,18 +208,18 @@ def restage_tasks(work: Path, stage: Path, samples: Path) -> dict:
     """The tasks' files (:func:`stage_tasks`) added to a version-2 stage already prepared, its
     plan's ``stage_bytes`` updated."""
     if not (stage / "steps.json").exists():
-        raise SystemExit(f"{stage}/steps.json is missing: run benchmarks.quality prepare --candidates v2 --stage {stage}")
+        raise SystemExit(f"{stage}/steps.json is missing: run benchmarks.quality prepare --stage {stage}")
     plan = json.loads((stage / "steps.json").read_text())
     if plan.get("candidates") != "v2":
-        raise SystemExit(f"{stage} is not a version-2 stage (prepare --candidates v2 writes one)")
+        raise SystemExit(f"{stage} is not a candidates' stage (benchmarks.quality prepare writes one)")
     stage_tasks(samples, stage)
     plan["stage_bytes"] = folder_bytes(stage)
     write_plan(plan, stage, work)
     return plan
 
 
-def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpora: list[str]) -> dict:
-    """Version 2: per candidate of ``corpora``, its corpus's vocab and instances at its length,
+def prepare(work: Path, stage: Path, samples: Path, chosen_steps: int, corpora: list[str]) -> dict:
+    """Per candidate of ``corpora``, its corpus's vocab and instances at its length,
     and its step count, the protocol's ``chosen_steps`` for the chosen recipe (on K1) scaled by
     that recipe's CPU-seconds a step over the candidate's (timed here in-process on one thread,
     per :func:`cost_key`, the median of :data:`TIMING_ROUNDS` timings taken in turn). The corpora
@@ -303,7 +233,7 @@ def prepare_v2(work: Path, stage: Path, samples: Path, chosen_steps: int, corpor
         raise SystemExit(f"--corpus {','.join(corpora)}: no candidate of version 2 uses it (k1, k2)")
     built = {corpus: corpus_for(corpus, work, samples) for corpus in sorted({"k1", *(CANDIDATES_V2[n].corpus
                                                                                    for n in names)})}
-    base = ALL[CHOSEN]
+    base = RECIPES[CHOSEN]
     local: dict[tuple[str, int], Path] = {}
     for corpus, seq in sorted({("k1", 64), *((CANDIDATES_V2[n].corpus, CANDIDATES_V2[n].seq) for n in names)}):
         corpus_dir, vocab_dir = built[corpus]
@@ -447,18 +377,11 @@ def unpack_instances(stage: Path, archive_name: str, into: Path, vocab_files: di
 
 
 def staged_inputs(stage: Path, plan: dict, unpack_root: Path | None = None) -> dict[str, tuple[str, str]]:
-    """Per recipe of the stage's plan: the instances it reads and their vocab file. A version-2
-    stage's instances are unpacked once under ``unpack_root`` (default: the system's temporary
-    folder, never the stage, which travels to the device machine whole)."""
-    from bert_core.pretrain.data import vocab_file_of
-
+    """Per recipe of the stage's plan: the instances it reads and their vocab file, the stage's
+    instances unpacked once under ``unpack_root`` (default: the system's temporary folder, never
+    the stage, which travels to the device machine whole)."""
     if plan.get("candidates") != "v2":
-        vocab = Path(plan["vocab"])  # the instances name their vocab by its path here; on another machine, put it there
-        if not vocab.exists():
-            vocab.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(stage / "vocab.txt", vocab)
-        vocab_file = vocab_file_of(str(stage / "instances"))
-        return {n: (str(stage / ("task-instances" if v.tapt else "instances")), vocab_file) for n, v in RECIPES.items()}
+        raise SystemExit(f"{stage} is not a candidates' stage (benchmarks.quality prepare writes one)")
     root = unpack_root or Path(tempfile.gettempdir())
     out = {}
     for corpus, digest in plan["archives"].items():
@@ -613,8 +536,7 @@ def pretrain_one(stage: str, name: str, steps: int, out: str, seed: int = 42, fo
         inputs = staged_inputs(stage_dir, json.loads((stage_dir / "steps.json").read_text()))[name]
     instances, vocab_file = inputs
     device = _device(threads if threads else 2 if torch.cuda.is_available() else None)
-    init = str(stage_dir / "first-run") if variant.tapt else None
-    model = model_for(variant, len(read_vocab(vocab_file)), seed, init)
+    model = model_for(variant, len(read_vocab(vocab_file)), seed)
     started = time.perf_counter()
     log = train(variant, model, instances, steps, seed, device)
     _synchronize(device)
@@ -647,13 +569,12 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
     """Every recipe side by side, one process each, for the stage's step count of the recipe
     (times ``scale``), or with ``gpu_minutes`` for one count for all, :func:`gpu_minute_steps` of
     a :func:`time_one` of them all side by side (the learning-rate schedule is that count's).
-    Without ``seeds``, one run of each (seed 42), archived in ``out`` as it ends (``RECIPE.tar``
-    or its parts, :func:`archive`). With ``seeds``, every recipe x seed in folders
-    ``<recipe>-seed<S>``, each made compact (:func:`compact_checkpoint`) and all of them archived
-    together at the end as ``runs.tar`` or its parts: a device call returns at most 8 files. A run
-    that fails is reported and left out; the others are archived and the status is 1.
+    Every recipe x seed runs in a folder ``<recipe>-seed<S>``, each made compact
+    (:func:`compact_checkpoint`) and all of them archived together at the end as ``runs.tar`` or
+    its parts: a device call returns at most 8 files. A run that fails is reported and left out;
+    the others are archived and the status is 1.
 
-    With ``seeds`` and ``keep``, the runs stay in ``keep`` as saved (what ``evaluate`` reads on
+    With ``keep``, the runs stay in ``keep`` as saved (what ``evaluate`` reads on
     the same machine), a run already there is not run again, every run's log goes to
     ``out/pretrain-logs.json`` and the compact archive of them all to ``out`` only when it fits
     in what a device call returns (:func:`archive_runs`)."""
@@ -664,9 +585,9 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
     if missing:
         raise SystemExit(f"{stage} was prepared without {', '.join(missing)} (it has {', '.join(plan['steps'])}); "
                          "prepare it with the candidates you pre-train")
-    if keep and not seeds:
-        raise SystemExit("--keep needs --seeds: the runs it keeps are the folders <recipe>-seed<S>")
-    every = [(n, s, f"{n}-seed{s}") for n in names for s in seeds] if seeds else [(n, 42, n) for n in names]
+    if not seeds:
+        raise SystemExit("pretrain needs --seeds: its runs are the folders <recipe>-seed<S>")
+    every = [(n, s, f"{n}-seed{s}") for n in names for s in seeds]
     done = [f for _, _, f in every if keep and (keep / f / "pretrain-log.json").exists()]
     if done and gpu_minutes:
         raise SystemExit(f"--gpu-minutes times all runs side by side, but {keep} already holds {', '.join(done)}: "
@@ -675,7 +596,7 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
         print(f"already finished in {keep}, not run again: {', '.join(done)}", flush=True)
     runs = [r for r in every if r[2] not in done]
     out.mkdir(parents=True, exist_ok=True)
-    finished, failed = pretrain_side_by_side(stage, plan, runs, out, scale, bool(seeds) and not keep, gpu_minutes,
+    finished, failed = pretrain_side_by_side(stage, plan, runs, out, scale, gpu_minutes,
                                              timing_seconds, unpack_root, keep)
     if keep:
         logs = {f: json.loads((keep / f / "pretrain-log.json").read_text()) for f in sorted(done + finished)}
@@ -686,11 +607,10 @@ def pretrain_all(stage: Path, out: Path, names: list[str], scale: float = 1.0, s
 
 
 def pretrain_side_by_side(stage: Path, plan: dict, runs: list[tuple[str, int, str]], out: Path, scale: float,
-                          together: bool, gpu_minutes: float | None, timing_seconds: float,
+                          gpu_minutes: float | None, timing_seconds: float,
                           unpack_root: Path | None, keep: Path | None) -> tuple[list[str], list[str]]:
     """:func:`pretrain_all`'s runs (recipe, seed, folder) side by side, one process each: kept in
-    ``keep``, or archived in ``out`` one by one as they end, or (``together``) compact and all in
-    one archive at the end; the folders finished and failed."""
+    ``keep``, or compact and all in one archive in ``out`` at the end; the folders finished and failed."""
     if not runs:
         return [], []
     inputs = staged_inputs(stage, plan, unpack_root)
@@ -719,7 +639,7 @@ def pretrain_side_by_side(stage: Path, plan: dict, runs: list[tuple[str, int, st
                 extra[f] = {"gpu_minutes": gpu_minutes, "timing": t,
                             "timing_all_steps_per_second": [x["steps_per_second"] for x in timings]}
         futures = {pool.submit(pretrain_one, str(stage), n, steps[f], str(folders), s, f, inputs[n], threads,
-                               extra[f], together): f for n, s, f in runs}
+                               extra[f], not keep): f for n, s, f in runs}
         for future in as_completed(futures):
             try:
                 row = future.result()
@@ -730,11 +650,9 @@ def pretrain_side_by_side(stage: Path, plan: dict, runs: list[tuple[str, int, st
             print(f"pretrained {row['folder']}: {row['steps']} steps on {row['card']} in "
                   f"{row['wall_minutes']:.1f} min, {row['tokens_seen']:,} tokens, last {row['log'][-1]}", flush=True)
             finished.append(row["folder"])
-            if not together and not keep:
-                archive(out, row["folder"], folders, [row["folder"]])
     if keep:
         return finished, failed
-    if together and finished:
+    if finished:
         files = archive(out, "runs", folders, sorted(finished))
         size = sum(f.stat().st_size for f in files)
         print(f"archived {len(finished)} checkpoints in {len(files)} file(s), {size / 2**20:.1f} MiB"
@@ -792,67 +710,6 @@ def unpack(archives: Path, into: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- evaluate (here)
-
-
-def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
-             subsamples: int = SUBSAMPLES) -> dict:
-    """Version 1: every recipe's checkpoint, the protocol's 60-minute runs and its random inits
-    fine-tuned on the same 300-label jobs (5 stratified subsamples and seeds, the protocol's arm-A
-    setting of each task, :data:`SETTINGS`), scored on dev: the search never reads test."""
-    import statistics
-
-    from benchmarks.quality.finetune import encoded, finetune
-    from bert_core.finetune.data import subsample
-
-    arms = {name: checkpoints / name for name in RECIPES if (checkpoints / name / "config.json").exists()}
-    for k in range(protocol("v2")["runs"]):
-        seed = PRETRAIN_SEED + k
-        run = build.pretrain_folder(work, CHOSEN, BUDGET_MINUTES, 1, seed) / "hf"
-        if run.exists():
-            arms[f"protocol A 60 seed {seed}"] = run
-        arms[f"random init seed {seed}"] = build.baseline_folder(work, CHOSEN, seed)
-    cache = Cache(work / "search" / "cache", reuse=True)
-    tasks = {name: qt.load(task, samples) for name, task in qt.TASKS.items()}
-    scores: dict[str, dict[str, list[float]]] = {}
-    with ProcessPoolExecutor(max(1, jobs)) as pool:
-        for arm, ckpt in arms.items():
-            for task_name, parts in tasks.items():
-                task = qt.TASKS[task_name]
-                work_list = []
-                for k in range(subsamples):
-                    train = subsample(parts["train"], SIZE, task_name, k)
-                    data, pad = encoded(str(ckpt), {"train": train, "dev": parts["dev"]}, task.labels, 64)
-                    key = {"search": arm, "weights": weights_digest(ckpt), "task": task_name, "size": SIZE,
-                           "subsample": k, "setting": SETTINGS[task_name]}
-                    work_list.append((key, finetune, (str(ckpt), data, "dev", len(task.labels), SETTINGS[task_name],
-                                                      1 + k, pad)))
-                results = cache.run(pool, work_list, f"{arm} {task_name}")
-                scores.setdefault(arm, {})[task_name] = [r["macro_f1"] for r in results]
-                print(f"  {arm} {task_name}: dev macro-F1 {statistics.mean(scores[arm][task_name]):.1f}", flush=True)
-    random_mean = {t: statistics.mean(v for a, s in scores.items() if a.startswith("random") for v in s[t])
-                   for t in tasks}
-    entries = []
-    for arm, by_task in scores.items():
-        means = {t: statistics.mean(v) for t, v in by_task.items()}
-        recipe = RECIPES.get(arm)
-        pretrain_log = checkpoints / arm / "pretrain-log.json"
-        entries.append({"arm": arm, "about": recipe.about if recipe else None,
-                        "budget_cpu_minutes": plan.get("budget_cpu_minutes", {}).get(arm, BUDGET_MINUTES
-                                                                                     if "protocol" in arm else 0),
-                        "steps": plan.get("steps", {}).get(arm),
-                        "pretrain": json.loads(pretrain_log.read_text()) if pretrain_log.exists() else None,
-                        "dev_macro_f1": by_task, "mean": means,
-                        "gain_over_random_init": {t: means[t] - random_mean[t] for t in means},
-                        "mean_gain": statistics.mean(means[t] - random_mean[t] for t in means)})
-    result = {"what": "the recipe search: each recipe's 300-label dev macro-F1 (5 stratified subsamples, the "
-                      "protocol's arm-A setting per task), its gain over random init (mean of 3 inits)",
-              "size": SIZE, "subsamples": subsamples, "settings": SETTINGS, "plan": plan, "entries": entries}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=1))
-    for e in sorted(entries, key=lambda e: -e["mean_gain"]):
-        print(f"{e['arm']:<28} {e['budget_cpu_minutes']:>5g} CPU-min  gain {e['mean_gain']:+.1f}  "
-              + "  ".join(f"{t} {m:.1f}" for t, m in e["mean"].items()))
-    return result
 
 
 def run_folders(checkpoints: Path, names: list[str]) -> dict[str, list[tuple[int, Path]]]:
@@ -927,11 +784,11 @@ def run_jobs(cache, work_list: list, jobs: int, seconds: float | None = None) ->
         return run_cached(cache, pool, work_list, "choice", in_flight=max(1, jobs), seconds=seconds)
 
 
-def evaluate_v2(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
+def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int, output: Path,
                 sizes: list[int], subsamples: int, choose: Path | None = None, settings: list[int] | None = None,
                 seconds: float | None = None, cache_in: Path | None = None, cache_out: Path | None = None
                 ) -> dict | None:
-    """Version 2's choice on dev: every run of every candidate and every B (a random init per
+    """The choice on dev: every run of every candidate and every B (a random init per
     corpus and seed of the runs) fine-tuned at every size x subsample x setting of the grid
     (:func:`every_setting_jobs`, all of them in one queue for ``jobs`` processes; finished jobs
     are read from the cache under ``work/search-v2``, which starts as ``cache_in`` holds it when
@@ -1031,7 +888,7 @@ def plan_v2(stage: Path, work: Path) -> dict:
     plan_file = work / "search-v2" / "plan.json"
     if not plan_file.exists():
         raise SystemExit(f"neither {stage}/steps.json nor {plan_file} holds a version-2 plan: run benchmarks.quality "
-                         f"prepare --work {work} --stage {stage} --candidates v2 first")
+                         f"prepare --work {work} --stage {stage} first")
     return json.loads(plan_file.read_text())
 
 
@@ -1056,46 +913,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", choices=["prepare", "pretrain", "evaluate"])
     parser.add_argument("--work", default="/work/quality-runs", help="the test phase's --work")
-    parser.add_argument("--stage", default=None, help="what the pre-training step reads (default .search; "
-                        ".search-v2 for evaluate --every-setting, whose plan, vocabs and tasks' files it reads)")
+    parser.add_argument("--stage", default=str(ROOT / ".search-v2"),
+                        help="what the pre-training step reads; evaluate reads its plan, vocabs and tasks' files")
     parser.add_argument("--out", default=None, help="pretrain: where the checkpoints' archive goes")
     parser.add_argument("--keep", default=None, help="pretrain --seeds: keep the runs in this folder, skip those "
                         "already there, and archive them in --out only if they fit a device call's return")
     parser.add_argument("--checkpoints", default=None,
                         help="evaluate: folder of the checkpoints, or of the pre-training step's archives")
     parser.add_argument("--samples", default=None, help="the samples folder (default: the stage's copy of the "
-                        "tasks' files for evaluate --every-setting when it has one, else the fetched samples)")
+                        "tasks' files for evaluate when it has one, else the fetched samples)")
     parser.add_argument("--chosen-steps", type=int, default=14533, help="the protocol's 60-minute step count")
-    parser.add_argument("--candidates", choices=list(CANDIDATE_SETS), default="v1",
-                        help="prepare: version 1's recipes or version 2's candidates")
-    parser.add_argument("--corpus", default="k1,k2", help="prepare --candidates v2: only the candidates on these")
-    parser.add_argument("--tasks-only", action="store_true",
-                        help="prepare --candidates v2: only copy the tasks' files into the prepared stage")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="pretrain: v1, v2 or recipe names")
+    parser.add_argument("--corpus", default="k1,k2", help="prepare: only the candidates on these")
+    parser.add_argument("--tasks-only", action="store_true", help="prepare: only copy the tasks' files into the stage")
+    parser.add_argument("--recipes", default="v2", help="pretrain: a version's candidates or recipe names")
     parser.add_argument("--seeds", default=None, help="pretrain: each recipe once per seed (folders <recipe>-seed<S>)")
     parser.add_argument("--gpu-minutes", type=float, default=None,
                         help="pretrain: one step count for all, from a timing of them side by side")
     parser.add_argument("--scale", type=float, default=1.0, help="pretrain: a share of each step count (dry run)")
     parser.add_argument("--jobs", type=int, default=1, help="evaluate: fine-tuning jobs at a time (processes)")
-    parser.add_argument("--every-setting", action="store_true",
-                        help="evaluate: version 2's choice, every grid setting at --sizes")
-    parser.add_argument("--sizes", default="300,1000", help="evaluate --every-setting: label counts")
-    parser.add_argument("--settings", default=None,
-                        help="evaluate --every-setting: only these grid settings, numbered 1-8 (dry run)")
-    parser.add_argument("--subsamples", type=int, default=None,
-                        help=f"evaluate: subsamples a size (default {SUBSAMPLES}; fewer for a dry run)")
-    parser.add_argument("--seconds", type=float, default=None, help="evaluate --every-setting: start no job after "
-                        "this many seconds; the same command again runs the rest (status 3 until then)")
+    parser.add_argument("--sizes", default="300,1000", help="evaluate: label counts")
+    parser.add_argument("--settings", default=None, help="evaluate: only these grid settings, numbered 1-8 (dry run)")
+    parser.add_argument("--subsamples", type=int, default=3, help="evaluate: subsamples a size")
+    parser.add_argument("--seconds", type=float, default=None, help="evaluate: start no job after this many "
+                        "seconds; the same command again runs the rest (status 3 until then)")
     parser.add_argument("--cache-in", default=None,
-                        help="evaluate --every-setting: the job cache starts as this packed file holds it when missing")
-    parser.add_argument("--cache-out", default=None,
-                        help="evaluate --every-setting: the job cache packed into this file at the end")
-    parser.add_argument("--choose", default=None, help="evaluate --every-setting: write the choice here")
-    parser.add_argument("--output", default=None, help="evaluate: every score (default bench-results/"
-                        "quality-search.json, quality-v2-search.json with --every-setting)")
+                        help="evaluate: the job cache starts as this packed file holds it when missing")
+    parser.add_argument("--cache-out", default=None, help="evaluate: the job cache packed into this file at the end")
+    parser.add_argument("--choose", default=None, help="evaluate: write the choice here")
+    parser.add_argument("--output", default=str(ROOT / "bench-results" / "quality-v2-search.json"),
+                        help="evaluate: every score")
     args = parser.parse_args(argv)
-    work = Path(args.work)
-    stage = Path(args.stage or ROOT / (".search-v2" if args.every_setting else ".search"))
+    work, stage = Path(args.work), Path(args.stage)
     if args.step == "pretrain":
         if not args.out:
             raise SystemExit("pretrain needs --out, the folder the checkpoints' archives go to")
@@ -1106,40 +954,25 @@ def main(argv: list[str] | None = None) -> int:
                             keep=Path(args.keep) if args.keep else None)
     if args.step == "prepare":
         samples = Path(args.samples) if args.samples else default_samples()
-        if args.tasks_only:
-            if args.candidates != "v2":
-                raise SystemExit("--tasks-only is for a version-2 stage: add --candidates v2")
-            plan = restage_tasks(work, stage, samples)
-        elif args.candidates == "v2":
-            plan = prepare_v2(work, stage, samples, args.chosen_steps, [c.strip() for c in args.corpus.split(",")])
-        else:
-            plan = prepare(work, stage, samples, args.chosen_steps)
+        plan = restage_tasks(work, stage, samples) if args.tasks_only else prepare(
+            work, stage, samples, args.chosen_steps, [c.strip() for c in args.corpus.split(",")])
         print(json.dumps(plan, indent=1))
         return 0
     if not args.checkpoints:
         raise SystemExit("evaluate needs --checkpoints, the folder of the checkpoints or of their archives")
-    if args.every_setting:
-        plan = plan_v2(stage, work)
-        sizes = numbers("--sizes", args.sizes)
-        settings = numbers("--settings", args.settings) if args.settings else None
-        if settings and not all(1 <= n <= 8 for n in settings):
-            raise SystemExit(f"--settings {args.settings}: the grid's settings are numbered 1 to 8")
-        if args.seconds is not None and args.seconds <= 0:
-            raise SystemExit(f"--seconds {args.seconds:g}: give a positive number of seconds")
-        samples = Path(args.samples) if args.samples else (
-            stage / STAGE_SAMPLES if (stage / STAGE_SAMPLES).is_dir() else default_samples())
-        folder = checkpoints_folder(Path(args.checkpoints), work / "search-v2" / "gpu")
-        output = Path(args.output or ROOT / "bench-results" / "quality-v2-search.json")
-        result = evaluate_v2(work, folder, plan, samples, args.jobs, output, sizes, args.subsamples or 3,
-                             Path(args.choose) if args.choose else None, settings, args.seconds,
-                             Path(args.cache_in) if args.cache_in else None,
-                             Path(args.cache_out) if args.cache_out else None)
-        return 0 if result else 3
-    samples = Path(args.samples) if args.samples else default_samples()
-    folder = unpack(Path(args.checkpoints), work / "search" / "gpu")
-    evaluate(work, folder, json.loads((stage / "steps.json").read_text()), samples, args.jobs,
-             Path(args.output or ROOT / "bench-results" / "quality-search.json"), args.subsamples or SUBSAMPLES)
-    return 0
+    plan = plan_v2(stage, work)
+    settings = numbers("--settings", args.settings) if args.settings else None
+    if settings and not all(1 <= n <= len(GRID) for n in settings):
+        raise SystemExit(f"--settings {args.settings}: the grid's settings are numbered 1 to {len(GRID)}")
+    if args.seconds is not None and args.seconds <= 0:
+        raise SystemExit(f"--seconds {args.seconds:g}: give a positive number of seconds")
+    samples = Path(args.samples) if args.samples else (
+        stage / STAGE_SAMPLES if (stage / STAGE_SAMPLES).is_dir() else default_samples())
+    folder = checkpoints_folder(Path(args.checkpoints), work / "search-v2" / "gpu")
+    result = evaluate(work, folder, plan, samples, args.jobs, Path(args.output), numbers("--sizes", args.sizes),
+                      args.subsamples, Path(args.choose) if args.choose else None, settings, args.seconds,
+                      Path(args.cache_in) if args.cache_in else None, Path(args.cache_out) if args.cache_out else None)
+    return 0 if result else 3
 
 
 if __name__ == "__main__":

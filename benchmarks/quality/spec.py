@@ -24,7 +24,7 @@ PRETRAIN_SEED = 42  # the product's default; run k of an arm pre-trains (or init
 class Recipe:
     """How a small BERT is pre-trained: product settings of the instances stage and of
     pre-training (model settings it does not name are the demo preset's), and for the in-process
-    search the share of pieces masked, a task-adaptive continuation and the corpus."""
+    choice the share of pieces masked and the corpus."""
 
     about: str
     seq: int = 128
@@ -37,9 +37,7 @@ class Recipe:
     warmup_fraction: float = 0.1
     weight_decay: float = 0.01  # the product's default (pretrain.weight_decay)
     masked_lm_prob: float = 0.15
-    max_predictions: int | None = None  # None keeps the instances' own (15% of seq)
-    tapt: bool = False  # continue the protocol's first run on the tasks' training text
-    corpus: str | None = None  # None: version 1's corpus
+    corpus: str | None = None  # None: the quick mode's corpus (the sample tweets)
 
     @property
     def size(self) -> str:
@@ -76,12 +74,11 @@ class Recipe:
 
 # Recipe fields a cache key leaves out at these values (fields added after keys were first written)
 LATER_FIELDS = {f.name: f.default for f in fields(Recipe) if f.name in
-                ("weight_decay", "masked_lm_prob", "max_predictions", "tapt")}
+                ("weight_decay", "masked_lm_prob")}
 
 _RECIPES = json.loads((PROTOCOLS / "recipes.json").read_text())
 RECIPES: dict[str, Recipe] = {name: Recipe(**r) for name, r in _RECIPES["recipes"].items()}
 CHOSEN: str = _RECIPES["chosen"]
-SEARCH_V1: list[str] = _RECIPES["search_v1"]
 
 
 def versions() -> list[str]:
