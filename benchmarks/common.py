@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent  # the repository root: benchmarks run from it, as modules
+
 
 def samples() -> Path:
     """The fetched sample data: ``$BERTPIPE_SAMPLES``, else fetched once into the cache."""

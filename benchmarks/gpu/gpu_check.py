@@ -39,9 +39,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT
 
 # Every stage, most valuable first.
 STAGES = ("env", "e2e", "numerics", "variants", "e2e_large", "compare", "resume", "finetune")

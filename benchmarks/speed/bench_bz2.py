@@ -36,8 +36,6 @@ from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 CHUNK = 1 << 20
 
 

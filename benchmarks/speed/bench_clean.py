@@ -1,7 +1,7 @@
 """Benchmark: our corpus cleaning job vs wikiextractor 3.1.0 on the same dump, same processes.
 
-    python benchmarks/speed/bench_clean.py                  (make bench runs it with BERTPIPE_SAMPLES set)
-    python benchmarks/speed/bench_clean.py --also-copies 10 (+ the excerpt copied 10x under new ids)
+    python -m benchmarks.speed.bench_clean                  (make bench runs it with BERTPIPE_SAMPLES set)
+    python -m benchmarks.speed.bench_clean --also-copies 10 (+ the excerpt copied 10x under new ids)
 
 wikiextractor is installed for this script only, into its own venv under the bertpipe cache
 (never a dependency of bertpipe). Results: ``bench-results/clean.json``.
@@ -21,6 +21,12 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks.common import ROOT, measure
+from benchmarks.common import samples as samples_dir
+from bert_core.corpus.dedup import normalize
+from bert_core.corpus.sentences import split_sentences
+from bert_core.corpus.wikitext import MARKUP
 
 # How the comparison is set up:
 #
@@ -48,15 +54,6 @@ from pathlib import Path
 # 1-page dump is given ``--bytes-per-worker 0`` so that both start there too); the rows say how
 # many processes ran. wikiextractor's sentences that we do not keep are counted by where they come
 # from in the wikitext (:func:`missing_kinds`).
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.common import measure  # noqa: E402
-from benchmarks.common import samples as samples_dir  # noqa: E402
-from bert_core.corpus.dedup import normalize  # noqa: E402
-from bert_core.corpus.sentences import split_sentences  # noqa: E402
-from bert_core.corpus.wikitext import MARKUP  # noqa: E402
 
 WIKIEXTRACTOR = "wikiextractor==3.1.0"
 PROCESSES = 2

@@ -16,12 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.common import machine, tree_cpu  # noqa: E402
-from benchmarks.common import samples as samples_dir  # noqa: E402
-from benchmarks.speed.bench_scale import measure, raw_inputs  # noqa: E402
+from benchmarks.common import ROOT, machine, tree_cpu
+from benchmarks.common import samples as samples_dir
+from benchmarks.speed.bench_scale import measure, raw_inputs
 
 # Each stage runs as the product runs it (python -m beam_jobs.clean_corpus, build_vocab,
 # create_instances), demo preset, first with --workers 2 on the local runner, then with --runner

@@ -26,15 +26,12 @@ import html
 import itertools
 import json
 import random
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 WINDOW = 300  # words per document
 MEAN_GAP = 240  # words between window starts, on average
 THRESHOLD = 0.8

@@ -1,6 +1,6 @@
 """Fine-tuning: ours (bert_core.finetune) vs transformers' Trainer + BertForSequenceClassification.
 
-    OMP_NUM_THREADS=2 python benchmarks/speed/bench_finetune.py --samples samples
+    OMP_NUM_THREADS=2 python -m benchmarks.speed.bench_finetune --samples samples
 
 The sample MiniLM checkpoint fine-tuned on the real sentiment task (vaderSentiment product
 reviews and tweets, label = sign of the mean human rating), with the same examples (encoded
@@ -19,12 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
 
 
 def samples_dir(arg: str | None) -> Path:

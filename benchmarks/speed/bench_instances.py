@@ -1,8 +1,8 @@
 """Instance creation: ours (Beam job) vs google-research/bert's create_pretraining_data.py.
 
-    python benchmarks/speed/bench_instances.py                  # sample corpus + 44 MB of distinct text
-    python benchmarks/speed/bench_instances.py --large-mb 0     # the sample corpus only
-    BERTPIPE_SAMPLES=samples python benchmarks/speed/bench_instances.py --dupe-factor 1
+    python -m benchmarks.speed.bench_instances                  # sample corpus + 44 MB of distinct text
+    python -m benchmarks.speed.bench_instances --large-mb 0     # the sample corpus only
+    BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_instances --dupe-factor 1
 
 The reference is google-research/bert's own ``create_pretraining_data.py`` as published on PyPI
 (``bert-tensorflow==1.0.4``, module ``bert.create_pretraining_data``), run unmodified with
@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.common import ROOT
 
 # How the comparison is set up:
 #
@@ -54,9 +56,6 @@ from pathlib import Path
 # binomial error). The same rules are compared without TensorFlow, on tiny data, by
 # tests/test_pretraining_data.py against the reference's loops transcribed in tests/oracles.py.
 # Rows go to ``bench-results/instances.json``.
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 SECTION = 40  # sentences per document cut from a book or play
 STARTUP_DOCUMENTS = 20  # the few documents that measure each side's fixed start-up costs

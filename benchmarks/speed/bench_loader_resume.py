@@ -1,6 +1,6 @@
 """Loader resume: ours (skip to the saved position by index) vs replaying the stream, side by side.
 
-    python benchmarks/speed/bench_loader_resume.py            (BERTPIPE_SAMPLES = the sample folder)
+    python -m benchmarks.speed.bench_loader_resume            (BERTPIPE_SAMPLES = the sample folder)
 
 A resumed pre-training run must see the batches an uninterrupted run would have. Ours turns
 the saved (epoch, position) into shard and row offsets and reads the next batch directly
@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import samples as samples_dir
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
 
 MICRO_BATCH = 8
 

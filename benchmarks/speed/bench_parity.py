@@ -38,14 +38,13 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import hf_labels, machine, welch
+from benchmarks.common import ROOT, hf_labels, machine, welch
 from benchmarks.common import samples as samples_dir
 from bert_core.config import ModelConfig, preset_dict
 from bert_core.model.checkpoint import save_pretrained
 from bert_core.pretrain.data import collate, to_tensors
 from bert_core.pretrain.in_process import random_init
 
-ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench-results"
 
 

@@ -25,6 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import common
+from benchmarks.common import ROOT, machine
+from benchmarks.common import samples as samples_dir
+
 # Inputs and measures:
 #
 # The inputs are distinct real text as far as there is enough of it: the sample, then the
@@ -44,13 +48,6 @@ from pathlib import Path
 # ``bench-results/scale.json`` and ``bench-results/scale.png`` (peak RSS and wall time against
 # corpus size, one line per stage); the table printed ends with the peak-RSS ratio of the largest
 # size to the smallest per stage, against the goal of a flat memory profile (:data:`RSS_GOAL`).
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import common  # noqa: E402
-from benchmarks.common import machine  # noqa: E402
-from benchmarks.common import samples as samples_dir  # noqa: E402
 
 STAGES = ("clean", "vocab", "instances")
 RSS_GOAL = 1.3  # peak RSS at the largest size over the smallest: the memory stays flat

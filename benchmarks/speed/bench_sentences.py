@@ -29,8 +29,6 @@ from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 GOLD = Path(__file__).resolve().parent / "sentences_gold.json"
 SPEED_CHARS = 300_000
 

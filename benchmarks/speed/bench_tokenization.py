@@ -2,8 +2,8 @@
 tokenizer (``BertTokenizerLegacy`` in transformers 5, the Google algorithm), on every line of the
 sample corpus.
 
-    python benchmarks/speed/bench_tokenization.py                 # samples from ~/.cache/bertpipe/samples
-    BERTPIPE_SAMPLES=samples python benchmarks/speed/bench_tokenization.py --casings uncased
+    python -m benchmarks.speed.bench_tokenization                 # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_tokenization --casings uncased
 
 Both get the same lines (the Gutenberg book, the 300 news articles, the 38 plays, and the enwiki
 excerpt crudely stripped: XML entities decoded, one line each) and the bert-base-uncased
@@ -20,14 +20,11 @@ import bz2
 import html
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 from benchmarks.common import samples
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core comparison
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 

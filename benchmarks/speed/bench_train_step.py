@@ -1,8 +1,8 @@
 """Pre-training step: ours (bert_core.model.bert) vs transformers.BertForPreTraining, side by side.
 
-    OMP_NUM_THREADS=1 python benchmarks/speed/bench_train_step.py --samples samples
-    python benchmarks/speed/bench_train_step.py --instances bertpipe-data/instances/<version> --sizes base
-    python benchmarks/speed/bench_train_step.py --sizes base --mlm-loss-chunk 64  # ours: the chunked masked-LM loss
+    OMP_NUM_THREADS=1 python -m benchmarks.speed.bench_train_step --samples samples
+    python -m benchmarks.speed.bench_train_step --instances bertpipe-data/instances/<version> --sizes base
+    python -m benchmarks.speed.bench_train_step --sizes base --mlm-loss-chunk 64  # ours: the chunked masked-LM loss
 
 One training step = forward (MLM + NSP loss) + backward + AdamW step, on the same batch of real
 instances (Botchan from the sample data, tokenized with the MiniLM sample's bert-base-uncased
@@ -33,10 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
-
-from benchmarks.common import hf_labels, make_pair  # noqa: E402
+from benchmarks.common import hf_labels, make_pair
 
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20

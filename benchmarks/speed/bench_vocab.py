@@ -1,8 +1,8 @@
 """Vocab stage: ours (Beam word counts -> WordPiece trained from the counts) vs training HF
 tokenizers' WordPiece directly on the raw text (one process, the usual way), same settings.
 
-    python benchmarks/speed/bench_vocab.py                 # samples from ~/.cache/bertpipe/samples
-    BERTPIPE_SAMPLES=samples python benchmarks/speed/bench_vocab.py --vocab-size 8000
+    python -m benchmarks.speed.bench_vocab                 # samples from ~/.cache/bertpipe/samples
+    BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_vocab --vocab-size 8000
 
 Both see the same text: every non-empty line of the sample corpus (the Gutenberg book, the 300
 news articles, the 38 plays, and the enwiki excerpt with XML entities decoded), ours as a
@@ -18,15 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.speed.bench_tokenization import corpus_lines, samples  # noqa: E402
+from benchmarks.speed.bench_tokenization import corpus_lines, samples
 
 
 def write_documents(folder: Path, lines: list[str], per_doc: int = 40, num_shards: int = 4) -> str:
