@@ -1,6 +1,6 @@
-"""What every benchmark needs: the sample data, the machine it ran on, what one command costs
-(wall time, CPU and memory of its process tree), Welch's interval, and our model beside
-transformers' with the same weights and its MLM labels."""
+"""What every benchmark needs: the sample data, the machine it ran on, where its rows go, what
+one command costs (wall time, CPU and memory of its process tree), Welch's interval, and our model
+beside transformers' with the same weights and its MLM labels."""
 
 from __future__ import annotations
 
@@ -22,6 +22,16 @@ def samples() -> Path:
 
     base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
     return fetch(base / "samples", log=lambda m: None)
+
+
+def write_rows(name: str, rows: list[dict], **extra) -> Path:
+    """Write ``bench-results/<name>.json`` = {"rows": rows, **extra}, the file run_all tabulates."""
+    import json
+
+    out = Path("bench-results") / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, **extra}, indent=2))
+    return out
 
 
 def machine() -> dict[str, str | int]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bz2
 import hashlib
-import json
 import multiprocessing
 import os
 import resource
@@ -34,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchmarks.common import samples
+from benchmarks.common import samples, write_rows
 
 CHUNK = 1 << 20
 
@@ -148,9 +147,7 @@ def main() -> None:
                  "ours": round(o["rss_mb"]), "reference": round(ib["rss_mb"]),
                  "ratio": round(ib["rss_mb"] / o["rss_mb"], 2) if o["rss_mb"] else None, "unit": "MB"},
             ]
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    (out / "bz2.json").write_text(json.dumps({"rows": rows}, indent=2))
+    write_rows("bz2", rows)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import ROOT, measure
+from benchmarks.common import ROOT, measure, write_rows
 from benchmarks.common import samples as samples_dir
 from bert_core.corpus.dedup import normalize
 from bert_core.corpus.sentences import split_sentences
@@ -375,9 +375,7 @@ def main() -> None:
             print(f"  {len(examples):>6}  {kind}: " + " | ".join(e[:80] for e in examples[:3]))
             rows.append({"measure": f"wikiextractor sentences we do not keep (1x): {kind}", "ours": len(examples),
                          "reference": None, "ratio": None, "unit": "sentences"})
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    (out / "clean.json").write_text(json.dumps({"rows": rows}, indent=2))
+    write_rows("clean", rows)
     for r in rows:
         spread = f" (pair by pair {r['ratio_range'][0]}-{r['ratio_range'][1]})" if "ratio_range" in r else ""
         print(f"{r['measure']:<60} ours {r['ours']!s:>10}  reference {r['reference']!s:>10}  "

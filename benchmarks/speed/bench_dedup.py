@@ -24,13 +24,12 @@ from __future__ import annotations
 import bz2
 import html
 import itertools
-import json
 import random
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.common import samples
+from benchmarks.common import samples, write_rows
 
 WINDOW = 300  # words per document
 MEAN_GAP = 240  # words between window starts, on average
@@ -200,9 +199,7 @@ def main() -> None:
         {"measure": "pairs found by both sides, of the pairs found by either (same bands)",
          "ours": round(agree, 3), "reference": None, "ratio": None, "unit": "fraction"},
     ]
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    (out / "dedup.json").write_text(json.dumps({"rows": rows}, indent=2))
+    write_rows("dedup", rows)
 
 
 def _overlapping(windows: list[tuple[int, int, str]]) -> set[tuple[int, int]]:

@@ -16,12 +16,12 @@ Writes bench-results/loader_resume.json = {"rows": [{measure, ours, reference, r
 from __future__ import annotations
 
 import itertools
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import samples as samples_dir
+from benchmarks.common import write_rows
 
 MICRO_BATCH = 8
 
@@ -79,11 +79,7 @@ def main() -> None:
             rows.append({"measure": f"resume at {fraction:.0%} of an epoch ({position} batches of {MICRO_BATCH})",
                          "ours": round(t_ours * 1e3, 2), "reference": round(t_ref * 1e3, 2),
                          "ratio": round(t_ref / t_ours, 2), "unit": "ms to the first batch (replay / ours)"})
-    out = Path("bench-results") / "loader_resume.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "instances_per_epoch": probe.batches_per_epoch * MICRO_BATCH},
-                              indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_rows('loader_resume', rows, instances_per_epoch=probe.batches_per_epoch * MICRO_BATCH)}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import samples
+from benchmarks.common import samples, write_rows
 
 GOLD = Path(__file__).resolve().parent / "sentences_gold.json"
 SPEED_CHARS = 300_000
@@ -142,9 +142,7 @@ def main() -> None:
              "ours": round(ours["chars_per_s"]), "reference": round(theirs["chars_per_s"]),
              "ratio": round(ours["chars_per_s"] / theirs["chars_per_s"], 2), "unit": "chars/CPU-s"},
         ]
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    (out / "sentences.json").write_text(json.dumps({"rows": rows, "detail": results}, indent=2))
+    write_rows("sentences", rows, detail=results)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import bz2
 import html
-import json
 import os
 import time
 from pathlib import Path
 
-from benchmarks.common import samples
+from benchmarks.common import samples, write_rows
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core comparison
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
@@ -78,9 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             {"measure": f"{casing}: lines with ids different from the reference (of {len(lines)})",
              "ours": differ, "reference": 0, "ratio": None, "unit": "lines"},
         ]
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    (out / "tokenization.json").write_text(json.dumps({"rows": rows}, indent=2))
+    write_rows("tokenization", rows)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ training). Rows go to ``bench-results/vocab.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import write_rows
 from benchmarks.speed.bench_tokenization import corpus_lines, samples
 
 
@@ -96,9 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         {"measure": "vocab.txt identical with 1 and 2 workers", "ours": int(same_bytes),
          "reference": None, "ratio": None, "unit": "bool"},
     ]
-    out_dir = Path("bench-results")
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "vocab.json").write_text(json.dumps({"rows": rows}, indent=2))
+    write_rows("vocab", rows)
 
 
 if __name__ == "__main__":
