@@ -64,9 +64,9 @@ lint: $(STAMP)
 clean:
 	rm -rf bertpipe-data .pytest_cache
 
-# The GPU check (benchmarks/gpu/gpu_check.py) for a bare GPU machine with no internet whose Python 3.12
-# has torch, transformers, tokenizers, pyarrow and numpy: `make gpu-wheels` here puts everything
-# else in .whl/ (DeepSpeed as a pure-Python wheel built here, its JIT ops left to run time), and
+# The GPU check (benchmarks/gpu/gpu_check.py) for a bare GPU machine with no internet whose
+# Python 3.12 has torch, transformers, tokenizers, pyarrow and numpy: `make gpu-wheels` here puts
+# everything else in .whl/ (DeepSpeed as a pure-Python wheel built here, its JIT ops left to run time), and
 # `make gpu-check CALL=n GPU_LEFT=s` there installs them into a private folder and runs the slot's
 # call n into $(OUT), s being the GPU time left (docs/benchmarks.md, "The slot's plan").
 GPU_WHEELS := .whl
