@@ -416,9 +416,11 @@ FAN_OUT_FIELDS = frozenset({"tasks", "extra_checkpoints", "random_init_baseline"
 
 class FinetuneConfig(_Model):
     """Stage 5: fine-tuning, one job per task x setting x seed. A setting is one point of the
-    grid ``learning_rates`` x ``batch_sizes`` x ``epochs`` (the paper's by default); the best
-    setting on dev is selected per task. ``learning_rate: x`` (likewise ``batch_size``,
-    ``num_train_epochs``) is the one-point grid ``[x]``, and reads back when the grid has one point."""
+    grid ``learning_rates`` x ``batch_sizes`` x ``epochs`` (the paper's by default), times
+    ``poolings`` and ``layerwise_lr_decays`` when set (unset: ``pooling`` and
+    ``layerwise_lr_decay`` alone); the best setting on dev is selected per task.
+    ``learning_rate: x`` (likewise ``batch_size``, ``num_train_epochs``) is the one-point grid
+    ``[x]``, and reads back when the grid has one point."""
 
     tasks: list[str] = Field(default_factory=lambda: ["sst2"], description="Registered task names; <task>@<n> is a classification task trained on n of its examples (a learning-curve point).")
     data_dir: str | None = Field(None, description="Folder with one sub-folder of files per task.")
@@ -440,6 +442,12 @@ class FinetuneConfig(_Model):
                                "fine-tuning (Zhang et al. 2021).")
     layerwise_lr_decay: float = Field(1.0, gt=0, le=1, json_schema_extra=VERSIONED_WHEN_SET, description="Each layer below the top trains at "
                                       "this factor of the rate of the one above (ELECTRA: 0.8); 1 = off.")
+    poolings: list[Literal["cls", "mean"]] | None = Field(
+        None, min_length=1, json_schema_extra=VERSIONED_WHEN_SET,
+        description="Grid of poolings, e.g. [cls, mean]; None: pooling alone.")
+    layerwise_lr_decays: list[float] | None = Field(
+        None, min_length=1, json_schema_extra=VERSIONED_WHEN_SET,
+        description="Grid of layer-wise decays, e.g. [1.0, 0.8]; None: layerwise_lr_decay alone.")
     max_seq_length: int = Field(128, ge=8, description="For sentence(-pair) tasks, NER and SWAG.")
     # SQuAD
     squad_max_seq_length: int = 384
@@ -496,6 +504,15 @@ class FinetuneConfig(_Model):
             grid = getattr(self, name)
             if any(v <= 0 for v in grid) or len(set(grid)) != len(grid):
                 problems.append(f"finetune.{name}={grid}: give distinct values above 0")
+        if self.layerwise_lr_decays and not all(0 < v <= 1 for v in self.layerwise_lr_decays):
+            problems.append(f"finetune.layerwise_lr_decays={self.layerwise_lr_decays}: give values in (0, 1]")
+        for one, grid in (("pooling", "poolings"), ("layerwise_lr_decay", "layerwise_lr_decays")):
+            values = getattr(self, grid)
+            if values is not None and len(set(values)) != len(values):
+                problems.append(f"finetune.{grid}={values}: give distinct values")
+            if values is not None and getattr(self, one) != type(self).model_fields[one].default:
+                problems.append(f"finetune.{one} and finetune.{grid} are both set: set the one value "
+                                "or the grid")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -552,15 +569,19 @@ class FinetuneConfig(_Model):
     def num_train_epochs(self) -> float:
         return self._single("epochs")
 
-    def grid(self) -> list[tuple[float, int, float]]:
-        """Every setting ``(learning_rate, batch_size, num_train_epochs)``, in the lists' order."""
-        return [(lr, bs, ep) for bs in self.batch_sizes for lr in self.learning_rates
-                for ep in self.epochs]
+    def grid(self) -> list[tuple[float, int, float, str, float]]:
+        """Every setting ``(learning_rate, batch_size, num_train_epochs, pooling,
+        layerwise_lr_decay)``, in the lists' order (the later a field, the faster it turns)."""
+        return [(lr, bs, ep, pool, decay) for bs in self.batch_sizes for lr in self.learning_rates
+                for ep in self.epochs for pool in (self.poolings or [self.pooling])
+                for decay in (self.layerwise_lr_decays or [self.layerwise_lr_decay])]
 
-    def at(self, learning_rate: float, batch_size: int, num_train_epochs: float) -> FinetuneConfig:
-        """This config reduced to one setting: what one job runs with."""
+    def at(self, learning_rate: float, batch_size: int, num_train_epochs: float, pooling: str,
+           layerwise_lr_decay: float) -> FinetuneConfig:
+        """This config reduced to one setting (one point of :meth:`grid`): what one job runs with."""
         return self.model_copy(update={"learning_rates": [learning_rate], "batch_sizes": [batch_size],
-                                       "epochs": [num_train_epochs]})
+                                       "epochs": [num_train_epochs], "pooling": pooling, "poolings": None,
+                                       "layerwise_lr_decay": layerwise_lr_decay, "layerwise_lr_decays": None})
 
 
 # --------------------------------------------------------------------------- refresh

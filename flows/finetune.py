@@ -24,10 +24,10 @@ from bert_core.config import FinetuneConfig, PipelineConfig
 
 def _run_here(job: dict[str, Any], data_dir: str, checkpoint: str, cfg: FinetuneConfig, output: str,
               log) -> dict[str, Any]:
+    from bert_core.finetune.grid import Setting
     from bert_core.finetune.train import run_job
 
-    s = job["setting"]
-    job_cfg = cfg.at(s["learning_rate"], s["batch_size"], s["num_train_epochs"])
+    job_cfg = Setting.from_dict(job["setting"]).job_config(cfg)
     return run_job(job["task"], data_dir, checkpoint, job_cfg, job["seed"], output, log=log)
 
 
@@ -44,9 +44,7 @@ def finetune_one(name: str, job: dict[str, Any], config: PipelineConfig, checkpo
     run_on_deployment(cfg.deployment, name, {"config": config.model_dump(mode="json"), "checkpoint": checkpoint,
                                              "output": output, "checkpoint_name": checkpoint_name, "job": job},
                       key=f"{output}#{name}")
-    s = job["setting"]
-    folder = job_dir(output, job["task"], Setting(s["learning_rate"], s["batch_size"], s["num_train_epochs"]),
-                     job["seed"])
+    folder = job_dir(output, job["task"], Setting.from_dict(job["setting"]), job["seed"])
     return json.loads(storage.read_text(storage.join(folder, "metrics.json")))
 
 
@@ -62,9 +60,7 @@ def run_name() -> str:
     label = p.get("checkpoint_name") or checkpoint_name(p["checkpoint"])
     job = p.get("job")
     if job:
-        s = job["setting"]
-        return job_name(job["task"], label, Setting(s["learning_rate"], s["batch_size"], s["num_train_epochs"]),
-                        job["seed"])
+        return job_name(job["task"], label, Setting.from_dict(job["setting"]), job["seed"])
     return f"finetune-{'+'.join(tasks)}-{label}"
 
 

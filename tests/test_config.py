@@ -129,7 +129,8 @@ def test_a_setting_added_later_enters_a_version_only_when_set():
              "mlm_loss_chunk": 1024,
              "compile_backend": "eager",
              "accelerator": "gpu", "precision": "bf16",
-             "pooling": "mean", "reinit_layers": 1, "layerwise_lr_decay": 0.8}
+             "pooling": "mean", "reinit_layers": 1, "layerwise_lr_decay": 0.8,
+             "poolings": ["cls", "mean"], "layerwise_lr_decays": [1.0, 0.8]}
     for part in (cfg.model, cfg.pretrain, cfg.finetune):
         own = {k: v for k, v in added.items() if k in type(part).model_fields
                and type(part).model_fields[k].json_schema_extra}

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from bert_core import storage
-from bert_core.config import FinetuneConfig, ModelConfig
+from bert_core.config import VERSIONED_WHEN_SET, FinetuneConfig, ModelConfig, config_hash
 from bert_core.finetune.glue import read_sentiment
-from bert_core.finetune.grid import Setting, job_name
-from bert_core.finetune.report import select, summarize
+from bert_core.finetune.grid import Setting, job_dir, job_name, settings
+from bert_core.finetune.report import best, run_many, select, summarize
 
 GOOD = "great wonderful excellent lovely amazing perfect happy best".split()
 BAD = "awful terrible horrible worst ugly sad boring broken".split()
@@ -73,6 +73,84 @@ def test_setting_names_and_selection_rule():
     final = stats["summary"]["sentiment"]["final"]
     assert final["mean"] == pytest.approx(71.0) and final["n"] == 2  # test split, 0-100
     assert stats["summary"]["sentiment"]["final_label"] == "test"
+
+
+def test_pooling_and_layerwise_decay_are_grid_axes_whose_defaults_keep_names_and_versions():
+    cfg = FinetuneConfig(learning_rates=[3e-4, 1e-3], batch_sizes=[32], epochs=[6], poolings=["cls", "mean"],
+                         layerwise_lr_decays=[1.0, 0.8])
+    assert [s.name for s in settings(cfg)] == [
+        "lr3e-4-bs32-ep6", "lr3e-4-bs32-ep6-lld0.8", "lr3e-4-bs32-ep6-mean", "lr3e-4-bs32-ep6-mean-lld0.8",
+        "lr1e-3-bs32-ep6", "lr1e-3-bs32-ep6-lld0.8", "lr1e-3-bs32-ep6-mean", "lr1e-3-bs32-ep6-mean-lld0.8"]
+    assert len(FinetuneConfig(poolings=["cls", "mean"]).grid()) == 36
+    # each job runs one point, with the version a config of those single values has
+    for s in settings(cfg):
+        one = s.job_config(cfg)
+        assert (one.pooling, one.layerwise_lr_decay, one.poolings, one.layerwise_lr_decays) == (
+            s.pooling, s.layerwise_lr_decay, None, None)
+        assert Setting.of(one) == s and Setting.from_dict(s.as_dict()) == s
+        assert config_hash(one) == config_hash(FinetuneConfig(
+            learning_rate=s.learning_rate, batch_size=s.batch_size, num_train_epochs=s.num_train_epochs,
+            pooling=s.pooling, layerwise_lr_decay=s.layerwise_lr_decay))
+    # at the defaults: the names, folders and versions stored before the axes existed
+    plain = Setting(3e-5, 32, 3.0)
+    assert plain == Setting(3e-5, 32, 3.0, "cls", 1.0) and plain.name == "lr3e-5-bs32-ep3"
+    assert job_dir("finetune/minilm", "sst2", plain, 2).endswith("finetune/minilm/sst2/lr3e-5-bs32-ep3/seed=2")
+    old_row = {"learning_rate": 3e-5, "batch_size": 32, "num_train_epochs": 3.0, "name": "lr3e-5-bs32-ep3"}
+    assert Setting.from_dict(old_row) == plain
+    fields = FinetuneConfig.model_fields
+    later = {n for n, f in fields.items() if f.json_schema_extra == VERSIONED_WHEN_SET}
+    assert {"poolings", "layerwise_lr_decays"} <= later
+    for ft in (FinetuneConfig(), FinetuneConfig(pooling="mean", layerwise_lr_decay=0.8)):
+        assert config_hash(ft) == config_hash(ft.model_dump(mode="json", exclude=later) | {
+            k: getattr(ft, k) for k in later if getattr(ft, k) != fields[k].default})
+        assert settings(ft)[0].pooling == ft.pooling  # the one value is the grid's one point
+    assert config_hash(FinetuneConfig(poolings=["cls", "mean"])) != config_hash(FinetuneConfig())
+    # the one value or the grid, not both; the grid's values checked like the one value
+    for bad, match in (({"pooling": "mean", "poolings": ["cls", "mean"]}, "both set"),
+                       ({"layerwise_lr_decays": [1.0, 1.5]}, r"\(0, 1\]"),
+                       ({"poolings": ["mean", "mean"]}, "distinct"), ({"poolings": ["max"]}, "poolings")):
+        with pytest.raises(ValueError, match=match):
+            FinetuneConfig(**bad)
+
+
+def test_the_choice_on_dev_with_a_pooling_axis():
+    cfg = FinetuneConfig(learning_rates=[1e-3], batch_sizes=[16], epochs=[2], poolings=["cls", "mean"])
+    cls_, mean = settings(cfg)
+
+    def job(setting, seed, dev, test):
+        return {"task": "sentiment", "setting": setting.as_dict(), "seed": seed, "ok": True,
+                "metrics": {"flat": {"dev/accuracy": dev, "test/accuracy": test}}}
+
+    # the settings differ in their pooling alone: the better mean on dev wins, and is reported
+    stats = summarize([job(cls_, 1, 0.70, 0.9), job(cls_, 2, 0.74, 0.9), job(mean, 1, 0.80, 0.6), job(mean, 2, 0.78, 0.62)])
+    assert stats["summary"]["sentiment"]["selected"] == mean.name == "lr1e-3-bs16-ep2-mean"
+    assert stats["summary"]["sentiment"]["setting"]["pooling"] == "mean"
+    assert stats["summary"]["sentiment"]["final"]["mean"] == pytest.approx(61.0)
+    # a tie goes to the setting first in grid order; another metric than the task's, when named
+    tied = [job(cls_, 1, 0.75, 0.5), job(mean, 1, 0.75, 0.5)]
+    assert select("sentiment", summarize(tied)["grid"]["sentiment"]) == cls_.name
+    assert select("sentiment", summarize(tied)["grid"]["sentiment"], metric="test/accuracy") == cls_.name
+    assert best({"a": 1.0, "b": 2.0, "c": 2.0}) == "b" and best({}) is None
+
+
+def test_a_grid_over_pooling_runs_each_point_and_selects_on_dev(sentiment_data, tiny_checkpoint, tmp_path):
+    """Real jobs: a rate that learns nothing and one that learns, each with either pooling."""
+    cfg = FinetuneConfig(tasks=["sentiment"], seeds=[1], learning_rates=[1e-9, 1e-3], batch_sizes=[16], epochs=[2],
+                         poolings=["cls", "mean"], max_seq_length=16, threads=1)
+    out = tmp_path / "ft"
+    index = run_many(["sentiment"], [1], str(sentiment_data), tiny_checkpoint, cfg, str(out))
+    names = [s.name for s in settings(cfg)]
+    assert names == [LOSER, f"{LOSER}-mean", WINNER, f"{WINNER}-mean"]
+    manifest = storage.read_manifest(str(out / "sentiment"))
+    grid = manifest["stats"]["grid"]["sentiment"]
+    assert sorted(grid) == sorted(names) and manifest["counts"] == {"jobs": 4, "succeeded": 4, "failed": 0}
+    for name in names:  # each job ran its own point, in a folder named by it
+        metrics = json.loads((out / "sentiment" / name / "seed=1" / "metrics.json").read_text())
+        assert metrics["setting"]["name"] == name
+        assert metrics["setting"]["pooling"] == ("mean" if name.endswith("-mean") else "cls")
+    dev = {n: grid[n]["metrics"]["dev/accuracy"]["mean"] for n in names}
+    chosen = index["stats"]["sentiment"]["selected"]
+    assert chosen == best(dev) and chosen.startswith(WINNER) and dev[chosen] > max(dev[LOSER], dev[f"{LOSER}-mean"]) + 0.2
 
 
 def final_split_accuracy(job: Path, data: Path) -> float:

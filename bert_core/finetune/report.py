@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from bert_core import storage
@@ -70,15 +70,19 @@ def seed_stats(results: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[st
     return grid
 
 
-def select(task: str, settings: dict[str, dict[str, Any]]) -> str | None:
-    """The setting with the best mean dev score over seeds (the first of equals, in grid order);
-    None when no setting has a score."""
-    metric = get_task(task).selection_metric
-    scored = [(e["metrics"][metric]["mean"], name) for name, e in settings.items() if metric in e["metrics"]]
-    if not scored:
+def best(scores: Mapping[Any, float]) -> Any:
+    """The key with the highest score (the first of equals, in the mapping's order); None when empty."""
+    if not scores:
         return None
-    best = max(score for score, _ in scored)
-    return next(name for score, name in scored if score == best)
+    top = max(scores.values())
+    return next(name for name, score in scores.items() if score == top)
+
+
+def select(task: str, settings: dict[str, dict[str, Any]], metric: str | None = None) -> str | None:
+    """The setting with the best mean dev ``metric`` over seeds (by default the task's selection
+    metric), the first of equals in grid order; None when no setting has a score."""
+    metric = metric or get_task(task).selection_metric
+    return best({name: e["metrics"][metric]["mean"] for name, e in settings.items() if metric in e["metrics"]})
 
 
 def summarize(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -354,7 +358,7 @@ def run_many(
     for task in tasks:
         clear_task(storage.join(output, task))
         for setting in settings(cfg):
-            job_cfg = cfg.at(setting.learning_rate, setting.batch_size, setting.num_train_epochs)
+            job_cfg = setting.job_config(cfg)
             for seed in seeds:
                 what = f"finetune {task} {setting.name} seed={seed}"
                 if log:
