@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test test-slow test-all bench bench-scale lint samples browser clean gpu-wheels gpu-check gpu-quality
+.PHONY: setup demo test test-slow test-all bench bench-scale lint samples browser clean gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -94,9 +94,9 @@ gpu-check:
 		$(if $(GPU_LEFT),--gpu-left-s $(GPU_LEFT)) $(GPU_CHECK_ARGS)
 
 # Quality protocol version 3 on this machine's CPU (docs/quality-protocol-v3.md), each step resumed from
-# what is on disk. 1. `make quality-v3-choice`: the six runs side by side, then every setting on dev, and
-# the choice in bench-results/quality-v3-choice.json (commit it, with its line in docs/quality.md,
-# before step 2). 2. `make quality-v3`: the chosen recipe's three runs, two side by side, and beside them
+# what is on disk. 1. `make quality-v3-choice`: the candidates' corpora, instances and step counts, the six
+# runs side by side, then every setting on dev, and the choice in bench-results/quality-v3-choice.json
+# (commit it, with its line in docs/quality.md, before step 2). 2. `make quality-v3`: the chosen recipe's three runs, two side by side, and beside them
 # the test phase, which scores B and each run as it is there (a run it reaches first, it waits for).
 # Finished, the results go to docs/quality-v3.json, which the demo's summary then reads.
 .PHONY: quality-v3-choice quality-v3
@@ -105,9 +105,10 @@ QUALITY_V3 = nice -n 19 $(BIN)/python -m benchmarks.quality $(1) --protocol v3 -
 	--recipe $$($(BIN)/python -c 'import json; print(json.load(open("bench-results/quality-v3-choice.json"))["name"])') \
 	--budgets 60 --jobs 2
 quality-v3-choice: $(STAMP)
-	nice -n 19 $(BIN)/python -m benchmarks.quality pretrain --protocol v3 --candidates --stage .search-v2 \
-		--out $(QUALITY_V3_WORK)/v3-choice-out --seeds 42 --scale 0.25 --keep $(QUALITY_V3_WORK)/v3-choice-runs
-	nice -n 19 $(BIN)/python -m benchmarks.quality choose --protocol v3 --work $(QUALITY_V3_WORK) --stage .search-v2 \
+	nice -n 19 $(BIN)/python -m benchmarks.quality prepare --protocol v3 --work $(QUALITY_V3_WORK)
+	nice -n 19 $(BIN)/python -m benchmarks.quality pretrain --protocol v3 --candidates --work $(QUALITY_V3_WORK) \
+		--seeds 42 --scale 0.25 --keep $(QUALITY_V3_WORK)/v3-choice-runs
+	nice -n 19 $(BIN)/python -m benchmarks.quality choose --protocol v3 --work $(QUALITY_V3_WORK) \
 		--checkpoints $(QUALITY_V3_WORK)/v3-choice-runs --jobs 2 --sizes 300,1000 --subsamples 2 \
 		--output bench-results/quality-v3-search.json --choose bench-results/quality-v3-choice.json
 
@@ -116,34 +117,3 @@ quality-v3: $(STAMP)
 	$(call QUALITY_V3,score) --every-setting --heldout-genres --output bench-results/quality-v3.json --plot docs/quality-v3.png; \
 	scored=$$?; wait $$pretraining || exit $$?; [ $$scored -eq 0 ] || exit $$scored; \
 	cp bench-results/quality-v3.json docs/quality-v3.json
-
-# Version 2's recipe choice on the device machine (docs/quality-protocol-v2.md): two calls, the second right
-# after the first (warm 30 s), each with carry [".search-v2", ".whl"] (`prepare --candidates v2`, `gpu-wheels`).
-# 1. `make gpu-quality`: the 12 runs side by side, kept in $(QUALITY_KEEP); logs (and compact archive, if it
-#    fits) in $OUT; 5-7 min on an H100. 2. `make gpu-quality-evaluate`: runs and B fine-tuned on cuda at every
-#    setting, 12 jobs at a time; search, choice, job cache, log in $OUT; 3-6.5 min. No job starts after
-#    QUALITY_EVAL_SECONDS (device time left less 90 s): status 3, and the same call again goes on.
-.PHONY: gpu-quality-evaluate
-QUALITY_STAGE ?= .search-v2
-QUALITY_KEEP ?= .search-v2-device
-QUALITY_ARGS ?= --seeds 42,43
-QUALITY_EVAL_SECONDS ?= 480
-QUALITY_EVAL_ARGS ?= --jobs 12
-QUALITY_ACCELERATOR ?= gpu
-gpu-quality gpu-quality-evaluate: SHELL := /bin/bash
-gpu-quality gpu-quality-evaluate: .SHELLFLAGS := -o pipefail -c
-gpu-quality:
-	$(GPU_INSTALL)
-	mkdir -p $(OUT)
-	$(GPU_ENV) $(GPU_PY) -m benchmarks.quality pretrain --protocol v2 --candidates --stage $(QUALITY_STAGE) --out $(OUT) \
-		--keep $(QUALITY_KEEP)/runs $(QUALITY_ARGS) 2>&1 | tee $(OUT)/pretrain.log
-
-gpu-quality-evaluate:
-	$(GPU_INSTALL)
-	mkdir -p $(OUT)
-	QUALITY_ACCELERATOR=$(QUALITY_ACCELERATOR) $(GPU_ENV) $(GPU_PY) -m benchmarks.quality choose --protocol v2 \
-		--stage $(QUALITY_STAGE) --work $(QUALITY_KEEP) --checkpoints $(QUALITY_KEEP)/runs \
-		--sizes 300,1000 --subsamples 3 --seconds $(QUALITY_EVAL_SECONDS) \
-		--cache-in $(QUALITY_STAGE)/quality-v2-cache.tar.xz --cache-out $(OUT)/quality-v2-cache.tar.xz \
-		--output $(OUT)/quality-v2-search.json --choose $(OUT)/quality-v2-choice.json $(QUALITY_EVAL_ARGS) \
-		2>&1 | tee $(OUT)/evaluate.log

@@ -1,13 +1,11 @@
-"""Version 2 of the quality protocol: the recipe choice's rule and freeze, the every-setting
-endpoint's cells and goal, the stage's compact instances, the side-by-side pre-training of the
-candidates with one step count from a timing, the runs kept for the evaluation on the same
-machine, and that evaluation as the device machine runs it (tiny, on CPU)."""
+"""The quality protocol's recipe choice: its rule and freeze, the every-setting endpoint's cells
+and goal, the candidates' runs kept and skipped when finished, and the evaluation of the runs on
+dev (tiny, on CPU)."""
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
 from pathlib import Path
 
@@ -111,106 +109,12 @@ def test_recipe_names_and_the_step_count_of_a_timing():
     assert qs.recipe_names("k1,k2-wwm") == ["k1", "k2-wwm"]
     with pytest.raises(SystemExit, match="unknown recipe k3"):
         qs.recipe_names("k1,k3")
-    assert qs.gpu_minute_steps([41.7, 40.2, 44.0], 5) == math.floor(40.2 * 300)
     # lr and weight decay do not change a step's cost; whole words, length and corpus do
     keys = {n: qs.cost_key(v) for n, v in qs.CANDIDATES_V2.items()}
     assert keys["k2"] == keys["k2-lr1e-3"] == keys["k2-wd0.1"] and len(set(keys.values())) == 4
     assert qs.cost_key(qs.CHOSEN_ON_K1) == keys["k1"]
     seq128 = qs.CANDIDATES_V2["k2-seq128"]
     assert (seq128.seq, seq128.batch, seq128.corpus) == (128, 32, "k2")
-
-
-def tiny_stage(tmp_path: Path, samples_dir: Path) -> tuple[Path, dict[str, str]]:
-    """A version-2 stage as prepare writes it, on tiny instances: K1 at 64 tokens, K2 at 128."""
-    from benchmarks.quality import search as qs
-    from tests.test_data import make_instances
-
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    folders = {}
-    for corpus, seq in (("k1", 64), ("k2", 128)):
-        folders[corpus] = Path(make_instances(tmp_path / corpus, samples_dir, num_shards=2, masking="dynamic",
-                                              max_seq_length=seq))
-        shutil.copytree(tmp_path / corpus / "vocab", stage / f"vocab-{corpus}")
-        qs.pack_instances({f"instances-{corpus}-seq{seq}": folders[corpus]}, stage, f"instances-{corpus}.npz.xz")
-    plan = {"candidates": "v2", "steps": {"k1": 3, "k2-seq128": 3}, "corpus": {"k1": "k1", "k2-seq128": "k2"},
-            "instances": {"k1": "instances-k1-seq64", "k2-seq128": "instances-k2-seq128"},
-            "archives": {"k1": "a" * 64, "k2": "b" * 64}}
-    (stage / "steps.json").write_text(json.dumps(plan))
-    return stage, {c: str(f) for c, f in folders.items()}
-
-
-def test_the_stage_packs_instances_compactly_and_unpacks_them_row_for_row(tmp_path, samples_dir):
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from benchmarks.quality import search as qs
-    from bert_core.pretrain.data import PretrainingLoader, vocab_file_of
-
-    stage, folders = tiny_stage(tmp_path, samples_dir)
-    assert not list(stage.rglob("seq*/part-*.parquet"))  # the training shards travel in the archive only
-    inputs = qs.staged_inputs(stage, json.loads((stage / "steps.json").read_text()), tmp_path / "unpacked")
-    instances, vocab_file = inputs["k1"]
-    assert vocab_file_of(instances) == str((stage / "vocab-k1" / "vocab.txt").resolve())
-    original = Path(folders["k1"]) / "seq64"
-    for shard in sorted(original.glob("*.parquet")):
-        assert pq.read_table(Path(instances) / "seq64" / shard.name).equals(pq.read_table(shard))
-    ours, theirs = PretrainingLoader(instances, 64, 4, seed=7), PretrainingLoader(folders["k1"], 64, 4, seed=7)
-    for j in (0, 3):
-        a, b = ours.batch(1, j), theirs.batch(1, j)
-        assert all(np.array_equal(a[k], b[k]) for k in a)  # the same rows, masked alike
-
-
-def test_a_compact_checkpoint_expands_to_the_files_saved(tmp_path):
-    from benchmarks.quality import search as qs
-    from bert_core.model.checkpoint import save_pretrained
-
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(995))]))
-    saved = tmp_path / "saved"
-    save_pretrained(qs.model_for(qs.CANDIDATES_V2["k1"], 1000, 7), str(saved), vocab_file=str(vocab))
-    trip = tmp_path / "trip"
-    shutil.copytree(saved, trip)
-    qs.compact_checkpoint(trip)
-    assert not (trip / "model.safetensors").exists()
-    assert (trip / "model.safetensors.planes.xz").stat().st_size < 0.9 * (saved / "model.safetensors").stat().st_size
-    qs.expand_checkpoint(trip)
-    assert {p.name: p.read_bytes() for p in trip.iterdir()} == {p.name: p.read_bytes() for p in saved.iterdir()}
-
-
-@pytest.mark.slow
-def test_gpu_minutes_time_the_runs_side_by_side_and_give_them_one_step_count(tmp_path, samples_dir, capsys,
-                                                                            monkeypatch):
-    """Two candidates (K1 at 64 tokens, K2 at 128 x 32) x two seeds side by side on CPU, a
-    1-second timing instead of 30: one step count for the four, logged with the card, steps,
-    tokens seen and wall-clock, each checkpoint archived as ``<recipe>-seed<S>``."""
-    from benchmarks.quality import search as qs
-    from bert_core.model.bert import BertForPreTraining
-
-    stage, _ = tiny_stage(tmp_path, samples_dir)
-    monkeypatch.setattr(qs, "TIMING_WARMUP", 2)
-    monkeypatch.setattr(qs, "XZ_PRESET", 0)  # the trip back is checked for bookkeeping, not size
-    out = tmp_path / "out"
-    assert qs.pretrain_all(stage, out, ["k1", "k2-seq128"], seeds=[42, 43], gpu_minutes=0.01, timing_seconds=1.0,
-                           unpack_root=tmp_path / "unpacked") == 0
-    files = sorted(p.name for p in out.iterdir())  # one archive of all four in parts (18 MB each with this vocab)
-    assert 1 < len(files) <= 8 and all(f.startswith("runs.tar.part-") for f in files)
-    folder = qs.unpack(out, tmp_path / "back")
-    assert sorted(p.name for p in folder.iterdir()) == [f"{n}-seed{s}" for n in ("k1", "k2-seq128") for s in (42, 43)]
-    logs = {p.name: json.loads((p / "pretrain-log.json").read_text()) for p in folder.iterdir()}
-    counts = {row["steps"] for row in logs.values()}
-    assert len(counts) == 1
-    (steps,) = counts
-    rates = logs["k1-seed42"]["timing_all_steps_per_second"]
-    assert steps == max(1, math.floor(min(rates) * 60 * 0.01)) and len(rates) == 4
-    for name, row in logs.items():
-        assert row["card"] == "cpu" and row["seed"] == int(name[-2:]) and row["gpu_minutes"] == 0.01
-        assert row["tokens_seen"] == steps * (32 * 128 if name.startswith("k2-seq128") else 64 * 64)
-        assert row["log"][-1]["step"] == steps - 1 and row["wall_minutes"] > 0
-    assert BertForPreTraining.from_pretrained(str(folder / "k2-seq128-seed43")).config.vocab_size == 30522
-    assert "steps each for 0.01 minutes" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="prepared without k2"):
-        qs.pretrain_all(stage, out, ["k2"], seeds=[42])
 
 
 def fake_finetune(checkpoint: str, data: dict, split: str, num_labels: int, setting: dict, seed: int,
@@ -227,44 +131,38 @@ def failing_finetune(*args, **kwargs) -> dict[str, float]:
 
 def test_evaluate_every_setting_reads_the_stage_and_local_checkpoints_and_writes_the_choice(
         tmp_path, samples_dir, monkeypatch):
-    """The choice's glue as the device machine runs it, with a stand-in for fine-tuning: the plan,
-    vocabs and tasks' files from the stage, the runs from a folder of checkpoints, every run and B
-    at each setting asked for, gains per cell against B of the run's corpus, the choice and the
-    packed job cache written (jobs keyed by the accelerator), and a second call reading every
-    job from the cache."""
-    from benchmarks.quality import cache as bq
+    """The choice's glue with a stand-in for fine-tuning: the plan and vocabs from ``--work``, the
+    runs from a folder of checkpoints, every run and B at each setting asked for, gains per cell
+    against B of the run's corpus, the choice written (jobs keyed by the accelerator), and a
+    second call reading every job from the cache."""
     from benchmarks.quality import finetune as quality_finetune
     from benchmarks.quality import search as qs
     from bert_core.model.checkpoint import save_pretrained
 
-    stage = tmp_path / "stage"
-    for corpus in ("k1", "k2"):
-        (stage / f"vocab-{corpus}").mkdir(parents=True)
-        (stage / f"vocab-{corpus}" / "vocab.txt").write_text(
-            "\n".join((samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()[:2500]))
-    plan = {"candidates": "v2", "steps": {"k2": 9, "k2-wwm": 9, "k1": 9},
-            "corpus": {"k2": "k2", "k2-wwm": "k2", "k1": "k1"},
-            "vocabs": {"k1": "/elsewhere/k1/vocab.txt", "k2": "/elsewhere/k2/vocab.txt"}}
-    (stage / "steps.json").write_text(json.dumps(plan))
-    qs.stage_tasks(samples_dir, stage)
+    work, out = tmp_path / "work", tmp_path / "out"
+    vocabs = {c: work / c / "vocab" / "vocab.txt" for c in ("k1", "k2")}
+    for vocab in vocabs.values():
+        vocab.parent.mkdir(parents=True)
+        vocab.write_text("\n".join((samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()[:2500]))
+    plan = {"steps": {"k2": 9, "k2-wwm": 9, "k1": 9}, "corpus": {"k2": "k2", "k2-wwm": "k2", "k1": "k1"},
+            "vocabs": {c: str(v) for c, v in vocabs.items()}}
+    (work / "search-v2").mkdir()
+    (work / "search-v2" / "plan.json").write_text(json.dumps(plan))
     checkpoints = tmp_path / "runs"
     for name, seed in (("k1", 42), ("k1", 43), ("k2", 42)):
         save_pretrained(qs.model_for(qs.CANDIDATES_V2[name], 2500, seed), str(checkpoints / f"{name}-seed{seed}"),
-                        vocab_file=str(stage / f"vocab-{name}" / "vocab.txt"))
+                        vocab_file=str(vocabs[name]))
     monkeypatch.setattr(quality_finetune, "finetune", fake_finetune)
-    monkeypatch.setenv("BERTPIPE_SAMPLES", str(tmp_path / "no-samples"))  # only the stage's copy is there
     monkeypatch.setenv(quality_finetune.ACCELERATOR_VARIABLE, "gpu")
-    work, out = tmp_path / "work", tmp_path / "out"
-    args = ["evaluate", "--stage", str(stage), "--work", str(work), "--checkpoints",
-            str(checkpoints), "--sizes", "300", "--subsamples", "1", "--settings", "1,5", "--output",
-            str(out / "search.json"), "--cache-out", str(out / "cache.tar.xz")]
+    args = ["evaluate", "--work", str(work), "--samples", str(samples_dir), "--checkpoints", str(checkpoints),
+            "--sizes", "300", "--subsamples", "1", "--settings", "1,5", "--output", str(out / "search.json")]
     assert qs.main([*args, "--choose", str(out / "choice.json")]) == 0
     result = json.loads((out / "search.json").read_text())
     assert sorted(result["arms"]) == ["B-k1-seed42", "B-k1-seed43", "B-k2-seed42", "B-k2-seed43",
                                       "k1-seed42", "k1-seed43", "k2-seed42"]
     assert sorted(result["arms"]["k1-seed43"]["dev_macro_f1"]) == [
         "sentiment/300/1", "sentiment/300/5", "tweets3/300/1", "tweets3/300/5"]
-    assert result["plan"]["vocabs"]["k2"] == str(stage / "vocab-k2" / "vocab.txt")
+    assert result["plan"]["vocabs"]["k2"] == str(vocabs["k2"])
     choice = json.loads((out / "choice.json").read_text())
     assert (choice["name"], choice["corpus"], choice["not_run"]) == ("k1", "k1", ["k2-wwm"])
     assert choice["cells"] == ["sentiment/300/1", "sentiment/300/5", "tweets3/300/1", "tweets3/300/5"]
@@ -274,14 +172,12 @@ def test_evaluate_every_setting_reads_the_stage_and_local_checkpoints_and_writes
     assert qc.frozen_choice(out / "choice.json", "k1")["runs"] == {"k2": [42], "k1": [42, 43]}
     jobs = sorted((work / "search-v2" / "cache").glob("*.json"))
     assert len(jobs) == 7 * 4 and all(json.loads(j.read_text())["key"]["accelerator"] == "gpu" for j in jobs)
-    assert bq.pack_cache(work / "search-v2" / "cache", tmp_path / "again.tar.xz") == 28
-    assert (tmp_path / "again.tar.xz").read_bytes() == (out / "cache.tar.xz").read_bytes()
     monkeypatch.setattr(quality_finetune, "finetune", failing_finetune)
     assert qs.main(args) == 0
     assert json.loads((out / "search.json").read_text())["choice"]["candidates"] == choice["candidates"]
 
 
-def test_run_jobs_starts_no_job_after_its_seconds_and_reads_finished_ones_from_the_cache():
+def test_run_jobs_reads_finished_ones_from_the_cache():
     from benchmarks.quality import search as qs
 
     class Cache(dict):
@@ -293,40 +189,22 @@ def test_run_jobs_starts_no_job_after_its_seconds_and_reads_finished_ones_from_t
 
     cache = Cache()
     work_list = [({"n": n}, pow, (n, 2)) for n in range(5)]
-    assert qs.run_jobs(cache, work_list, 2, seconds=1e-9) == [None] * 5 and not cache
     cache.store({"n": 1}, "finished before")
     assert qs.run_jobs(cache, work_list, 2) == [0, "finished before", 4, 9, 16]
     assert len(cache) == 5
 
 
-def test_pretrain_keep_runs_only_what_is_missing_and_archives_the_runs_only_when_they_fit(tmp_path, monkeypatch):
-    """Runs already in ``--keep`` are not run again (here all are: nothing is trained); their logs
-    come back always, their compact archive only when it fits what a device call returns."""
+def test_pretrain_keeps_the_runs_and_runs_only_what_is_missing(tmp_path):
+    """Runs already in ``--keep`` are not run again (here all are: nothing is trained), and a
+    recipe the plan has no step count for is refused."""
     from benchmarks.quality import search as qs
-    from bert_core.model.checkpoint import save_pretrained
 
-    stage, keep = tmp_path / "stage", tmp_path / "keep"
-    stage.mkdir()
-    (stage / "steps.json").write_text(json.dumps({"candidates": "v2", "steps": {"k1": 3}, "corpus": {"k1": "k1"}}))
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(995))]))
+    work, keep = tmp_path / "work", tmp_path / "keep"
+    (work / "search-v2").mkdir(parents=True)
+    (work / "search-v2" / "plan.json").write_text(json.dumps({"steps": {"k1": 3}, "corpus": {"k1": "k1"}}))
     for seed in (42, 43):
-        save_pretrained(qs.model_for(qs.CANDIDATES_V2["k1"], 1000, seed), str(keep / f"k1-seed{seed}"),
-                        vocab_file=str(vocab))
+        (keep / f"k1-seed{seed}").mkdir(parents=True)
         (keep / f"k1-seed{seed}" / "pretrain-log.json").write_text(json.dumps({"recipe": "k1", "seed": seed}))
-    saved = {p.relative_to(keep): p.read_bytes() for p in keep.rglob("*") if p.is_file()}
-    monkeypatch.setattr(qs, "XZ_PRESET", 0)
-    out = tmp_path / "out"
-    assert qs.pretrain_all(stage, out, ["k1"], seeds=[42, 43], keep=keep) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["pretrain-logs.json", "runs.tar"]
-    assert json.loads((out / "pretrain-logs.json").read_text())["k1-seed43"]["seed"] == 43
-    back = qs.unpack(out, tmp_path / "back")
-    assert {p.relative_to(back): p.read_bytes() for p in back.rglob("*") if p.is_file()} == saved
-    assert {p.relative_to(keep): p.read_bytes() for p in keep.rglob("*") if p.is_file()} == saved
-    monkeypatch.setattr(qs, "RETURN_LIMIT", qs.RETURN_ROOM + 2**16)  # a device call with no room for them
-    assert qs.pretrain_all(stage, tmp_path / "small", ["k1"], seeds=[42, 43], keep=keep) == 0
-    assert [p.name for p in (tmp_path / "small").iterdir()] == ["pretrain-logs.json"]
-    with pytest.raises(SystemExit, match="already holds k1-seed42, k1-seed43: move them away"):
-        qs.pretrain_all(stage, out, ["k1"], seeds=[42, 43], gpu_minutes=1.0, keep=keep)
-    with pytest.raises(SystemExit, match="pretrain needs --seeds"):
-        qs.pretrain_all(stage, out, ["k1"], keep=keep)
+    assert qs.pretrain_all(work, keep, ["k1"], [42, 43]) == 0
+    with pytest.raises(SystemExit, match="prepared without k2"):
+        qs.pretrain_all(work, keep, ["k2"], [42])

@@ -1,9 +1,9 @@
 """One entry for the quality protocol: each command runs a step of ``--protocol`` (its data in
 ``protocols/v<N>.json``), the rest of the line going to that step.
 
-    python -m benchmarks.quality prepare  --protocol v3 --work W --stage .search-v2  # the candidates' inputs
-    python -m benchmarks.quality pretrain --protocol v3 --candidates --stage .search-v2 --out O --keep R
-    python -m benchmarks.quality choose   --protocol v3 --work W --stage .search-v2 --checkpoints R --choose F
+    python -m benchmarks.quality prepare  --protocol v3 --work W                     # the candidates' inputs
+    python -m benchmarks.quality pretrain --protocol v3 --candidates --work W --seeds 42 --keep R
+    python -m benchmarks.quality choose   --protocol v3 --work W --checkpoints R --choose F
     python -m benchmarks.quality pretrain --protocol v3 --work W --reuse --recipe k2   # the test phase's runs
     python -m benchmarks.quality score    --protocol v3 --work W --reuse --every-setting --output J
     python -m benchmarks.quality report   --output J

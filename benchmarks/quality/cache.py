@@ -54,10 +54,10 @@ class Cache:
 
 
 def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str,
-               in_flight: int | None = None, seconds: float | None = None) -> list:
+               in_flight: int | None = None) -> list:
     """Each job's value, from ``cache`` (its ``lookup``/``store``) or computed in ``pool`` and
     stored as it ends, started in list order with at most ``in_flight`` running (default: all at
-    once). With ``seconds``, no job starts after that many seconds; a job not run is None."""
+    once)."""
     values: list = [cache.lookup(key) for key, _, _ in jobs]
     todo = [i for i, v in enumerate(values) if v is None]
     if len(todo) < len(jobs):
@@ -66,11 +66,9 @@ def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable
     limit, every = in_flight or max(1, len(todo)), max(5, len(todo) // 20)
     done_count = 0
     while queue or running:
-        while queue and len(running) < limit and (seconds is None or time.monotonic() < started + seconds):
+        while queue and len(running) < limit:
             i = queue.pop()
             running[pool.submit(jobs[i][1], *jobs[i][2])] = i
-        if not running:
-            break
         finished, _ = wait(running, return_when=FIRST_COMPLETED)
         for future in finished:
             i = running.pop(future)

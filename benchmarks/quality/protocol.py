@@ -7,8 +7,8 @@ learning-curve protocol (``docs/quality.md``), its draws from ``protocols/v<N>.j
 - **Tasks** (``tasks.py``): ``sentiment`` and ``tweets3``; a run stops if any
   dev or test text is in the pre-training corpus.
 - **Arms**: A, ``--recipe`` pre-trained by the product path (``bertpipe corpus``, ``vocab``,
-  ``instances``, ``pretrain``) for each ``--budgets`` of CPU-minutes, 3 runs (seeds 42-44), or
-  A-GPU, runs pre-trained elsewhere (``--checkpoints``); B, the same model from random init;
+  ``instances``, ``pretrain``) for each ``--budgets`` of CPU-minutes, 3 runs (seeds 42-44);
+  B, the same model from random init;
   TF-IDF + logistic regression; C, the sample MiniLM at one fixed setting.
 - **Learning curve**: 100, 300, 1,000 and all labels; 5 stratified subsamples per size,
   subsample k fine-tuned with seed 1 + k in every arm; each arm's setting chosen once per task
@@ -38,7 +38,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import machine, samples, welch
-from benchmarks.quality import search as qs
 from benchmarks.quality.build import (
     baseline,
     baseline_folder,
@@ -51,7 +50,7 @@ from benchmarks.quality.build import (
     pretrain_folder,
     steps_in_budget,
 )
-from benchmarks.quality.cache import Cache, pack_cache, weights_digest
+from benchmarks.quality.cache import Cache, pack_cache
 from benchmarks.quality.measures import heldout_mlm_accuracy, linear_probe, tfidf_scores
 from benchmarks.quality.spec import (
     CHOSEN,
@@ -117,15 +116,6 @@ def endpoints(arms: list[dict], tasks: list[str], sizes: list[str]) -> list[dict
                         "runs": [len(a), len(b)], **welch(a, b), "per_task": per_task,
                         "regression": sorted(t for t, g in per_task.items() if g["gain"] < 0) if size == "300" else []})
     return out
-
-
-# --------------------------------------------------------------------------- data
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-# --------------------------------------------------------------------------- measures beside fine-tuning
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -326,55 +316,6 @@ def freeze_check(recipe: str, choice: str | None, quick: bool, version: str = "v
     return {"file": str(path)} | frozen_choice(path, recipe)
 
 
-def check_vocab(arm: dict, instances: Path) -> None:
-    """Each run of ``arm`` has the vocab of ``instances`` (arm B's): a one-line refusal if not."""
-    from bert_core.pretrain.data import vocab_file_of
-
-    vocab = Path(vocab_file_of(str(instances))).read_bytes()
-    for run in arm["runs"]:
-        if (Path(run["checkpoint"]) / "vocab.txt").read_bytes() != vocab:
-            raise SystemExit(f"{run['checkpoint']}: its vocab is not the corpus's ({vocab_file_of(str(instances))}); "
-                             "arm B would not be the same model")
-
-
-GPU_LOG = ("card", "steps", "batch", "tokens_seen", "wall_minutes")  # what arm A-GPU reads of a pretrain-log.json
-
-
-def card_name(card: str) -> str:
-    """A card's short name: ``NVIDIA H100 80GB HBM3`` -> ``H100``."""
-    words = [w for w in card.split() if w.upper() != "NVIDIA"]
-    return words[0] if words else card
-
-
-def gpu_runs(checkpoints: Path, recipe: str, into: Path, seeds: list[int]) -> dict:
-    """Arm A-GPU: the runs of ``recipe`` pre-trained elsewhere, folders ``<recipe>-seed<S>`` in
-    ``checkpoints`` or in the archives there (``search.unpack`` under ``into``), each with
-    its ``pretrain-log.json``; only ``seeds`` count (the others are listed as ignored, a seed
-    without a folder as not run). The arm is named by the logs' card (``A-GPU H200``)."""
-
-    found = qs.run_folders(checkpoints, [recipe]).get(recipe) or (
-        qs.run_folders(qs.unpack(checkpoints, into), [recipe]).get(recipe, []))
-    if not found:
-        raise SystemExit(f"--checkpoints {checkpoints}: no folder {recipe}-seed<S> with a model, nor an archive of one")
-    runs = []
-    for seed, folder in sorted(found):
-        log_file = folder / "pretrain-log.json"
-        if seed not in seeds:
-            continue
-        log = json.loads(log_file.read_text()) if log_file.exists() else {}
-        if not all(k in log for k in GPU_LOG):
-            raise SystemExit(f"{log_file}: missing or without {', '.join(k for k in GPU_LOG if k not in log)}")
-        runs.append({"seed": seed, "checkpoint": str(folder),
-                     "pretrain": {k: v for k, v in log.items() if k != "log"} | {"last_log": (log.get("log") or [None])[-1]}})
-    if not runs:
-        raise SystemExit(f"--checkpoints {checkpoints}: no run of {recipe} with seed {', '.join(map(str, seeds))}")
-    cards = sorted({card_name(r["pretrain"]["card"]) for r in runs})
-    return {"arm": f"A-GPU {'/'.join(cards)}", "budget_cpu_minutes": None, "pretrain_card": cards, "settings": {},
-            "runs": runs,
-            "not_run": [s for s in seeds if s not in {r["seed"] for r in runs}],
-            "ignored": [s for s, _ in found if s not in seeds]}
-
-
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -421,9 +362,6 @@ def main(argv: list[str] | None = None) -> int:
                              "with --quick)")
     parser.add_argument("--pack-cache", action="store_true", help="write --work's finished jobs to --cache-archive")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
-    parser.add_argument("--no-reference", action="store_true", help="skip arm C (MiniLM)")
-    parser.add_argument("--reference-only", action="store_true",
-                        help="only TF-IDF and arm C (MiniLM), beside a run that does the rest")
     parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
                         help="v1: version 1's corpus; k1, k2: protocol version 2's (benchmarks.quality.corpus), each "
                              "built under --work/<corpus> with its vocab, instances and runs (default: a version-2 "
@@ -436,9 +374,6 @@ def main(argv: list[str] | None = None) -> int:
                              "version 1 is v2 without --every-setting)")
     parser.add_argument("--every-setting", action="store_true",
                         help="A and B at every grid setting at each size but the whole pool: the 48 cells of A - B")
-    parser.add_argument("--checkpoints", default=None,
-                        help="arm A-GPU instead of pre-training arm A: folders <recipe>-seed<S> (or the search's "
-                             "pretrain archives of them) with their pretrain-log.json")
     parser.add_argument("--distinct-text", default=None,
                         help="k2's distinct text (default: benchmarks.text.distinct_text in the bertpipe cache, fetched "
                              "once; none with --quick)")
@@ -452,15 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     if own_corpus and args.corpus not in (None, own_corpus):
         raise SystemExit(f"--recipe {args.recipe} pre-trains on {own_corpus}, not --corpus {args.corpus}")
     args.corpus = args.corpus or own_corpus or "v1"
-    if args.checkpoints and args.pretrain_only:
-        parser.error("--checkpoints scores checkpoints pre-trained elsewhere; --pretrain-only has nothing to do")
     choice = None if args.pretrain_only or args.pack_cache else freeze_check(args.recipe, args.choice, args.quick,
                                                                                   args.protocol)
     if args.heldout_genres and args.corpus == "v1":
         parser.error("--heldout-genres needs --corpus k1 or k2 (version 1's corpus sets no text aside)")
     plan = protocol(args.protocol, args.quick) | {"protocol": args.protocol}
     args.budgets = args.budgets or plan["budgets"]
-    if not plan["runs_here"] and not args.quick and not args.checkpoints:
+    if not plan["runs_here"] and not args.quick:
         print(f"protocol {args.protocol} needs {plan['needs']}", flush=True)
     archive = Path(args.cache_archive) if args.cache_archive else None if args.quick else CACHE_ARCHIVE
     work = Path(args.work)
@@ -508,11 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
 
     steps: dict[float, int] = {}
-    seeds = [PRETRAIN_SEED + k for k in range(plan["runs"])]
-    gpu = gpu_runs(Path(args.checkpoints), args.recipe, runs / "gpu-checkpoints", seeds) if args.checkpoints else None
-    if gpu:
-        check_vocab(gpu, instances)
-    for budget in [] if gpu else args.budgets:
+    for budget in args.budgets:
         if args.quick:
             steps[budget] = plan["steps"]
             continue
@@ -548,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"machine": info, "protocol": {"sizes": [size_name(s) for s in plan["sizes"]],
                                             "subsamples": plan["subsamples"], "runs": plan["runs"],
                                             "grid": plan["grid"], "recipe": args.recipe,
-                                            "budgets": [] if gpu else args.budgets, "steps": steps,
+                                            "budgets": args.budgets, "steps": steps,
                                             "quick": args.quick, "ranks": args.ranks, "choice": choice,
                                             "every_setting": args.every_setting, "goal_sizes": plan["goal_sizes"],
                                             "version": args.protocol, "pool_subsamples": plan["pool_subsamples"],
@@ -607,33 +536,24 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         arms.append(tfidf_arm(cache, pool, tasks, plan))
         write()
-        if not args.reference_only:
-            b: dict = {"arm": "B", "budget_cpu_minutes": 0.0, "settings": {}, "runs": []}
-            arms.append(b)
+        b: dict = {"arm": "B", "budget_cpu_minutes": 0.0, "settings": {}, "runs": []}
+        arms.append(b)
+        for k in range(plan["runs"]):
+            seed = PRETRAIN_SEED + k
+            folder = baseline(recipe, instances, baseline_folder(runs, args.recipe, seed, args.quick), seed)
+            run = {"seed": seed, "checkpoint": str(folder)}
+            b["runs"].append(run)
+            score_run(pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, 0)
+        for budget in args.budgets:
+            a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
+                       "runs": []}
+            arms.append(a)
             for k in range(plan["runs"]):
-                seed = PRETRAIN_SEED + k
-                folder = baseline(recipe, instances, baseline_folder(runs, args.recipe, seed, args.quick), seed)
-                run = {"seed": seed, "checkpoint": str(folder)}
-                b["runs"].append(run)
-                score_run(pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, 0)
-            if gpu:
-                arms.append(gpu | {"runs": []})
-                for run in gpu["runs"]:
-                    arms[-1]["runs"].append(run)
-                    key = base_key | {"arm": "A-GPU", "weights": weights_digest(Path(run["checkpoint"])),
-                                      "pretrain_seed": run["seed"]}
-                    score_run(pool, arms[-1], run, Path(run["checkpoint"]), key,
-                              run["pretrain"]["steps"] * run["pretrain"]["batch"])
-            for budget in [] if gpu else args.budgets:
-                a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
-                           "runs": []}
-                arms.append(a)
-                for k in range(plan["runs"]):
-                    checkpoint, key, done = pretrained(budget, PRETRAIN_SEED + k)
-                    run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
-                    a["runs"].append(run)
-                    score_run(pool, a, run, checkpoint, key, steps[budget] * recipe.global_batch)
-        if plan["reference"] and not args.no_reference and not args.quick:
+                checkpoint, key, done = pretrained(budget, PRETRAIN_SEED + k)
+                run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
+                a["runs"].append(run)
+                score_run(pool, a, run, checkpoint, key, steps[budget] * recipe.global_batch)
+        if plan["reference"] and not args.quick:
             minilm = sample_dir / "models" / "minilm"
             c: dict = {"arm": "C (MiniLM)", "budget_cpu_minutes": None,
                        "settings": {n: {"selected": plan["reference_setting"]} for n in tasks}, "runs": [{"seed": None}]}
@@ -667,11 +587,6 @@ def print_report(result: dict) -> None:
         name = f"A {e['budget_cpu_minutes']:g} CPU-min" if e["budget_cpu_minutes"] is not None else e["arm"]
         print(f"{name} - B at {e['size']:>4}: {e['gain']:+.1f} "
               f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}] ({e['runs'][0]} vs {e['runs'][1]} runs){flag}")
-    for arm in (a for a in result["arms"] if a.get("pretrain_card")):
-        print(f"{arm['arm']}: " + "; ".join(f"seed {r['seed']} {r['pretrain']['steps']} steps, "
-                                             f"{r['pretrain']['tokens_seen']:,} tokens, "
-                                             f"{r['pretrain']['wall_minutes']:.1f} min" for r in arm["runs"])
-              + (f"; not run: seeds {', '.join(map(str, arm['not_run']))}" if arm["not_run"] else ""))
     for arm, rows in result.get("every_setting", {}).items():
         print(f"{arm} - B at every setting (gain [95% interval]; ! = REGRESSION, ? = not run):")
         for task in result["tasks"]:
