@@ -26,17 +26,15 @@ def bertpipe(args: list[str], log: Path) -> float:
     return measure([sys.executable, "-m", "flows.cli", *args], log)["cpu_s"]
 
 
-def corpus_inputs(sample_dir: Path | None = None, tweets: Path | None = None) -> list[tuple[str, str]]:
+def corpus_inputs(sample_dir: Path | None = None) -> list[tuple[str, str]]:
     """The demo preset's corpus as ``bertpipe corpus`` options: (flag, glob) pairs, the globs as the
-    preset names them, or under ``sample_dir`` when given; ``tweets`` replaces the preset's text
-    (the sample tweets) with that file."""
+    preset names them, or under ``sample_dir`` when given."""
     from bert_core.config import load_config
     from flows.demo import demo_config
 
     cfg = (demo_config(str(sample_dir), []) if sample_dir else load_config("demo")).corpus
-    text = [str(tweets)] if tweets else cfg.text
     return [(flag, p) for flag, globs in (("--wikipedia", cfg.wikipedia), ("--books", cfg.books),
-                                          ("--text", text)) for p in globs]
+                                          ("--text", cfg.text)) for p in globs]
 
 
 def corpus_and_vocab(inputs: list[tuple[str, str]], work: Path) -> tuple[Path, Path]:

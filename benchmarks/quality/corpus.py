@@ -1,7 +1,6 @@
 """The quality protocol's corpora K1 and K2 (``docs/quality-protocol-v2.md``) as ``bertpipe corpus``
-inputs, their vocab and instances, and a checkpoint's measures per genre.
-
-    nice -n 19 python -m benchmarks.quality.corpus --work /work/quality-v2 --corpus k2 [--build]
+inputs, their vocab and instances, and a checkpoint's measures per genre, built by the protocol's
+``--corpus k1|k2`` and the choice's ``prepare``.
 
 A document is a tweet, a Wikipedia article or a paragraph of a book file (a speech of a play, a
 verse, a dictionary entry). Task texts leave by tweet and paragraph, and by article in the dump,
@@ -19,7 +18,6 @@ import hashlib
 import json
 import math
 import shutil
-import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -446,38 +444,3 @@ def read_jsonl(path: Path) -> Iterator[dict]:
         for line in f:
             if line.strip():
                 yield json.loads(line)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import samples
-    from benchmarks.quality.spec import CHOSEN, RECIPES, protocol
-    from benchmarks.quality.tasks import load_tasks
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--corpus", default="k1,k2", help="k1, k2 or both")
-    parser.add_argument("--samples", type=Path, default=None)
-    parser.add_argument("--distinct-text", type=Path, default=None, help="default: fetched into the bertpipe cache")
-    parser.add_argument("--build", action="store_true", help=f"also corpus, vocab and the instances of {CHOSEN}")
-    parser.add_argument("--quick", action="store_true", help="a few files of each source")
-    args = parser.parse_args(argv)
-    sample_dir = args.samples or samples()
-    tasks = {name: parts for name, (_, parts) in load_tasks(sample_dir, protocol("v2", args.quick)).items()}
-    distinct = args.distinct_text or (None if args.quick else distinct_text.cached())
-    for corpus in args.corpus.split(","):
-        if args.build:
-            built = build(corpus, RECIPES[CHOSEN], args.work, sample_dir, tasks, distinct, args.quick)
-            pieces = genre_pieces(built.corpus, built.vocab, built.instances, built.prepared.genres)
-            print(json.dumps({"corpus": corpus, "sizes": built.prepared.sizes, "pieces": pieces}, indent=1))
-        else:
-            prepared = prepare(corpus, args.work, sample_dir, task_examples(tasks), distinct, args.quick)
-            print(json.dumps({"corpus": corpus, "sizes": prepared.sizes, "inputs": prepared.inputs}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-

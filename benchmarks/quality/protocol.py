@@ -42,7 +42,6 @@ from benchmarks.quality.build import (
     baseline,
     baseline_folder,
     corpus_and_vocab,
-    corpus_inputs,
     cpu_per_step,
     instances_for,
     manifest_digest,
@@ -363,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pack-cache", action="store_true", help="write --work's finished jobs to --cache-archive")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
     parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
-                        help="v1: version 1's corpus; k1, k2: protocol version 2's (benchmarks.quality.corpus), each "
+                        help="v1: version 1's (--quick only); k1, k2: protocol version 2's (benchmarks.quality.corpus), each "
                              "built under --work/<corpus> with its vocab, instances and runs (default: a version-2 "
                              "recipe's own corpus, else v1)")
     parser.add_argument("--choice", default=None,
@@ -416,9 +415,11 @@ def main(argv: list[str] | None = None) -> int:
         recipe = replace(recipe, global_batch=plan["global_batch"])
     runs, built = work, None  # where the runs of arms A and B live
     if args.corpus == "v1":
+        if not args.quick:
+            raise SystemExit("--corpus v1 (version 1's, the sample tweets) runs with --quick only: give k1 or k2")
         _, tweets = tasks["tweets3"]
         text = qt.pretrain_tweets(sample_dir, tweets["train"] + tweets["dev"] + tweets["test"], work / "pretrain-text")
-        inputs = [("--text", str(text))] if args.quick else corpus_inputs(sample_dir, text)
+        inputs = [("--text", str(text))]
         corpus, vocab = corpus_and_vocab(inputs, work)
         leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], corpus)
                   for name, (_, parts) in tasks.items()}

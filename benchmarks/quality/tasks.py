@@ -1,8 +1,7 @@
 """The quality benchmark's tasks: real labelled text that ``bertpipe samples fetch`` brings, each
-pinned by the sha256 of its files, split once into a training pool, dev and test, and the pre-training text that leaves them out
-(the learning curve's stratified subsamples are the product's ``bert_core.finetune.data.subsample``).
-
-    python -m benchmarks.quality.tasks           # each task's sizes, labels and sha256 check
+pinned by the sha256 of its files, split once into a training pool, dev and test, and the
+pre-training text that leaves them out (the learning curve's stratified subsamples are the
+product's ``bert_core.finetune.data.subsample``).
 
 - ``sentiment``: the vaderSentiment ratings (product reviews and tweets); label = sign of the mean
   rating, neutral ratings left out, as the product's ``read_sentiment`` reads them.
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,20 +169,3 @@ def load_tasks(samples_dir: Path, plan: dict) -> dict:
         else:
             out[name] = (task, load(task, samples_dir))
     return out
-
-
-
-def main() -> int:
-    from benchmarks.common import samples
-
-    folder = samples()
-    for task in TASKS.values():
-        parts = load(task, folder)
-        counts = {k: len(v) for k, v in parts.items()}
-        shares = {lab: sum(e.label == lab for e in parts["test"]) for lab in task.labels}
-        print(f"{task.name}: {counts}, test labels {shares}, files pinned")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
