@@ -13,7 +13,7 @@ from benchmarks.common import welch
 from benchmarks.quality import tasks as qt
 from benchmarks.quality.build import cpu_per_step, steps_in_budget, train_cpu_seconds
 from benchmarks.quality.cache import Cache
-from benchmarks.quality.protocol import best_setting, endpoints, mean_sd
+from benchmarks.quality.protocol import endpoints, mean_sd
 from benchmarks.quality.spec import RECIPES
 from bert_core.finetune.glue import Example
 
@@ -41,11 +41,9 @@ def test_welch_edge_cases():
     assert flat["ci_low"] == flat["ci_high"] == pytest.approx(0.1)
 
 
-def test_mean_sd_and_best_setting():
+def test_mean_sd():
     assert mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)
     assert mean_sd([0.5]) == (0.5, 0.0)
-    grid = [({"learning_rate": 1e-4}, 80.0), ({"learning_rate": 3e-4}, 85.0), ({"learning_rate": 1e-3}, 85.0)]
-    assert best_setting(grid) == {"learning_rate": 3e-4}  # a tie goes to the first listed
 
 
 def test_steps_in_budget_and_cpu_per_step():

@@ -56,6 +56,34 @@ def test_the_rule_refuses_a_candidate_without_every_cell():
         qc.gains({"x": [1.0], "y": [2.0]}, {"x": [0.0]})
 
 
+def test_the_protocol_grid_and_its_choice_on_dev_are_the_products_and_give_the_committed_settings():
+    """A version's grid is the product's (learning rates x poolings x layer-wise decays), expanded
+    to the very settings its committed results list, and the product's choice on dev, given each
+    arm's committed dev scores, selects the setting each arm was scored with."""
+    from benchmarks.quality.finetune import product_setting
+    from benchmarks.quality.protocol import chosen_on_dev
+    from benchmarks.quality.spec import protocol
+
+    committed = json.loads((Path(__file__).resolve().parent.parent / "docs" / "quality-v3.json").read_text())
+    grid = protocol("v3")["grid"]
+    assert protocol("v2")["grid"] == grid
+    # the quick mode's two settings, as its jobs' cache keys hold them
+    assert protocol("v2", quick=True)["grid"] == protocol("v3", quick=True)["grid"] == [
+        {"learning_rate": 3e-4, "pooling": "cls", "layerwise_lr_decay": decay, "epochs": 1.0, "min_steps": 2}
+        for decay in (1.0, 0.8)]
+    assert json.dumps(grid) == json.dumps(committed["protocol"]["grid"])  # values, types and order
+    assert len({product_setting(s).name for s in grid}) == len(grid)
+    chosen = 0
+    for arm in committed["arms"]:
+        for task, entry in arm["settings"].items():
+            if "grid" in entry:  # arms with a grid on dev (not TF-IDF's C, nor C's fixed setting)
+                assert [{k: v for k, v in row.items() if k != "dev"} for row in entry["grid"]] == grid
+                scored = [row["dev"] for row in entry["grid"]]
+                assert chosen_on_dev(task, grid, scored) == entry["selected"], (arm["arm"], task)
+                chosen += 1
+    assert chosen >= 4
+
+
 def test_frozen_choice_refuses_a_missing_file_another_recipe_and_a_file_without_a_choice(tmp_path):
     path = tmp_path / "quality-v2-choice.json"
     with pytest.raises(qc.ChoiceRefused) as missing:

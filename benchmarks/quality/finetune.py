@@ -17,8 +17,8 @@ import os
 
 import numpy as np
 
-DEFAULT_SETTING = {"learning_rate": 1e-3, "epochs": 6.0, "min_steps": 100, "batch_size": 32, "max_seq_length": 64,
-                   "pooling": "cls", "reinit_layers": 0, "layerwise_lr_decay": 1.0}
+from benchmarks.quality.spec import SETTING_DEFAULTS
+
 ACCELERATOR_VARIABLE = "QUALITY_ACCELERATOR"  # gpu: jobs run on cuda (a study on the device machine)
 
 
@@ -42,6 +42,14 @@ def scores(labels: list[int], pred: list[int]) -> dict[str, float]:
             "macro_f1": 100 * float(sklearn.metrics.f1_score(labels, pred, average="macro", zero_division=0))}
 
 
+def product_setting(setting: dict):
+    """A protocol setting as the product's grid names it (``bert_core.finetune.grid.Setting``)."""
+    from bert_core.finetune.grid import Setting
+
+    s = SETTING_DEFAULTS | setting
+    return Setting(s["learning_rate"], s["batch_size"], s["epochs"], s["pooling"], s["layerwise_lr_decay"])
+
+
 def finetune(checkpoint: str, data: dict[str, list], split: str, num_labels: int, setting: dict, seed: int,
              pad_id: int = 0) -> dict[str, float]:
     """Fine-tune on ``data["train"]`` (encoded features) at ``setting``; scores on ``data[split]``."""
@@ -51,7 +59,7 @@ def finetune(checkpoint: str, data: dict[str, list], split: str, num_labels: int
     from bert_core.finetune.data import TaskData
     from bert_core.finetune.train import train_and_predict
 
-    s = DEFAULT_SETTING | setting
+    s = SETTING_DEFAULTS | setting
     torch.set_num_threads(1)
     steps_per_epoch = math.ceil(len(data["train"]) / s["batch_size"])
     epochs = max(s["epochs"], s["min_steps"] / steps_per_epoch)

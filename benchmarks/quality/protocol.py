@@ -12,7 +12,8 @@ learning-curve protocol (``docs/quality.md``), its draws from ``protocols/v<N>.j
   TF-IDF + logistic regression; C, the sample MiniLM at one fixed setting.
 - **Learning curve**: 100, 300, 1,000 and all labels; 5 stratified subsamples per size,
   subsample k fine-tuned with seed 1 + k in every arm; each arm's setting chosen once per task
-  from :data:`GRID` on the full pool's dev score.
+  from the data's ``grid`` (the product's fine-tuning grid) on the full pool's dev score, by the
+  product's choice on dev.
 - **Endpoints**: A - B macro-F1 at 300 and 1,000 labels with 95% Welch intervals over runs,
   the full-label gain, a linear probe, held-out MLM accuracy, the regression check;
   ``--every-setting``: A - B at each grid setting; version 2's goals (:func:`goals`).
@@ -61,6 +62,7 @@ from benchmarks.quality.spec import (
     versions,
 )
 from benchmarks.quality.tasks import load_tasks
+from bert_core.finetune.report import best
 from bert_core.pretrain.metrics import read_metrics
 
 RESULTS = ROOT / "bench-results"
@@ -77,11 +79,6 @@ def size_name(size: int | None) -> str:
 def mean_sd(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def best_setting(scored: list[tuple[dict, float]]) -> dict:
-    """The setting with the highest dev score; ties go to the first listed."""
-    return max(enumerate(scored), key=lambda item: (item[1][1], -item[0]))[1][0]
 
 
 def run_value(run: dict, tasks: list[str], size: str, metric: str = "macro_f1") -> float | None:
@@ -152,9 +149,22 @@ def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: 
     return jobs
 
 
+def chosen_on_dev(task: str, grid: list[dict], scored: list[dict]) -> dict:
+    """The setting of ``grid`` that the product's choice on dev selects by macro-F1
+    (``bert_core.finetune.report.select``), from each setting's dev scores (one seed each)."""
+    from benchmarks.quality.finetune import product_setting
+    from bert_core.finetune.report import seed_stats, select
+
+    names = [product_setting(s).name for s in grid]
+    results = [{"task": task, "setting": {"name": n}, "seed": 1, "ok": True, "metrics": {"flat": r}}
+               for n, r in zip(names, scored, strict=True)]
+    return grid[names.index(select(task, seed_stats(results)[task], metric="macro_f1"))]
+
+
 def choose_setting(cache: Cache, pool, checkpoint: Path, ckpt_key: dict, task, parts: dict, grid: list[dict],
                    label: str) -> dict:
-    """The arm's setting for a task: the grid on the full pool, one seed, scored on dev (macro-F1)."""
+    """The arm's setting for a task: the grid on the full pool, one seed, scored on dev, and the
+    setting :func:`chosen_on_dev` selects."""
     from benchmarks.quality.finetune import encoded, finetune
 
     data, pad = encoded(str(checkpoint), {"train": parts["train"], "dev": parts["dev"]}, task.labels, 64)
@@ -162,7 +172,7 @@ def choose_setting(cache: Cache, pool, checkpoint: Path, ckpt_key: dict, task, p
              (str(checkpoint), data, "dev", len(task.labels), s, 1, pad)) for s in grid]
     scored = cache.run(pool, jobs, f"{label} {task.name} dev grid")
     grid_rows = [s | {"dev": r} for s, r in zip(grid, scored, strict=True)]
-    chosen = best_setting([(s, r["macro_f1"]) for s, r in zip(grid, scored, strict=True)])
+    chosen = chosen_on_dev(task.name, grid, scored)
     print(f"  {label} {task.name}: chose {chosen} (dev macro-F1 "
           f"{max(r['macro_f1'] for r in scored):.1f})", flush=True)
     return {"selected": chosen, "grid": grid_rows}
@@ -206,7 +216,7 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
         jobs = [({"arm": "tfidf", "task": name, "C": c, "split": "dev", "quick": plan["quick"]}, tfidf_scores,
                  (parts["train"], parts["dev"], task.labels, c)) for c in plan["tfidf_c"]]
         dev = cache.run(pool, jobs, f"TF-IDF {name} dev")
-        c = best_setting([(c, d["macro_f1"]) for c, d in zip(plan["tfidf_c"], dev, strict=True)])
+        c = best({c: d["macro_f1"] for c, d in zip(plan["tfidf_c"], dev, strict=True)})
         arm["settings"][name] = {"selected": {"C": c}}
         jobs = [({"arm": "tfidf", "task": name, "C": c, "size": size_name(size), "subsample": k, "split": "test",
                   "quick": plan["quick"]}, tfidf_scores,

@@ -1,6 +1,8 @@
 """The protocol's versions and recipes as data: ``protocols/v<N>.json`` (tasks, sizes, runs,
 seeds, budgets, grid, candidates, corpora, choice rule, goals, arms and the quick mode's draws)
-and ``protocols/recipes.json`` (every recipe, each once, by name).
+and ``protocols/recipes.json`` (every recipe, each once, by name). A version's ``grid`` is the
+product's fine-tuning grid: ``FinetuneConfig`` grid fields (``learning_rates``, ``poolings``,
+``layerwise_lr_decays``, ...) expanded by ``bert_core.finetune.grid.settings``.
 
     from benchmarks.quality.spec import RECIPES, protocol
     plan = protocol("v3")                 # the draws of version 3
@@ -14,10 +16,20 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from bert_core.config import FinetuneConfig
+from bert_core.finetune.grid import settings
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PROTOCOLS = HERE / "protocols"
 PRETRAIN_SEED = 42  # the product's default; run k of an arm pre-trains (or initialises) with seed 42 + k
+# A fine-tuning setting's values where it names none (``min_steps``: see ``finetune.py``)
+SETTING_DEFAULTS = {"learning_rate": 1e-3, "epochs": 6.0, "min_steps": 100, "batch_size": 32, "max_seq_length": 64,
+                    "pooling": "cls", "reinit_layers": 0, "layerwise_lr_decay": 1.0}
+# A FinetuneConfig grid field -> the setting's field it fills, and the product Setting's attribute
+GRID_FIELDS = {"learning_rates": ("learning_rate", "learning_rate"), "batch_sizes": ("batch_size", "batch_size"),
+               "epochs": ("epochs", "num_train_epochs"), "poolings": ("pooling", "pooling"),
+               "layerwise_lr_decays": ("layerwise_lr_decay", "layerwise_lr_decay")}
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,18 @@ RECIPES: dict[str, Recipe] = {name: Recipe(**r) for name, r in _RECIPES["recipes
 CHOSEN: str = _RECIPES["chosen"]
 
 
+def grid_settings(grid: dict) -> list[dict]:
+    """A version's ``grid`` as its settings: one per point of the product's grid over the
+    ``FinetuneConfig`` grid fields it names, in the product's order (the order that breaks ties on
+    dev), each holding the fields the data names (a job's cache key holds them) and its other
+    entries as they are (``min_steps``). A grid field it does not name has one value, the default."""
+    named = {k: v for k, v in grid.items() if k in GRID_FIELDS}
+    one = {k: [SETTING_DEFAULTS[field]] for k, (field, _) in GRID_FIELDS.items()}
+    fixed = {k: v for k, v in grid.items() if k not in GRID_FIELDS}
+    return [{GRID_FIELDS[k][0]: getattr(point, GRID_FIELDS[k][1]) for k in named} | fixed
+            for point in settings(FinetuneConfig(**(one | named)))]
+
+
 def versions() -> list[str]:
     return sorted(p.stem for p in PROTOCOLS.glob("v*.json"))
 
@@ -89,7 +113,8 @@ def protocol(version: str, quick: bool = False) -> dict:
     """Version ``version``'s data; with ``quick``, its tiny draws in place of the real ones (the
     bookkeeping on tiny data). ``sizes`` hold None for the whole training pool."""
     data = json.loads((PROTOCOLS / f"{version}.json").read_text())
-    return data | data["quick"] | {"quick": True} if quick else data | {"quick": False}
+    plan = data | data["quick"] | {"quick": True} if quick else data | {"quick": False}
+    return plan | {"grid": grid_settings(plan["grid"])}
 
 
 def candidates(version: str) -> dict[str, Recipe]:
