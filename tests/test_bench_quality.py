@@ -13,7 +13,7 @@ from benchmarks.common import welch
 from benchmarks.quality import tasks as qt
 from benchmarks.quality.build import cpu_per_step, steps_in_budget, train_cpu_seconds
 from benchmarks.quality.cache import Cache
-from benchmarks.quality.protocol import endpoints, mean_sd
+from benchmarks.quality.protocol import endpoints
 from benchmarks.quality.spec import RECIPES
 from bert_core.finetune.glue import Example
 
@@ -39,11 +39,6 @@ def test_welch_edge_cases():
     assert math.isnan(welch([0.9], [0.5, 0.6])["ci_low"])
     flat = welch([0.8, 0.8], [0.7, 0.7])
     assert flat["ci_low"] == flat["ci_high"] == pytest.approx(0.1)
-
-
-def test_mean_sd():
-    assert mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    assert mean_sd([0.5]) == (0.5, 0.0)
 
 
 def test_steps_in_budget_and_cpu_per_step():

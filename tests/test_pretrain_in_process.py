@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.quality.search import short_run, train_mlm
-from bert_core.config import ModelConfig
+from benchmarks.quality.search import train_mlm
+from bert_core.config import ModelConfig, PretrainConfig, PretrainPhase
 from bert_core.pretrain.data import read_vocab, vocab_file_of
 from bert_core.pretrain.in_process import random_init
 from tests.test_data import make_instances
@@ -23,7 +23,9 @@ def test_random_init_is_the_seeds_and_steps_move_it(tmp_path, samples_dir):
     assert not torch.equal(weights(model), weights(random_init(config, seed=43)))
 
     start = weights(model)
-    run = short_run(64, steps=3, batch_size=4, learning_rate=1e-3, weight_decay=0.01, seed=42)
+    phase = PretrainPhase(max_seq_length=64, max_steps=3, global_batch_size=4, micro_batch_size=4, learning_rate=1e-3,
+                          warmup_steps=1)
+    run = PretrainConfig(phases=[phase], procs_per_node=1, seed=42)
     log = train_mlm(model, instances, run, masking={"masked_lm_prob": 0.25}, log_every=2)
     assert [row["step"] for row in log] == [0, 2] and all(row["loss"] > 0 for row in log)
     assert 0 < (weights(model) - start).abs().max() < 0.1

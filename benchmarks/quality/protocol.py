@@ -76,11 +76,6 @@ def size_name(size: int | None) -> str:
 # --------------------------------------------------------------------------- pure helpers
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def run_value(run: dict, tasks: list[str], size: str, metric: str = "macro_f1") -> float | None:
     """A run's value at a size: the mean over tasks of its mean over subsamples (None if missing)."""
     per_task = []

@@ -73,7 +73,12 @@ def train(variant: Recipe, model, instances: str, steps: int, seed: int, device:
     """The product's in-process masked-LM steps at the variant's settings: ``batch`` sequences of
     ``seq`` tokens a step, the instances' dynamic masks drawn with the variant's share of pieces
     (whole words with ``whole_word_mask``, as the loader masks for ``instances.whole_word_mask``)."""
-    config = short_run(variant.seq, steps, variant.batch, variant.learning_rate, variant.weight_decay, seed)
+    from bert_core.config import PretrainPhase
+
+    phase = PretrainPhase(max_seq_length=variant.seq, max_steps=steps, global_batch_size=variant.batch,
+                          micro_batch_size=variant.batch, learning_rate=variant.learning_rate,
+                          warmup_steps=max(1, steps // 10))
+    config = PretrainConfig(phases=[phase], procs_per_node=1, weight_decay=variant.weight_decay, seed=seed)
     masking = {"masked_lm_prob": variant.masked_lm_prob, "whole_word_mask": variant.whole_word_mask}
     return train_mlm(model, instances, config, device=device, masking=masking, **kwargs)
 
@@ -115,18 +120,6 @@ def train_mlm(model: Any, instances: str, config: PretrainConfig, phase_index: i
         if step % log_every == 0 or step == phase.max_steps - 1:
             log.append({"step": step, "loss": float(result["mlm_loss"]), "mlm_acc": float(result["mlm_acc"])})
     return log
-
-
-def short_run(max_seq_length: int, steps: int, batch_size: int, learning_rate: float, weight_decay: float,
-              seed: int) -> PretrainConfig:
-    """One phase of ``steps`` at ``max_seq_length``, ``batch_size`` sequences a step, warmup over
-    a tenth of the steps: the config :func:`train_mlm` reads for a short run."""
-    from bert_core.config import PretrainPhase
-
-    phase = PretrainPhase(max_seq_length=max_seq_length, max_steps=steps, global_batch_size=batch_size,
-                          micro_batch_size=batch_size, learning_rate=learning_rate,
-                          warmup_steps=max(1, steps // 10))
-    return PretrainConfig(phases=[phase], procs_per_node=1, weight_decay=weight_decay, seed=seed)
 
 
 def cpu_seconds_per_step(variant: Recipe, instances: str, vocab_size: int, warmup: int = 5, timed: int = 30) -> float:
@@ -213,16 +206,8 @@ def read_plan(work: Path) -> dict:
     return json.loads(plan_file.read_text())
 
 
-def _device(threads: int | None) -> str:
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def pretrain_one(name: str, steps: int, out: str, seed: int, folder: str, inputs: tuple[str, str],
-                 threads: int | None = None) -> dict:
+                 threads: int) -> dict:
     """One recipe for ``steps`` from its random init for ``seed``, saved as ``out/folder`` with
     ``pretrain-log.json``: card, steps, tokens seen (steps x batch x length), wall-clock minutes
     of the steps and the loss log. The folder appears whole (written beside it, then renamed), so
@@ -234,7 +219,8 @@ def pretrain_one(name: str, steps: int, out: str, seed: int, folder: str, inputs
 
     variant = ALL_RECIPES[name]
     instances, vocab_file = inputs
-    device = _device(threads if threads else 2 if torch.cuda.is_available() else None)
+    torch.set_num_threads(threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model_for(variant, len(read_vocab(vocab_file)), seed)
     started = time.perf_counter()
     log = train(variant, model, instances, steps, seed, device)
@@ -369,8 +355,6 @@ def evaluate(work: Path, checkpoints: Path, plan: dict, samples: Path, jobs: int
     are read from the cache under ``work/search-v2``, so a second call resumes); a candidate's gain in a cell is the mean of its runs and
     subsamples minus the same mean of its corpus's B. Writes every score to ``output`` and, with
     ``choose``, the choice (``choice.choose``)."""
-    import statistics
-
     from benchmarks.quality import choice as qc
     from benchmarks.quality.finetune import ACCELERATOR_VARIABLE
 
