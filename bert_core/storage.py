@@ -560,7 +560,7 @@ def check_shards(folder: str, manifest: dict[str, Any] | None = None, checksums:
 
 def check_writable(folder: str) -> None:
     """Create ``folder`` and write a probe file in it, or raise :class:`OutputError` (one line)."""
-    probe = join(folder, ".bertpipe-write-test")
+    probe = join(folder, unique_name(".bertpipe-write-test", "tmp"))  # its own: writers may probe at once
     try:
         makedirs(folder)
         write_text(probe, "ok")

@@ -11,6 +11,7 @@ while they run, and the ``finetune-results`` artifact shows the grid on 0-100.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -18,7 +19,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import FinetuneConfig, PipelineConfig
 
 
@@ -73,12 +74,8 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
     one job into its folder under ``output`` and return its metrics."""
     from bert_core.finetune import get_task
     from bert_core.finetune.grid import checkpoint_name as name_of
-    from bert_core.finetune.grid import job_name, settings
-    from bert_core.finetune.report import clear_task, summarize, table_rows, write_results
-    from bert_core.progress import Update
     from bert_core.refresh.registry import resolve_checkpoint
-    from flows.artifacts import publish_table, stage_progress
-    from flows.versions import checkpoint_identity, finetune_version
+    from flows.versions import checkpoint_identity, finetune_version, is_done
 
     logger = get_run_logger()
     checkpoint = resolve_checkpoint(checkpoint, config.storage_root)
@@ -91,6 +88,26 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
     tasks = [get_task(t).name for t in cfg.tasks]  # unknown names fail before any work
     ident = checkpoint_identity(checkpoint, config.storage_root)  # so does a missing checkpoint
     versions = {t: finetune_version(config, t, ident) for t in tasks}
+    with contextlib.ExitStack() as held:
+        # One attempt at a time writes a task's folder (a schedule beside a manual run); one that
+        # waited finds the other's finished work and does nothing.
+        leases = [held.enter_context(lease.hold(storage.join(output, t), "finetune")) for t in sorted(tasks)]
+        if all(h.finished for h in leases) and all(is_done(storage.join(output, t), versions[t]) for t in tasks):
+            logger.info("finetune: %s, finished by another run meanwhile", output)
+            return output
+        return _fine_tune(config, checkpoint, output, label, tasks, versions, logger)
+
+
+def _fine_tune(config: PipelineConfig, checkpoint: str, output: str, label: str, tasks: list[str],
+               versions: dict[str, str], logger: Any) -> str:
+    """Every job of ``tasks`` into ``output``, the selection per task and the index (the task
+    folders' leases held)."""
+    from bert_core.finetune.grid import job_name, settings
+    from bert_core.finetune.report import clear_task, summarize, table_rows, write_results
+    from bert_core.progress import Update
+    from flows.artifacts import publish_table, stage_progress
+
+    cfg = config.finetune
     for t in tasks:
         clear_task(storage.join(output, t))
     jobs = {job_name(t, label, s, seed): {"task": t, "setting": s.as_dict(), "seed": seed}

@@ -169,7 +169,10 @@ def test_a_refresh_of_a_cut_dump_stops_at_the_corpus_in_one_line(prefect_api, si
     data = tmp_path / "data"
     result = CliRunner().invoke(app, ["refresh", "--date", DATE, "--base-url", site.url,
                                       "--set", f"storage_root={data}", "--set", "corpus.books=[]",
-                                      "--set", "corpus.text=[]", "--set", "workers=1"])
+                                      "--set", "corpus.text=[]", "--set", "workers=1",
+                                      # the suite's inputs, wherever the command runs: the dump is what is wrong
+                                      "--set", f"finetune.data_dir={samples_dir}/tasks",
+                                      "--set", f"finetune.extra_checkpoints=[{samples_dir}/models/minilm]"])
     assert result.exit_code == 1, result.output
     last = result.output.strip().splitlines()[-1]
     assert name in last and "the XML ends inside a <page>" in last and "pages were read before the cut" in last

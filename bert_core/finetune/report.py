@@ -181,7 +181,13 @@ def clear_task(folder: str) -> None:
     ours by a fine-tuning manifest) are removed, so the folder holds this run alone and a run
     whose every job fails leaves no manifest behind."""
     if storage.has_manifest(folder) and storage.read_manifest(folder).get("stage") == "finetune":
-        storage.remove(folder)
+        from bert_core.lease import LEASE
+
+        storage.remove(storage.join(folder, storage.MANIFEST))  # first: nothing vouches for the rest
+        fs, path = storage.filesystem(folder), storage.split_protocol(folder)[1]
+        for entry in fs.ls(path, detail=False):
+            if entry.rstrip("/").rsplit("/", 1)[-1] != LEASE:  # the lease of the attempt clearing it
+                fs.rm(entry, recursive=True)
 
 
 def write_results(
