@@ -89,11 +89,13 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
     ident = checkpoint_identity(checkpoint, config.storage_root)  # so does a missing checkpoint
     versions = {t: finetune_version(config, t, ident) for t in tasks}
     with contextlib.ExitStack() as held:
-        # One attempt at a time writes a task's folder (a schedule beside a manual run); one that
-        # waited finds the other's finished work and does nothing.
-        leases = [held.enter_context(lease.hold(storage.join(output, t), "finetune")) for t in sorted(tasks)]
-        if all(h.finished for h in leases) and all(is_done(storage.join(output, t), versions[t]) for t in tasks):
-            logger.info("finetune: %s, finished by another run meanwhile", output)
+        # One attempt at a time writes a task's folder (a schedule beside a manual run). Work
+        # finished at these versions, by another run while this one waited or before it took the
+        # leases, is never redone: the other run is reading it.
+        for t in sorted(tasks):
+            held.enter_context(lease.hold(storage.join(output, t), "finetune"))
+        if all(is_done(storage.join(output, t), versions[t]) for t in tasks):
+            logger.info("finetune: %s, finished at these versions; not redone", output)
             return output
         return _fine_tune(config, checkpoint, output, label, tasks, versions, logger)
 
