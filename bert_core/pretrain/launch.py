@@ -10,6 +10,7 @@ or ``no_ssh``. :func:`run_launch` streams the launcher's output and classifies a
 from __future__ import annotations
 
 import base64
+import contextvars
 import functools
 import json
 import os
@@ -265,7 +266,9 @@ def run_launch(
 
         # Read beside, wait on the launcher here: a rank left behind keeps the pipe open, so
         # the end of its output is not the end of the launch.
-        reader = threading.Thread(target=read, daemon=True)
+        # in the caller's context: on_line may publish to the caller's flow run (Prefect's
+        # settings and run context are context variables, which a bare thread does not see)
+        reader = threading.Thread(target=contextvars.copy_context().run, args=(read,), daemon=True)
         reader.start()
         try:
             code = proc.wait()
