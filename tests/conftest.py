@@ -78,6 +78,21 @@ def vocab(vocab_tokens):
     return VocabIds(ids["[CLS]"], ids["[SEP]"], ids["[MASK]"], len(vocab_tokens), subwords)
 
 
+@pytest.fixture
+def site(tmp_path):
+    """A Wikimedia dump site on 127.0.0.1 (:class:`test_download.DumpSite`), for the download, the
+    refresh and the truncated-input tests."""
+    import threading
+
+    from test_download import DumpSite
+
+    server = DumpSite(tmp_path / "site")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory) -> Iterator[Any]:
     """The session's Prefect server (``bertpipe server``: API and UI), this process pointed at it.

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -93,16 +92,6 @@ def _site_tree(root: Path, dump: Path, *, sha1: str | None = None, status: str =
             NAME: {"size": len(data), "url": f"/enwiki/{DATE}/{NAME}", "sha1": sha1 or real}}},
         "abstractsdump": {"status": "done", "files": {}}}}))
     return real
-
-
-@pytest.fixture
-def site(tmp_path):
-    server = DumpSite(tmp_path / "site")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_download import DumpSite
 from test_ui_browser import _need_browser, _shoot
 
 from bert_core import storage
@@ -39,15 +38,6 @@ def _publish(root, dump, date: str, status: str) -> str:
         "status": status, "files": {name: {"size": len(data), "url": f"/enwiki/{date}/{name}",
                                            "sha1": sha1}}}}}))
     return name
-
-
-@pytest.fixture
-def site(tmp_path):
-    server = DumpSite(tmp_path / "site")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 class Receiver(ThreadingHTTPServer):

@@ -12,11 +12,10 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from test_download import DATE, NAME, DumpSite, _site_tree
+from test_download import DATE, NAME, _site_tree
 
 from beam_jobs import clean_corpus
 from bert_core import storage
@@ -118,15 +117,6 @@ def test_allow_truncated_keeps_what_was_read_and_warns_per_file(cut_dump, sample
     (dump_warning,) = [w for w in warnings if w.startswith(f"{cut_dump} is cut short")]
     assert f"{pages_in(cut_dump):,} pages were read before the cut" in dump_warning
     assert [w for w in warnings if w.startswith(f"{cut} ends inside its compressed stream after line ")]
-
-
-@pytest.fixture
-def site(tmp_path):
-    server = DumpSite(tmp_path / "site")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def test_the_download_refuses_a_cut_bz2_whose_sha1_matches(site, cut_dump, tmp_path) -> None:
