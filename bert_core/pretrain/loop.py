@@ -356,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         model = fp32_master_model(engine)  # every rank: ZeRO gathers the partitions
         if rank == 0:
             export(config, args, model, vocab_file, stats)
+            if config.pretrain.monitor == "wandb":  # DeepSpeed's monitor never closes its run
+                import wandb
+
+                wandb.finish()
         dist.barrier()
         # Gloo's worker threads are joined here rather than torn down by the interpreter's exit,
         # which can abort a rank that has finished ("terminate called without an active exception").
