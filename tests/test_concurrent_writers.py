@@ -190,14 +190,15 @@ def test_pretraining_checks_the_eval_split_and_names_the_file(inputs, tmp_path) 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("writers", [2, 3])
 @pytest.mark.parametrize("stage", ["corpus", "vocab", "instances"])
-def test_two_runs_of_a_stage_at_once_on_gcs(stage, inputs, gcs) -> None:  # noqa: F811
-    out = f"{gcs}/concurrent-{stage}/together"
-    results = finish([bertpipe(*stage_args(stage, inputs, out)) for _ in range(2)])
+def test_runs_of_a_stage_at_once_on_gcs(stage, writers, inputs, gcs) -> None:  # noqa: F811
+    out = f"{gcs}/concurrent-{stage}-{writers}/together"
+    results = finish([bertpipe(*stage_args(stage, inputs, out)) for _ in range(writers)])
     for code, text in results:
         assert code == 0, text[-3000:]
     verify_all(out)
-    assert shard_bytes(out) == single_run(stage, inputs, f"{gcs}/concurrent-{stage}/alone")
+    assert shard_bytes(out) == single_run(stage, inputs, f"{gcs}/concurrent-{stage}-{writers}/alone")
 
 
 PRETRAIN_SETS = [
