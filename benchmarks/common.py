@@ -1,17 +1,23 @@
-"""What every benchmark needs: the sample data, the machine it ran on, where its rows go, what
-one command costs (wall time, CPU and memory of its process tree), Welch's interval, and our model
-beside transformers' with the same weights and its MLM labels."""
+"""What every benchmark needs: the sample data, a reference's own venv, the machine it ran on, its
+rows and where they go, what one command or function costs (wall time, CPU and memory), Welch's
+interval, and our model beside transformers' with the same weights and its MLM labels."""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root: benchmarks run from it, as modules
+
+
+def cache() -> Path:
+    """The bertpipe cache: ``$BERTPIPE_CACHE``, else ``~/.cache/bertpipe``."""
+    return Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
 
 
 def samples() -> Path:
@@ -20,8 +26,33 @@ def samples() -> Path:
         return Path(os.environ["BERTPIPE_SAMPLES"])
     from flows.tools.samples import fetch
 
-    base = Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe"))
-    return fetch(base / "samples", log=lambda m: None)
+    return fetch(cache() / "samples", log=lambda m: None)
+
+
+def reference_venv(folder: str, packages: list[str], imports: str) -> Path:
+    """The Python of a reference's own venv, ``<cache>/<folder>``, with pinned ``packages`` (from
+    the package registry), made on first use: a reference is never a dependency of bertpipe."""
+    venv = cache() / folder
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), "-c", f"import {imports}"], capture_output=True).returncode == 0:
+        return python
+    print(f"creating {venv} with {' '.join(packages)} (once)", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        sys.exit(f"cannot install {' '.join(packages)} into {venv}:\n{pip.stderr[-3000:]}")
+    return python
+
+
+def row(measure: str, ours: float | None, reference: float | None, unit: str, ratio: float | None = None,
+        digits: int = 3, **extra) -> dict:
+    """One row of the table run_all prints: ours and the reference side by side, and their ratio."""
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, digits)
+
+    return {"measure": measure, "ours": rounded(ours), "reference": rounded(reference),
+            "ratio": None if ratio is None else round(ratio, max(digits, 3)), "unit": unit, **extra}
 
 
 def write_rows(name: str, rows: list[dict], **extra) -> Path:
@@ -140,6 +171,13 @@ def measure(argv: list[str], log: Path, env: dict[str, str] | None = None, every
     cpu = max(usage.ru_utime + usage.ru_stime, sum(cpu_seen.values()))
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": round(peak["rss"] / 1e6, 1),
             "processes": peak["processes"]}
+
+
+def cpu_timed(fn):
+    """``fn()`` and the CPU seconds this process spent on it."""
+    start = time.process_time()
+    result = fn()
+    return result, time.process_time() - start
 
 
 # --------------------------------------------------------------------------- statistics, and ours beside transformers
