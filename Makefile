@@ -98,11 +98,13 @@ gpu-check:
 # runs side by side, then every setting on dev, and the choice in bench-results/quality-v3-choice.json
 # (commit it, with its line in docs/quality.md, before step 2). 2. `make quality-v3`: the chosen recipe's three runs, two side by side, and beside them
 # the test phase, which scores B and each run as it is there (a run it reaches first, it waits for).
-# Finished, the results go to docs/quality-v3.json, which the demo's summary then reads.
-.PHONY: quality-v3-choice quality-v3
-QUALITY_V3_WORK ?= /work/quality-v2
-QUALITY_V3 = nice -n 19 $(BIN)/python -m benchmarks.quality $(1) --protocol v3 --work $(QUALITY_V3_WORK) --reuse \
-	--recipe $$($(BIN)/python -c 'import json; print(json.load(open("bench-results/quality-v3-choice.json"))["name"])') \
+# Finished, the results go to docs/quality-v3.json, which the demo's summary then reads, and the finished jobs
+# to docs/results/quality-v3-cache.tar.xz. 3. `make quality-v3-reproduce`: the test phase again from that file
+# alone in a new work folder (the corpus is prepared again; no job runs), its numbers checked against the JSON.
+.PHONY: quality-v3-choice quality-v3 quality-v3-reproduce
+QUALITY_V3_WORK ?= $(or $(BERTPIPE_CACHE),$(HOME)/.cache/bertpipe)/quality-v3
+QUALITY_V3 = nice -n 19 $(BIN)/python -m benchmarks.quality $(1) --protocol v3 --work $(or $(2),$(QUALITY_V3_WORK)) \
+	--reuse --recipe $$($(BIN)/python -c 'import json; print(json.load(open("bench-results/quality-v3-choice.json"))["name"])') \
 	--budgets 60 --jobs 2
 quality-v3-choice: $(STAMP)
 	nice -n 19 $(BIN)/python -m benchmarks.quality prepare --protocol v3 --work $(QUALITY_V3_WORK)
@@ -117,3 +119,10 @@ quality-v3: $(STAMP)
 	$(call QUALITY_V3,score) --every-setting --heldout-genres --output bench-results/quality-v3.json --plot docs/quality-v3.png; \
 	scored=$$?; wait $$pretraining || exit $$?; [ $$scored -eq 0 ] || exit $$scored; \
 	cp bench-results/quality-v3.json docs/quality-v3.json
+	$(call QUALITY_V3,score) --pack-cache
+
+quality-v3-reproduce: $(STAMP)
+	rm -rf $(QUALITY_V3_WORK)-reproduced
+	$(call QUALITY_V3,score,$(QUALITY_V3_WORK)-reproduced) --every-setting --heldout-genres \
+		--output bench-results/quality-v3-reproduced.json --plot ''
+	$(BIN)/python -m benchmarks.quality report --output bench-results/quality-v3-reproduced.json --expect docs/quality-v3.json

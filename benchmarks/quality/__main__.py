@@ -6,7 +6,7 @@
     python -m benchmarks.quality choose   --protocol v3 --work W --checkpoints R --choose F
     python -m benchmarks.quality pretrain --protocol v3 --work W --reuse --recipe k2   # the test phase's runs
     python -m benchmarks.quality score    --protocol v3 --work W --reuse --every-setting --output J
-    python -m benchmarks.quality report   --output J
+    python -m benchmarks.quality report   --output J [--expect docs/quality-v3.json]
     python -m benchmarks.quality score    --quick --work /tmp/q                        # bookkeeping on tiny data
 """
 
@@ -38,10 +38,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         out = argparse.ArgumentParser(prog="report")
         out.add_argument("--output", required=True)
-        protocol.print_report(json.loads(Path(out.parse_args(rest).output).read_text()))
-        return 0
+        out.add_argument("--expect", help="a committed result: exit 1 unless --output has its numbers and ran no job")
+        given = out.parse_args(rest)
+        result = json.loads(Path(given.output).read_text())
+        protocol.print_report(result)
+        return 0 if given.expect is None else reproduced(result, json.loads(Path(given.expect).read_text()))
     extra = ["--pretrain-only"] if args.command == "pretrain" else []
     return protocol.main(["--protocol", args.protocol, *extra, *rest])
+
+
+def reproduced(result: dict, expected: dict) -> int:
+    """0 when ``result`` ran no job and its endpoints, cells and goals equal ``expected``'s."""
+    differ = [k for k in ("endpoints", "every_setting", "goals")  # as text: NaN equals NaN
+              if json.dumps(result.get(k), sort_keys=True) != json.dumps(expected.get(k), sort_keys=True)]
+    computed = result["cache"]["computed"]
+    print(f"against the committed result: {computed} jobs run; " + (f"differ: {', '.join(differ)}" if differ
+                                                                     else "endpoints, cells and goals the same"))
+    return 1 if differ or computed else 0
 
 
 if __name__ == "__main__":

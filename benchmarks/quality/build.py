@@ -149,5 +149,11 @@ def steps_in_budget(cpu_minutes: float, seconds_per_step: float) -> int:
     return max(1, int(cpu_minutes * 60 / seconds_per_step))
 
 
-def manifest_digest(folder: Path) -> str:
-    return hashlib.sha256((folder / "_MANIFEST.json").read_bytes()).hexdigest()[:16]
+def instances_digest(folder: Path) -> str:
+    """What the instances hold, not when or where they were made (which their manifest records):
+    the vocab's sha256 and each shard's."""
+    from bert_core.storage import sha256
+
+    parts = [json.loads((folder / "_MANIFEST.json").read_text())["vocab_sha256"]]
+    parts += [f"{p.relative_to(folder).as_posix()} {sha256(str(p))}" for p in sorted(folder.rglob("*.parquet"))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

@@ -1,7 +1,7 @@
 """One fine-tuning job of the quality benchmark with the product's loop, and its scores.
 
-    from benchmarks.quality.finetune import finetune, encoded
-    scores = finetune(checkpoint, data, "dev", num_labels=2, setting={"learning_rate": 1e-3, "epochs": 6}, seed=1)
+    from benchmarks.quality.finetune import finetune_examples
+    scores = finetune_examples(checkpoint, {"train": train, "dev": dev}, "dev", labels, {"learning_rate": 1e-3}, seed=1)
 
 A setting is a dict of ``FinetuneConfig`` fields (``learning_rate``, ``batch_size``,
 ``max_seq_length``, ``pooling``, ``reinit_layers``, ``layerwise_lr_decay``) plus ``epochs`` and
@@ -72,3 +72,11 @@ def finetune(checkpoint: str, data: dict[str, list], split: str, num_labels: int
     out = train_and_predict(task, str(checkpoint), cfg, seed, pad_id)
     pred = np.stack(out["outputs"][split]).argmax(-1).tolist()
     return scores([f["label"] for f in data[split]], pred)
+
+
+def finetune_examples(checkpoint: str, parts: dict[str, list], split: str, labels: tuple[str, ...], setting: dict,
+                      seed: int) -> dict[str, float]:
+    """:func:`finetune` on examples, encoded in the checkpoint's vocab within the job: a job read
+    from the cache needs no checkpoint."""
+    data, pad_id = encoded(checkpoint, parts, labels, 64)
+    return finetune(checkpoint, data, split, len(labels), setting, seed, pad_id)

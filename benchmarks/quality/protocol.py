@@ -4,25 +4,13 @@ learning-curve protocol (``docs/quality.md``), its draws from ``protocols/v<N>.j
     nice -n 19 python -m benchmarks.quality score --protocol v3 --work /work/quality-runs --reuse
     python -m benchmarks.quality score --quick --work /tmp/q      # bookkeeping on tiny data
 
-- **Tasks** (``tasks.py``): ``sentiment`` and ``tweets3``; a run stops if any
-  dev or test text is in the pre-training corpus.
-- **Arms**: A, ``--recipe`` pre-trained by the product path (``bertpipe corpus``, ``vocab``,
-  ``instances``, ``pretrain``) for each ``--budgets`` of CPU-minutes, 3 runs (seeds 42-44);
-  B, the same model from random init;
-  TF-IDF + logistic regression; C, the sample MiniLM at one fixed setting.
-- **Learning curve**: 100, 300, 1,000 and all labels; 5 stratified subsamples per size,
-  subsample k fine-tuned with seed 1 + k in every arm; each arm's setting chosen once per task
-  from the data's ``grid`` (the product's fine-tuning grid) on the full pool's dev score, by the
-  product's choice on dev.
-- **Endpoints**: A - B macro-F1 at 300 and 1,000 labels with 95% Welch intervals over runs,
-  the full-label gain, a linear probe, held-out MLM accuracy, the regression check;
-  ``--every-setting``: A - B at each grid setting; version 2's goals (:func:`goals`).
-- **Version 2**: ``--corpus k1|k2`` (``corpus.py``), the candidates of
-  the data's ``candidates`` as recipes, ``--heldout-genres``; the test phase of a
-  candidate starts only on its frozen choice (:func:`freeze_check`).
-- **Bookkeeping**: every run and job is cached under ``--work`` by a hash of its settings
-  (``--reuse`` resumes, ``--pack-cache`` packs the jobs in one file); writes ``--output``
-  (every run, subsample and seed) and ``--plot``.
+Arms: A, ``--recipe`` pre-trained through ``bertpipe`` for each of ``--budgets`` CPU-minutes,
+three runs; B, the same model from random init; TF-IDF + logistic regression; C, the sample
+MiniLM. Each arm's setting is chosen once per task on dev by the product's choice; the learning
+curve fine-tunes stratified subsamples at each size; the endpoints are A - B with Welch
+intervals over runs, and the data's goals (:func:`goals`). Every run and job is cached under
+``--work`` by a hash of what decides it (``--reuse`` resumes; ``--pack-cache`` packs the jobs
+into the protocol's ``cache_archive``, from which a new machine's ``--reuse`` starts).
 """
 
 from __future__ import annotations
@@ -44,8 +32,8 @@ from benchmarks.quality.build import (
     baseline_folder,
     corpus_and_vocab,
     cpu_per_step,
+    instances_digest,
     instances_for,
-    manifest_digest,
     pretrain,
     pretrain_folder,
     steps_in_budget,
@@ -66,7 +54,6 @@ from bert_core.finetune.report import best
 from bert_core.pretrain.metrics import read_metrics
 
 RESULTS = ROOT / "bench-results"
-CACHE_ARCHIVE = ROOT / "docs" / "results" / "quality-cache.tar.xz"  # the protocol's finished jobs
 
 
 def size_name(size: int | None) -> str:
@@ -126,22 +113,14 @@ def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: 
                   draws: list[tuple[int | None, int]]) -> list:
     """The jobs of one checkpoint on one task at each (size, subsamples) of ``draws``: (cache key,
     function, arguments); subsample k is fine-tuned with seed 1 + k."""
-    from benchmarks.quality.finetune import encoded, finetune
+    from benchmarks.quality.finetune import finetune_examples
     from bert_core.finetune.data import subsample
 
-    jobs = []
-    test, pad = None, 0
-    for size, subsamples in draws:
-        for k in range(subsamples):
-            train = subsample(parts["train"], size, task.name, k)
-            data, pad = encoded(str(checkpoint), {"train": train} | ({} if test else {"test": parts["test"]}),
-                                task.labels, 64)
-            test = test or data["test"]
-            key = ckpt_key | {"task": task.name, "size": size_name(size), "subsample": k, "seed": 1 + k,
-                              "setting": setting, "split": "test"}
-            jobs.append((key, finetune, (str(checkpoint), {"train": data["train"], "test": test}, "test",
-                                         len(task.labels), setting, 1 + k, pad)))
-    return jobs
+    return [(ckpt_key | {"task": task.name, "size": size_name(size), "subsample": k, "seed": 1 + k,
+                         "setting": setting, "split": "test"}, finetune_examples,
+             (str(checkpoint), {"train": subsample(parts["train"], size, task.name, k), "test": parts["test"]},
+              "test", task.labels, setting, 1 + k))
+            for size, subsamples in draws for k in range(subsamples)]
 
 
 def chosen_on_dev(task: str, grid: list[dict], scored: list[dict]) -> dict:
@@ -160,11 +139,11 @@ def choose_setting(cache: Cache, pool, checkpoint: Path, ckpt_key: dict, task, p
                    label: str) -> dict:
     """The arm's setting for a task: the grid on the full pool, one seed, scored on dev, and the
     setting :func:`chosen_on_dev` selects."""
-    from benchmarks.quality.finetune import encoded, finetune
+    from benchmarks.quality.finetune import finetune_examples
 
-    data, pad = encoded(str(checkpoint), {"train": parts["train"], "dev": parts["dev"]}, task.labels, 64)
-    jobs = [(ckpt_key | {"task": task.name, "size": "all", "setting": s, "seed": 1, "split": "dev"}, finetune,
-             (str(checkpoint), data, "dev", len(task.labels), s, 1, pad)) for s in grid]
+    data = {"train": parts["train"], "dev": parts["dev"]}
+    jobs = [(ckpt_key | {"task": task.name, "size": "all", "setting": s, "seed": 1, "split": "dev"},
+             finetune_examples, (str(checkpoint), data, "dev", task.labels, s, 1)) for s in grid]
     scored = cache.run(pool, jobs, f"{label} {task.name} dev grid")
     grid_rows = [s | {"dev": r} for s, r in zip(grid, scored, strict=True)]
     chosen = chosen_on_dev(task.name, grid, scored)
@@ -362,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="read finished runs and jobs from --work")
     parser.add_argument("--cache-archive", default=None,
                         help="finished jobs as one file: --reuse starts --work's cache from it when the cache is "
-                             f"missing; --pack-cache writes it (default: {CACHE_ARCHIVE.relative_to(ROOT)}, none "
-                             "with --quick)")
+                             "missing; --pack-cache writes it (default: the protocol's cache_archive, none with --quick)")
     parser.add_argument("--pack-cache", action="store_true", help="write --work's finished jobs to --cache-archive")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
     parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
@@ -399,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     args.budgets = args.budgets or plan["budgets"]
     if not plan["runs_here"] and not args.quick:
         print(f"protocol {args.protocol} needs {plan['needs']}", flush=True)
-    archive = Path(args.cache_archive) if args.cache_archive else None if args.quick else CACHE_ARCHIVE
+    archive = Path(args.cache_archive) if args.cache_archive else None if args.quick else ROOT / plan["cache_archive"]
     work = Path(args.work)
     if args.pack_cache:
         if archive is None:
@@ -443,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pre-training corpus {args.corpus}: {', '.join(p for _, p in inputs)}; no dev/test text in it",
               flush=True)
     cache = Cache(work / "cache", args.reuse, archive)
-    base_key = {"recipe": recipe.key(), "instances": manifest_digest(instances), "quick": args.quick,
+    base_key = {"recipe": recipe.key(), "instances": instances_digest(instances), "quick": args.quick,
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
 
     steps: dict[float, int] = {}
@@ -464,9 +442,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def pretrained(budget: float, seed: int) -> tuple[Path, dict, dict]:
         folder = pretrain_folder(runs, args.recipe, budget, args.ranks, seed, args.quick)
-        done = pretrain(recipe, instances, folder, steps[budget], args.ranks, seed)
         key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks,
                           "pretrain_seed": seed}
+        done = cache.lookup(key | {"pretrained": True})  # with it, jobs read from the cache need no checkpoint
+        if done is None:
+            done = pretrain(recipe, instances, folder, steps[budget], args.ranks, seed)
+            cache.store(key | {"pretrained": True}, done)
         print(f"  A {budget:g} seed {seed}: {steps[budget]} steps, {done['train_cpu_minutes']:.1f} CPU-min of steps; "
               f"eval MLM accuracy {done['eval']['mlm_acc'] if done['eval'] else float('nan'):.3f}", flush=True)
         return folder / "hf", key, done
