@@ -28,6 +28,7 @@ import numpy as np
 
 from benchmarks.quality import tasks as qt
 from benchmarks.text import distinct_text
+from benchmarks.text.dumps import split_dump
 
 CORPORA = ("k1", "k2")
 SET_ASIDE_SEED = 20240601
@@ -99,16 +100,9 @@ def book_docs(path: Path, genre: str) -> list[Doc]:
 
 
 def dump_pages(path: Path) -> tuple[bytes, list[bytes], bytes]:
-    """A dump's bytes before the first page, each ``<page>`` element, and the bytes after."""
+    """A dump file's bytes before the first page, each ``<page>`` element, and the bytes after."""
     raw = path.read_bytes()
-    raw = bz2.decompress(raw) if path.name.endswith(".bz2") else raw
-    pages, at = [], raw.find(b"<page>")
-    head_end = end = at if at >= 0 else len(raw)
-    while at >= 0:
-        end = raw.index(b"</page>", at) + len(b"</page>")
-        pages.append(raw[at:end])
-        at = raw.find(b"<page>", end)
-    return raw[:head_end], pages, raw[end:]
+    return split_dump(bz2.decompress(raw) if path.name.endswith(".bz2") else raw)
 
 
 def article_doc(page: bytes) -> Doc | None:
