@@ -17,6 +17,7 @@ from pathlib import Path
 from benchmarks.common import measure
 from benchmarks.quality.spec import PRETRAIN_SEED, Recipe
 from bert_core.pretrain.metrics import read_metrics
+from bert_core.storage import sha256
 
 
 def bertpipe(args: list[str], log: Path) -> float:
@@ -43,7 +44,7 @@ def corpus_and_vocab(inputs: list[tuple[str, str]], work: Path) -> tuple[Path, P
     corpus, vocab = work / "corpus", work / "vocab"
     stamp = work / "corpus-inputs.json"
     # a file input (the filtered tweets) is named with its sha256: new content, new corpus
-    inputs = [(flag, f"{p}#{hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16]}" if Path(p).is_file() else p)
+    inputs = [(flag, f"{p}#{sha256(p)[:16]}" if Path(p).is_file() else p)
               for flag, p in inputs]
     if not stamp.exists() or json.loads(stamp.read_text()) != [list(i) for i in inputs]:
         for built in [corpus, vocab, *work.glob("instances-*")]:
@@ -152,8 +153,6 @@ def steps_in_budget(cpu_minutes: float, seconds_per_step: float) -> int:
 def instances_digest(folder: Path) -> str:
     """What the instances hold, not when or where they were made (which their manifest records):
     the vocab's sha256 and each shard's."""
-    from bert_core.storage import sha256
-
     parts = [json.loads((folder / "_MANIFEST.json").read_text())["vocab_sha256"]]
     parts += [f"{p.relative_to(folder).as_posix()} {sha256(str(p))}" for p in sorted(folder.rglob("*.parquet"))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

@@ -113,4 +113,6 @@ def unpack_cache(archive: Path, folder: Path) -> None:
 
 
 def weights_digest(checkpoint: Path) -> str:
-    return hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()[:20]
+    from bert_core.storage import sha256
+
+    return sha256(str(checkpoint / "model.safetensors"))[:20]

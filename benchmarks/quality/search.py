@@ -13,7 +13,6 @@ git's history.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from benchmarks.quality import tasks as qt
 from benchmarks.quality.cache import Cache, run_cached, weights_digest
 from benchmarks.quality.spec import CHOSEN, RECIPES, ROOT, Recipe, candidates, protocol, versions
 from bert_core.config import PretrainConfig
+from bert_core.storage import sha256
 
 BUDGET_MINUTES = 60.0
 TIMING_ROUNDS = 3  # prepare: each cost is timed this many times, the costs in turn, and the median kept
@@ -315,7 +315,7 @@ def every_setting_jobs(arm: str, checkpoint: Path, task, parts: dict, sizes: lis
     from benchmarks.quality.finetune import ACCELERATOR_VARIABLE, encoded, finetune
     from bert_core.finetune.data import subsample
 
-    vocab = hashlib.sha256((checkpoint / "vocab.txt").read_bytes()).hexdigest()[:16]
+    vocab = sha256(str(checkpoint / "vocab.txt"))[:16]
     accelerator = os.environ.get(ACCELERATOR_VARIABLE, "cpu")
     ckpt_key = {"search": "v2", "arm": arm, "weights": weights_digest(checkpoint), "vocab": vocab}
     if accelerator != "cpu":
