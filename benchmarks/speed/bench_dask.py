@@ -3,6 +3,11 @@ cluster on this machine, on the same distinct text; wall time and CPU-seconds of
 
     python -m benchmarks.speed.bench_dask                 # the sample corpus (x1)
     python -m benchmarks.speed.bench_dask --size 3        # with distinct text (benchmarks.text.distinct_text)
+
+The inputs are bench_scale's at ``--size`` (no copies). Both runners must write the same shards
+(sha256 compared). CPU-seconds on the cluster add what the scheduler's and the workers' process
+trees spent during the stage; the cluster's start-up is reported on its own. Results:
+``bench-results/dask.json``.
 """
 
 from __future__ import annotations
@@ -16,23 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, machine, tree_cpu
+from benchmarks.common import ROOT, machine, measure, row, tree_cpu, write_rows
 from benchmarks.common import samples as samples_dir
-from benchmarks.speed.bench_scale import measure, raw_inputs
-
-# Each stage runs as the product runs it (python -m beam_jobs.clean_corpus, build_vocab,
-# create_instances), demo preset, first with --workers 2 on the local runner, then with --runner
-# dask against one `dask scheduler` and `dask worker --nworkers 2 --nthreads 1` started here
-# (shared_storage=true: one machine). The inputs are those of benchmarks.speed.bench_scale at --size
-# (the sample's Wikipedia excerpt, book and plays, then distinct text; no copies). Both runners
-# must write the same bytes: the shards' sha256 are compared, and a difference fails the run.
-#
-# CPU-seconds on the cluster are those of the driver's process tree (as bench_scale measures it)
-# plus what the scheduler's and the workers' process trees (nannies and workers) spent while the
-# stage ran. The cluster is started before the first stage and its start-up is reported on its
-# own; the first stage also pays each worker's imports. Results go to bench-results/dask.json
-# (its rows: each stage's CPU-seconds against the local runner's, for `make bench`); the table
-# printed gives the cluster's wall and CPU over the local runner's, per stage.
+from benchmarks.speed.bench_scale import raw_inputs, stage_argv
 
 STAGES = ("clean", "vocab", "instances")
 WORKERS = 2
@@ -73,20 +64,6 @@ class Cluster:
                 proc.kill()
 
 
-def stage_argv(stage: str, work: Path, inputs: dict, extra: list[str]) -> list[str]:
-    """The stage's command line; ``extra`` last (it may end with ``-- beam args``)."""
-    common = ["--preset", "demo", "--workers", str(WORKERS)]
-    if stage == "clean":
-        argv = ["beam_jobs.clean_corpus", "--wikipedia", inputs["wikipedia"],
-                *[a for b in inputs["books"] for a in ("--books", b)], "--output", str(work / "corpus")]
-    elif stage == "vocab":
-        argv = ["beam_jobs.build_vocab", "--corpus", str(work / "corpus"), "--output", str(work / "vocab")]
-    else:
-        argv = ["beam_jobs.create_instances", "--corpus", str(work / "corpus"), "--vocab", str(work / "vocab"),
-                "--output", str(work / "instances")]
-    return [sys.executable, "-m", *argv, *common, *extra]
-
-
 def shard_digests(work: Path, stage: str) -> dict[str, str]:
     folder = work / {"clean": "corpus", "vocab": "vocab", "instances": "instances"}[stage]
     found = {}
@@ -99,7 +76,6 @@ def shard_digests(work: Path, stage: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=1, help="Input size, a multiple of the sample (distinct text).")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
     distinct: list[Path] = []
     if args.size > 1:
@@ -118,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         for stage in STAGES:
             local.mkdir(exist_ok=True)
             rows.append({"stage": stage, "runner": "local", "input_mb": inputs["input_mb"],
-                         **measure(stage_argv(stage, local, inputs, []), local / f"{stage}.log", env)})
+                         **measure(stage_argv(stage, local, inputs), local / f"{stage}.log", env)})
         cluster_work.mkdir()
         cluster = Cluster(cluster_work, env)
         try:
@@ -126,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                 before = cluster.cpu()
                 extra = ["--runner", "dask", "--set", "shared_storage=true", "--",
                          f"--dask_scheduler_file={cluster.scheduler_file}"]
-                result = measure(stage_argv(stage, cluster_work, inputs, extra), cluster_work / f"{stage}.log", env)
+                result = measure(stage_argv(stage, cluster_work, inputs, *extra), cluster_work / f"{stage}.log", env)
                 result["cpu_s"] = round(result["cpu_s"] + cluster.cpu() - before, 2)
                 rows.append({"stage": stage, "runner": "dask", "input_mb": inputs["input_mb"], **result})
                 if shard_digests(local, stage) != shard_digests(cluster_work, stage):
                     raise SystemExit(f"{stage}: the Dask cluster's shards differ from the local runner's")
         finally:
             cluster.stop()
-    ratios = {}
+    ratios, summary = {}, []
     print(f"\nMachine: {info['cpu']}, {info['cores']} cores; load average {load[0]:.1f} at start; "
           f"{inputs['input_mb']} MB of distinct input; cluster start-up {cluster.start_s} s")
     print(f"{'stage':<10} {'local wall':>10} {'dask wall':>10} {'ratio':>6} {'local CPU':>10} {'dask CPU':>10} {'ratio':>6}")
@@ -142,16 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         ratios[stage] = {"wall": round(b["wall_s"] / a["wall_s"], 2), "cpu": round(b["cpu_s"] / a["cpu_s"], 2)}
         print(f"{stage:<10} {a['wall_s']:>10.1f} {b['wall_s']:>10.1f} {ratios[stage]['wall']:>6.2f} "
               f"{a['cpu_s']:>10.1f} {b['cpu_s']:>10.1f} {ratios[stage]['cpu']:>6.2f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    summary = [{"measure": f"{stage}: CPU-seconds on a two-worker Dask cluster on this machine",
-                "ours": next(r["cpu_s"] for r in rows if r["stage"] == stage and r["runner"] == "dask"),
-                "reference": next(r["cpu_s"] for r in rows if r["stage"] == stage and r["runner"] == "local"),
-                "ratio": ratios[stage]["cpu"], "unit": "CPU-s (reference: the local runner, 2 workers)"}
-               for stage in STAGES]
-    (args.out / "dask.json").write_text(json.dumps(
-        {"machine": info, "load_average": {"start": load, "end": os.getloadavg()}, "workers": WORKERS,
-         "cluster_start_s": cluster.start_s, "runs": rows, "dask_over_local": ratios, "rows": summary}, indent=2))
-    print(f"wrote {args.out / 'dask.json'}")
+        summary.append(row(f"{stage}: CPU-seconds on a two-worker Dask cluster on this machine", b["cpu_s"],
+                           a["cpu_s"], "CPU-s (reference: the local runner, 2 workers)", ratios[stage]["cpu"], 2))
+    out = write_rows("dask", summary, machine=info, load_average={"start": load, "end": os.getloadavg()},
+                     workers=WORKERS, cluster_start_s=cluster.start_s, runs=rows, dask_over_local=ratios)
+    print(f"wrote {out}")
     return 0
 
 

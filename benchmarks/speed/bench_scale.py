@@ -2,15 +2,14 @@
 
     python -m benchmarks.speed.bench_scale                    # sizes 1,10,30 (long: run it alone)
     python -m benchmarks.speed.bench_scale --sizes 1,3        # a quick look
-    python -m benchmarks.speed.bench_scale --distinct DIR     # distinct text fetched there already
     python -m benchmarks.speed.bench_scale --stages vocab,instances --keep DIR --reuse
                                                         # later stages again on kept corpora
 
-Each stage runs as the product runs it (``python -m beam_jobs.clean_corpus``, ``build_vocab``,
-``create_instances``), demo preset, ``--workers 2`` on the local runner, one after another on
-corpora of ``size`` x the sample corpus (its Wikipedia excerpt, uncompressed, plus its book and
-plays): the corpus stage reads the raw inputs, the vocab stage the corpus stage's documents,
-the instances stage those documents and that vocab.
+Each stage runs as the product runs it, demo preset, ``--workers 2`` on the local runner, on
+``size`` x the sample corpus: the sample, then distinct text (:mod:`benchmarks.text.distinct_text`),
+then renumbered copies, which the corpus stage drops as duplicates, so the later stages' documents
+are topped up with copies under new ids. Every row says how much of its input was distinct.
+Results: ``bench-results/scale.json`` and ``scale.png``.
 """
 
 from __future__ import annotations
@@ -25,54 +24,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import common
-from benchmarks.common import ROOT, machine
+from benchmarks.common import ROOT, machine, measure, write_rows
 from benchmarks.common import samples as samples_dir
-
-# Inputs and measures:
-#
-# The inputs are distinct real text as far as there is enough of it: the sample, then the
-# documentation and book text of :mod:`benchmarks.text.distinct_text` (fetched on first use), then
-# copies. A copy of the sample's Wikipedia dump has every page renumbered and retitled, and a
-# copied book a new file name; the corpus stage rejects copies as exact duplicates, so the
-# documents the vocab and instances stages read are topped up to ``size`` x the x1 documents with
-# copies of the corpus stage's documents under new ids. Every row says how much of its input was
-# distinct.
-#
-# Measured per stage and size: wall time, CPU-seconds of the process tree (the larger of what
-# ``wait4`` reports for the driver and its reaped children and the sum over every process seen in
-# the tree), peak RSS of the whole process tree (driver and workers; the sum of RSS over the tree,
-# sampled every 0.2 s; a child with its parent's command line is a fork that has not yet run its
-# own program, such as ``git`` for a manifest's code version, and shares its parent's pages, so
-# it is not counted again), throughput in MB of input text per second. Results go to
-# ``bench-results/scale.json`` and ``bench-results/scale.png`` (peak RSS and wall time against
-# corpus size, one line per stage); the table printed ends with the peak-RSS ratio of the largest
-# size to the smallest per stage, against the goal of a flat memory profile (:data:`RSS_GOAL`).
+from benchmarks.text.dumps import renumbered
 
 STAGES = ("clean", "vocab", "instances")
 RSS_GOAL = 1.3  # peak RSS at the largest size over the smallest: the memory stays flat
-SAMPLE_EVERY = 0.2  # seconds between samples of the process tree
 WORKERS = 2
 
 
-def measure(argv: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, float]:
-    """One command's wall time, CPU and peak RSS of its process tree (``benchmarks.common.measure``)."""
-    return common.measure(argv, log, env, every=SAMPLE_EVERY)
-
-
-# ---------------------------------------------------------------- the inputs at one size
-
-
 def renumbered_dump(xml: bytes, copy: int, out: Path) -> Path:
-    """Copy ``copy`` of a dump: every page id + copy x 10,000,000, " (copy)" after every title."""
-    def page(match: re.Match[bytes]) -> bytes:
-        text = match.group(0)
-        text = re.sub(rb"</title>", f" ({copy})</title>".encode(), text, count=1)
-        return re.sub(rb"<id>(\d+)</id>", lambda m: b"<id>%d</id>" % (int(m.group(1)) + copy * 10_000_000),
-                      text, count=1)
-
+    """Copy ``copy`` of a dump, every page renumbered (:func:`benchmarks.text.dumps.renumbered`)."""
     path = out / f"copy{copy:03d}-enwiki.xml.bz2"
-    path.write_bytes(bz2.compress(re.sub(rb"<page>.*?</page>", page, xml, flags=re.S), 9))
+    path.write_bytes(bz2.compress(re.sub(rb"<page>.*?</page>", lambda m: renumbered(m.group(0), copy), xml,
+                                         flags=re.S), 9))
     return path
 
 
@@ -108,6 +73,19 @@ def raw_inputs(size: int, samples: Path, distinct: list[Path], work: Path) -> di
                                                                        str(folder / "books" / "*.md")],
             "input_mb": round(have / 1e6, 2), "distinct_mb": round(distinct_bytes / 1e6, 2),
             "unit_mb": round(unit / 1e6, 2)}
+
+
+def stage_argv(stage: str, work: Path, inputs: dict, *extra: str, corpus: str | None = None) -> list[str]:
+    """A stage's command line in ``work`` as the product runs it, demo preset, ``WORKERS`` workers:
+    the corpus stage on ``inputs`` (:func:`raw_inputs`), the others on ``corpus`` (default: the corpus
+    stage's output); ``extra`` last (it may end with ``-- beam args``)."""
+    corpus = corpus or str(work / "corpus")
+    job = {"clean": ["beam_jobs.clean_corpus", "--wikipedia", inputs.get("wikipedia"),
+                     *[a for b in inputs.get("books", []) for a in ("--books", b)], "--output", str(work / "corpus")],
+           "vocab": ["beam_jobs.build_vocab", "--corpus", corpus, "--output", str(work / "vocab")],
+           "instances": ["beam_jobs.create_instances", "--corpus", corpus, "--vocab", str(work / "vocab"),
+                         "--output", str(work / "instances")]}[stage]
+    return [sys.executable, "-m", *job, "--preset", "demo", "--workers", str(WORKERS), *extra]
 
 
 def text_bytes(table) -> int:
@@ -146,15 +124,12 @@ def write_documents(table, uri: str) -> None:
 
 
 def read_shards(folder: str) -> list:
+    """The documents shards of a corpus folder, as tables."""
     import pyarrow.parquet as pq
 
     from bert_core import storage
 
-    tables = []
-    for uri in storage.shard_uris(folder):
-        with storage.open_file(uri, "rb") as f:
-            tables.append(pq.read_table(f))
-    return tables
+    return [pq.read_table(storage.to_uri(uri)) for uri in storage.shard_uris(folder)]
 
 
 def topped_up(corpus: str, target_bytes: int, out: Path) -> tuple[str, int, int]:
@@ -203,16 +178,13 @@ def run_size(size: int, samples: Path, distinct: list[Path], work: Path, base_do
     """Every stage at one size in ``work``; with ``reuse``, the corpus stage's documents (and
     their topped-up copy) already in ``work`` are read again instead of being made anew."""
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    common = ["--preset", "demo", "--workers", str(WORKERS)]
     rows = []
     corpus = str(work / "corpus")
     if not (reuse and (work / "corpus" / "_MANIFEST.json").exists()):
         inputs = raw_inputs(size, samples, distinct, work)
         print(f"x{size}: {inputs['input_mb']} MB of input, {inputs['distinct_mb']} MB distinct "
               f"(sample unit {inputs['unit_mb']} MB)", file=sys.stderr, flush=True)
-        argv = [sys.executable, "-m", "beam_jobs.clean_corpus", *common, "--wikipedia", inputs["wikipedia"],
-                *[a for b in inputs["books"] for a in ("--books", b)], "--output", corpus]
-        result = measure(argv, work / "clean.log", env)
+        result = measure(stage_argv("clean", work, inputs), work / "clean.log", env)
         rows.append({"stage": "clean", "size": size, "input_mb": inputs["input_mb"],
                      "distinct_mb": inputs["distinct_mb"], **result})
     clean_bytes = sum(text_bytes(t) for t in read_shards(corpus))
@@ -220,25 +192,19 @@ def run_size(size: int, samples: Path, distinct: list[Path], work: Path, base_do
     print(f"x{size}: the corpus stage kept {clean_bytes / 1e6:.2f} MB of text", file=sys.stderr, flush=True)
     topped = work / "corpus-topped"
     if reuse and (topped / "_MANIFEST.json").exists():
-        docs, doc_bytes, distinct_doc_bytes = str(topped), sum(text_bytes(t) for t in read_shards(str(topped))), \
-            clean_bytes
+        docs, distinct_doc_bytes = str(topped), clean_bytes
+        doc_bytes = sum(text_bytes(t) for t in read_shards(docs))
     else:
         shutil.rmtree(topped, ignore_errors=True)
         docs, doc_bytes, distinct_doc_bytes = topped_up(corpus, size * base, topped)
     for stage in ("vocab", "instances"):
         shutil.rmtree(work / stage, ignore_errors=True)
-    vocab = str(work / "vocab")
-    if "vocab" in stages or "instances" in stages:
-        argv = [sys.executable, "-m", "beam_jobs.build_vocab", *common, "--corpus", docs, "--output", vocab]
-        result = measure(argv, work / "vocab.log", env)
-        rows.append({"stage": "vocab", "size": size, "input_mb": round(doc_bytes / 1e6, 2),
-                     "distinct_mb": round(distinct_doc_bytes / 1e6, 2), **result})
-    if "instances" in stages:
-        argv = [sys.executable, "-m", "beam_jobs.create_instances", *common, "--corpus", docs, "--vocab", vocab,
-                "--output", str(work / "instances")]
-        result = measure(argv, work / "instances.log", env)
-        rows.append({"stage": "instances", "size": size, "input_mb": round(doc_bytes / 1e6, 2),
-                     "distinct_mb": round(distinct_doc_bytes / 1e6, 2), **result})
+    needed = {"vocab": bool({"vocab", "instances"} & set(stages)), "instances": "instances" in stages}
+    for stage in ("vocab", "instances"):
+        if needed[stage]:
+            result = measure(stage_argv(stage, work, {}, corpus=docs), work / f"{stage}.log", env)
+            rows.append({"stage": stage, "size": size, "input_mb": round(doc_bytes / 1e6, 2),
+                         "distinct_mb": round(distinct_doc_bytes / 1e6, 2), **result})
     for row in rows:
         row["mb_per_s"] = round(row["input_mb"] / row["wall_s"], 3)
         row["mb_per_cpu_s"] = round(row["input_mb"] / max(row["cpu_s"], 1e-9), 3)
@@ -300,57 +266,28 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def report(rows: list[dict]) -> None:
-    """The table, then each stage's peak-RSS ratio against the goal."""
-    print(table(rows))
-    for stage, r in rss_ratios(rows).items():
-        verdict = "flat" if r["ratio"] <= RSS_GOAL else "grows"
-        print(f"peak RSS x{r['to']}/x{r['from']}, {stage}: {r['ratio']:.2f}x (goal <= {RSS_GOAL}x: {verdict})")
-
-
-def plot_title(info: dict, load_start: float, load_end: float) -> str:
-    return (f"{info['cpu']}, {info['cores']} cores; demo preset, {WORKERS} workers, local runner; "
-            f"load average {load_start:.1f} -> {load_end:.1f}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1,10,30", help="Corpus sizes, multiples of the sample.")
+    parser.add_argument("--sizes", default="1,10,30", help="Corpus sizes, multiples of the sample (the smallest "
+                        "sizes the later stages' inputs: with 1, its documents are the unit).")
     parser.add_argument("--stages", default=",".join(STAGES))
-    parser.add_argument("--distinct", type=Path, default=None,
-                        help="Folder of benchmarks.text.distinct_text (default: fetched into the bertpipe cache).")
     parser.add_argument("--no-distinct", action="store_true", help="Copies only, no distinct text.")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--keep", type=Path, default=None, help="Keep the work folders here.")
     parser.add_argument("--reuse", action="store_true",
                         help="With --keep: read the documents a kept run's corpus stage wrote instead of "
                              "running it again (its row is left out).")
-    parser.add_argument("--base-documents-mb", type=float, default=None,
-                        help="MB of text the corpus stage keeps at x1 (printed by an x1 run); needed "
-                             "to size the later stages' inputs when --sizes leaves out 1.")
-    parser.add_argument("--replot", action="store_true", help="Redraw scale.png from scale.json; run nothing.")
     args = parser.parse_args(argv)
-    if args.replot:
-        saved = json.loads((args.out / "scale.json").read_text())
-        load = saved["load_average"]
-        plot(saved["runs"], args.out / "scale.png", plot_title(saved["machine"], load["start"][0], load["end"][0]))
-        report(saved["runs"])
-        return 0
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     stages = tuple(s for s in STAGES if s in args.stages.split(","))
-    samples = samples_dir()
     distinct: list[Path] = []
     if not args.no_distinct:
         from benchmarks.text.distinct_text import cached, interleaved, text_files
 
-        folder = cached(args.distinct, log=lambda m: print(m, file=sys.stderr))
-        distinct = interleaved(text_files(folder))
+        distinct = interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr))))
     info = machine()
     load = os.getloadavg()
     rows: list[dict] = []
-    base = int(args.base_documents_mb * 1e6) if args.base_documents_mb else None
-    if base is None and sizes[0] != 1 and set(stages) - {"clean"}:
-        parser.error("--sizes without 1: give --base-documents-mb (the x1 corpus stage's text MB)")
+    base = None
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix=f"bench-scale-x{size}-") as tmp:
             work = args.keep / f"x{size}" if args.keep else Path(tmp)
@@ -358,24 +295,27 @@ def main(argv: list[str] | None = None) -> int:
             if work.exists() and not reuse:
                 shutil.rmtree(work)
             work.mkdir(parents=True, exist_ok=True)
-            got, base = run_size(size, samples, distinct, work, base, stages, reuse)
+            got, base = run_size(size, samples_dir(), distinct, work, base, stages, reuse)
             rows += got
     load_end = os.getloadavg()
     ratios = rss_ratios(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot(rows, args.out / "scale.png", plot_title(info, load[0], load_end[0]))
+    out = Path("bench-results")
+    out.mkdir(exist_ok=True)
+    plot(rows, out / "scale.png", f"{info['cpu']}, {info['cores']} cores; demo preset, {WORKERS} workers, local "
+         f"runner; load average {load[0]:.1f} -> {load_end[0]:.1f}")
     summary = [{"measure": f"peak RSS x{r['to']} / x{r['from']}, {stage}", "ours": r["ratio"],
                 "reference": RSS_GOAL, "ratio": round(r["ratio"] / RSS_GOAL, 3), "unit": "x (goal <= reference)"}
                for stage, r in ratios.items()]
     summary += [{"measure": f"{r['stage']} x{r['size']}: MB per CPU-second", "ours": r["mb_per_cpu_s"],
                  "reference": None, "ratio": None, "unit": "MB/CPU-s"} for r in rows]
-    (args.out / "scale.json").write_text(json.dumps(
-        {"machine": info, "load_average": {"start": load, "end": load_end}, "workers": WORKERS,
-         "sizes": sizes, "runs": rows, "rss_ratio": ratios, "rows": summary}, indent=2))
+    write_rows("scale", summary, machine=info, load_average={"start": load, "end": load_end}, workers=WORKERS,
+               sizes=sizes, runs=rows, rss_ratio=ratios)
     print(f"\nMachine: {info['cpu']}, {info['cores']} cores, Python {info['python']}; "
           f"load average {load[0]:.1f} at start, {load_end[0]:.1f} at end")
-    report(rows)
-    print(f"wrote {args.out / 'scale.json'} and {args.out / 'scale.png'}")
+    print(table(rows))
+    for stage, r in ratios.items():
+        verdict = "flat" if r["ratio"] <= RSS_GOAL else "grows"
+        print(f"peak RSS x{r['to']}/x{r['from']}, {stage}: {r['ratio']:.2f}x (goal <= {RSS_GOAL}x: {verdict})")
     return 0
 
 
