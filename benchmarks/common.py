@@ -55,6 +55,18 @@ def row(measure: str, ours: float | None, reference: float | None, unit: str, ra
             "ratio": None if ratio is None else round(ratio, max(digits, 3)), "unit": unit, **extra}
 
 
+def sample_texts(root: Path) -> list[str]:
+    """The sample corpus as texts: the Gutenberg book, the news articles, the plays, and the enwiki
+    excerpt (its XML, entities decoded)."""
+    import bz2
+    import html
+
+    texts = [(root / "books" / "botchan.txt").read_text("utf-8"), (root / "news" / "lee_background.cor").read_text("utf-8")]
+    texts += [play.read_text("utf-8") for play in sorted((root / "plays").glob("*.md"))]
+    return texts + [html.unescape(bz2.decompress(dump.read_bytes()).decode()) for dump in
+                    sorted((root / "wikipedia").glob("*.xml.bz2"))]
+
+
 def write_rows(name: str, rows: list[dict], **extra) -> Path:
     """Write ``bench-results/<name>.json`` = {"rows": rows, **extra}, the file run_all tabulates."""
     import json

@@ -1,23 +1,12 @@
 """bz2 blocks: ours (bert_core/corpus/bz2_blocks.py, stdlib ``bz2``) vs ``indexed_bzip2`` (parallel
 decompression with a block index), on the sample dump and a larger single-stream file.
 
-    python -m benchmarks.speed.bench_bz2                     # samples from ~/.cache/bertpipe/samples
     BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_bz2
 
-Files: the sample Wikipedia excerpt as published (one bz2 stream, level 9), and a larger one made
-here from distinct real text (that excerpt decompressed, then every sample play, the book and the
-news articles, compressed at level 9 into a temporary folder).
-
-Measured, each case in a fresh forked process (peak RSS is per process):
-  * the whole file decoded on one thread (CPU time): ours (every block found and decoded alone) vs
-    indexed_bzip2 with ``parallelization=1``, and stdlib ``bz2`` streaming for scale;
-  * indexed_bzip2 with ``parallelization`` = the machine's cores, in wall time (against ours on
-    one thread: the corpus job spreads work items over workers instead);
-  * one work item as the corpus job reads it, the blocks that start in the last quarter of the
-    compressed bytes: ours starts there; indexed_bzip2 needs its block index first, which it
-    builds by decoding the file from the start;
-  * the extra peak memory of each, and whether the decoded bytes are equal (they must be).
-Rows go to ``bench-results/bz2.json``.
+Each case runs in a fresh forked process: the whole file on one thread (stdlib streaming for
+scale), indexed_bzip2 on every core, and one work item as the corpus job reads it (the blocks of
+the last quarter: indexed_bzip2 needs its block index first, which it builds by decoding from the
+start); the decoded bytes must be equal. Rows: ``bench-results/bz2.json``.
 """
 
 from __future__ import annotations
@@ -33,11 +22,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchmarks.common import samples, write_rows
+from benchmarks.common import row, samples, write_rows
 
 CHUNK = 1 << 20
-
-
 
 
 def larger_file(root: Path, folder: Path) -> Path:
@@ -104,11 +91,8 @@ def measured(fn: Callable[[], Iterator[bytes]]) -> dict:
 
 
 def main() -> None:
-    from benchmarks.common import machine
-
     root = samples()
     rows = []
-    print(f"machine: {machine()['cpu']}, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
         files = {"sample dump": next((root / "wikipedia").glob("*.xml.bz2")),
                  "larger file": larger_file(root, Path(tmp))}
@@ -132,20 +116,17 @@ def main() -> None:
                       f"+{m['rss_mb']:.0f} MB peak RSS, {m['bytes'] / 1e6:.1f} MB out")
             if len(whole) != 1 or not same_item:
                 sys.exit("decoded bytes differ")
-            o, ib = r["ours"], r["indexed_bzip2"]
+            o, ib, parallel = r["ours"], r["indexed_bzip2"], r["indexed_bzip2 parallel"]
+            o_item, ib_item = r["ours item"], r["indexed_bzip2 item"]
             rows += [
-                {"measure": f"{label} ({size_mb:.1f} MB): whole file, 1 thread",
-                 "ours": round(o["cpu"], 2), "reference": round(ib["cpu"], 2),
-                 "ratio": round(ib["cpu"] / o["cpu"], 2), "unit": "CPU-s"},
-                {"measure": f"{label}: whole file, indexed_bzip2 on {os.cpu_count()} threads (ours 1 thread)",
-                 "ours": round(o["wall"], 2), "reference": round(r["indexed_bzip2 parallel"]["wall"], 2),
-                 "ratio": round(r["indexed_bzip2 parallel"]["wall"] / o["wall"], 2), "unit": "s"},
-                {"measure": f"{label}: one work item (last quarter), 1 thread",
-                 "ours": round(r["ours item"]["cpu"], 2), "reference": round(r["indexed_bzip2 item"]["cpu"], 2),
-                 "ratio": round(r["indexed_bzip2 item"]["cpu"] / r["ours item"]["cpu"], 2), "unit": "CPU-s"},
-                {"measure": f"{label}: extra peak RSS, whole file, 1 thread",
-                 "ours": round(o["rss_mb"]), "reference": round(ib["rss_mb"]),
-                 "ratio": round(ib["rss_mb"] / o["rss_mb"], 2) if o["rss_mb"] else None, "unit": "MB"},
+                row(f"{label} ({size_mb:.1f} MB): whole file, 1 thread", o["cpu"], ib["cpu"], "CPU-s",
+                    ib["cpu"] / o["cpu"], 2),
+                row(f"{label}: whole file, indexed_bzip2 on {os.cpu_count()} threads (ours 1 thread)", o["wall"],
+                    parallel["wall"], "s", parallel["wall"] / o["wall"], 2),
+                row(f"{label}: one work item (last quarter), 1 thread", o_item["cpu"], ib_item["cpu"], "CPU-s",
+                    ib_item["cpu"] / o_item["cpu"], 2),
+                row(f"{label}: extra peak RSS, whole file, 1 thread", round(o["rss_mb"]), round(ib["rss_mb"]), "MB",
+                    ib["rss_mb"] / o["rss_mb"] if o["rss_mb"] else None),
             ]
     write_rows("bz2", rows)
 

@@ -1,35 +1,23 @@
 """Near-duplicate search: ours (MinHash + LSH bands, bert_core/corpus/dedup.py) vs ``datasketch``
 (``MinHash`` + ``MinHashLSH``), on real text.
 
-    python -m benchmarks.speed.bench_dedup                   # samples from ~/.cache/bertpipe/samples
     BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_dedup
 
-Documents: 300-word windows of the sample plays, book, news articles and Wikipedia excerpt,
-starting at random word positions, so windows of one text overlap by any amount and their true
-5-word-shingle Jaccard similarity spreads over the whole range around the threshold (0.8), as
-copies and editions of one text do. Both sides get the same normalized words and the same
-shingles, 128 permutations and the 0.8 threshold; a pair is reported when it shares an LSH band
-and its estimated similarity is at least the threshold. Each side runs with the bands it chooses
-for the threshold, and then with the other side's bands, which tells the band choice apart from
-the MinHash estimate. The truth is the exact Jaccard similarity of the shingle sets, computed
-for every pair of overlapping windows and every reported pair.
-
-Measured: documents per CPU-second (signatures, then LSH indexing and querying; one thread),
-near-duplicate pairs found (precision and recall against the truth) and how many pairs the two
-sides agree on with the same bands. Rows go to ``bench-results/dedup.json``.
+Documents are 300-word windows of the sample texts at random starts, so overlapping windows of
+one text spread over every similarity around the 0.8 threshold. Both sides get the same shingles
+and 128 permutations, each with its own bands and then with the other's (which tells the band
+choice from the MinHash estimate); the truth is the exact Jaccard similarity of every
+overlapping and every reported pair. Rows: ``bench-results/dedup.json``.
 """
 
 from __future__ import annotations
 
-import bz2
-import html
 import itertools
 import random
-import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.common import samples, write_rows
+from benchmarks.common import cpu_timed, row, sample_texts, samples, write_rows
 
 WINDOW = 300  # words per document
 MEAN_GAP = 240  # words between window starts, on average
@@ -38,24 +26,12 @@ NUM_PERM = 128
 K = 5  # words per shingle, as bert_core.corpus.dedup
 
 
-
-
-def texts(root: Path) -> list[str]:
-    out = [(root / "books" / "botchan.txt").read_text(encoding="utf-8"),
-           (root / "news" / "lee_background.cor").read_text(encoding="utf-8")]
-    out += [p.read_text(encoding="utf-8") for p in sorted((root / "plays").glob("*.md"))]
-    for dump in sorted((root / "wikipedia").glob("*.xml.bz2")):
-        with bz2.open(dump, "rt", encoding="utf-8") as f:
-            out.append(html.unescape(f.read()))
-    return out
-
-
 def documents(root: Path, rng: random.Random) -> list[tuple[int, int, str]]:
     """(text number, start word, normalized words joined) of every window."""
     from bert_core.corpus.dedup import normalize
 
     docs = []
-    for t, text in enumerate(texts(root)):
+    for t, text in enumerate(sample_texts(root)):
         words = normalize(text).split()
         n = max(len(words) - WINDOW, 0) // MEAN_GAP
         for start in sorted(rng.sample(range(len(words) - WINDOW), n)):
@@ -70,19 +46,6 @@ def shingles(normalized: str) -> set[str]:
 
 def jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b)
-
-
-def cpu_timed(fn):
-    start = time.process_time()
-    result = fn()
-    return result, time.process_time() - start
-
-
-def our_signatures(docs: list[str]) -> tuple[list, float]:
-    from bert_core.corpus.dedup import MinHasher
-
-    hasher = MinHasher(NUM_PERM, THRESHOLD)
-    return cpu_timed(lambda: [hasher.signature(d, normalized=True) for d in docs])
 
 
 def our_pairs(sigs: list, bands: tuple[int, int]) -> tuple[set[tuple[int, int]], float]:
@@ -107,15 +70,12 @@ def our_pairs(sigs: list, bands: tuple[int, int]) -> tuple[set[tuple[int, int]],
     return cpu_timed(search)
 
 
-def reference_signatures(docs: list[str]) -> tuple[list, float]:
+def reference_signature(doc: str):
     from datasketch import MinHash
 
-    def signature(d: str) -> MinHash:
-        m = MinHash(num_perm=NUM_PERM)
-        m.update_batch([s.encode("utf-8") for s in shingles(d)])
-        return m
-
-    return cpu_timed(lambda: [signature(d) for d in docs])
+    m = MinHash(num_perm=NUM_PERM)
+    m.update_batch([s.encode("utf-8") for s in shingles(doc)])
+    return m
 
 
 def reference_pairs(sigs: list, bands: tuple[int, int] | None) -> tuple[set[tuple[int, int]], float]:
@@ -139,14 +99,14 @@ def reference_pairs(sigs: list, bands: tuple[int, int] | None) -> tuple[set[tupl
 def main() -> None:
     from datasketch import MinHashLSH
 
-    from benchmarks.common import machine
-    from bert_core.corpus.dedup import choose_bands
+    from bert_core.corpus.dedup import MinHasher, choose_bands
 
     windows = documents(samples(), random.Random(0))
     docs = [d for _, _, d in windows]
     n = len(docs)
-    our_sigs, our_sig_s = our_signatures(docs)
-    ref_sigs, ref_sig_s = reference_signatures(docs)
+    hasher = MinHasher(NUM_PERM, THRESHOLD)
+    our_sigs, our_sig_s = cpu_timed(lambda: [hasher.signature(d, normalized=True) for d in docs])
+    ref_sigs, ref_sig_s = cpu_timed(lambda: [reference_signature(d) for d in docs])
     our_bands = choose_bands(NUM_PERM, THRESHOLD)
     lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
     ref_bands = (lsh.b, lsh.r)
@@ -166,7 +126,6 @@ def main() -> None:
         hits = len(pairs & truth)
         return hits / max(len(pairs), 1), hits / max(len(truth), 1)
 
-    print(f"machine: {machine()['cpu']}")
     print(f"{n} documents of {WINDOW} words; {len(truth)} pairs with true Jaccard >= {THRESHOLD}")
     print(f"signatures: ours {n / our_sig_s:,.0f} docs/CPU-s, datasketch {n / ref_sig_s:,.0f} "
           f"docs/CPU-s ({ref_sig_s / our_sig_s:.1f}x)")
@@ -183,21 +142,16 @@ def main() -> None:
     our_lsh_s, ref_lsh_s = found["ours", our_bands][1], found["datasketch", ref_bands][1]
     bands_name = f"ours {our_bands[0]}x{our_bands[1]}, datasketch {ref_bands[0]}x{ref_bands[1]}"
     rows = [
-        {"measure": f"MinHash signatures ({NUM_PERM} permutations, {WINDOW}-word documents, 1 thread)",
-         "ours": round(n / our_sig_s), "reference": round(n / ref_sig_s),
-         "ratio": round(ref_sig_s / our_sig_s, 2), "unit": "docs/CPU-s"},
-        {"measure": f"LSH index + query + confirm, each side's bands ({bands_name})",
-         "ours": round(n / our_lsh_s), "reference": round(n / ref_lsh_s),
-         "ratio": round(ref_lsh_s / our_lsh_s, 2), "unit": "docs/CPU-s"},
-        {"measure": f"near-duplicate recall, each side's bands ({len(truth)} true pairs of {n} docs)",
-         "ours": round(our_r, 3), "reference": round(ref_r, 3), "ratio": round(our_r / ref_r, 3), "unit": "recall"},
-        {"measure": "near-duplicate precision, each side's bands", "ours": round(our_p, 3),
-         "reference": round(ref_p, 3), "ratio": round(our_p / ref_p, 3), "unit": "precision"},
-        {"measure": f"near-duplicate recall, same bands ({our_bands[0]}x{our_bands[1]})",
-         "ours": round(our_r_same, 3), "reference": round(ref_r_same, 3),
-         "ratio": round(our_r_same / ref_r_same, 3), "unit": "recall"},
-        {"measure": "pairs found by both sides, of the pairs found by either (same bands)",
-         "ours": round(agree, 3), "reference": None, "ratio": None, "unit": "fraction"},
+        row(f"MinHash signatures ({NUM_PERM} permutations, {WINDOW}-word documents, 1 thread)", round(n / our_sig_s),
+            round(n / ref_sig_s), "docs/CPU-s", ref_sig_s / our_sig_s),
+        row(f"LSH index + query + confirm, each side's bands ({bands_name})", round(n / our_lsh_s),
+            round(n / ref_lsh_s), "docs/CPU-s", ref_lsh_s / our_lsh_s),
+        row(f"near-duplicate recall, each side's bands ({len(truth)} true pairs of {n} docs)", our_r, ref_r,
+            "recall", our_r / ref_r),
+        row("near-duplicate precision, each side's bands", our_p, ref_p, "precision", our_p / ref_p),
+        row(f"near-duplicate recall, same bands ({our_bands[0]}x{our_bands[1]})", our_r_same, ref_r_same,
+            "recall", our_r_same / ref_r_same),
+        row("pairs found by both sides, of the pairs found by either (same bands)", agree, None, "fraction"),
     ]
     write_rows("dedup", rows)
 

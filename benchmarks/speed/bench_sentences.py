@@ -1,21 +1,12 @@
 """Sentence splitter: ours (bert_core/corpus/sentences.py) vs ``pysbd`` and ``blingfire``, on the
 paragraphs of the sample Wikipedia excerpt.
 
-    python -m benchmarks.speed.bench_sentences               # samples from ~/.cache/bertpipe/samples
     BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_sentences
 
-Accuracy: ``benchmarks/speed/sentences_gold.json`` holds hand-checked sentence boundaries of 120
-paragraphs picked at random from the excerpt (about 400 sentences), as references into the dump
-(page title, paragraph index, character offsets where sentences begin), never the text itself.
-The gold judges every position where terminal punctuation meets whitespace and every boundary
-any of the three splitters proposes; a quotation inside a sentence (`She wrote, "Stop. Go
-home."`) is one sentence, and a boundary with no space after the period is a boundary. Each
-splitter is scored on boundary precision, recall and F1 against that gold.
-
-Speed: characters per CPU-second (one thread) of each splitter over the same paragraphs, the
-first ``SPEED_CHARS`` characters' worth of the excerpt (pysbd is too slow for all of it in a
-minute).
-Rows go to ``bench-results/sentences.json``.
+Accuracy: boundary precision, recall and F1 against ``sentences_gold.json``, hand-checked sentence
+starts of 120 random paragraphs of the excerpt, kept as references into the dump (title,
+paragraph, offsets), never its text. Speed: characters per CPU-second on one thread over the
+first ``SPEED_CHARS`` characters of paragraphs. Rows: ``bench-results/sentences.json``.
 """
 
 from __future__ import annotations
@@ -23,11 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import samples, write_rows
+from benchmarks.common import cpu_timed, row, samples, write_rows
 
 GOLD = Path(__file__).resolve().parent / "sentences_gold.json"
 SPEED_CHARS = 300_000
@@ -95,9 +85,6 @@ def scores(found: list[set[int]], gold: list[set[int]]) -> dict[str, float]:
 
 
 def main() -> None:
-    from benchmarks.common import machine
-
-    print(f"machine: {machine()['cpu']}")
     gold_doc = json.loads(GOLD.read_text())
     pages = article_paragraphs(samples() / "wikipedia" / gold_doc["dump"])
     texts, gold = [], []
@@ -120,11 +107,9 @@ def main() -> None:
 
     results = {}
     for name, split in splitters().items():
-        found = [split(text) for text in texts]
-        start = time.process_time()
-        for text in speed_texts:
-            split(text)
-        results[name] = {**scores(found, gold), "chars_per_s": size / (time.process_time() - start)}
+        found = [split(text) for text in texts]  # first, so that the timing below starts warm
+        _, seconds = cpu_timed(lambda split=split: [split(text) for text in speed_texts])
+        results[name] = {**scores(found, gold), "chars_per_s": size / seconds}
         r = results[name]
         print(f"{name:>9}: precision {r['precision']:.3f} recall {r['recall']:.3f} F1 {r['f1']:.3f} "
               f"({r['false']} false, {r['missed']} missed boundaries of {n_sentences} sentences); "
@@ -134,14 +119,10 @@ def main() -> None:
     rows = []
     for ref in ("pysbd", "blingfire"):
         theirs = results[ref]
-        rows += [
-            {"measure": f"sentence boundary F1 vs {ref} ({n_sentences} hand-checked Wikipedia sentences)",
-             "ours": round(ours["f1"], 3), "reference": round(theirs["f1"], 3),
-             "ratio": round(ours["f1"] / theirs["f1"], 3), "unit": "F1"},
-            {"measure": f"sentence splitting speed vs {ref} (1 thread)",
-             "ours": round(ours["chars_per_s"]), "reference": round(theirs["chars_per_s"]),
-             "ratio": round(ours["chars_per_s"] / theirs["chars_per_s"], 2), "unit": "chars/CPU-s"},
-        ]
+        rows += [row(f"sentence boundary F1 vs {ref} ({n_sentences} hand-checked Wikipedia sentences)", ours["f1"],
+                     theirs["f1"], "F1", ours["f1"] / theirs["f1"]),
+                 row(f"sentence splitting speed vs {ref} (1 thread)", round(ours["chars_per_s"]),
+                     round(theirs["chars_per_s"]), "chars/CPU-s", ours["chars_per_s"] / theirs["chars_per_s"])]
     write_rows("sentences", rows, detail=results)
 
 

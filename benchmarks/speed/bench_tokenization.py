@@ -1,50 +1,28 @@
 """Tokenizer: ours (HF tokenizers, bert_core/vocab/tokenization.py) vs transformers' pure-Python BERT
-tokenizer (``BertTokenizerLegacy`` in transformers 5, the Google algorithm), on every line of the
-sample corpus.
+tokenizer (``BertTokenizerLegacy``, the Google algorithm), on every line of the sample corpus.
 
-    python -m benchmarks.speed.bench_tokenization                 # samples from ~/.cache/bertpipe/samples
     BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_tokenization --casings uncased
 
-Both get the same lines (the Gutenberg book, the 300 news articles, the 38 plays, and the enwiki
-excerpt crudely stripped: XML entities decoded, one line each) and the bert-base-uncased
-``vocab.txt`` of the sample MiniLM model, with Google's 200-character word limit on both sides.
-Measured: tokens per CPU-second on one thread (CPU time of this process, robust to other load on
-the machine; ours runs with ``TOKENIZERS_PARALLELISM=false``), and the number of lines whose ids
-differ (they must not). Rows go to ``bench-results/tokenization.json``.
+Both get the same lines and the sample MiniLM's bert-base-uncased ``vocab.txt``, with Google's
+200-character word limit. Measured: tokens per CPU-second on one thread, and the lines whose ids
+differ (they must not). Rows: ``bench-results/tokenization.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import bz2
-import html
 import os
-import time
 from pathlib import Path
 
-from benchmarks.common import samples, write_rows
+from benchmarks.common import cpu_timed, row, sample_texts, samples, write_rows
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core comparison
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 
-
-
 def corpus_lines(root: Path) -> list[str]:
-    lines = (root / "books" / "botchan.txt").read_text(encoding="utf-8").split("\n")
-    lines += (root / "news" / "lee_background.cor").read_text(encoding="utf-8").split("\n")
-    for play in sorted((root / "plays").glob("*.md")):
-        lines += play.read_text(encoding="utf-8").split("\n")
-    for dump in sorted((root / "wikipedia").glob("*.xml.bz2")):
-        with bz2.open(dump, "rt", encoding="utf-8") as f:
-            lines += html.unescape(f.read()).split("\n")
-    return lines
-
-
-def cpu_timed(fn):
-    start = time.process_time()
-    result = fn()
-    return result, time.process_time() - start
+    """Every line of the sample texts (the enwiki excerpt's XML crudely: a line each)."""
+    return [line for text in sample_texts(root) for line in text.split("\n")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,12 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         differ = sum(a != b for a, b in zip(got, want, strict=True))
         print(f"{casing}: {len(lines)} lines, {tokens} tokens; ours {ours_s:.1f} CPU-s, "
               f"reference {ref_s:.1f} CPU-s ({ref_s / ours_s:.1f}x); lines with different ids: {differ}")
-        rows += [
-            {"measure": f"{casing}: tokens per CPU-second (1 thread)", "ours": round(tokens / ours_s),
-             "reference": round(tokens / ref_s), "ratio": round(ref_s / ours_s, 2), "unit": "tokens/s"},
-            {"measure": f"{casing}: lines with ids different from the reference (of {len(lines)})",
-             "ours": differ, "reference": 0, "ratio": None, "unit": "lines"},
-        ]
+        rows += [row(f"{casing}: tokens per CPU-second (1 thread)", round(tokens / ours_s), round(tokens / ref_s),
+                     "tokens/s", ref_s / ours_s),
+                 row(f"{casing}: lines with ids different from the reference (of {len(lines)})", differ, 0, "lines")]
     write_rows("tokenization", rows)
 
 

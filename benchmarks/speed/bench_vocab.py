@@ -1,16 +1,11 @@
 """Vocab stage: ours (Beam word counts -> WordPiece trained from the counts) vs training HF
 tokenizers' WordPiece directly on the raw text (one process, the usual way), same settings.
 
-    python -m benchmarks.speed.bench_vocab                 # samples from ~/.cache/bertpipe/samples
     BERTPIPE_SAMPLES=samples python -m benchmarks.speed.bench_vocab --vocab-size 8000
 
-Both see the same text: every non-empty line of the sample corpus (the Gutenberg book, the 300
-news articles, the 38 plays, and the enwiki excerpt with XML entities decoded), ours as a
-documents folder of 40-line documents (the corpus contract). Same vocab size, min_frequency,
-limit_alphabet and special tokens. Measured: wall time (ours with 1 and 2 Beam workers; it
-includes Beam's start-up, which dominates on a corpus this small) and the Jaccard similarity of
-the two vocabs (the claim of bert_core/vocab/training.py: feeding counts reproduces raw-text
-training). Rows go to ``bench-results/vocab.json``.
+Both see every non-empty line of the sample corpus (ours as 40-line documents). Measured: wall
+time (ours with 1 and 2 Beam workers, Beam's start-up included) and the Jaccard similarity of the
+two vocabs. Rows: ``bench-results/vocab.json``.
 """
 
 from __future__ import annotations
@@ -21,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import write_rows
-from benchmarks.speed.bench_tokenization import corpus_lines, samples
+from benchmarks.common import row, samples, write_rows
+from benchmarks.speed.bench_tokenization import corpus_lines
 
 
 def write_documents(folder: Path, lines: list[str], per_doc: int = 40, num_shards: int = 4) -> str:
@@ -87,14 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(lines)} lines; raw-text training {ref_s:.1f} s; ours {ours_s[1]:.1f} s (1 worker), "
           f"{ours_s[2]:.1f} s (2 workers); vocab Jaccard {jaccard:.4f}; 1 vs 2 workers same bytes: {same_bytes}")
     rows = [
-        {"measure": "wall seconds, 1 worker (ours incl. Beam start-up)", "ours": round(ours_s[1], 2),
-         "reference": round(ref_s, 2), "ratio": round(ref_s / ours_s[1], 3), "unit": "s"},
-        {"measure": "wall seconds, 2 workers (ours)", "ours": round(ours_s[2], 2),
-         "reference": round(ref_s, 2), "ratio": round(ref_s / ours_s[2], 3), "unit": "s"},
-        {"measure": "vocab Jaccard, ours vs raw-text training", "ours": round(jaccard, 5),
-         "reference": 1.0, "ratio": round(jaccard, 5), "unit": "fraction"},
-        {"measure": "vocab.txt identical with 1 and 2 workers", "ours": int(same_bytes),
-         "reference": None, "ratio": None, "unit": "bool"},
+        row("wall seconds, 1 worker (ours incl. Beam start-up)", ours_s[1], ref_s, "s", ref_s / ours_s[1], 2),
+        row("wall seconds, 2 workers (ours)", ours_s[2], ref_s, "s", ref_s / ours_s[2], 2),
+        row("vocab Jaccard, ours vs raw-text training", jaccard, 1.0, "fraction", jaccard, 5),
+        row("vocab.txt identical with 1 and 2 workers", int(same_bytes), None, "bool"),
     ]
     write_rows("vocab", rows)
 
