@@ -2,35 +2,20 @@
 
     OMP_NUM_THREADS=2 python -m benchmarks.speed.bench_finetune --samples samples
 
-The sample MiniLM checkpoint fine-tuned on the real sentiment task (vaderSentiment product
-reviews and tweets, label = sign of the mean human rating), with the same examples (encoded
-once by our tokenizer, so both sides see identical ids), the same hyper-parameters (lr, batch,
-epochs, 10% linear warmup then linear decay, weight decay 0.01 off biases/LayerNorm, Adam eps
-1e-6, gradient clipping 1.0, dynamic padding), the same torch threads, one after the other in
-this process. Prints both held-out accuracies (and the majority-class rate: "better than
-chance" means above it) and both training throughputs (examples/s) with their ratio.
-
-Writes bench-results/finetune.json = {"rows": [{measure, ours, reference, ratio, unit}], ...}.
-The machine may be shared: throughput is indicative; accuracy is what must agree.
+The sample MiniLM checkpoint fine-tuned on the real sentiment task by both, one after the other,
+with the same examples (encoded once by our tokenizer), hyper-parameters and torch threads.
+Accuracy must agree (the majority-class rate is chance); throughput is examples per second.
+Rows: ``bench-results/finetune.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
-
-def samples_dir(arg: str | None) -> Path:
-    for candidate in (arg, os.environ.get("BERTPIPE_SAMPLES"), "samples",
-                      str(Path.home() / ".cache" / "bertpipe" / "samples")):
-        if candidate and (Path(candidate) / "models" / "minilm" / "config.json").exists():
-            return Path(candidate)
-    from flows.tools.samples import fetch
-
-    return fetch(Path.home() / ".cache" / "bertpipe" / "samples")
+from benchmarks.common import row, samples, write_rows
 
 
 def load_data(samples: Path, tokenizer, n_train: int, n_dev: int, max_seq_length: int):
@@ -64,16 +49,6 @@ def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, w
 
     from bert_core.finetune.data import collate
 
-    class Rows(torch.utils.data.Dataset):
-        def __init__(self, rows):
-            self.rows = rows
-
-        def __len__(self):
-            return len(self.rows)
-
-        def __getitem__(self, i):
-            return self.rows[i]
-
     def collator(rows):
         batch = collate("classification", rows, pad_id)
         return {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
@@ -91,11 +66,11 @@ def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, w
     )
     torch.manual_seed(seed)
     model = BertForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
-    trainer = Trainer(model=model, args=args, train_dataset=Rows(train), data_collator=collator)
+    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    logits = trainer.predict(Rows(dev)).predictions
+    logits = trainer.predict(dev).predictions
     acc = float((np.asarray(logits).argmax(-1) == np.array([f["label"] for f in dev])).mean())
     # Trainer goes through every example each epoch (the last batch may be short), as ours does.
     seen = round(len(train) * cfg.num_train_epochs)
@@ -105,7 +80,7 @@ def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, w
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", default=None)
+    parser.add_argument("--samples", default=None, help="Sample folder (default: benchmarks.common.samples()).")
     parser.add_argument("--train-examples", type=int, default=480)
     parser.add_argument("--dev-examples", type=int, default=400)
     parser.add_argument("--epochs", type=float, default=1.0)
@@ -116,7 +91,6 @@ def main(argv: list[str] | None = None) -> None:
     # 1 by default: on a shared, oversubscribed CPU two spinning OpenMP threads run slower than one.
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default="bench-results/finetune.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -128,10 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     from bert_core.vocab.tokenization import load_tokenizer
 
     torch.set_num_threads(args.threads)
-    samples = samples_dir(args.samples)
-    checkpoint = str(samples / "models" / "minilm")
+    folder = Path(args.samples) if args.samples else samples()
+    checkpoint = str(folder / "models" / "minilm")
     tokenizer = load_tokenizer(checkpoint)
-    train, dev = load_data(samples, tokenizer, args.train_examples, args.dev_examples, args.max_seq_length)
+    train, dev = load_data(folder, tokenizer, args.train_examples, args.dev_examples, args.max_seq_length)
     cfg = FinetuneConfig(learning_rate=args.learning_rate, batch_size=args.batch_size,
                          num_train_epochs=args.epochs, max_seq_length=args.max_seq_length,
                          threads=args.threads)
@@ -145,21 +119,14 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as work:
         ref = run_transformers(checkpoint, train, dev, cfg, args.seed, tokenizer.pad_id, work)
     print(f"transformers: accuracy {ref['accuracy']:.4f}  {ref['train_examples_per_second']:.1f} examples/s")
-    rows = [
-        {"measure": "sentiment dev accuracy (MiniLM)", "ours": ours["accuracy"],
-         "reference": ref["accuracy"], "ratio": round(ours["accuracy"] / max(ref["accuracy"], 1e-9), 4),
-         "unit": "accuracy"},
-        {"measure": "fine-tune training throughput (MiniLM)", "ours": ours["train_examples_per_second"],
-         "reference": ref["train_examples_per_second"],
-         "ratio": round(ours["train_examples_per_second"] / max(ref["train_examples_per_second"], 1e-9), 4),
-         "unit": "examples/s"},
-    ]
+    rows = [row("sentiment dev accuracy (MiniLM)", ours["accuracy"], ref["accuracy"], "accuracy",
+                ours["accuracy"] / max(ref["accuracy"], 1e-9), 4),
+            row("fine-tune training throughput (MiniLM)", ours["train_examples_per_second"],
+                ref["train_examples_per_second"], "examples/s",
+                ours["train_examples_per_second"] / max(ref["train_examples_per_second"], 1e-9), 4)]
     for r in rows:
         print(f"{r['measure']}: ours {r['ours']} vs transformers {r['reference']} (ratio {r['ratio']})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "majority_class": majority, "ours": ours,
-                               "transformers": ref, "settings": vars(args)}, indent=2))
+    out = write_rows("finetune", rows, majority_class=majority, ours=ours, transformers=ref, settings=vars(args))
     print(f"wrote {out}")
 
 

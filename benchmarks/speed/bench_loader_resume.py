@@ -2,15 +2,10 @@
 
     python -m benchmarks.speed.bench_loader_resume            (BERTPIPE_SAMPLES = the sample folder)
 
-A resumed pre-training run must see the batches an uninterrupted run would have. Ours turns
-the saved (epoch, position) into shard and row offsets and reads the next batch directly
-(``bert_core.pretrain.data.PretrainingLoader.load_state_dict``); the reference is what a loader without
-that does, e.g. transformers' ``skip_first_batches``: iterate (read, shuffle, pad) the first
-``position`` batches of the epoch and throw them away. Both must yield the same next batch
-(checked). Instances are Botchan from the samples, cut by the instance stage's functions
-(``benchmarks/speed/bench_train_step.build_instances``), seq128, 4 shards.
-
-Writes bench-results/loader_resume.json = {"rows": [{measure, ours, reference, ratio, unit}]}.
+Ours turns the saved (epoch, position) into shard and row offsets
+(``PretrainingLoader.load_state_dict``); the reference is what a loader without that does, e.g.
+transformers' ``skip_first_batches``: iterate the epoch's first ``position`` batches and throw
+them away. Both must yield the same next batch. Rows: ``bench-results/loader_resume.json``.
 """
 
 from __future__ import annotations
@@ -20,8 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import samples as samples_dir
-from benchmarks.common import write_rows
+from benchmarks.common import row, samples, write_rows
 
 MICRO_BATCH = 8
 
@@ -56,7 +50,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        instances = build_instances(samples_dir(), Path(tmp), num_shards=4)
+        instances = build_instances(samples(), Path(tmp), num_shards=4)
         probe = PretrainingLoader(instances, MAX_SEQ_LENGTH, MICRO_BATCH, seed=1)
         rows = []
         for fraction in (0.5, 0.95):
@@ -76,9 +70,8 @@ def main() -> None:
             assert same_batch(mine, theirs), "resume and replay disagree"
             print(f"resume at batch {position}/{probe.batches_per_epoch}: ours {t_ours * 1e3:.1f} ms, "
                   f"replay {t_ref * 1e3:.1f} ms, {t_ref / t_ours:.1f}x")
-            rows.append({"measure": f"resume at {fraction:.0%} of an epoch ({position} batches of {MICRO_BATCH})",
-                         "ours": round(t_ours * 1e3, 2), "reference": round(t_ref * 1e3, 2),
-                         "ratio": round(t_ref / t_ours, 2), "unit": "ms to the first batch (replay / ours)"})
+            rows.append(row(f"resume at {fraction:.0%} of an epoch ({position} batches of {MICRO_BATCH})", t_ours * 1e3,
+                            t_ref * 1e3, "ms to the first batch (replay / ours)", t_ref / t_ours, 2))
     print(f"wrote {write_rows('loader_resume', rows, instances_per_epoch=probe.batches_per_epoch * MICRO_BATCH)}")
 
 

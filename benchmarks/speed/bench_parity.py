@@ -3,27 +3,16 @@
     python -m benchmarks.speed.bench_parity                      # builds sample instances first
     python -m benchmarks.speed.bench_parity --instances DIR --steps 300 --seeds 3
 
-Both models start from the same weights (ours, saved in the transformers layout and opened by
-``transformers.BertForPreTraining``), read the same batches in the same order from the same
-instance shards, and train with the same plain torch loop: AdamW with the weight-decay groups of
-pre-training, linear warmup then linear decay (DeepSpeed's WarmupDecayLR), gradient clipping,
-one process. Rows of the last shard of ``seq<L>`` (``--seq``, default the shortest length) are held out and evaluated every
-``--eval-every`` steps: masked-LM loss and accuracy, next-sentence loss and accuracy.
-
-Two checks, side by side:
-
-- **dropout 0, one seed**: the two runs are the same computation up to float rounding, so their
-  train losses agree step by step (the printed figure is the largest difference);
-- **dropout 0.1, several seeds**: dropout draws differ, so the eval curves may differ by seed
-  noise only; the final eval MLM loss gap is compared with its standard error (Welch t, scipy).
-
-Rows go to ``bench-results/parity.json``.
+Both start from the same weights, read the same batches and train with the same plain torch loop
+(AdamW with pre-training's weight-decay groups, DeepSpeed's linear warmup and decay, clipping);
+the last shard of ``seq<L>`` is held out. With dropout 0 the train losses agree step by step up
+to rounding; with dropout 0.1 over several seeds the final held-out MLM loss gap is compared
+with its standard error (Welch t). Rows: ``bench-results/parity.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import subprocess
@@ -38,11 +27,12 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import ROOT, hf_labels, machine, welch
+from benchmarks.common import ROOT, hf_labels, machine, welch, write_rows
 from benchmarks.common import samples as samples_dir
 from bert_core.config import ModelConfig, preset_dict
 from bert_core.model.checkpoint import save_pretrained
-from bert_core.pretrain.data import collate, to_tensors
+from bert_core.model.weight_decay import param_groups
+from bert_core.pretrain.data import collate, read_vocab, to_tensors, vocab_file_of
 from bert_core.pretrain.in_process import random_init
 
 RESULTS = ROOT / "bench-results"
@@ -83,24 +73,10 @@ def shortest_length(instances: Path) -> int:
 
 
 def load_rows(instances: Path, seq: int) -> tuple[pa.Table, pa.Table, int]:
-    """(train rows, held-out rows: the last shard, vocab size from the instances manifest)."""
-    folder = instances / f"seq{seq}"
-    shards = sorted(folder.glob("part-*.parquet"))
+    """(train rows, held-out rows: the last shard, the size of the vocab the instances were made with)."""
+    shards = sorted((instances / f"seq{seq}").glob("part-*.parquet"))
     train = pa.concat_tables([pq.read_table(s) for s in shards[:-1]])
-    held_out = pq.read_table(shards[-1])
-    manifest = json.loads((instances / "_MANIFEST.json").read_text())
-    vocab_size = manifest.get("stats", {}).get("vocab_size") or _vocab_size(instances, manifest)
-    return train, held_out, int(vocab_size)
-
-
-def _vocab_size(instances: Path, manifest: dict) -> int:
-    for entry in manifest.get("inputs", []):
-        uri = entry.get("uri", "") if isinstance(entry, dict) else ""
-        vocab = Path(uri.replace("file://", "")) / "vocab.txt"
-        if vocab.exists():
-            return len(vocab.read_text(encoding="utf-8").splitlines())
-    vocab = instances.parent / "vocab" / "vocab.txt"
-    return len(vocab.read_text(encoding="utf-8").splitlines())
+    return train, pq.read_table(shards[-1]), len(read_vocab(vocab_file_of(str(instances))))
 
 
 def forward(kind: str, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -141,12 +117,6 @@ def evaluate(kind: str, model: torch.nn.Module, rows: pa.Table, seq: int, batch_
             "nsp_loss": sums["nsp_loss_sum"] / sums["rows"], "nsp_acc": sums["nsp_correct"] / sums["rows"]}
 
 
-def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    plain = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
-
-
 def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
     """DeepSpeed's WarmupDecayLR (linear): up to ``peak`` over ``warmup`` steps, then down to 0."""
     if step < warmup:
@@ -158,7 +128,7 @@ def train(kind: str, model: torch.nn.Module, train_rows: pa.Table, held_out: pa.
           seed: int) -> dict:
     """``args.steps`` steps of ``model``, ours or transformers': one plain loop that drives both
     alike, so not the product's ``train_mlm`` (which drives ours only, with its own loader)."""
-    optimizer = torch.optim.AdamW(decay_groups(model, 0.01), lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
     order = np.random.default_rng(seed).permutation(train_rows.num_rows)
     curve, losses = [], []
     started = time.process_time()
@@ -278,11 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         {"measure": f"dropout 0.1, {args.seeds} seeds: held-out MLM accuracy at step {args.steps}",
          "ours": acc["ours"], "reference": acc["transformers"], "ratio": None, "unit": "fraction"},
     ]
-    result = {"rows": table, "machine": machine(), "instances": str(instances), "steps": args.steps, "batch": args.batch,
-              "seq": args.seq, "lr": args.lr, "warmup": args.warmup, "seeds": args.seeds,
-              "dropout0_max_train_loss_gap": max(gaps), "curve": rows, "final_gap": gap, "welch_t": t,
-              "welch_p": p, "agree": agree}
-    (RESULTS / "parity.json").write_text(json.dumps(result, indent=1))
+    write_rows("parity", table, machine=machine(), instances=str(instances), steps=args.steps, batch=args.batch,
+               seq=args.seq, lr=args.lr, warmup=args.warmup, seeds=args.seeds, dropout0_max_train_loss_gap=max(gaps),
+               curve=rows, final_gap=gap, welch_t=t, welch_p=p, agree=agree)
     return 0 if agree else 1
 
 

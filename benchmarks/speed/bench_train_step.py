@@ -4,42 +4,28 @@
     python -m benchmarks.speed.bench_train_step --instances bertpipe-data/instances/<version> --sizes base
     python -m benchmarks.speed.bench_train_step --sizes base --mlm-loss-chunk 64  # ours: the chunked masked-LM loss
 
-One training step = forward (MLM + NSP loss) + backward + AdamW step, on the same batch of real
-instances (Botchan from the sample data, tokenized with the MiniLM sample's bert-base-uncased
-vocab and cut into instances by the instance stage's own functions, or an instances folder
-given with --instances), the same weights (ours copied into theirs: the names are the same),
-the same threads, at the demo size (tiny) and at the BERT-base size. Dropout is on, as in training.
-The two are timed alternately, step by step, in process CPU time (with one thread that is the
-step's cost, unaffected by other processes taking the core on a shared machine; wall time is
-kept in the details); warm-up steps are excluded and the fastest timed step counts.
-
-Throughput is non-padding tokens per second (padding is work, not progress). At tiny sizes the
-30,522-word output projection dominates the step, so base is the honest comparison.
-
-Also timed: the data loader (bert_core.pretrain.data.PretrainingLoader, in-process) in sequences/s,
-against the sequences/s the demo-size train step consumes.
-
-Writes bench-results/train_step.json = {"rows": [{measure, ours, reference, ratio, unit}], ...}.
+One step (forward with MLM + NSP loss, backward, AdamW) on the same batch of real instances
+(Botchan cut by the instance stage's functions, or ``--instances``), the same weights and threads,
+dropout on, at the demo and the BERT-base size; the two are timed alternately in process CPU
+time, the fastest timed step counting. Throughput is non-padding tokens per CPU-second. Also
+timed: the data loader, against the sequences/s the demo-size step consumes.
+Rows: ``bench-results/train_step.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import hf_labels, make_pair
+from benchmarks.common import hf_labels, make_pair, row, samples, write_rows
 
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20
 
-
-# --------------------------------------------------------------------------- data
 
 
 def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
@@ -97,8 +83,6 @@ def time_loader(instances: str, batch_size: int, batches: int) -> float:
     return batches * batch_size / (time.perf_counter() - start)
 
 
-# --------------------------------------------------------------------------- models
-
 
 def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_loss_chunk: int = 0) -> dict:
     import torch
@@ -106,37 +90,25 @@ def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_l
     cfg, ours, ref, attn = make_pair(size, vocab_size)
     ours.mlm_loss_chunk = mlm_loss_chunk
     labels = hf_labels(batch)
+    hf_batch = {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
+                "attention_mask": batch["attention_mask"], "labels": labels,
+                "next_sentence_label": batch["next_sentence_label"]}
+    losses = {"ours": lambda: ours(**batch)["loss"], "ref": lambda: ref(**hf_batch).loss}
     # Same loss on the same weights (no dropout for the check): they compute the same thing.
     ours.eval(), ref.eval()
     with torch.no_grad():
-        a = ours(**batch)["loss"].item()
-        b = ref(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                attention_mask=batch["attention_mask"], labels=labels,
-                next_sentence_label=batch["next_sentence_label"]).loss.item()
+        a, b = losses["ours"]().item(), losses["ref"]().item()
     ours.train(), ref.train()
-
-    def step_ours(opt):
-        loss = ours(**batch)["loss"]
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def step_ref(opt):
-        loss = ref(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                   attention_mask=batch["attention_mask"], labels=labels,
-                   next_sentence_label=batch["next_sentence_label"]).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
+                  for name, model in (("ours", ours), ("ref", ref))}
     cpu: dict[str, list[float]] = {"ours": [], "ref": []}
     wall: dict[str, list[float]] = {"ours": [], "ref": []}
     for i in range(warmup + steps):
-        for name, fn, opt in (("ours", step_ours, opt_ours), ("ref", step_ref, opt_ref)):
+        for name, loss in losses.items():
             start_cpu, start_wall = time.process_time(), time.perf_counter()
-            fn(opt)
+            loss().backward()
+            optimizers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
             if i >= warmup:
                 cpu[name].append(time.process_time() - start_cpu)
                 wall[name].append(time.perf_counter() - start_wall)
@@ -156,12 +128,10 @@ def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_l
     }
 
 
-# --------------------------------------------------------------------------- main
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--samples", default=os.environ.get("BERTPIPE_SAMPLES", "samples"))
+    p.add_argument("--samples", default=None, help="Sample folder (default: benchmarks.common.samples()).")
     p.add_argument("--instances", help="An instances folder (with seq128/); default: built from Botchan.")
     p.add_argument("--sizes", default="tiny,base", help="Model sizes to time (config MODEL_SIZES names).")
     p.add_argument("--batch-size", type=int, default=16, help="Sequences per step (tiny size).")
@@ -172,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch threads for both (1: CPU time = the step's cost; more threads spin-wait).")
     p.add_argument("--mlm-loss-chunk", type=int, default=0,
                    help="Ours: the masked-LM loss this many rows at a time (pretrain.mlm_loss_chunk; 0 = all at once).")
-    p.add_argument("--out", default="bench-results/train_step.json")
     args = p.parse_args(argv)
 
     import torch
@@ -181,14 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     from bert_core.pretrain.data import PretrainingLoader
 
     torch.set_num_threads(args.threads)
-    samples = Path(args.samples)
-    if not (samples / "models" / "minilm" / "vocab.txt").exists():
-        from flows.tools.samples import fetch
-
-        samples = fetch(samples, log=lambda m: print(m, file=sys.stderr))
+    folder = Path(args.samples) if args.samples else samples()
     with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:
-        instances = args.instances or build_instances(samples, Path(tmp))
-        vocab_size = len((samples / "models" / "minilm" / "vocab.txt").read_text().splitlines())
+        instances = args.instances or build_instances(folder, Path(tmp))
+        vocab_size = len((folder / "models" / "minilm" / "vocab.txt").read_text().splitlines())
         loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=max(args.batch_size, args.base_batch_size), seed=1)
         big = next(iter(loader))  # one real, padded micro-batch (padded to its longest, rounded to 8)
         loader_sps = time_loader(instances, args.batch_size, batches=20)
@@ -204,22 +169,17 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_size(size, batch, vocab_size, args.steps, args.warmup, args.mlm_loss_chunk)
         results.append(r)
         ratio = r["tokens_per_s_ours"] / r["tokens_per_s_reference"]
-        rows.append({"measure": f"train step {size} L{r['layers']}/H{r['hidden']} batch {n}x{r['batch'][1]}",
-                     "ours": round(r["tokens_per_s_ours"], 1), "reference": round(r["tokens_per_s_reference"], 1),
-                     "ratio": round(ratio, 3), "unit": f"non-padding tokens per CPU-second ({args.threads} thread)"})
+        rows.append(row(f"train step {size} L{r['layers']}/H{r['hidden']} batch {n}x{r['batch'][1]}",
+                        r["tokens_per_s_ours"], r["tokens_per_s_reference"],
+                        f"non-padding tokens per CPU-second ({args.threads} thread)", ratio, 1))
         print(f"{size:>5}: ours {r['tokens_per_s_ours']:8.1f} tok/s ({r['step_s_ours']:.3f} s/step)   "
               f"transformers {r['tokens_per_s_reference']:8.1f} tok/s ({r['step_s_reference']:.3f} s/step)   "
               f"ratio {ratio:.2f}x   loss {r['loss_ours']:.4f} vs {r['loss_reference']:.4f}", flush=True)
     consume = results[0]["sequences_per_s_ours"] if results else float("nan")
-    rows.append({"measure": f"data loader vs {results[0]['size'] if results else '?'} train step",
-                 "ours": round(loader_sps, 1), "reference": round(consume, 1),
-                 "ratio": round(loader_sps / consume, 2), "unit": "sequences/s (loader / step consumes)"})
+    rows.append(row(f"data loader vs {results[0]['size'] if results else '?'} train step", loader_sps, consume,
+                    "sequences/s (loader / step consumes)", loader_sps / consume, 1))
     print(f"loader: {loader_sps:.1f} sequences/s  (the {results[0]['size'] if results else '?'} step consumes {consume:.1f})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "threads": args.threads, "details": results,
-                               "torch": torch.__version__}, indent=2))
-    print(f"-> {out}")
+    print(f"-> {write_rows('train_step', rows, threads=args.threads, details=results, torch=torch.__version__)}")
     return 0
 
 
