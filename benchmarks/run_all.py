@@ -4,20 +4,11 @@ ours, reference, ratio.
     make bench                      # = python -m benchmarks.run_all --samples samples
     python -m benchmarks.run_all --only clean,instances
 
-Each `benchmarks/speed/bench_<name>.py` measures ours and its reference side by side in one run and
-writes `bench-results/<name>.json` = {"rows": [{"measure", "ours", "reference", "ratio", "unit"}]}.
-This script runs each as a module (`python -m benchmarks.speed.bench_<name>`, from the repository root,
-with `BERTPIPE_SAMPLES` set to the sample folder), one after another (never in parallel: they
-time themselves), gathers the JSON files, adds the machine they ran on, prints the table and
-writes `bench-results/all.json`. A benchmark that fails or runs past its time limit is reported
-as failed with its exit code; the others still run.
-
-Most benchmarks run at their own defaults. Three run here at a bounded setting (:data:`SETTINGS`);
-their full runs (the quality protocol and the full scale run take hours) have commands of their own:
-
-    bench_parity    60 steps, 2 seeds         full: python -m benchmarks.speed.bench_parity
-    quality         score --quick (bookkeeping)  full: make quality-v3
-    bench_scale     x1 of the sample only     full: make bench-scale (x1, x10, x30)
+Each benchmark runs as a module from the repository root with ``BERTPIPE_SAMPLES`` set, one after
+another (they time themselves), and writes ``bench-results/<name>.json``; a failed one is reported
+with its exit code and the others still run. The table and the machine go to
+``bench-results/all.json``. A few run here at a bounded setting (:data:`SETTINGS`); their full runs
+have commands of their own (``make bench-scale``, ``make quality-v3``, ``bench_parity``'s defaults).
 """
 
 from __future__ import annotations
@@ -82,11 +73,19 @@ def command(name: str) -> list[str]:
     return [sys.executable, "-m", module, *SETTINGS.get(name, Setting()).args]
 
 
+def saved(name: str) -> dict:
+    """A benchmark's saved rows, "ok" where it wrote what it should (rows, or its file for a check)."""
+    setting = SETTINGS.get(name, Setting())
+    out = RESULTS / (setting.result or f"{name}.json")
+    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
+    written = bool(rows) or (not setting.table and out.exists())
+    return {"name": name, "status": "ok" if written else "no results", "seconds": None, "rows": rows}
+
+
 def run_one(name: str, samples: str, timeout: int | None = None) -> dict:
     """Run one benchmark in its own process from the repository root; return its status and rows."""
     setting = SETTINGS.get(name, Setting())
-    out = RESULTS / (setting.result or f"{name}.json")
-    out.unlink(missing_ok=True)
+    (RESULTS / (setting.result or f"{name}.json")).unlink(missing_ok=True)
     cmd = command(name)
     limit = timeout or setting.timeout
     print(f"\n=== bench_{name} (at most {limit} s): {' '.join(cmd)}", flush=True)
@@ -101,23 +100,12 @@ def run_one(name: str, samples: str, timeout: int | None = None) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         code = -1
-    seconds = round(time.perf_counter() - start, 1)
-    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
-    written = bool(rows) or (not setting.table and out.exists())
+    result = saved(name)
     if code == -1:
-        status = f"failed (over {limit} s)"
-    else:
-        status = "ok" if code == 0 and written else (f"failed (exit {code})" if code else "no results")
-    return {"name": name, "status": status, "seconds": seconds, "rows": rows}
-
-
-def collect(name: str) -> dict:
-    """A saved run's results, as run_one would have returned them."""
-    setting = SETTINGS.get(name, Setting())
-    out = RESULTS / (setting.result or f"{name}.json")
-    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
-    written = bool(rows) or (not setting.table and out.exists())
-    return {"name": name, "status": "ok" if written else "no results", "seconds": None, "rows": rows}
+        result["status"] = f"failed (over {limit} s)"
+    elif code:
+        result["status"] = f"failed (exit {code})"
+    return {**result, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def fmt(value: object) -> str:
@@ -148,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="Comma-separated benchmark names.")
     parser.add_argument("--timeout", type=int, default=None,
                         help="Seconds per benchmark (default: each benchmark's own limit in SETTINGS, else 1800).")
-    parser.add_argument("--report-only", action="store_true",
-                        help="Tabulate the bench-results/*.json already there; run nothing.")
     args = parser.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     only = {n.strip() for n in args.only.split(",") if n.strip()} or None
@@ -157,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if not names:
         print(f"no benchmarks match {args.only!r}; have: {', '.join(discover(None))}", file=sys.stderr)
         return 2
-    if args.report_only:
-        results = [collect(name) for name in names]
-    else:
-        results = [run_one(name, args.samples, args.timeout) for name in names]
+    results = [run_one(name, args.samples, args.timeout) for name in names]
     info = machine()
     report = table(results)
     print(f"\nMachine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, torch {info['torch']}")
