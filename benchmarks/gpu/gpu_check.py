@@ -5,47 +5,55 @@
     python -m benchmarks.gpu.gpu_check --out DIR --dry-run --call 1        # the same on CPU, tiny (the test suite)
     make gpu-wheels && make gpu-check CALL=1 GPU_LEFT=S                 # with its wheels installed first
 
-It builds its own input (a synthetic vocab and seq128 instances through the project's instance
-code, a few MB), then runs its stages in order of value, each in its own process group under its
-own timeout: ``env`` (the machine), ``e2e`` (BERT-base through ``bertpipe``'s launcher: real
-tokens/s and MFU between logged steps after warm-up, checkpoint saves apart), ``numerics`` (fp32
-and bf16 against the CPU, and token-bucketed batches against the exact batch, eagerly, before
-anything compiles), ``variants`` (the product's engine in process on one fixed batch, one change
-after another, eager ones before compiled ones), ``e2e_large`` (BERT-large through the launcher),
-``compare`` (ours against transformers' BertForPreTraining), ``resume`` and ``finetune`` (of
-``e2e_large``'s run). The slot's two calls (:data:`SLOT_CALLS`) split them so that each call
-stands alone, on a warm machine or a fresh one.
-
-Whatever stops a call, what it measured stays: each stage, and each variant as it finishes,
-appends its JSON line to ``DIR/gpu_check.jsonl``, and every stage's output streams into
-``DIR/gpu_check.log`` line by line.
+It builds its own input, then runs its stages (:data:`STAGES`, most valuable first), each in its
+own process group under a timeout; the slot's two calls (:data:`SLOT_CALLS`) split them. Each stage
+and variant appends its JSON line to ``DIR/gpu_check.jsonl`` as it finishes, its output streaming
+into ``DIR/gpu_check.log`` (docs/scale-out.md: the stages; docs/benchmarks.md: the slot's plan).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import gc
 import json
 import os
+import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-# Every stage, most valuable first.
+from benchmarks.common import ROOT, hf_labels, make_pair
+from bert_core import storage
+from bert_core.config import FinetuneConfig, InstanceConfig, ModelConfig, SequenceSpec, load_config
+from bert_core.device import peak_flops
+from bert_core.finetune.train import run_job
+from bert_core.instances.batch import create_instance_batch, write_instance_shards
+from bert_core.instances.pairs import DocumentPool
+from bert_core.model.bert import BertForPreTraining, flops_per_token, pretraining_plan
+from bert_core.pretrain.data import PretrainingLoader, read_vocab, to_device, vocab_ids
+from bert_core.pretrain.ds_config import loop_clipping
+from bert_core.pretrain.launch import launch_pretraining
+from bert_core.pretrain.loop import backward_and_step, build_engine
+from bert_core.pretrain.metrics import read_metrics, train_rows
+
 STAGES = ("env", "e2e", "numerics", "variants", "e2e_large", "compare", "resume", "finetune")
-# The slot: one machine start, then two calls, each under the 600 s command limit with its own
-# budget (docs/benchmarks.md, "The slot's plan"). The second call reads nothing the first wrote,
-# so it runs the same on a fresh machine.
+# Each call has its own budget and reads nothing another wrote: it runs the same on a fresh machine.
 SLOT_CALLS = {1: (("env", "e2e", "numerics", "variants"), 420),
               2: (("env", "e2e_large", "compare", "resume", "finetune"), 300)}
 TIMEOUTS = {"env": 60, "e2e": 150, "numerics": 60, "variants": 300, "e2e_large": 150, "compare": 120,
@@ -59,6 +67,7 @@ SEQ = 128
 MAX_PREDICTIONS = 20
 RAW_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_label")
+BUCKETS = 8  # the variants' and the presets' token_buckets
 
 
 class Plan:
@@ -66,17 +75,14 @@ class Plan:
 
     def __init__(self, dry_run: bool, precision: str | None = None) -> None:
         self.dry_run = dry_run
-        self.accelerator = "cpu" if dry_run else "gpu"
-        self.size = "tiny" if dry_run else "base"
+        self.accelerator, self.size = ("cpu", "tiny") if dry_run else ("gpu", "base")
         self.precision = precision or ("fp32" if dry_run else "bf16")
         self.steps, self.checkpoint_at = (4, 2) if dry_run else (30, 15)
         self.log_every = 1 if dry_run else 5
         # e2e and variants at the micro-batch of the fastest in-process row (one per step on GPU)
-        self.micro_batch = 8 if dry_run else 256
-        self.global_batch = 16 if dry_run else 256
-        self.large_micro_batch = 4 if dry_run else 128
+        self.micro_batch, self.global_batch = (8, 16) if dry_run else (256, 256)
         # the dry run's e2e_large takes one micro-batch a step (e2e covers gradient accumulation)
-        self.large_global_batch = 4 if dry_run else self.global_batch
+        self.large_micro_batch, self.large_global_batch = (4, 4) if dry_run else (128, self.global_batch)
         self.variant_micro_batch = 2 if dry_run else 256  # bf16 matmuls are slow on a CPU
         # warm-up, timed; then one more for the syncs (the dry run: no warm-up, each path once)
         self.variant_steps = (0, 1) if dry_run else (5, 14)
@@ -84,52 +90,33 @@ class Plan:
         self.compile_backend = "eager" if dry_run else "inductor"
         self.compare_batches = (4, 8) if dry_run else (32, 128, 256)
         self.compare_steps = (0, 1) if dry_run else (3, 10)  # warm-up, timed
-        self.documents = 60 if dry_run else 1200
-        self.vocab_size = 2000 if dry_run else 30522
+        self.documents, self.vocab_size = (60, 2000) if dry_run else (1200, 30522)
         self.loader_workers = 0 if dry_run else 4
-
-
-# --------------------------------------------------------------------------- data
 
 
 def build_data(work: Path, plan: Plan) -> str:
     """A vocab of real fixture words plus filler, documents of Zipf-drawn words, and seq128
     instances made by the instance stage's own code (NSP pairs, masking) in 8 shards."""
-    import numpy as np
-
-    from bert_core import storage
-    from bert_core.config import InstanceConfig, SequenceSpec
-    from bert_core.instances.batch import create_instance_batch, write_instance_shards
-    from bert_core.instances.pairs import DocumentPool
-    from bert_core.pretrain.data import vocab_ids
-
     out = work / "instances"
     if storage.has_manifest(str(out)):
         return str(out)
     specials = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    words: list[str] = []
-    for tsv in sorted((ROOT / "tests" / "fixtures" / "tasks").glob("*/*.tsv")):
-        for word in tsv.read_text(encoding="utf-8").lower().split():
-            word = "".join(ch for ch in word if ch.isalnum())
-            if word and word not in words:
-                words.append(word)
-    filler = plan.vocab_size - len(specials) - len(words)
-    tokens = specials + words[: plan.vocab_size - len(specials)] + [f"w{i}" for i in range(max(0, filler))]
+    fixtures = sorted((ROOT / "tests" / "fixtures" / "tasks").glob("*/*.tsv"))
+    cleaned = ("".join(ch for ch in word if ch.isalnum())
+               for tsv in fixtures for word in tsv.read_text(encoding="utf-8").lower().split())
+    words = [word for word in dict.fromkeys(cleaned) if word]
+    filler = [f"w{i}" for i in range(plan.vocab_size - len(specials) - len(words))]  # none when negative
+    tokens = specials + words[: plan.vocab_size - len(specials)] + filler
     vocab_dir = work / "vocab"
     vocab_dir.mkdir(parents=True, exist_ok=True)
     (vocab_dir / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
     vocab_manifest = storage.write_manifest(str(vocab_dir), stage="vocab", config={"lowercase": True})
-
     rng = np.random.default_rng(0)
     first_word = len(specials)
-    ranks = np.arange(1, len(tokens) - first_word + 1)
-    p = 1.0 / ranks
+    p = 1.0 / np.arange(1, len(tokens) - first_word + 1)
     p /= p.sum()
-    docs = []
-    for _ in range(plan.documents):
-        n_sentences = int(rng.integers(4, 30))
-        docs.append([(first_word + rng.choice(len(p), size=int(rng.integers(5, 40)), p=p)).tolist()
-                     for _ in range(n_sentences)])
+    docs = [[(first_word + rng.choice(len(p), size=int(rng.integers(5, 40)), p=p)).tolist()
+             for _ in range(int(rng.integers(4, 30)))] for _ in range(plan.documents)]
     spec = SequenceSpec(max_seq_length=SEQ, max_predictions_per_seq=MAX_PREDICTIONS)
     cfg = InstanceConfig(lengths=[spec], dupe_factor=1, num_shards=8)
     batch = create_instance_batch(
@@ -149,37 +136,23 @@ def build_data(work: Path, plan: Plan) -> str:
 def pretrain_config(work: Path, plan: Plan, size: str | None = None, micro_batch: int | None = None,
                     global_batch: int | None = None, extra: tuple[str, ...] = ()) -> Any:
     """The bert-base-128 preset on one GPU (or CPU), at this check's size, steps and batch."""
-    from bert_core.config import load_config
-
-    micro = micro_batch or plan.micro_batch
     phase = {"max_seq_length": SEQ, "max_steps": plan.steps, "global_batch_size": global_batch or plan.global_batch,
-             "micro_batch_size": micro, "learning_rate": 1e-4, "warmup_steps": 3}
-    sets = [
-        f"model.size={size or plan.size}", "model.pad_vocab_to_multiple=64",
-        f"pretrain.accelerator={plan.accelerator}", "pretrain.nodes=1", "pretrain.procs_per_node=1",
-        f"pretrain.precision={plan.precision}", f"pretrain.zero_stage={1 if plan.precision == 'bf16' else 0}",
-        f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.checkpoint_every={plan.checkpoint_at}",
-        f"pretrain.log_every={plan.log_every}", "pretrain.eval_every=0", "pretrain.monitor=none",
-        f"pretrain.loader_workers={plan.loader_workers}", f"pretrain.threads_per_rank={2 if plan.dry_run else 4}",
-        f"storage_root={work}", *extra,
-    ]
+             "micro_batch_size": micro_batch or plan.micro_batch, "learning_rate": 1e-4, "warmup_steps": 3}
+    sets = [f"model.size={size or plan.size}", "model.pad_vocab_to_multiple=64",
+            f"pretrain.accelerator={plan.accelerator}", "pretrain.nodes=1", "pretrain.procs_per_node=1",
+            f"pretrain.precision={plan.precision}", f"pretrain.zero_stage={1 if plan.precision == 'bf16' else 0}",
+            f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.checkpoint_every={plan.checkpoint_at}",
+            f"pretrain.log_every={plan.log_every}", "pretrain.eval_every=0", "pretrain.monitor=none",
+            f"pretrain.loader_workers={plan.loader_workers}",
+            f"pretrain.threads_per_rank={2 if plan.dry_run else 4}", f"storage_root={work}", *extra]
     return load_config("bert-base-128", None, sets)
 
 
 def first_batch(instances: str, micro_batch: int) -> dict[str, Any]:
-    from bert_core.pretrain.data import PretrainingLoader
-
     return next(iter(PretrainingLoader(instances, SEQ, micro_batch_size=micro_batch, seed=1)))
 
 
-# --------------------------------------------------------------------------- stages
-
-
 def stage_env(work: Path, plan: Plan) -> dict[str, Any]:
-    import platform
-
-    import torch
-
     row: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
                            "nvcc": shutil.which("nvcc"), "cpus": os.cpu_count()}
@@ -206,12 +179,8 @@ def stage_env(work: Path, plan: Plan) -> dict[str, Any]:
 
 
 def launch_and_measure(work: Path, plan: Plan, run: Path, config: Any) -> dict[str, Any]:
-    """Pre-train ``config`` through the real launcher into ``run``. Rates are the metrics rows'
-    after the first logged step (warm-up): real tokens over the wall time between logged steps,
-    with checkpoint saves taken out and reported apart."""
-    from bert_core.pretrain.launch import launch_pretraining
-    from bert_core.pretrain.metrics import read_metrics, train_rows
-
+    """Pre-train ``config`` through the real launcher into ``run``. Rates: real tokens over the
+    wall time between logged steps after the first (warm-up), checkpoint saves reported apart."""
     instances = build_data(work, plan)
     shutil.rmtree(run, ignore_errors=True)
     t0 = time.perf_counter()
@@ -220,19 +189,16 @@ def launch_and_measure(work: Path, plan: Plan, run: Path, config: Any) -> dict[s
     rows = train_rows(read_metrics(str(run)))
     timed = [r for r in rows if r["step"] > rows[0]["step"]] or rows[-1:]
     phase = config.pretrain.phases[0]
-    return {
-        "model": config.model.size, "precision": config.pretrain.precision,
-        "zero_stage": config.pretrain.zero_stage, "micro_batch": phase.micro_batch_size,
-        "global_batch": phase.global_batch_size, "steps": rows[-1]["step"], "wall_s": round(wall, 1),
-        "tokens_per_s": round(statistics.fmean(r["tokens_per_s"] for r in timed)),
-        "seq_per_s": round(statistics.fmean(r["seq_per_s"] for r in timed), 1),
-        "mfu": round(statistics.fmean(r["mfu"] for r in timed), 4) if timed[0].get("mfu") else None,
-        "checkpoint_seconds": round(sum(r.get("checkpoint_seconds", 0.0) for r in rows), 2),
-        "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
-        "checkpoints": sorted(p.name for p in (run / "checkpoints" / "phase1").glob("step*")),
-        "exported": (run / "hf" / "model.safetensors").exists(),
-        "losses": {r["step"]: r["loss"] for r in rows},
-    }
+    return {"model": config.model.size, "precision": config.pretrain.precision,
+            "zero_stage": config.pretrain.zero_stage, "micro_batch": phase.micro_batch_size,
+            "global_batch": phase.global_batch_size, "steps": rows[-1]["step"], "wall_s": round(wall, 1),
+            "tokens_per_s": round(statistics.fmean(r["tokens_per_s"] for r in timed)),
+            "seq_per_s": round(statistics.fmean(r["seq_per_s"] for r in timed), 1),
+            "mfu": round(statistics.fmean(r["mfu"] for r in timed), 4) if timed[0].get("mfu") else None,
+            "checkpoint_seconds": round(sum(r.get("checkpoint_seconds", 0.0) for r in rows), 2),
+            "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
+            "checkpoints": sorted(p.name for p in (run / "checkpoints" / "phase1").glob("step*")),
+            "exported": (run / "hf" / "model.safetensors").exists(), "losses": {r["step"]: r["loss"] for r in rows}}
 
 
 def stage_e2e(work: Path, plan: Plan) -> dict[str, Any]:
@@ -250,9 +216,8 @@ def stage_e2e_large(work: Path, plan: Plan) -> dict[str, Any]:
 
 
 # Each variant is the one before it plus one change: product settings, or a DeepSpeed section
-# set over the rendered config where the change is DeepSpeed's default against ours (None drops
-# that override again). The baseline is how the product trained before these changes (the
-# stored q/k/v matrix aside, which every variant has). Every eager variant runs before the first
+# set over the rendered config (None drops that override again). The baseline is how the product
+# trained before these changes, its stored q/k/v matrix aside. Eager variants run before the first
 # compile, whose failure could leave the device unusable; the compiled ones run on static shapes.
 VARIANTS: tuple[tuple[str, tuple[str, ...], dict[str, Any]], ...] = (
     ("baseline", ("model.attention_probs_dropout_prob=0.1", "pretrain.zero_stage=1"),
@@ -270,24 +235,8 @@ KERNEL_CLASSES = (("attention", ("flash", "fmha", "attention", "sdpa", "varlen")
                   ("matmul", ("gemm", "mm", "matmul", "cutlass", "xmma", "linear")))
 
 
-def init_one_rank(backend: str) -> None:
-    """This process as rank 0 of a world of 1, as the engine expects from the launcher."""
-    import socket
-
-    import deepspeed
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    deepspeed.init_distributed(dist_backend=backend)
-
-
 def profile_shares(step, device, steps: int) -> dict[str, float]:
     """Shares of the steps' wall time: matmuls, attention, other (element-wise) kernels, idle."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
@@ -311,12 +260,7 @@ def profile_shares(step, device, steps: int) -> dict[str, float]:
 
 
 def host_syncs(step, device) -> int | None:
-    """Runs one step: the host synchronizations in it, as torch's sync debug mode reports them
-    (None off CUDA)."""
-    import warnings
-
-    import torch
-
+    """Runs one step: its host synchronizations per torch's sync debug mode (None off CUDA)."""
     if device.type != "cuda":
         step()
         return None
@@ -331,13 +275,8 @@ def host_syncs(step, device) -> int | None:
 
 
 def training_step(engine: Any, batch: dict[str, Any], losses: list[Any], max_norm: float = 0.0) -> Any:
-    """One optimizer step of ``engine`` on ``batch`` as the loop takes it (dropout reseeded per
-    step, the loop's own clipping), keeping each step's loss in ``losses`` (on the device: no
-    wait for the host)."""
-    import torch
-
-    from bert_core.pretrain.loop import backward_and_step
-
+    """One optimizer step of ``engine`` on ``batch`` as the loop takes it (dropout reseeded per step,
+    the loop's own clipping), each step's loss kept in ``losses`` on the device (no host wait)."""
     def step() -> None:
         torch.manual_seed(len(losses))
         out = engine(**batch)
@@ -350,24 +289,14 @@ def training_step(engine: Any, batch: dict[str, Any], losses: list[Any], max_nor
 
 
 def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], ds: dict[str, Any]) -> dict[str, Any]:
-    """The product's engine (``build_engine``) on the loader's first batch, ``variant_steps``
-    optimizer steps with dropout reseeded per step as the loop does."""
-    import torch
-
-    from bert_core.device import peak_flops
-    from bert_core.model.bert import flops_per_token
-    from bert_core.pretrain.data import PretrainingLoader, read_vocab, to_device
-    from bert_core.pretrain.ds_config import loop_clipping
-    from bert_core.pretrain.loop import build_engine
-
+    """The product's engine (``build_engine``) on the loader's first batch for ``variant_steps``."""
     micro = plan.variant_micro_batch  # one micro-batch an optimizer step
     config = pretrain_config(work, plan, micro_batch=micro, global_batch=micro, extra=(
         "pretrain.precision=bf16", f"pretrain.compile_backend={plan.compile_backend}", *sets))
     pre = config.pretrain
     torch._dynamo.reset()  # each variant compiles its own model, within dynamo's cache limit
     if plan.dry_run:
-        # ZeRO's engine build runs gc.collect() six times, each 0.25 CPU-s over the heap of torch,
-        # DeepSpeed and dynamo; frozen, the collections skip what is already there
+        # the engine build's six gc.collect() calls (0.25 CPU-s each) skip the heap frozen here
         gc.freeze()
     vocab_size = len(read_vocab(str(work / "vocab" / "vocab.txt")))
     engine, scheduler = build_engine(config, 0, vocab_size, ds_overrides=ds)
@@ -406,12 +335,15 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
 
 
 def stage_variants(work: Path, plan: Plan, out: Path) -> dict[str, Any]:
-    import torch
+    import deepspeed
 
     instances = build_data(work, plan)
-    init_one_rank("nccl" if torch.cuda.is_available() else "gloo")
-    sets: tuple[str, ...] = ()
-    ds: dict[str, Any] = {}
+    with socket.socket() as sock:  # this process as rank 0 of a world of 1, as the engine expects
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    sets, ds = (), {}
     rows = []
     for name, more_sets, more_ds in VARIANTS:
         sets, ds = sets + more_sets, ds | more_ds
@@ -433,20 +365,7 @@ def stage_variants(work: Path, plan: Plan, out: Path) -> dict[str, Any]:
     return {"micro_batch": plan.variant_micro_batch, "steps": sum(plan.variant_steps) + 1, "rows": rows}
 
 
-def _models(plan: Plan, vocab_size: int, attention_dropout: float | None = None):
-    """Ours and transformers' BertForPreTraining (SDPA) with the same weights, on the device."""
-    import torch
-
-    from benchmarks.common import make_pair
-
-    cfg, ours, ref, attn = make_pair(plan.size, vocab_size, attention_dropout=attention_dropout)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return cfg, ours.to(device), ref.to(device), attn, device
-
-
 def _time_steps(step, warmup: int, timed: int, device) -> float:
-    import torch
-
     for _ in range(warmup):
         step()
     if device.type == "cuda":
@@ -461,19 +380,13 @@ def _time_steps(step, warmup: int, timed: int, device) -> float:
 
 def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
                  attention_dropout: float | None) -> dict[str, Any]:
-    import torch
-
-    from benchmarks.common import hf_labels
-    from bert_core.device import peak_flops
-    from bert_core.model.bert import flops_per_token
-    from bert_core.pretrain.data import to_device
-
-    cfg, ours, ref, attn, device = _models(plan, vocab_size, attention_dropout)
+    """Ours against transformers' BertForPreTraining (SDPA), the same weights and batch, on the device."""
+    cfg, ours, ref, attn = make_pair(plan.size, vocab_size, attention_dropout=attention_dropout)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ours, ref = ours.to(device), ref.to(device)
     batch = to_device(first_batch(instances, micro), device)
-    labels = hf_labels(batch)
-    hf_inputs = {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
-                 "attention_mask": batch["attention_mask"], "labels": labels,
-                 "next_sentence_label": batch["next_sentence_label"]}
+    hf_inputs = {key: batch[key] for key in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
+    hf_inputs["labels"] = hf_labels(batch)
     fused = device.type == "cuda"
     dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float32
     out: dict[str, Any] = {"micro_batch": micro, "reference_attention": attn,
@@ -522,8 +435,6 @@ def stage_compare(work: Path, plan: Plan) -> dict[str, Any]:
 
 
 def _loss_and_grad_norm(model, batch) -> tuple[float, float]:
-    import torch
-
     model.zero_grad(set_to_none=True)
     loss = model(**batch)["loss"]
     loss.backward()
@@ -532,14 +443,6 @@ def _loss_and_grad_norm(model, batch) -> tuple[float, float]:
 
 
 def stage_numerics(work: Path, plan: Plan) -> dict[str, Any]:
-    import copy
-
-    import torch
-
-    from bert_core.config import ModelConfig
-    from bert_core.model.bert import BertForPreTraining
-    from bert_core.pretrain.data import to_device
-
     instances = build_data(work, plan)
     batch = first_batch(instances, 8 if plan.dry_run else 32)
     torch.manual_seed(0)
@@ -575,9 +478,6 @@ def stage_numerics(work: Path, plan: Plan) -> dict[str, Any]:
     return row
 
 
-BUCKETS = 8  # the variants' and the presets' token_buckets
-
-
 def fill_bucket(batch: dict[str, Any], token_buckets: int) -> tuple[dict[str, Any], int]:
     """``batch`` with padding turned into real tokens, row by row, up to a whole token bucket, and
     the bucket count that bucket is of: ``token_buckets``, or the next count whose bucket the batch
@@ -594,35 +494,25 @@ def fill_bucket(batch: dict[str, Any], token_buckets: int) -> tuple[dict[str, An
             break
         buckets += 1
     free = (mask == 0).reshape(-1).nonzero().squeeze(1)[:target - n_real]  # flat positions to fill
-    out = dict(batch)
     mask.view(-1)[free] = 1
-    out["attention_mask"] = mask
     # segment B, a word of the vocab: past every masked position, so the predictions stay as they are
-    out["token_type_ids"] = batch["token_type_ids"].reshape(-1).index_fill(0, free, 1).view(B, T)
-    out["input_ids"] = batch["input_ids"].reshape(-1).index_fill(0, free, 1000).view(B, T)
-    return out, buckets
+    return dict(batch, attention_mask=mask,
+                token_type_ids=batch["token_type_ids"].reshape(-1).index_fill(0, free, 1).view(B, T),
+                input_ids=batch["input_ids"].reshape(-1).index_fill(0, free, 1000).view(B, T)), buckets
 
 
 def bucket_numerics(cpu_model: Any, batch: dict[str, Any], device: Any) -> list[dict[str, Any]]:
-    """The loss and gradient norm of a token-bucketed batch against the exact batch (no buckets),
-    eagerly in bf16 on the device, for the loader's batch and for one whose extra ``cu_seqlens``
-    entries are all empty. The packed attention (varlen) sees these zero-length sequences here,
-    before any compiled variant does."""
-    import copy
-
-    import torch
-
-    from bert_core.model.bert import pretraining_plan
-    from bert_core.pretrain.data import to_device
-
+    """Loss and gradient norm of a token-bucketed batch against the exact batch, eagerly in bf16 on
+    the device, for the loader's batch and one whose extra ``cu_seqlens`` entries are all empty: the
+    packed attention (varlen) sees these zero-length sequences here, before any compiled variant."""
     model = copy.deepcopy(cpu_model).to(device, dtype=torch.bfloat16)
     raw = {k: batch[k] for k in RAW_KEYS}
     rows = []
     for name, (inputs, buckets) in (("loader", (raw, BUCKETS)), ("extra_entries_empty", fill_bucket(raw, BUCKETS))):
-        exact = inputs | pretraining_plan(inputs["attention_mask"], inputs["masked_lm_positions"],
-                                          inputs["masked_lm_ids"], inputs["masked_lm_weights"])
-        bucketed = inputs | pretraining_plan(inputs["attention_mask"], inputs["masked_lm_positions"],
-                                             inputs["masked_lm_ids"], inputs["masked_lm_weights"], buckets)
+        plan_inputs = [inputs[k] for k in
+                       ("attention_mask", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")]
+        exact = inputs | pretraining_plan(*plan_inputs)
+        bucketed = inputs | pretraining_plan(*plan_inputs, buckets)
         B = inputs["input_ids"].shape[0]
         cu = bucketed["cu_seqlens"]
         empty = int((cu[B + 1:] == cu[B:-1]).sum())
@@ -638,9 +528,6 @@ def bucket_numerics(cpu_model: Any, batch: dict[str, Any], device: Any) -> list[
 
 def attention_kernels(model, batch, device) -> list[str]:
     """Names of the attention kernels one forward pass ran (the profiler's device events)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch.no_grad(), profile(activities=activities) as prof:
         model(**batch)
@@ -650,9 +537,6 @@ def attention_kernels(model, batch, device) -> list[str]:
 
 
 def stage_resume(work: Path, plan: Plan) -> dict[str, Any]:
-    from bert_core.pretrain.launch import launch_pretraining
-    from bert_core.pretrain.metrics import read_metrics, train_rows
-
     source = work / "run-large"
     if not (source / "_MANIFEST.json").exists():
         raise RuntimeError(f"{source}: stage e2e_large did not finish; nothing to resume")
@@ -670,19 +554,14 @@ def stage_resume(work: Path, plan: Plan) -> dict[str, Any]:
     original = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(source)))}
     resumed = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(run))) if r["step"] > plan.checkpoint_at}
     diffs = {s: abs(resumed[s] - original[s]) for s in resumed if s in original}
-    return {
-        "resumed_line": next((line for line in lines if "resumed at step" in line), None),
-        "skipped": [line for line in lines if "skipped" in line],
-        "steps_compared": sorted(diffs), "max_loss_diff": max(diffs.values()) if diffs else None,
-        "within_2e-2": bool(diffs) and max(diffs.values()) <= 2e-2,
-        "exported": (run / "hf" / "model.safetensors").exists(),
-    }
+    return {"resumed_line": next((line for line in lines if "resumed at step" in line), None),
+            "skipped": [line for line in lines if "skipped" in line],
+            "steps_compared": sorted(diffs), "max_loss_diff": max(diffs.values()) if diffs else None,
+            "within_2e-2": bool(diffs) and max(diffs.values()) <= 2e-2,
+            "exported": (run / "hf" / "model.safetensors").exists()}
 
 
 def stage_finetune(work: Path, plan: Plan) -> dict[str, Any]:
-    from bert_core.config import FinetuneConfig
-    from bert_core.finetune.train import run_job
-
     checkpoint = work / "run-large" / "hf"
     if not (checkpoint / "model.safetensors").exists():
         raise RuntimeError(f"{checkpoint}: stage e2e_large did not export a model")
@@ -695,17 +574,9 @@ def stage_finetune(work: Path, plan: Plan) -> dict[str, Any]:
             "score": metrics["main"], "train": metrics["train"], "counts": metrics["counts"]}
 
 
-STAGE_FUNCTIONS = {"env": stage_env, "e2e": stage_e2e, "variants": stage_variants, "compare": stage_compare,
-                   "e2e_large": stage_e2e_large, "numerics": stage_numerics, "resume": stage_resume,
+STAGE_FUNCTIONS = {"env": stage_env, "e2e": stage_e2e, "numerics": stage_numerics, "variants": stage_variants,
+                   "e2e_large": stage_e2e_large, "compare": stage_compare, "resume": stage_resume,
                    "finetune": stage_finetune}
-
-
-# --------------------------------------------------------------------------- driver
-
-
-def e2e_line(r: dict[str, Any]) -> str:
-    return (f"{r['model']} mb {r['micro_batch']}: {r['steps']} steps, {r['tokens_per_s']} tok/s, MFU {r['mfu']}, "
-            f"checkpoints {r['checkpoint_seconds']} s, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
 
 
 def summary(stage: str, row: dict[str, Any]) -> str:
@@ -715,8 +586,9 @@ def summary(stage: str, row: dict[str, Any]) -> str:
     text = {
         "env": lambda: f"{r.get('gpu', 'cpu')} {r.get('gpu_memory_gib', '')} GiB, torch {r['torch']} "
                        f"CUDA {r['cuda']}, DeepSpeed {r['deepspeed']}, nvcc {'yes' if r['nvcc'] else 'no'}",
-        "e2e": lambda: e2e_line(r),
-        "e2e_large": lambda: e2e_line(r),
+        "e2e": lambda: f"{r['model']} mb {r['micro_batch']}: {r['steps']} steps, {r['tokens_per_s']} tok/s, "
+                       f"MFU {r['mfu']}, checkpoints {r['checkpoint_seconds']} s, "
+                       f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}",
         "variants": lambda: "; ".join(f"{x['variant']} " + (f"{x['tokens_per_s']} tok/s MFU {x['mfu']} "
                                       f"syncs {x['host_syncs_per_step']} loss {x['loss_at_step'][1]:.3f}"
                                       if "tokens_per_s" in x else f"FAILED {x['error'][:80]}")
@@ -730,7 +602,7 @@ def summary(stage: str, row: dict[str, Any]) -> str:
                                 for b in r["buckets"]) + f"; kernels {r['attention_kernels'][:3]}",
         "resume": lambda: f"skipped {len(r['skipped'])}, max loss diff {r['max_loss_diff']}",
         "finetune": lambda: f"{r['task']} {r['main_metric']} {r['score']}, {r['train']}",
-    }[stage]
+    }[stage.removesuffix("_large")]  # e2e_large's line reads as e2e's
     return f"[{stage}] ok ({row['seconds']:.0f} s): {text()}"
 
 
@@ -740,13 +612,6 @@ def append_row(out: Path, row: dict[str, Any]) -> None:
         f.write(json.dumps(row, default=str) + "\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-def run_stage_inline(stage: str, work: Path, out: Path, plan: Plan) -> None:
-    """The child process: one stage, its result as the last line of output."""
-    fn = STAGE_FUNCTIONS[stage]
-    result = fn(work, plan, out) if stage == "variants" else fn(work, plan)
-    print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
 
 
 def _descendants(pid: int) -> set[int]:
@@ -773,17 +638,13 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
     SIGKILL for whatever is left after ``grace`` seconds."""
     groups = set()
     for pid in {proc.pid} | _descendants(proc.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
     groups.discard(os.getpgid(0))  # never this driver's own group
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for group in groups:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
         try:
             proc.wait(grace if sig == signal.SIGTERM else None)
         except subprocess.TimeoutExpired:
@@ -801,9 +662,8 @@ def start_stage(stage: str, work: Path, out: Path, plan: Plan) -> subprocess.Pop
 
 
 def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> dict[str, Any]:
-    """One stage, its output streamed into ``OUT/gpu_check.log`` as it comes; past ``timeout``,
-    or when this process is stopped, the stage and everything it started are stopped. Returns
-    the stage's row."""
+    """One stage's row, its output streamed into ``OUT/gpu_check.log``; past ``timeout``, or when
+    this process is stopped, the stage and everything it started are stopped."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"stage": stage, "dry_run": plan.dry_run, "time": time.time()}
     tail: deque[str] = deque(maxlen=12)
@@ -813,7 +673,6 @@ def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> 
         log.flush()
 
         def pump() -> None:
-            assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
@@ -860,9 +719,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="The slot's call: its stages and budget (docs/benchmarks.md, the slot's plan).")
     p.add_argument("--stages", help=f"Comma-separated stages to run, in order, of {', '.join(STAGES)} "
                                     "(default: the call's, else all).")
-    p.add_argument("--gpu-left-s", type=float,
-                   help=f"The slot's GPU time left (the device tool's budget_left_s); the call keeps "
-                        f"{SLOT_RESERVE_S} s of it for the transfer back.")
+    p.add_argument("--gpu-left-s", type=float, help=f"The slot's GPU time left (the device tool's "
+                   f"budget_left_s); the call keeps {SLOT_RESERVE_S} s of it for the transfer back.")
     p.add_argument("--budget-s", type=float, help="Seconds this call may take (default: the call's).")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="Default: bf16 on GPU, fp32 in the dry run.")
     p.add_argument("--stage", help=argparse.SUPPRESS)  # the child process's one stage
@@ -872,19 +730,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work).resolve() if args.work else out.parent / "gpu-check-work"
     work.mkdir(parents=True, exist_ok=True)
-    if args.stage:
-        # A stopped stage raises SystemExit here, so the launcher's own cleanup runs (run_launch).
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # Stopped (SIGTERM), a stage raises SystemExit, so the launcher's own cleanup runs (run_launch),
+    # and the call stops its stage too, keeping the rows written so far.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if args.stage:  # the child process: one stage, its result as the last line of output
         try:
-            run_stage_inline(args.stage, work, out, plan)
+            function = STAGE_FUNCTIONS[args.stage]
+            result = function(work, plan, out) if args.stage == "variants" else function(work, plan)
+            print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
         except Exception:
             traceback.print_exc()
             return 1
         return 0
     if plan.dry_run:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # Stopped (SIGTERM), the call stops its stage too, keeping the rows written so far.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     start = time.perf_counter()
     stages = ([s.strip() for s in args.stages.split(",") if s.strip()] if args.stages
               else list(SLOT_CALLS[args.call][0] if args.call else STAGES))
