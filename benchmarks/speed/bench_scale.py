@@ -268,8 +268,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1,10,30", help="Corpus sizes, multiples of the sample (the smallest "
-                        "sizes the later stages' inputs: with 1, its documents are the unit).")
+    parser.add_argument("--sizes", default="1,10,30", help="Corpus sizes, multiples of the sample.")
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--no-distinct", action="store_true", help="Copies only, no distinct text.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the work folders here.")
@@ -279,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     stages = tuple(s for s in STAGES if s in args.stages.split(","))
+    if sizes[0] != 1 and set(stages) - {"clean"}:
+        parser.error("--sizes must include 1: the documents its corpus stage keeps size the later stages' inputs")
     distinct: list[Path] = []
     if not args.no_distinct:
         from benchmarks.text.distinct_text import cached, interleaved, text_files
