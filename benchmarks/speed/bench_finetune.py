@@ -43,16 +43,13 @@ def run_ours(checkpoint: str, train, dev, cfg, seed: int, pad_id: int) -> dict:
 
 
 def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, workdir: str) -> dict:
+    import functools
+
     import numpy as np
     import torch
     from transformers import BertForSequenceClassification, Trainer, TrainingArguments
 
     from bert_core.finetune.data import collate
-
-    def collator(rows):
-        batch = collate("classification", rows, pad_id)
-        return {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
-                "attention_mask": batch["attention_mask"], "labels": batch["labels"]}
 
     steps_per_epoch = -(-len(train) // cfg.batch_size)
     total = max(1, int(np.ceil(steps_per_epoch * cfg.num_train_epochs)))
@@ -66,7 +63,8 @@ def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, w
     )
     torch.manual_seed(seed)
     model = BertForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
-    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator)
+    trainer = Trainer(model=model, args=args, train_dataset=train,
+                      data_collator=functools.partial(collate, "classification", pad_id=pad_id))
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
