@@ -1,7 +1,8 @@
 """Concurrent writers of one folder: real `bertpipe` processes of the same stage with the same
 inputs, started together (or one killed with SIGKILL). Each case ends with every run finished and
 outputs byte-identical to a single run's, or with one waiting on the other; `bertpipe verify` is
-clean on every folder with a manifest."""
+clean on every folder with a manifest. Where a test needs the runs to overlap, it holds the
+folder's lease while they start."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,14 +94,38 @@ def single_run(stage: str, inputs: dict[str, str], output: str) -> dict[str, byt
     return shard_bytes(output)
 
 
-def concurrent_runs(stage: str, inputs: dict[str, str], root: Path, writers: int, env=None) -> None:
-    """``writers`` runs of ``stage`` into one folder at once: all finish, one folder, the bytes
-    of a single run, verify clean."""
+def drained(proc: subprocess.Popen) -> tuple[list[str], threading.Thread]:
+    """The process's output lines as they come, read by a thread of their own."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def concurrent_runs(stage: str, inputs: dict[str, str], root: Path, writers: int) -> None:
+    """``writers`` runs of ``stage`` into one folder at once, started while this test holds the
+    folder's lease so that all of them are running when it is let go: all finish, one folder, the
+    bytes of a single run, verify clean."""
     out = str(root / "together")
-    results = finish([bertpipe(*stage_args(stage, inputs, out), env=env) for _ in range(writers)])
-    for code, text in results:
-        assert code == 0, text[-3000:]
-    assert sum("waiting for it to finish" in text for _, text in results) >= 1
+    held = lease.acquire(out, stage)
+    procs = [bertpipe(*stage_args(stage, inputs, out)) for _ in range(writers)]
+    outputs = [drained(p) for p in procs]
+    deadline = time.time() + 300
+    while time.time() < deadline and not all(
+            any("waiting for it to finish" in line for line in lines) or p.poll() is not None
+            for p, (lines, _) in zip(procs, outputs, strict=True)):
+        time.sleep(0.2)
+    lease.release(held)
+    for p, (lines, reader) in zip(procs, outputs, strict=True):
+        code = p.wait(600)
+        reader.join()
+        assert code == 0, "".join(lines)[-3000:]
+        assert any("waiting for it to finish" in line for line in lines)
     verify_all(out)
     assert shard_bytes(out) == single_run(stage, inputs, str(root / "alone"))
 
