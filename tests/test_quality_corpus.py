@@ -69,7 +69,7 @@ def test_dictd_database_becomes_one_prose_paragraph_per_entry_and_one_document_p
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(tmp_path / "usr", arcname="./usr")
     source = dt.Source("dict-tiny", "debian", "dict-tiny", "1", archive.name, "", "public domain", "tiny",
-                       "dictd", dt.DICTD_FILES)
+                       "dictd", next(s for s in dt.SOURCES if s.markup == "dictd").include)
     docs = dict(dt.documents(source, archive))
     assert sorted(docs) == ["a.txt", "b.txt", "c.txt", "other.txt"]
     assert docs["c.txt"] == "An instrument employed in the rectification of national boundaries.\n"
