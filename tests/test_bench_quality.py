@@ -328,3 +328,17 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     assert again["cache"] == {"reused": computed, "computed": 0}
     assert reproduced(again, result) == 0
     assert not any(work.glob("**/done.json"))  # nothing pre-trained again
+
+
+def test_report_refuses_a_file_that_is_not_a_result_in_one_line(tmp_path, capsys):
+    from benchmarks.quality.__main__ import main
+
+    (tmp_path / "cut.json").write_text('{"arms": [')
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    for name, why in (("missing.json", "not a readable JSON file"), ("cut.json", "not a readable JSON file"),
+                      ("other.json", "not a quality protocol's result (no machine")):
+        with pytest.raises(SystemExit) as stopped:
+            main(["report", "--output", str(tmp_path / name)])
+        assert stopped.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert str(tmp_path / name) in last and why in last and "Traceback" not in last

@@ -40,11 +40,24 @@ def main(argv: list[str] | None = None) -> int:
         out.add_argument("--output", required=True)
         out.add_argument("--expect", help="a committed result: exit 1 unless --output has its numbers and ran no job")
         given = out.parse_args(rest)
-        result = json.loads(Path(given.output).read_text())
+        result = read_result(given.output, out)
         protocol.print_report(result)
-        return 0 if given.expect is None else reproduced(result, json.loads(Path(given.expect).read_text()))
+        return 0 if given.expect is None else reproduced(result, read_result(given.expect, out))
     extra = ["--pretrain-only"] if args.command == "pretrain" else []
     return protocol.main(["--protocol", args.protocol, *extra, *rest])
+
+
+def read_result(path: str, parser: argparse.ArgumentParser) -> dict:
+    """A protocol's result file, or one line saying why it is not one (exit 2)."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        parser.error(f"{path}: not a readable JSON file ({err})")
+    missing = [k for k in ("machine", "protocol", "tasks", "arms", "endpoints", "cache") if k not in result]
+    if missing:
+        parser.error(f"{path}: not a quality protocol's result (no {', '.join(missing)}); give the JSON that "
+                     "`benchmarks.quality score --output` writes")
+    return result
 
 
 def reproduced(result: dict, expected: dict) -> int:
