@@ -3,11 +3,9 @@
     from benchmarks.quality.finetune import finetune_examples
     scores = finetune_examples(checkpoint, {"train": train, "dev": dev}, "dev", labels, {"learning_rate": 1e-3}, seed=1)
 
-A setting is a dict of ``FinetuneConfig`` fields (``learning_rate``, ``batch_size``,
-``max_seq_length``, ``pooling``, ``reinit_layers``, ``layerwise_lr_decay``) plus ``epochs`` and
-``min_steps``: a job takes ``max(epochs x steps per epoch, min_steps)`` optimizer steps, so a
-setting chosen on the full training set still trains a 100-example subsample for long enough.
-Scores are accuracy and macro-F1 on the 0-100 scale.
+A setting is ``FinetuneConfig`` fields plus ``epochs`` and ``min_steps``: a job takes
+``max(epochs x steps per epoch, min_steps)`` steps, so that a 100-example subsample trains long
+enough. Scores are accuracy and macro-F1, 0-100.
 """
 
 from __future__ import annotations
