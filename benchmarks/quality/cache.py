@@ -18,10 +18,8 @@ from pathlib import Path
 
 
 class Cache:
-    """Finished work on disk, one JSON file per job, named by a hash of everything that decides its
-    result; with ``reuse`` a job whose file exists is read, not run again. With ``reuse`` and no
-    folder yet, the folder starts as ``archive`` holds it (:func:`pack_cache`): finished jobs
-    travel to another machine as that one file."""
+    """With ``reuse``, a job whose file exists is read, not run again, and a missing folder starts
+    as ``archive`` holds it (:func:`pack_cache`)."""
 
     def __init__(self, folder: Path, reuse: bool, archive: Path | None = None) -> None:
         self.folder, self.reuse = folder, reuse
