@@ -123,6 +123,6 @@ quality-v3: $(STAMP)
 
 quality-v3-reproduce: $(STAMP)
 	rm -rf $(QUALITY_V3_WORK)-reproduced
-	$(call QUALITY_V3,score,$(QUALITY_V3_WORK)-reproduced) --every-setting --heldout-genres \
+	$(call QUALITY_V3,score,$(QUALITY_V3_WORK)-reproduced) --cache-only --every-setting --heldout-genres \
 		--output bench-results/quality-v3-reproduced.json --plot ''
 	$(BIN)/python -m benchmarks.quality report --output bench-results/quality-v3-reproduced.json --expect docs/quality-v3.json

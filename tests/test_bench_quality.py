@@ -323,11 +323,15 @@ def test_quick_protocol_keeps_every_run_subsample_and_seed_and_reuses_them(tmp_p
     archive = tmp_path / "quality-cache.tar.xz"
     assert main(argv + ["--pack-cache", "--cache-archive", str(archive)]) == 0
     shutil.rmtree(work)
-    assert main(argv + ["--reuse", "--cache-archive", str(archive)]) == 0
+    assert main(argv + ["--cache-only", "--cache-archive", str(archive)]) == 0
     again = json.loads(out.read_text())
     assert again["cache"] == {"reused": computed, "computed": 0}
     assert reproduced(again, result) == 0
     assert not any(work.glob("**/done.json"))  # nothing pre-trained again
+    # a cache that lacks a job stops a reproduction in one line, before it runs anything
+    next(iter(sorted((work / "cache").glob("*.json")))).unlink()
+    with pytest.raises(SystemExit, match="the cache is incomplete"):
+        main(argv + ["--cache-only"])
 
 
 def test_report_refuses_a_file_that_is_not_a_result_in_one_line(tmp_path, capsys):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 class Cache:
     """With ``reuse``, a job whose file exists is read, not run again, and a missing folder starts
-    as ``archive`` holds it (:func:`pack_cache`)."""
+    as ``archive`` holds it (:func:`pack_cache`); with ``only``, a job not there stops the run."""
 
-    def __init__(self, folder: Path, reuse: bool, archive: Path | None = None) -> None:
-        self.folder, self.reuse = folder, reuse
+    def __init__(self, folder: Path, reuse: bool, archive: Path | None = None, only: bool = False) -> None:
+        self.folder, self.reuse, self.only = folder, reuse, only
         self.hits = self.misses = 0
         if reuse and archive is not None and archive.exists() and not folder.exists():
             unpack_cache(archive, folder)
@@ -58,6 +58,8 @@ def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable
     once)."""
     values: list = [cache.lookup(key) for key, _, _ in jobs]
     todo = [i for i, v in enumerate(values) if v is None]
+    if todo and getattr(cache, "only", False):
+        raise SystemExit(f"{label}: {len(todo)} of {len(jobs)} jobs are not in {cache.folder}: the cache is incomplete")
     if len(todo) < len(jobs):
         print(f"  {label}: {len(jobs) - len(todo)} of {len(jobs)} jobs reused", flush=True)
     started, queue, running = time.monotonic(), list(reversed(todo)), {}

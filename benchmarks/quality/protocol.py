@@ -60,9 +60,6 @@ def size_name(size: int | None) -> str:
     return "all" if size is None else str(size)
 
 
-# --------------------------------------------------------------------------- pure helpers
-
-
 def run_value(run: dict, tasks: list[str], size: str, metric: str = "macro_f1") -> float | None:
     """A run's value at a size: the mean over tasks of its mean over subsamples (None if missing)."""
     per_task = []
@@ -94,9 +91,6 @@ def endpoints(arms: list[dict], tasks: list[str], sizes: list[str]) -> list[dict
                         "runs": [len(a), len(b)], **welch(a, b), "per_task": per_task,
                         "regression": sorted(t for t, g in per_task.items() if g["gain"] < 0) if size == "300" else []})
     return out
-
-
-# --------------------------------------------------------------------------- the protocol
 
 
 def curve_draws(plan: dict) -> list[tuple[int | None, int]]:
@@ -342,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-archive", default=None,
                         help="finished jobs as one file: --reuse starts --work's cache from it when the cache is "
                              "missing; --pack-cache writes it (default: the protocol's cache_archive, none with --quick)")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="--reuse, and a job or pre-training run not in the cache stops the run (a reproduction)")
     parser.add_argument("--pack-cache", action="store_true", help="write --work's finished jobs to --cache-archive")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
     parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
@@ -420,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = work / args.corpus
         print(f"pre-training corpus {args.corpus}: {', '.join(p for _, p in inputs)}; no dev/test text in it",
               flush=True)
-    cache = Cache(work / "cache", args.reuse, archive)
+    cache = Cache(work / "cache", args.reuse or args.cache_only, archive, only=args.cache_only)
     base_key = {"recipe": recipe.key(), "instances": instances_digest(instances), "quick": args.quick,
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
 
@@ -445,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks,
                           "pretrain_seed": seed}
         done = cache.lookup(key | {"pretrained": True})  # with it, jobs read from the cache need no checkpoint
+        if done is None and cache.only:
+            raise SystemExit(f"A {budget:g} seed {seed}: its pre-training run is not in {cache.folder}: the cache is incomplete")
         if done is None:
             done = pretrain(recipe, instances, folder, steps[budget], args.ranks, seed)
             cache.store(key | {"pretrained": True}, done)
