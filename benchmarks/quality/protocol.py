@@ -197,10 +197,8 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
 
 def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: dict, tasks: dict,
                       plan: dict) -> None:
-    """The run's test scores at every setting of the grid at the every-setting sizes and
-    subsamples (:func:`every_setting_draws`): ``run["every_setting"][cell]``, one job per subsample
-    (cells ``task/size/setting``, settings numbered from 1 in grid order). The arm's own setting's
-    cells are its curve's jobs of those subsamples, read from the curve, never run again."""
+    """``run["every_setting"]["task/size/setting"]``: test scores at every grid setting (numbered
+    from 1) and :func:`every_setting_draws`; the arm's own setting's cells are its curve's jobs."""
     from benchmarks.quality.choice import cell
 
     draws = every_setting_draws(plan)
@@ -323,7 +321,7 @@ def plot(result: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.quality import tasks as qt
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmarks.quality", description=__doc__.split("\n")[0])
     parser.add_argument("--samples", default=None, help="sample folder (default: benchmarks.common.samples())")
     parser.add_argument("--work", default=str(RESULTS / "quality-data"), help="corpus, runs and the job cache")
     parser.add_argument("--recipe", default=CHOSEN, choices=list(RECIPES), help="pre-training recipe of arm A")
@@ -380,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--pack-cache with --quick needs --cache-archive")
         print(f"wrote {pack_cache(work / 'cache', archive)} finished jobs to {archive}")
         return 0
+    if args.cache_only and not (work / "cache").exists() and not (archive and archive.exists()):
+        parser.error(f"--cache-only: neither {work / 'cache'} nor {archive} is there to read the jobs from")
     sample_dir = Path(args.samples) if args.samples else samples()
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

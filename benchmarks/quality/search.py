@@ -436,7 +436,7 @@ def numbers(flag: str, text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import samples as default_samples
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmarks.quality", description=__doc__.split("\n")[0])
     parser.add_argument("step", choices=["prepare", "pretrain", "evaluate"])
     parser.add_argument("--work", default="/work/quality-runs", help="the test phase's --work")
     parser.add_argument("--samples", default=None, help="the samples folder")
