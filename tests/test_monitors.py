@@ -20,7 +20,6 @@ def test_each_monitor_renders_a_section_deepspeed_accepts(monitor, section, tmp_
     assert getattr(parsed, section).enabled
 
 
-
 @pytest.mark.slow
 def test_a_real_pretraining_run_logs_to_an_offline_wandb_run(samples_dir, tmp_path):
     """`bertpipe pretrain` with pretrain.monitor=wandb and WANDB_MODE=offline: DeepSpeed's W&B
