@@ -346,3 +346,18 @@ def test_report_refuses_a_file_that_is_not_a_result_in_one_line(tmp_path, capsys
         assert stopped.value.code == 2
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert str(tmp_path / name) in last and why in last and "Traceback" not in last
+
+
+def test_a_cut_cache_archive_is_one_line_and_leaves_nothing(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.quality.cache import pack_cache
+
+    with ThreadPoolExecutor(1) as pool:
+        Cache(tmp_path / "done", reuse=True).run(pool, [({"job": n}, pow, (n, 2)) for n in range(50)], "t")
+    archive = tmp_path / "cut.tar.xz"
+    pack_cache(tmp_path / "done", archive)
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    with pytest.raises(SystemExit, match="cut.tar.xz: not a whole cache archive"):
+        Cache(tmp_path / "new" / "cache", reuse=True, archive=archive)
+    assert not (tmp_path / "new" / "cache").exists() and not list((tmp_path / "new").glob("*.part"))

@@ -102,12 +102,17 @@ def pack_cache(folder: Path, archive: Path) -> int:
 
 def unpack_cache(archive: Path, folder: Path) -> None:
     """The jobs of a :func:`pack_cache` archive as a :class:`Cache` folder (written whole, then renamed)."""
+    import lzma
     import tarfile
 
     tmp = folder.with_name(f"{folder.name}.{os.getpid()}.part")
     shutil.rmtree(tmp, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+    except (tarfile.TarError, EOFError, lzma.LZMAError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SystemExit(f"{archive}: not a whole cache archive ({err}); get it again from git") from None
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp.replace(folder)
 

@@ -2,11 +2,9 @@
 inputs, their vocab and instances, and a checkpoint's measures per genre, built by the protocol's
 ``--corpus k1|k2`` and the choice's ``prepare``.
 
-A document is a tweet, a Wikipedia article or a paragraph of a book file (a speech of a play, a
-verse, a dictionary entry). Task texts leave by tweet and paragraph, and by article in the dump,
-whose pages are kept or dropped whole. The instances keep no document ids: a genre's pieces are
-its share of the training documents' pieces, and its epochs seen the run's sequences over the
-instances (the same for every genre).
+A document is a tweet, a Wikipedia article or a paragraph of a book file. Task texts leave by
+tweet, paragraph and whole article. A genre's pieces are its share of the training documents'
+pieces (the instances keep no document ids).
 """
 
 from __future__ import annotations

@@ -118,8 +118,7 @@ def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: 
 
 
 def chosen_on_dev(task: str, grid: list[dict], scored: list[dict]) -> dict:
-    """The setting of ``grid`` that the product's choice on dev selects by macro-F1
-    (``bert_core.finetune.report.select``), from each setting's dev scores (one seed each)."""
+    """The setting of ``grid`` the product's choice on dev (``report.select``) takes by macro-F1."""
     from benchmarks.quality.finetune import product_setting
     from bert_core.finetune.report import seed_stats, select
 
@@ -232,11 +231,10 @@ def every_setting_endpoint(arms: list[dict], tasks: list[str], plan: dict) -> di
 
 def goals(arms: list[dict], endpoint_rows: list[dict], every_setting: dict[str, list[dict]], tasks: list[str],
           plan: dict, genres: list[str] | None) -> dict[str, list[dict]]:
-    """Version 2's goals per A arm, each met or not with its figures: 1, every setting (the
-    interval's lower end above 0 in every cell at the goal sizes); 2, A's mean macro-F1 above
-    TF-IDF + LR's at the last goal size on every task; 3, the primary gain at least +3 with its
-    interval above 0 at each goal size; 4, held-out MLM accuracy on each task's test text and on
-    each of ``genres``' set-aside documents (None: not measured) for every A and B run."""
+    """The goals per A arm, each met or not with its figures: 1, every setting's interval above 0
+    at the goal sizes; 2, A above TF-IDF + LR at the last goal size on every task; 3, the primary
+    gain at least +3 with its interval above 0; 4, held-out MLM accuracy of every run on each task
+    and on each of ``genres``' set-aside documents (None: not measured)."""
     from benchmarks.quality.choice import goal_every_setting
 
     sizes = plan["goal_sizes"]
@@ -280,9 +278,8 @@ def _number(value) -> bool:
 
 
 def freeze_check(recipe: str, choice: str | None, quick: bool, version: str = "v2") -> dict | None:
-    """A version-2 recipe's test phase starts only on its frozen choice (``--choice``, default the
-    ``version``'s data file; ``--quick`` without ``--choice`` skips the check): the
-    choice, or a one-line refusal (``choice.frozen_choice``). None for a version-1 recipe."""
+    """A candidate's test phase starts only on its frozen choice (``--choice``, else the version's):
+    the choice, or a one-line refusal; None for another recipe or ``--quick`` without ``--choice``."""
     from benchmarks.quality.choice import frozen_choice
 
     if recipe not in candidates("v2") or (quick and choice is None):
