@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root: benchmarks run from it, as modules
+ROW_KEYS = ("measure", "ours", "reference", "ratio", "unit")
 
 
 def cache() -> Path:
@@ -48,10 +49,8 @@ def reference_venv(folder: str, packages: list[str], imports: str) -> Path:
 def row(measure: str, ours: float | None, reference: float | None, unit: str, ratio: float | None = None,
         digits: int = 3, **extra) -> dict:
     """One row of the table run_all prints: ours and the reference side by side, and their ratio."""
-    def rounded(value: float | None) -> float | None:
-        return None if value is None else round(value, digits)
-
-    return {"measure": measure, "ours": rounded(ours), "reference": rounded(reference),
+    ours, reference = (None if v is None else round(v, digits) for v in (ours, reference))
+    return {"measure": measure, "ours": ours, "reference": reference,
             "ratio": None if ratio is None else round(ratio, max(digits, 3)), "unit": unit, **extra}
 
 
@@ -68,13 +67,27 @@ def sample_texts(root: Path) -> list[str]:
 
 
 def write_rows(name: str, rows: list[dict], **extra) -> Path:
-    """Write ``bench-results/<name>.json`` = {"rows": rows, **extra}, the file run_all tabulates."""
+    """Print the rows and write ``bench-results/<name>.json`` = {"rows": rows, **extra}, the file
+    run_all tabulates."""
     import json
 
+    width = max((len(r["measure"]) for r in rows), default=0)
+    for r in rows:
+        more = "".join(f"  {k}={v}" for k, v in r.items() if k not in ROW_KEYS)
+        print(f"{r['measure']:<{width}}  ours {r['ours']!s:>10}  reference {r['reference']!s:>10}  "
+              f"ratio {r['ratio']!s:>6}  {r['unit']}{more}")
     out = Path("bench-results") / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"rows": rows, **extra}, indent=2))
+    print(f"wrote {out}")
     return out
+
+
+def distinct_files() -> list[Path]:
+    """The distinct real text (:mod:`benchmarks.text.distinct_text`), fetched once, every source in turn."""
+    from benchmarks.text.distinct_text import cached, interleaved, text_files
+
+    return interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr))))
 
 
 def machine() -> dict[str, str | int]:
@@ -185,11 +198,11 @@ def measure(argv: list[str], log: Path, env: dict[str, str] | None = None, every
             "processes": peak["processes"]}
 
 
-def cpu_timed(fn):
-    """``fn()`` and the CPU seconds this process spent on it."""
-    start = time.process_time()
+def timed(fn, clock=time.process_time):
+    """``fn()`` and the seconds it took by ``clock`` (default: this process's CPU time)."""
+    start = clock()
     result = fn()
-    return result, time.process_time() - start
+    return result, clock() - start
 
 
 # --------------------------------------------------------------------------- statistics, and ours beside transformers

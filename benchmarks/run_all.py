@@ -73,19 +73,12 @@ def command(name: str) -> list[str]:
     return [sys.executable, "-m", module, *SETTINGS.get(name, Setting()).args]
 
 
-def saved(name: str) -> dict:
-    """A benchmark's saved rows, "ok" where it wrote what it should (rows, or its file for a check)."""
+def run_one(name: str, samples: str, timeout: int | None = None) -> dict:
+    """Run one benchmark in its own process from the repository root; return its status and rows
+    ("ok" where it wrote what it should: rows, or its file for a check)."""
     setting = SETTINGS.get(name, Setting())
     out = RESULTS / (setting.result or f"{name}.json")
-    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
-    written = bool(rows) or (not setting.table and out.exists())
-    return {"name": name, "status": "ok" if written else "no results", "seconds": None, "rows": rows}
-
-
-def run_one(name: str, samples: str, timeout: int | None = None) -> dict:
-    """Run one benchmark in its own process from the repository root; return its status and rows."""
-    setting = SETTINGS.get(name, Setting())
-    (RESULTS / (setting.result or f"{name}.json")).unlink(missing_ok=True)
+    out.unlink(missing_ok=True)
     cmd = command(name)
     limit = timeout or setting.timeout
     print(f"\n=== bench_{name} (at most {limit} s): {' '.join(cmd)}", flush=True)
@@ -100,12 +93,11 @@ def run_one(name: str, samples: str, timeout: int | None = None) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         code = -1
-    result = saved(name)
-    if code == -1:
-        result["status"] = f"failed (over {limit} s)"
-    elif code:
-        result["status"] = f"failed (exit {code})"
-    return {**result, "seconds": round(time.perf_counter() - start, 1)}
+    rows = json.loads(out.read_text()).get("rows", []) if out.exists() else []
+    status = "ok" if rows or (not setting.table and out.exists()) else "no results"
+    if code:
+        status = f"failed (over {limit} s)" if code == -1 else f"failed (exit {code})"
+    return {"name": name, "status": status, "seconds": round(time.perf_counter() - start, 1), "rows": rows}
 
 
 def fmt(value: object) -> str:
@@ -118,15 +110,11 @@ def table(results: list[dict]) -> str:
     lines = ["| benchmark | measure | ours | reference | ratio | unit |", "|---|---|---|---|---|---|"]
     for res in results:
         if not res["rows"]:
-            seconds = f" in {res['seconds']:.0f} s" if res.get("seconds") is not None else ""
-            lines.append(f"| {res['name']} | {res['status']}{seconds} | | | | |")
+            lines.append(f"| {res['name']} | {res['status']} in {res['seconds']:.0f} s | | | | |")
         for row in res["rows"]:
-            ratio = row.get("ratio")
-            lines.append(
-                f"| {res['name']} | {row['measure']} | {fmt(row.get('ours'))} | "
-                f"{fmt(row.get('reference'))} | {fmt(ratio) + 'x' if ratio is not None else ''} "
-                f"| {row.get('unit', '')} |"
-            )
+            ratio = "" if row.get("ratio") is None else fmt(row["ratio"]) + "x"
+            lines.append(f"| {res['name']} | {row['measure']} | {fmt(row.get('ours'))} | {fmt(row.get('reference'))} "
+                         f"| {ratio} | {row.get('unit', '')} |")
     return "\n".join(lines)
 
 
@@ -148,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     report = table(results)
     print(f"\nMachine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, torch {info['torch']}")
     print(report)
-    print("\n" + "\n".join(f"{r['name']:>14}: {r['status']}"
-                             + (f", {r['seconds']:.0f} s" if r["seconds"] is not None else "") for r in results))
+    print("\n" + "\n".join(f"{r['name']:>14}: {r['status']}, {r['seconds']:.0f} s" for r in results))
     (RESULTS / "all.json").write_text(json.dumps({"machine": info, "results": results}, indent=2))
     (RESULTS / "all.md").write_text(f"Machine: {info}\n\n{report}\n")
     print(f"\nSaved {RESULTS / 'all.json'} and {RESULTS / 'all.md'}")

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import ROOT, measure, reference_venv, row, write_rows
+from benchmarks.common import ROOT, distinct_files, measure, reference_venv, row, write_rows
 from benchmarks.common import samples as samples_dir
 from benchmarks.text.dumps import split_dump, write_multistream
 from bert_core.corpus.dedup import normalize
@@ -34,6 +34,7 @@ PROCESSES = 2
 DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.xml.bz2"
 WORKERS = (1, PROCESSES)  # our runs: one worker process (per core), and as many as wikiextractor's
 FORCED = ("--bytes-per-worker", "0")  # every one of --workers started, whatever the input size
+LARGE_MB = 61.0  # XML of the large run: the excerpt, then distinct real text as pages
 
 
 def text_page(title: str, page_id: int, paragraphs: list[str]) -> bytes:
@@ -50,12 +51,9 @@ def text_page(title: str, page_id: int, paragraphs: list[str]) -> bytes:
 def distinct_multistream(xml: bytes, target_mb: float, out: Path) -> tuple[Path, float]:
     """The excerpt's pages, then one page per document of distinct real text (every source in
     turn) up to ``target_mb`` of XML, as a multistream dump; and its size in MB. Nothing is copied."""
-    from benchmarks.text.distinct_text import cached, interleaved, text_files
-
     header, pages, footer = split_dump(xml)
     size = len(xml)
-    files = interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr))))
-    for i, path in enumerate(files):
+    for i, path in enumerate(distinct_files()):
         if size >= target_mb * 1e6:
             break
         paragraphs = [p for p in path.read_text("utf-8").split("\n\n") if p.strip()]
@@ -171,8 +169,6 @@ def missing_kinds(ours: list[str], reference: list[str], xml: bytes) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--large-mb", type=float, default=61.0,
-                        help="XML of the large run: the excerpt, then distinct real text as pages (0: skip).")
     parser.add_argument("--repeats", type=int, default=3,
                         help="Runs of each command on each input, ours and wikiextractor in turn (medians reported).")
     args = parser.parse_args()
@@ -195,10 +191,9 @@ def main() -> None:
                             start["wx"]["wall_s"], "s", start["wx"]["wall_s"] / start[w]["wall_s"], digits=2))
             rows.append(row(f"start-up CPU time: a 1-page dump, ours {w} worker(s)", start[w]["cpu_s"],
                             start["wx"]["cpu_s"], "CPU s", start["wx"]["cpu_s"] / start[w]["cpu_s"], digits=2))
-        inputs = [("1x", "enwiki excerpt 1x", dump1, len(xml) / 1e6)]
-        if args.large_mb:
-            dump, mb = distinct_multistream(xml, args.large_mb, tmp)
-            inputs.append(("distinct", f"enwiki excerpt + distinct text as pages ({mb:.0f} MB XML, no copies)", dump, mb))
+        dump, mb = distinct_multistream(xml, LARGE_MB, tmp)
+        inputs = [("1x", "enwiki excerpt 1x", dump1, len(xml) / 1e6),
+                  ("distinct", f"enwiki excerpt + distinct text as pages ({mb:.0f} MB XML, no copies)", dump, mb)]
         tiny_mb = len(tiny_xml) / 1e6
         for name, label, dump, mb in inputs:
             runs = measured_in_turn(args.repeats, name, tmp, commands(python, dump), keep=name == "1x")
@@ -234,10 +229,6 @@ def main() -> None:
             print(f"  {len(examples):>6}  {kind}: " + " | ".join(e[:80] for e in examples[:3]))
             rows.append(row(f"wikiextractor sentences we do not keep (1x): {kind}", len(examples), None, "sentences"))
     write_rows("clean", rows)
-    for r in rows:
-        spread = f" (pair by pair {r['ratio_range'][0]}-{r['ratio_range'][1]})" if "ratio_range" in r else ""
-        print(f"{r['measure']:<60} ours {r['ours']!s:>10}  reference {r['reference']!s:>10}  "
-              f"ratio {r['ratio']!s:>6}{spread} {r['unit']}")
 
 
 if __name__ == "__main__":

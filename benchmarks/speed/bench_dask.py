@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, machine, measure, row, tree_cpu, write_rows
+from benchmarks.common import ROOT, distinct_files, machine, measure, row, tree_cpu, write_rows
 from benchmarks.common import samples as samples_dir
 from benchmarks.speed.bench_scale import raw_inputs, stage_argv
 
@@ -77,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=1, help="Input size, a multiple of the sample (distinct text).")
     args = parser.parse_args(argv)
-    distinct: list[Path] = []
-    if args.size > 1:
-        from benchmarks.text.distinct_text import cached, interleaved, text_files
-
-        distinct = interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr))))
+    distinct = distinct_files() if args.size > 1 else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     info, load = machine(), os.getloadavg()
     rows = []
@@ -120,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{a['cpu_s']:>10.1f} {b['cpu_s']:>10.1f} {ratios[stage]['cpu']:>6.2f}")
         summary.append(row(f"{stage}: CPU-seconds on a two-worker Dask cluster on this machine", b["cpu_s"],
                            a["cpu_s"], "CPU-s (reference: the local runner, 2 workers)", ratios[stage]["cpu"], 2))
-    out = write_rows("dask", summary, machine=info, load_average={"start": load, "end": os.getloadavg()},
-                     workers=WORKERS, cluster_start_s=cluster.start_s, runs=rows, dask_over_local=ratios)
-    print(f"wrote {out}")
+    write_rows("dask", summary, machine=info, load_average={"start": load, "end": os.getloadavg()},
+               workers=WORKERS, cluster_start_s=cluster.start_s, runs=rows, dask_over_local=ratios)
     return 0
 
 

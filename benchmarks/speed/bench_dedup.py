@@ -17,7 +17,7 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.common import cpu_timed, row, sample_texts, samples, write_rows
+from benchmarks.common import row, sample_texts, samples, timed, write_rows
 
 WINDOW = 300  # words per document
 MEAN_GAP = 240  # words between window starts, on average
@@ -98,16 +98,16 @@ def main() -> None:
     docs = [d for _, _, d in windows]
     n = len(docs)
     hasher = MinHasher(NUM_PERM, THRESHOLD)
-    our_sigs, our_sig_s = cpu_timed(lambda: [hasher.signature(d, normalized=True) for d in docs])
-    ref_sigs, ref_sig_s = cpu_timed(lambda: [reference_signature(d) for d in docs])
+    our_sigs, our_sig_s = timed(lambda: [hasher.signature(d, normalized=True) for d in docs])
+    ref_sigs, ref_sig_s = timed(lambda: [reference_signature(d) for d in docs])
     our_bands = choose_bands(NUM_PERM, THRESHOLD)
     lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
     ref_bands = (lsh.b, lsh.r)
     found = {  # (side, bands) -> (pairs, LSH CPU-seconds)
-        ("ours", our_bands): cpu_timed(lambda: our_pairs(our_sigs, our_bands)),
-        ("datasketch", ref_bands): cpu_timed(lambda: reference_pairs(ref_sigs, None)),
-        ("ours", ref_bands): cpu_timed(lambda: our_pairs(our_sigs, ref_bands)),
-        ("datasketch", our_bands): cpu_timed(lambda: reference_pairs(ref_sigs, our_bands)),
+        ("ours", our_bands): timed(lambda: our_pairs(our_sigs, our_bands)),
+        ("datasketch", ref_bands): timed(lambda: reference_pairs(ref_sigs, None)),
+        ("ours", ref_bands): timed(lambda: our_pairs(our_sigs, ref_bands)),
+        ("datasketch", our_bands): timed(lambda: reference_pairs(ref_sigs, our_bands)),
     }
 
     # the truth: exact Jaccard of every overlapping pair of windows and of every reported pair

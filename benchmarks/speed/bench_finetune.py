@@ -17,6 +17,8 @@ from pathlib import Path
 
 from benchmarks.common import row, samples, write_rows
 
+TRAIN_EXAMPLES, DEV_EXAMPLES, SEED = 480, 400, 1
+
 
 def load_data(samples: Path, tokenizer, n_train: int, n_dev: int, max_seq_length: int):
     from bert_core.finetune.glue import SENTIMENT_LABELS, encode_examples, read_sentiment
@@ -79,16 +81,6 @@ def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, w
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", default=None, help="Sample folder (default: benchmarks.common.samples()).")
-    parser.add_argument("--train-examples", type=int, default=480)
-    parser.add_argument("--dev-examples", type=int, default=400)
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=2e-4,
-                        help="few steps here, so above the paper's grid (tuned for thousands of steps)")
-    parser.add_argument("--max-seq-length", type=int, default=64)
-    # 1 by default: on a shared, oversubscribed CPU two spinning OpenMP threads run slower than one.
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
-    parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -99,33 +91,33 @@ def main(argv: list[str] | None = None) -> None:
     from bert_core.config import FinetuneConfig
     from bert_core.vocab.tokenization import load_tokenizer
 
-    torch.set_num_threads(args.threads)
+    # 1 thread by default: on a shared, oversubscribed CPU two spinning OpenMP threads run slower than one.
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    torch.set_num_threads(threads)
     folder = Path(args.samples) if args.samples else samples()
     checkpoint = str(folder / "models" / "minilm")
     tokenizer = load_tokenizer(checkpoint)
-    train, dev = load_data(folder, tokenizer, args.train_examples, args.dev_examples, args.max_seq_length)
-    cfg = FinetuneConfig(learning_rate=args.learning_rate, batch_size=args.batch_size,
-                         num_train_epochs=args.epochs, max_seq_length=args.max_seq_length,
-                         threads=args.threads)
+    # few steps here, so a learning rate above the paper's grid (tuned for thousands of steps)
+    cfg = FinetuneConfig(learning_rate=2e-4, batch_size=16, num_train_epochs=1.0, max_seq_length=64, threads=threads)
+    train, dev = load_data(folder, tokenizer, TRAIN_EXAMPLES, DEV_EXAMPLES, cfg.max_seq_length)
     labels = [f["label"] for f in dev]
     majority = max(labels.count(0), labels.count(1)) / len(labels)
     print(f"sentiment: {len(train)} train / {len(dev)} dev examples (majority class {majority:.3f}), "
           f"MiniLM, lr {cfg.learning_rate}, batch {cfg.batch_size}, {cfg.num_train_epochs} epoch(s), "
-          f"{args.threads} threads", flush=True)
-    ours = run_ours(checkpoint, train, dev, cfg, args.seed, tokenizer.pad_id)
+          f"{threads} threads", flush=True)
+    ours = run_ours(checkpoint, train, dev, cfg, SEED, tokenizer.pad_id)
     print(f"ours:         accuracy {ours['accuracy']:.4f}  {ours['train_examples_per_second']:.1f} examples/s", flush=True)
     with tempfile.TemporaryDirectory() as work:
-        ref = run_transformers(checkpoint, train, dev, cfg, args.seed, tokenizer.pad_id, work)
+        ref = run_transformers(checkpoint, train, dev, cfg, SEED, tokenizer.pad_id, work)
     print(f"transformers: accuracy {ref['accuracy']:.4f}  {ref['train_examples_per_second']:.1f} examples/s")
     rows = [row("sentiment dev accuracy (MiniLM)", ours["accuracy"], ref["accuracy"], "accuracy",
                 ours["accuracy"] / max(ref["accuracy"], 1e-9), 4),
             row("fine-tune training throughput (MiniLM)", ours["train_examples_per_second"],
                 ref["train_examples_per_second"], "examples/s",
                 ours["train_examples_per_second"] / max(ref["train_examples_per_second"], 1e-9), 4)]
-    for r in rows:
-        print(f"{r['measure']}: ours {r['ours']} vs transformers {r['reference']} (ratio {r['ratio']})")
-    out = write_rows("finetune", rows, majority_class=majority, ours=ours, transformers=ref, settings=vars(args))
-    print(f"wrote {out}")
+    settings = {"train_examples": TRAIN_EXAMPLES, "dev_examples": DEV_EXAMPLES, "seed": SEED, **cfg.model_dump(
+        include={"learning_rate", "batch_size", "num_train_epochs", "max_seq_length", "threads"})}
+    write_rows("finetune", rows, majority_class=majority, ours=ours, transformers=ref, settings=settings)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import ROOT, measure, reference_venv, row, samples, write_rows
+from benchmarks.common import ROOT, distinct_files, measure, reference_venv, row, write_rows
+from benchmarks.common import samples as samples_dir
 
 SECTION = 40  # sentences per document cut from a book or play
 STARTUP_DOCUMENTS = 20  # the few documents that measure each side's fixed start-up costs
 TF_PACKAGES = ["tensorflow-cpu==2.21.0", "bert-tensorflow==1.0.4"]
+L, P, D = 128, 20, 2  # max_seq_length, max_predictions_per_seq, dupe_factor of both sides
+SEEDS = 6  # extra seeds for the sampling error
 
 # Runs inside the TF venv: read the reference's TFRecords, unpad, and summarise with our stats code.
 READ_TFRECORDS = r"""
@@ -74,7 +77,7 @@ def sample_documents() -> list[tuple[str, list[str]]]:
     """The sample corpus as (doc_id, sentences): news lines, the book, the plays."""
     from bert_core.corpus.sentences import split_sentences
 
-    root = samples()
+    root = samples_dir()
     docs: list[tuple[str, list[str]]] = []
     for i, line in enumerate((root / "news" / "lee_background.cor").read_text("utf-8").splitlines()):
         docs.append((f"news:{i}", split_sentences(line)))
@@ -91,11 +94,9 @@ def text_bytes(docs: list[tuple[str, list[str]]]) -> int:
 def distinct_documents(total_mb: float) -> list[tuple[str, list[str]]]:
     """The sample corpus, then distinct real text (benchmarks.text.distinct_text: manuals, guides, the
     King James Bible; every source in turn) up to ``total_mb`` of text. No copies."""
-    from benchmarks.text.distinct_text import cached, interleaved, text_files
-
     docs = sample_documents()
     have = text_bytes(docs)
-    for path in interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr)))):
+    for path in distinct_files():
         if have >= total_mb * 1e6:
             break
         more = sections([(f"{path.parent.name}:{path.stem}", book_sentences(path))])
@@ -128,8 +129,7 @@ STAT_KEYS = ["instances", "mean_length", "masked_fraction", "mask_token_fraction
              "random_token_fraction", "random_next_fraction"]
 
 
-def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path, length: int, max_pred: int,
-                dupe_factor: int, seeds: int) -> dict[str, float]:
+def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path) -> dict[str, float]:
     """Standard deviation of each statistic over seeds: the sampling error of one run, from the
     Beam job's own pure functions rerun with other seeds. (The target length is drawn once per
     document and pass, so instances are not independent draws: a binomial error would be too small.)"""
@@ -151,11 +151,11 @@ def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path, length: int, max
     built = [(DocumentPool.from_marked([m for _, m in members]), [d for d, _ in members])
              for members in pools.values()]
     values: dict[str, list[float]] = {k: [] for k in STAT_KEYS}
-    for seed in range(1000, 1000 + seeds):
-        stats = InstanceStats(max_seq_length=length)
+    for seed in range(1000, 1000 + SEEDS):
+        stats = InstanceStats(max_seq_length=L)
         for pool, doc_ids in built:
-            b = create_instance_batch(pool, doc_ids, seed=seed, dupe_factor=dupe_factor, max_seq_length=length,
-                                      max_predictions_per_seq=max_pred, masked_lm_prob=0.15,
+            b = create_instance_batch(pool, doc_ids, seed=seed, dupe_factor=D, max_seq_length=L,
+                                      max_predictions_per_seq=P, masked_lm_prob=0.15,
                                       short_seq_prob=0.1, vocab=vocab_ids)
             stats.add_columns(b.input_ids, b.offsets, b.len_a, b.masked_lm_positions, b.masked_lm_ids,
                               b.mask_offsets, b.next_sentence_label, vocab_ids.mask_id)
@@ -165,11 +165,9 @@ def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path, length: int, max
     return {k: statistics.stdev(v) for k, v in values.items()}
 
 
-def compare(docs: list[tuple[str, list[str]]], label: str, args: argparse.Namespace, tf_python: Path,
-            env: dict[str, str], vocab: Path, mask_id: int, workers: tuple[int, ...],
-            spread: bool = True) -> dict:
+def compare(docs: list[tuple[str, list[str]]], label: str, tf_python: Path, env: dict[str, str], vocab: Path,
+            mask_id: int, workers: tuple[int, ...], spread: bool = True) -> dict:
     """Both sides on the same documents: timings, stats, sampling spread."""
-    L, P, D = args.max_seq_length, args.max_predictions_per_seq, args.dupe_factor
     with tempfile.TemporaryDirectory(prefix="bench-instances-") as tmp:
         work = Path(tmp)
         text, corpus = write_inputs(docs, work)
@@ -208,22 +206,18 @@ def compare(docs: list[tuple[str, list[str]]], label: str, args: argparse.Namesp
         from bert_core import storage
 
         our_stats = storage.read_manifest(str(work / "ours-w1"))["stats"][f"seq{L}"]
-    sd = seed_spread(docs, vocab, L, P, D, args.seeds) if spread else {}
+    sd = seed_spread(docs, vocab) if spread else {}
     return {"ref": ref, "ours": ours, "ref_stats": ref_stats, "our_stats": our_stats, "spread": sd,
             "documents": len(docs), "sentences": n_sent, "mb": mb}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--max-seq-length", type=int, default=128)
-    parser.add_argument("--max-predictions-per-seq", type=int, default=20)
-    parser.add_argument("--dupe-factor", type=int, default=2)
     parser.add_argument("--large-mb", type=float, default=44.0,
                         help="Also measure the sample plus distinct real text up to this many MB "
                              "(extra rows, one worker; 0: skip).")
-    parser.add_argument("--seeds", type=int, default=6, help="Extra seeds for the sampling error.")
     args = parser.parse_args()
-    vocab = samples() / "models" / "minilm" / "vocab.txt"
+    vocab = samples_dir() / "models" / "minilm" / "vocab.txt"
     mask_id = vocab.read_text("utf-8").splitlines().index("[MASK]")
     tf_python = reference_venv("bench-venv-tf", TF_PACKAGES, "tensorflow, bert.create_pretraining_data")
     env = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
@@ -251,7 +245,7 @@ def main() -> None:
         add("CPU time, 1 process" + tag, ours["cpu_s"], ref["cpu_s"], "s")
         add("peak RSS, 1 process" + tag, ours["peak_rss_mb"], ref["peak_rss_mb"], "MB")
 
-    main_run = compare(sample_documents(), "sample corpus", args, tf_python, env, vocab, mask_id, (1, 2))
+    main_run = compare(sample_documents(), "sample corpus", tf_python, env, vocab, mask_id, (1, 2))
     ref, ours = main_run["ref"], main_run["ours"]
     n_ref, n_ours = main_run["ref_stats"]["instances"], main_run["our_stats"]["instances"]
     add("instances/s per process (wall)", n_ours / ours[1]["wall_s"], n_ref / ref["wall_s"], "instances/s")
@@ -263,9 +257,9 @@ def main() -> None:
     if args.large_mb:
         # Fixed costs (interpreter, imports, pipeline start-up) measured on a few documents, so
         # the large run's cost splits into start-up + per-MB.
-        tiny = compare(sample_documents()[:STARTUP_DOCUMENTS], "start-up", args, tf_python, env, vocab, mask_id,
-                       (1,), spread=False)
-        big = compare(distinct_documents(args.large_mb), "distinct text", args, tf_python, env, vocab, mask_id, (1,))
+        tiny = compare(sample_documents()[:STARTUP_DOCUMENTS], "start-up", tf_python, env, vocab, mask_id, (1,),
+                       spread=False)
+        big = compare(distinct_documents(args.large_mb), "distinct text", tf_python, env, vocab, mask_id, (1,))
         runs["startup"], runs["distinct"] = tiny, big
         tag = f" ({big['mb']:.0f} MB distinct text)"
         process_rows(big, tag)
@@ -280,18 +274,12 @@ def main() -> None:
             "instances/s")
         stat_rows(big, tag)
 
-    width = max(len(r["measure"]) for r in rows)
-    print(f"{'measure':<{width}}  {'ours':>12}  {'reference':>12}  {'ratio':>7}  unit")
-    for r in rows:
-        z = f"  z={r['z']}" if "z" in r else ""
-        print(f"{r['measure']:<{width}}  {r['ours']:>12}  {r['reference']:>12}  {str(r['ratio']):>7}  {r['unit']}{z}")
     setup = {"documents": main_run["documents"], "sentences": main_run["sentences"],
-             "max_seq_length": args.max_seq_length, "max_predictions_per_seq": args.max_predictions_per_seq,
-             "dupe_factor": args.dupe_factor, "text_mb": {name: round(m["mb"], 2) for name, m in runs.items()},
+             "max_seq_length": L, "max_predictions_per_seq": P, "dupe_factor": D, "text_mb": {name: round(m["mb"], 2) for name, m in runs.items()},
              "reference": TF_PACKAGES, "cpu_count": os.cpu_count()}
     stats = {name: {"ours": m["our_stats"], "reference": m["ref_stats"], "sd_over_seeds": m["spread"]}
              for name, m in runs.items() if m["spread"]}
-    print(f"wrote {write_rows('instances', rows, setup=setup, stats=stats)}", file=sys.stderr)
+    write_rows("instances", rows, setup=setup, stats=stats)
 
 
 if __name__ == "__main__":

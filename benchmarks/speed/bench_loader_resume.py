@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import row, samples, write_rows
+from benchmarks.common import row, samples, timed, write_rows
 
 MICRO_BATCH = 8
 
@@ -34,12 +34,8 @@ def same_batch(mine: dict, theirs: dict) -> bool:
 def best_of(fn, repeats: int = 3) -> tuple[float, dict]:
     """Fastest of a few runs (after a warm-up run: imports, page cache) and its result."""
     fn()
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, result
+    result, seconds = min((timed(fn, time.perf_counter) for _ in range(repeats)), key=lambda run: run[1])
+    return seconds, result
 
 
 def main() -> None:
@@ -72,7 +68,7 @@ def main() -> None:
                   f"replay {t_ref * 1e3:.1f} ms, {t_ref / t_ours:.1f}x")
             rows.append(row(f"resume at {fraction:.0%} of an epoch ({position} batches of {MICRO_BATCH})", t_ours * 1e3,
                             t_ref * 1e3, "ms to the first batch (replay / ours)", t_ref / t_ours, 2))
-    print(f"wrote {write_rows('loader_resume', rows, instances_per_epoch=probe.batches_per_epoch * MICRO_BATCH)}")
+    write_rows("loader_resume", rows, instances_per_epoch=probe.batches_per_epoch * MICRO_BATCH)
 
 
 if __name__ == "__main__":

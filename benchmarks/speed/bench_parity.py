@@ -36,6 +36,7 @@ from bert_core.pretrain.data import collate, read_vocab, to_tensors, vocab_file_
 from bert_core.pretrain.in_process import random_init
 
 RESULTS = ROOT / "bench-results"
+BATCH, LR = 32, 1e-3
 
 
 # The paper's pre-training, which transformers' BertForPreTraining implements: masks drawn once
@@ -128,19 +129,19 @@ def train(kind: str, model: torch.nn.Module, train_rows: pa.Table, held_out: pa.
           seed: int) -> dict:
     """``args.steps`` steps of ``model``, ours or transformers': one plain loop that drives both
     alike, so not the product's ``train_mlm`` (which drives ours only, with its own loader)."""
-    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=LR, betas=(0.9, 0.999), eps=1e-6)
     order = np.random.default_rng(seed).permutation(train_rows.num_rows)
     curve, losses = [], []
     started = time.process_time()
     for step in range(args.steps):
         if step % args.eval_every == 0:
             curve.append({"step": step, **evaluate(kind, model, held_out, args.seq)})
-        picks = order[(step * args.batch) % len(order):][: args.batch]
-        if len(picks) < args.batch:
-            picks = np.concatenate([picks, order[: args.batch - len(picks)]])
+        picks = order[(step * BATCH) % len(order):][:BATCH]
+        if len(picks) < BATCH:
+            picks = np.concatenate([picks, order[: BATCH - len(picks)]])
         batch = to_tensors(collate(train_rows.take(pa.array(picks)), args.seq))
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
+            group["lr"] = lr_at(step, LR, args.warmup, args.steps)
         torch.manual_seed(seed * 1_000_003 + step)  # the same dropout stream position for both
         loss = forward(kind, model, batch)["loss"]
         optimizer.zero_grad(set_to_none=True)
@@ -170,30 +171,23 @@ def twin_models(vocab_size: int, dropout: float, seed: int, work: Path) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--samples", default=None, help="sample folder (default: benchmarks.common.samples())")
     parser.add_argument("--instances", help="an instances stage folder (default: built from the samples)")
-    parser.add_argument("--seq", type=int, default=None,
-                        help="sequence length (default: the shortest the instances have)")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-rows", type=int, default=1024, help="held-out rows evaluated")
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)
     RESULTS.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bertpipe-parity-"))
-    instances = Path(args.instances) if args.instances else build_instances(
-        Path(args.samples) if args.samples else samples_dir(), RESULTS / "parity-data")
-    args.seq = args.seq or shortest_length(instances)
+    instances = Path(args.instances) if args.instances else build_instances(samples_dir(), RESULTS / "parity-data")
+    args.seq = shortest_length(instances)
     train_rows, held_out, vocab_size = load_rows(instances, args.seq)
     held_out = held_out.slice(0, args.eval_rows)
     print(f"machine: {machine()['cpu']}, {torch.get_num_threads()} torch thread(s)")
     print(f"instances: {train_rows.num_rows} train rows, {held_out.num_rows} held out, vocab {vocab_size}; "
-          f"{args.steps} steps of {args.batch} x {args.seq}, lr {args.lr}, warmup {args.warmup}", flush=True)
+          f"{args.steps} steps of {BATCH} x {args.seq}, lr {LR}, warmup {args.warmup}", flush=True)
 
     # 1. Dropout 0: the same computation up to rounding.
     ours, theirs = twin_models(vocab_size, 0.0, 1, work)
@@ -248,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         {"measure": f"dropout 0.1, {args.seeds} seeds: held-out MLM accuracy at step {args.steps}",
          "ours": acc["ours"], "reference": acc["transformers"], "ratio": None, "unit": "fraction"},
     ]
-    write_rows("parity", table, machine=machine(), instances=str(instances), steps=args.steps, batch=args.batch,
-               seq=args.seq, lr=args.lr, warmup=args.warmup, seeds=args.seeds, dropout0_max_train_loss_gap=max(gaps),
+    write_rows("parity", table, machine=machine(), instances=str(instances), steps=args.steps, batch=BATCH,
+               seq=args.seq, lr=LR, warmup=args.warmup, seeds=args.seeds, dropout0_max_train_loss_gap=max(gaps),
                curve=rows, final_gap=gap, welch_t=t, welch_p=p, agree=agree)
     return 0 if agree else 1
 

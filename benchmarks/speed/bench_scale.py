@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import ROOT, machine, measure, write_rows
+from benchmarks.common import ROOT, distinct_files, machine, measure, row, write_rows
 from benchmarks.common import samples as samples_dir
 from benchmarks.text.dumps import renumbered
 
@@ -98,10 +98,10 @@ def text_bytes(table) -> int:
 def rows_for(table, nbytes: int) -> int:
     """How many leading rows of a documents table hold at least ``nbytes`` of text."""
     total = 0
-    for row, sentences in enumerate(table.column("sentences").to_pylist(), start=1):
+    for n, sentences in enumerate(table.column("sentences").to_pylist(), start=1):
         total += sum(len(s.encode()) for s in sentences or ())
         if total >= nbytes:
-            return row
+            return n
     return table.num_rows
 
 
@@ -205,11 +205,11 @@ def run_size(size: int, samples: Path, distinct: list[Path], work: Path, base_do
             result = measure(stage_argv(stage, work, {}, corpus=docs), work / f"{stage}.log", env)
             rows.append({"stage": stage, "size": size, "input_mb": round(doc_bytes / 1e6, 2),
                          "distinct_mb": round(distinct_doc_bytes / 1e6, 2), **result})
-    for row in rows:
-        row["mb_per_s"] = round(row["input_mb"] / row["wall_s"], 3)
-        row["mb_per_cpu_s"] = round(row["input_mb"] / max(row["cpu_s"], 1e-9), 3)
-        row["copies"] = row["input_mb"] - row["distinct_mb"] > 0.01
-        print(json.dumps(row), file=sys.stderr, flush=True)
+    for r in rows:
+        r["mb_per_s"] = round(r["input_mb"] / r["wall_s"], 3)
+        r["mb_per_cpu_s"] = round(r["input_mb"] / max(r["cpu_s"], 1e-9), 3)
+        r["copies"] = r["input_mb"] - r["distinct_mb"] > 0.01
+        print(json.dumps(r), file=sys.stderr, flush=True)
     return [r for r in rows if r["stage"] in stages], base
 
 
@@ -280,11 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     stages = tuple(s for s in STAGES if s in args.stages.split(","))
     if sizes[0] != 1 and set(stages) - {"clean"}:
         parser.error("--sizes must include 1: the documents its corpus stage keeps size the later stages' inputs")
-    distinct: list[Path] = []
-    if not args.no_distinct:
-        from benchmarks.text.distinct_text import cached, interleaved, text_files
-
-        distinct = interleaved(text_files(cached(log=lambda m: print(m, file=sys.stderr))))
+    distinct = [] if args.no_distinct else distinct_files()
     info = machine()
     load = os.getloadavg()
     rows: list[dict] = []
@@ -300,17 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             rows += got
     load_end = os.getloadavg()
     ratios = rss_ratios(rows)
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    plot(rows, out / "scale.png", f"{info['cpu']}, {info['cores']} cores; demo preset, {WORKERS} workers, local "
-         f"runner; load average {load[0]:.1f} -> {load_end[0]:.1f}")
-    summary = [{"measure": f"peak RSS x{r['to']} / x{r['from']}, {stage}", "ours": r["ratio"],
-                "reference": RSS_GOAL, "ratio": round(r["ratio"] / RSS_GOAL, 3), "unit": "x (goal <= reference)"}
-               for stage, r in ratios.items()]
-    summary += [{"measure": f"{r['stage']} x{r['size']}: MB per CPU-second", "ours": r["mb_per_cpu_s"],
-                 "reference": None, "ratio": None, "unit": "MB/CPU-s"} for r in rows]
-    write_rows("scale", summary, machine=info, load_average={"start": load, "end": load_end}, workers=WORKERS,
-               sizes=sizes, runs=rows, rss_ratio=ratios)
+    summary = [row(f"peak RSS x{r['to']} / x{r['from']}, {stage}", r["ratio"], RSS_GOAL, "x (goal <= reference)",
+                   r["ratio"] / RSS_GOAL) for stage, r in ratios.items()]
+    summary += [row(f"{r['stage']} x{r['size']}: MB per CPU-second", r["mb_per_cpu_s"], None, "MB/CPU-s") for r in rows]
+    out = write_rows("scale", summary, machine=info, load_average={"start": load, "end": load_end}, workers=WORKERS,
+                     sizes=sizes, runs=rows, rss_ratio=ratios)
+    plot(rows, out.with_suffix(".png"), f"{info['cpu']}, {info['cores']} cores; demo preset, {WORKERS} workers, "
+         f"local runner; load average {load[0]:.1f} -> {load_end[0]:.1f}")
     print(f"\nMachine: {info['cpu']}, {info['cores']} cores, Python {info['python']}; "
           f"load average {load[0]:.1f} at start, {load_end[0]:.1f} at end")
     print(table(rows))

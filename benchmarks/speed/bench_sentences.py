@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import cpu_timed, row, samples, write_rows
+from benchmarks.common import row, samples, timed, write_rows
 
 GOLD = Path(__file__).resolve().parent / "sentences_gold.json"
 SPEED_CHARS = 300_000
@@ -108,7 +108,7 @@ def main() -> None:
     results = {}
     for name, split in splitters().items():
         found = [split(text) for text in texts]  # first, so that the timing below starts warm
-        _, seconds = cpu_timed(lambda split=split: [split(text) for text in speed_texts])
+        _, seconds = timed(lambda split=split: [split(text) for text in speed_texts])
         results[name] = {**scores(found, gold), "chars_per_s": size / seconds}
         r = results[name]
         print(f"{name:>9}: precision {r['precision']:.3f} recall {r['recall']:.3f} F1 {r['f1']:.3f} "

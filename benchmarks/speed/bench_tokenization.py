@@ -14,7 +14,7 @@ import argparse
 import os
 from pathlib import Path
 
-from benchmarks.common import cpu_timed, row, sample_texts, samples, write_rows
+from benchmarks.common import row, sample_texts, samples, timed, write_rows
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core comparison
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         ours = Tokenizer.from_vocab_file(str(vocab), lowercase=lowercase)
         ref = BertTokenizerLegacy(str(vocab), do_lower_case=lowercase)
         ref.wordpiece_tokenizer.max_input_chars_per_word = 200
-        got, ours_s = cpu_timed(lambda ours=ours: ours.encode_batch(lines))
-        want, ref_s = cpu_timed(lambda ref=ref: [ref.convert_tokens_to_ids(ref.tokenize(x)) for x in lines])
+        got, ours_s = timed(lambda ours=ours: ours.encode_batch(lines))
+        want, ref_s = timed(lambda ref=ref: [ref.convert_tokens_to_ids(ref.tokenize(x)) for x in lines])
         tokens = sum(map(len, want))
         differ = sum(a != b for a, b in zip(got, want, strict=True))
         print(f"{casing}: {len(lines)} lines, {tokens} tokens; ours {ours_s:.1f} CPU-s, "

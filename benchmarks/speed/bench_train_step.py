@@ -25,7 +25,8 @@ from benchmarks.common import hf_labels, make_pair, row, samples, write_rows
 
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20
-
+BASE_BATCH = 8  # sequences per step at the base and large sizes
+STEPS, WARMUP = 2, 1  # timed steps per model and size (the fastest counts), untimed steps first
 
 
 def build_instances(samples: Path, root: Path, num_shards: int = 2) -> str:
@@ -83,8 +84,7 @@ def time_loader(instances: str, batch_size: int, batches: int) -> float:
     return batches * batch_size / (time.perf_counter() - start)
 
 
-
-def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_loss_chunk: int = 0) -> dict:
+def bench_size(size: str, batch, vocab_size: int, mlm_loss_chunk: int = 0) -> dict:
     import torch
 
     cfg, ours, ref, attn = make_pair(size, vocab_size)
@@ -103,13 +103,13 @@ def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_l
                   for name, model in (("ours", ours), ("ref", ref))}
     cpu: dict[str, list[float]] = {"ours": [], "ref": []}
     wall: dict[str, list[float]] = {"ours": [], "ref": []}
-    for i in range(warmup + steps):
+    for i in range(WARMUP + STEPS):
         for name, loss in losses.items():
             start_cpu, start_wall = time.process_time(), time.perf_counter()
             loss().backward()
             optimizers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
-            if i >= warmup:
+            if i >= WARMUP:
                 cpu[name].append(time.process_time() - start_cpu)
                 wall[name].append(time.perf_counter() - start_wall)
     tokens = int(batch["attention_mask"].sum())
@@ -128,18 +128,12 @@ def bench_size(size: str, batch, vocab_size: int, steps: int, warmup: int, mlm_l
     }
 
 
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--samples", default=None, help="Sample folder (default: benchmarks.common.samples()).")
     p.add_argument("--instances", help="An instances folder (with seq128/); default: built from Botchan.")
     p.add_argument("--sizes", default="tiny,base", help="Model sizes to time (config MODEL_SIZES names).")
     p.add_argument("--batch-size", type=int, default=16, help="Sequences per step (tiny size).")
-    p.add_argument("--base-batch-size", type=int, default=8, help="Sequences per step at base/large.")
-    p.add_argument("--steps", type=int, default=2, help="Timed steps per model and size (fastest counts).")
-    p.add_argument("--warmup", type=int, default=1, help="Untimed steps first.")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads for both (1: CPU time = the step's cost; more threads spin-wait).")
     p.add_argument("--mlm-loss-chunk", type=int, default=0,
                    help="Ours: the masked-LM loss this many rows at a time (pretrain.mlm_loss_chunk; 0 = all at once).")
     args = p.parse_args(argv)
@@ -149,29 +143,29 @@ def main(argv: list[str] | None = None) -> int:
     from bert_core.model.bert import pretraining_plan
     from bert_core.pretrain.data import PretrainingLoader
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)  # CPU time = the step's cost; more threads spin-wait
     folder = Path(args.samples) if args.samples else samples()
     with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:
         instances = args.instances or build_instances(folder, Path(tmp))
         vocab_size = len((folder / "models" / "minilm" / "vocab.txt").read_text().splitlines())
-        loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=max(args.batch_size, args.base_batch_size), seed=1)
+        loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=max(args.batch_size, BASE_BATCH), seed=1)
         big = next(iter(loader))  # one real, padded micro-batch (padded to its longest, rounded to 8)
         loader_sps = time_loader(instances, args.batch_size, batches=20)
 
     results, rows = [], []
     for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        n = args.batch_size if size in ("tiny", "mini", "small") else args.base_batch_size
+        n = args.batch_size if size in ("tiny", "mini", "small") else BASE_BATCH
         batch = {k: v[:n] for k, v in big.items() if k in RAW_KEYS}
         batch = {**batch, "input_ids": batch["input_ids"].contiguous()}
         # the unpadding indices the loader precomputes, for the rows kept
         batch |= pretraining_plan(batch["attention_mask"], batch["masked_lm_positions"],
                                   batch["masked_lm_ids"], batch["masked_lm_weights"])
-        r = bench_size(size, batch, vocab_size, args.steps, args.warmup, args.mlm_loss_chunk)
+        r = bench_size(size, batch, vocab_size, args.mlm_loss_chunk)
         results.append(r)
         ratio = r["tokens_per_s_ours"] / r["tokens_per_s_reference"]
         rows.append(row(f"train step {size} L{r['layers']}/H{r['hidden']} batch {n}x{r['batch'][1]}",
                         r["tokens_per_s_ours"], r["tokens_per_s_reference"],
-                        f"non-padding tokens per CPU-second ({args.threads} thread)", ratio, 1))
+                        "non-padding tokens per CPU-second (1 thread)", ratio, 1))
         print(f"{size:>5}: ours {r['tokens_per_s_ours']:8.1f} tok/s ({r['step_s_ours']:.3f} s/step)   "
               f"transformers {r['tokens_per_s_reference']:8.1f} tok/s ({r['step_s_reference']:.3f} s/step)   "
               f"ratio {ratio:.2f}x   loss {r['loss_ours']:.4f} vs {r['loss_reference']:.4f}", flush=True)
@@ -179,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(row(f"data loader vs {results[0]['size'] if results else '?'} train step", loader_sps, consume,
                     "sequences/s (loader / step consumes)", loader_sps / consume, 1))
     print(f"loader: {loader_sps:.1f} sequences/s  (the {results[0]['size'] if results else '?'} step consumes {consume:.1f})")
-    print(f"-> {write_rows('train_step', rows, threads=args.threads, details=results, torch=torch.__version__)}")
+    write_rows("train_step", rows, threads=1, details=results, torch=torch.__version__)
     return 0
 
 

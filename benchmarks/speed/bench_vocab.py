@@ -16,8 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import row, samples, write_rows
+from benchmarks.common import row, samples, timed, write_rows
 from benchmarks.speed.bench_tokenization import corpus_lines
+from bert_core.config import VocabConfig
 
 
 def write_documents(folder: Path, lines: list[str], per_doc: int = 40, num_shards: int = 4) -> str:
@@ -39,7 +40,7 @@ def write_documents(folder: Path, lines: list[str], per_doc: int = 40, num_shard
     return str(folder)
 
 
-def raw_text_training(lines: list[str], vocab_size: int, num_unused: int) -> set[str]:
+def raw_text_training(lines: list[str], cfg: VocabConfig) -> set[str]:
     from tokenizers import Tokenizer, models, trainers
 
     from bert_core.vocab.tokenization import bert_normalizer, bert_pre_tokenizer
@@ -48,8 +49,9 @@ def raw_text_training(lines: list[str], vocab_size: int, num_unused: int) -> set
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = bert_normalizer(lowercase=True)
     tok.pre_tokenizer = bert_pre_tokenizer()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=2, limit_alphabet=1000,
-                                        special_tokens=special_tokens(num_unused), show_progress=False)
+    trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                        limit_alphabet=cfg.limit_alphabet, special_tokens=special_tokens(cfg.num_unused),
+                                        show_progress=False)
     tok.train_from_iterator(lines, trainer)
     return set(tok.get_vocab())
 
@@ -57,25 +59,17 @@ def raw_text_training(lines: list[str], vocab_size: int, num_unused: int) -> set
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--num-unused", type=int, default=10)
     args = parser.parse_args(argv)
 
     from beam_jobs import build_vocab
-    from bert_core.config import VocabConfig
 
     lines = [line for line in corpus_lines(samples()) if line.strip()]
-    cfg = VocabConfig(vocab_size=args.vocab_size, num_unused=args.num_unused)
+    cfg = VocabConfig(vocab_size=args.vocab_size, num_unused=10)
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write_documents(Path(tmp), lines)
-        start = time.perf_counter()
-        theirs = raw_text_training(lines, args.vocab_size, args.num_unused)
-        ref_s = time.perf_counter() - start
-        ours_s = {}
-        for workers in (1, 2):
-            out = os.path.join(tmp, f"vocab{workers}")
-            start = time.perf_counter()
-            build_vocab.run(cfg, corpus, out, workers=workers)
-            ours_s[workers] = time.perf_counter() - start
+        theirs, ref_s = timed(lambda: raw_text_training(lines, cfg), time.perf_counter)
+        ours_s = {w: timed(lambda w=w: build_vocab.run(cfg, corpus, os.path.join(tmp, f"vocab{w}"), workers=w),
+                           time.perf_counter)[1] for w in (1, 2)}
         ours = set(Path(tmp, "vocab1", "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1])
         same_bytes = Path(tmp, "vocab1", "vocab.txt").read_bytes() == Path(tmp, "vocab2", "vocab.txt").read_bytes()
     jaccard = len(ours & theirs) / len(ours | theirs)
