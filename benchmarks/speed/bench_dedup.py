@@ -44,10 +44,6 @@ def shingles(normalized: str) -> set[str]:
     return {" ".join(words[i : i + K]) for i in range(len(words) - K + 1)}
 
 
-def jaccard(a: set[str], b: set[str]) -> float:
-    return len(a & b) / len(a | b)
-
-
 def our_pairs(sigs: list, bands: tuple[int, int]) -> set[tuple[int, int]]:
     """Pairs that share a band key (``bands`` = (bands, rows)) and pass the similarity check."""
     from bert_core.corpus.dedup import MinHasher
@@ -113,7 +109,8 @@ def main() -> None:
     # the truth: exact Jaccard of every overlapping pair of windows and of every reported pair
     sets = [shingles(d) for d in docs]
     reported = set().union(*(pairs for pairs, _ in found.values()))
-    truth = {p for p in _overlapping(windows) | reported if jaccard(sets[p[0]], sets[p[1]]) >= THRESHOLD}
+    truth = {(i, j) for i, j in _overlapping(windows) | reported
+             if len(sets[i] & sets[j]) / len(sets[i] | sets[j]) >= THRESHOLD}
 
     def quality(pairs: set[tuple[int, int]]) -> tuple[float, float]:
         hits = len(pairs & truth)

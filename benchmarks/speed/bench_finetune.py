@@ -20,15 +20,6 @@ from benchmarks.common import row, samples, write_rows
 TRAIN_EXAMPLES, DEV_EXAMPLES, SEED = 480, 400, 1
 
 
-def load_data(samples: Path, tokenizer, n_train: int, n_dev: int, max_seq_length: int):
-    from bert_core.finetune.glue import SENTIMENT_LABELS, encode_examples, read_sentiment
-
-    folder = str(samples / "tasks" / "sentiment")
-    train = read_sentiment(folder, "train")[0][:n_train]
-    dev = read_sentiment(folder, "dev")[0][:n_dev]
-    return tuple(encode_examples(tokenizer, part, SENTIMENT_LABELS, max_seq_length) for part in (train, dev))
-
-
 def run_ours(checkpoint: str, train, dev, cfg, seed: int, pad_id: int) -> dict:
     import numpy as np
 
@@ -89,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from bert_core.config import FinetuneConfig
+    from bert_core.finetune.glue import SENTIMENT_LABELS, encode_examples, read_sentiment
     from bert_core.vocab.tokenization import load_tokenizer
 
     # 1 thread by default: on a shared, oversubscribed CPU two spinning OpenMP threads run slower than one.
@@ -99,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(checkpoint)
     # few steps here, so a learning rate above the paper's grid (tuned for thousands of steps)
     cfg = FinetuneConfig(learning_rate=2e-4, batch_size=16, num_train_epochs=1.0, max_seq_length=64, threads=threads)
-    train, dev = load_data(folder, tokenizer, TRAIN_EXAMPLES, DEV_EXAMPLES, cfg.max_seq_length)
+    sentiment = str(folder / "tasks" / "sentiment")
+    train, dev = (encode_examples(tokenizer, read_sentiment(sentiment, part)[0][:n], SENTIMENT_LABELS, cfg.max_seq_length)
+                  for part, n in (("train", TRAIN_EXAMPLES), ("dev", DEV_EXAMPLES)))
     labels = [f["label"] for f in dev]
     majority = max(labels.count(0), labels.count(1)) / len(labels)
     print(f"sentiment: {len(train)} train / {len(dev)} dev examples (majority class {majority:.3f}), "

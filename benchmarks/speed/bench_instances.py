@@ -30,6 +30,8 @@ from benchmarks.common import samples as samples_dir
 SECTION = 40  # sentences per document cut from a book or play
 STARTUP_DOCUMENTS = 20  # the few documents that measure each side's fixed start-up costs
 TF_PACKAGES = ["tensorflow-cpu==2.21.0", "bert-tensorflow==1.0.4"]
+ENV = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+       "TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
 L, P, D = 128, 20, 2  # max_seq_length, max_predictions_per_seq, dupe_factor of both sides
 SEEDS = 6  # extra seeds for the sampling error
 
@@ -43,11 +45,9 @@ path, length, mask_id = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 stats = InstanceStats(max_seq_length=length)
 for raw in tf.data.TFRecordDataset([path]):
     f = tf.train.Example.FromString(raw.numpy()).features.feature
-    mask = list(f["input_mask"].int64_list.value)
-    n = sum(mask)
+    n = sum(f["input_mask"].int64_list.value)
     ids = list(f["input_ids"].int64_list.value)[:n]
-    weights = list(f["masked_lm_weights"].float_list.value)
-    k = int(sum(weights))
+    k = int(sum(f["masked_lm_weights"].float_list.value))
     positions = list(f["masked_lm_positions"].int64_list.value)[:k]
     labels = list(f["masked_lm_ids"].int64_list.value)[:k]
     nsp = int(f["next_sentence_labels"].int64_list.value[0])
@@ -165,9 +165,11 @@ def seed_spread(docs: list[tuple[str, list[str]]], vocab: Path) -> dict[str, flo
     return {k: statistics.stdev(v) for k, v in values.items()}
 
 
-def compare(docs: list[tuple[str, list[str]]], label: str, tf_python: Path, env: dict[str, str], vocab: Path,
-            mask_id: int, workers: tuple[int, ...], spread: bool = True) -> dict:
-    """Both sides on the same documents: timings, stats, sampling spread."""
+def compare(docs: list[tuple[str, list[str]]], label: str, tf_python: Path, workers: tuple[int, ...],
+            spread: bool = True) -> dict:
+    """Both sides on the same documents, with the sample MiniLM's vocab: timings, stats, sampling spread."""
+    vocab = samples_dir() / "models" / "minilm" / "vocab.txt"
+    mask_id = vocab.read_text("utf-8").splitlines().index("[MASK]")
     with tempfile.TemporaryDirectory(prefix="bench-instances-") as tmp:
         work = Path(tmp)
         text, corpus = write_inputs(docs, work)
@@ -180,12 +182,12 @@ def compare(docs: list[tuple[str, list[str]]], label: str, tf_python: Path, env:
                      f"--output_file={work / 'ref.tfrecord'}", f"--vocab_file={vocab}",
                      "--do_lower_case=True", f"--max_seq_length={L}", f"--max_predictions_per_seq={P}",
                      f"--dupe_factor={D}", "--masked_lm_prob=0.15", "--short_seq_prob=0.1",
-                     "--random_seed=12345"], work / "ref.log", env)
+                     "--random_seed=12345"], work / "ref.log", ENV)
         reader = work / "read_tfrecords.py"
         reader.write_text(READ_TFRECORDS)
         ref_stats = json.loads(subprocess.run(
             [str(tf_python), str(reader), str(ROOT), str(work / "ref.tfrecord"), str(L), str(mask_id)],
-            env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout)
+            env={**os.environ, **ENV}, capture_output=True, text=True, check=True).stdout)
 
         sets = [f"instances.lengths=[{{max_seq_length: {L}, max_predictions_per_seq: {P}}}]",
                 f"instances.dupe_factor={D}", "instances.num_shards=4",
@@ -198,11 +200,9 @@ def compare(docs: list[tuple[str, list[str]]], label: str, tf_python: Path, env:
         ours: dict[int, dict[str, float]] = {}
         for w in workers:
             argv = [sys.executable, "-m", "beam_jobs.create_instances", "--corpus", str(corpus),
-                    "--vocab", str(vocab), "--output", str(work / f"ours-w{w}"),
-                    "--preset", "demo", "--set", f"workers={w}"]
-            for s in sets:
-                argv += ["--set", s]
-            ours[w] = measure(argv, work / f"ours-w{w}.log", {**env, "PYTHONPATH": str(ROOT)})
+                    "--vocab", str(vocab), "--output", str(work / f"ours-w{w}"), "--preset", "demo",
+                    *(arg for s in [f"workers={w}", *sets] for arg in ("--set", s))]
+            ours[w] = measure(argv, work / f"ours-w{w}.log", {**ENV, "PYTHONPATH": str(ROOT)})
         from bert_core import storage
 
         our_stats = storage.read_manifest(str(work / "ours-w1"))["stats"][f"seq{L}"]
@@ -217,12 +217,7 @@ def main() -> None:
                         help="Also measure the sample plus distinct real text up to this many MB "
                              "(extra rows, one worker; 0: skip).")
     args = parser.parse_args()
-    vocab = samples_dir() / "models" / "minilm" / "vocab.txt"
-    mask_id = vocab.read_text("utf-8").splitlines().index("[MASK]")
     tf_python = reference_venv("bench-venv-tf", TF_PACKAGES, "tensorflow, bert.create_pretraining_data")
-    env = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2", "TOKENIZERS_PARALLELISM": "false"}
-
     rows = []
 
     def add(measure: str, o: float, r: float, unit: str, **extra: float) -> None:
@@ -245,7 +240,7 @@ def main() -> None:
         add("CPU time, 1 process" + tag, ours["cpu_s"], ref["cpu_s"], "s")
         add("peak RSS, 1 process" + tag, ours["peak_rss_mb"], ref["peak_rss_mb"], "MB")
 
-    main_run = compare(sample_documents(), "sample corpus", tf_python, env, vocab, mask_id, (1, 2))
+    main_run = compare(sample_documents(), "sample corpus", tf_python, (1, 2))
     ref, ours = main_run["ref"], main_run["ours"]
     n_ref, n_ours = main_run["ref_stats"]["instances"], main_run["our_stats"]["instances"]
     add("instances/s per process (wall)", n_ours / ours[1]["wall_s"], n_ref / ref["wall_s"], "instances/s")
@@ -257,9 +252,8 @@ def main() -> None:
     if args.large_mb:
         # Fixed costs (interpreter, imports, pipeline start-up) measured on a few documents, so
         # the large run's cost splits into start-up + per-MB.
-        tiny = compare(sample_documents()[:STARTUP_DOCUMENTS], "start-up", tf_python, env, vocab, mask_id, (1,),
-                       spread=False)
-        big = compare(distinct_documents(args.large_mb), "distinct text", tf_python, env, vocab, mask_id, (1,))
+        tiny = compare(sample_documents()[:STARTUP_DOCUMENTS], "start-up", tf_python, (1,), spread=False)
+        big = compare(distinct_documents(args.large_mb), "distinct text", tf_python, (1,))
         runs["startup"], runs["distinct"] = tiny, big
         tag = f" ({big['mb']:.0f} MB distinct text)"
         process_rows(big, tag)
@@ -274,9 +268,9 @@ def main() -> None:
             "instances/s")
         stat_rows(big, tag)
 
-    setup = {"documents": main_run["documents"], "sentences": main_run["sentences"],
-             "max_seq_length": L, "max_predictions_per_seq": P, "dupe_factor": D, "text_mb": {name: round(m["mb"], 2) for name, m in runs.items()},
-             "reference": TF_PACKAGES, "cpu_count": os.cpu_count()}
+    setup = {"documents": main_run["documents"], "sentences": main_run["sentences"], "max_seq_length": L,
+             "max_predictions_per_seq": P, "dupe_factor": D, "reference": TF_PACKAGES, "cpu_count": os.cpu_count(),
+             "text_mb": {name: round(m["mb"], 2) for name, m in runs.items()}}
     stats = {name: {"ours": m["our_stats"], "reference": m["ref_stats"], "sd_over_seeds": m["spread"]}
              for name, m in runs.items() if m["spread"]}
     write_rows("instances", rows, setup=setup, stats=stats)

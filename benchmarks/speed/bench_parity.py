@@ -37,8 +37,6 @@ from bert_core.pretrain.in_process import random_init
 
 RESULTS = ROOT / "bench-results"
 BATCH, LR = 32, 1e-3
-
-
 # The paper's pre-training, which transformers' BertForPreTraining implements: masks drawn once
 # into the instances, next-sentence pairs, post-LN (the demo preset's own recipe differs on all three).
 PAPER_INSTANCES = ["--set", "instances.masking=static", "--set", "instances.next_sentence_prediction=true"]
@@ -71,13 +69,6 @@ def shortest_length(instances: Path) -> int:
     if not lengths:
         raise SystemExit(f"{instances}: no seq<L>/ folders; is it an instances stage folder?")
     return min(lengths)
-
-
-def load_rows(instances: Path, seq: int) -> tuple[pa.Table, pa.Table, int]:
-    """(train rows, held-out rows: the last shard, the size of the vocab the instances were made with)."""
-    shards = sorted((instances / f"seq{seq}").glob("part-*.parquet"))
-    train = pa.concat_tables([pq.read_table(s) for s in shards[:-1]])
-    return train, pq.read_table(shards[-1]), len(read_vocab(vocab_file_of(str(instances))))
 
 
 def forward(kind: str, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -183,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bertpipe-parity-"))
     instances = Path(args.instances) if args.instances else build_instances(samples_dir(), RESULTS / "parity-data")
     args.seq = shortest_length(instances)
-    train_rows, held_out, vocab_size = load_rows(instances, args.seq)
-    held_out = held_out.slice(0, args.eval_rows)
+    shards = sorted((instances / f"seq{args.seq}").glob("part-*.parquet"))  # the last one held out
+    train_rows = pa.concat_tables([pq.read_table(s) for s in shards[:-1]])
+    held_out = pq.read_table(shards[-1]).slice(0, args.eval_rows)
+    vocab_size = len(read_vocab(vocab_file_of(str(instances))))
     print(f"machine: {machine()['cpu']}, {torch.get_num_threads()} torch thread(s)")
     print(f"instances: {train_rows.num_rows} train rows, {held_out.num_rows} held out, vocab {vocab_size}; "
           f"{args.steps} steps of {BATCH} x {args.seq}, lr {LR}, warmup {args.warmup}", flush=True)
@@ -209,25 +202,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"nsp acc {final['nsp_acc']:.3f} ({runs[kind][-1]['cpu_s']:.0f} CPU-s)", flush=True)
 
     print(f"\n{'step':>6} | {'ours eval MLM loss':>20} | {'transformers':>20} | {'ours MLM acc':>14} | {'transformers':>14}")
-    rows = []
-    for i, point in enumerate(runs["ours"][0]["curve"]):
-        row = {"step": point["step"]}
-        for kind in runs:
-            for metric in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"):
-                values = [r["curve"][i][metric] for r in runs[kind]]
-                row[f"{kind}_{metric}"] = values
-        rows.append(row)
+    rows = [{"step": point["step"], **{f"{kind}_{metric}": [r["curve"][i][metric] for r in runs[kind]]
+                                       for kind in runs for metric in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc")}}
+            for i, point in enumerate(runs["ours"][0]["curve"])]
 
-        def cell(values: list[float], digits: int = 4) -> str:
-            sd = statistics.stdev(values) if len(values) > 1 else 0.0
-            return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
+    def cell(values: list[float], digits: int = 4) -> str:
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
 
+    for row in rows:
         print(f"{row['step']:>6} | {cell(row['ours_mlm_loss']):>20} | {cell(row['transformers_mlm_loss']):>20} | "
               f"{cell(row['ours_mlm_acc'], 3):>14} | {cell(row['transformers_mlm_acc'], 3):>14}")
     last = rows[-1]
     w = welch(last["ours_mlm_loss"], last["transformers_mlm_loss"])
-    t, p = w["t"], w["p"]
-    gap = statistics.fmean(last["ours_mlm_loss"]) - statistics.fmean(last["transformers_mlm_loss"])
+    gap, t, p = w["gain"], w["t"], w["p"]
     agree = math.isnan(p) or p > 0.01
     print(f"\nfinal eval MLM loss gap (ours - transformers) {gap:+.4f}, Welch t {t:.2f}, p {p:.3f}: "
           f"{'agree within seed noise' if agree else 'DISAGREE'}")

@@ -23,10 +23,6 @@ GOLD = Path(__file__).resolve().parent / "sentences_gold.json"
 SPEED_CHARS = 300_000
 
 
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
 def gold_paragraph(pages: dict[str, list[str]], ref: dict) -> str | None:
     """The paragraph a gold reference labels: at its index if the text there is the one labelled
     (same length and digest), else the page's paragraph with that text (the cleaning may drop
@@ -34,7 +30,8 @@ def gold_paragraph(pages: dict[str, list[str]], ref: dict) -> str | None:
     paragraphs = pages.get(ref["title"], [])
     at = ref["paragraph"]
     candidates = ([paragraphs[at]] if at < len(paragraphs) else []) + paragraphs
-    return next((t for t in candidates if (len(t), digest(t)) == (ref["chars"], ref["sha256"])), None)
+    return next((t for t in candidates if len(t) == ref["chars"]
+                 and hashlib.sha256(t.encode("utf-8")).hexdigest()[:16] == ref["sha256"]), None)
 
 
 def article_paragraphs(dump: Path) -> dict[str, list[str]]:

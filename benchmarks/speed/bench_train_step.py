@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import hf_labels, make_pair, row, samples, write_rows
+from benchmarks.common import hf_labels, make_pair, row, samples, timed, write_rows
 
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20
@@ -76,12 +76,9 @@ def time_loader(instances: str, batch_size: int, batches: int) -> float:
     """Sequences/s of the pre-training loader (in-process), first batch (shard read) included."""
     from bert_core.pretrain.data import PretrainingLoader
 
-    loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=batch_size, seed=1)
-    it = iter(loader)
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return batches * batch_size / (time.perf_counter() - start)
+    it = iter(PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=batch_size, seed=1))
+    _, seconds = timed(lambda: [next(it) for _ in range(batches)], time.perf_counter)
+    return batches * batch_size / seconds
 
 
 def bench_size(size: str, batch, vocab_size: int, mlm_loss_chunk: int = 0) -> dict:
@@ -155,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     results, rows = [], []
     for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
         n = args.batch_size if size in ("tiny", "mini", "small") else BASE_BATCH
-        batch = {k: v[:n] for k, v in big.items() if k in RAW_KEYS}
-        batch = {**batch, "input_ids": batch["input_ids"].contiguous()}
+        batch = {k: big[k][:n].contiguous() for k in RAW_KEYS}
         # the unpadding indices the loader precomputes, for the rows kept
         batch |= pretraining_plan(batch["attention_mask"], batch["masked_lm_positions"],
                                   batch["masked_lm_ids"], batch["masked_lm_weights"])
