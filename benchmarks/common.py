@@ -102,13 +102,8 @@ def machine() -> dict[str, str | int]:
         pass
     import torch
 
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count() or 0,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "os": platform.platform(terse=True),
-    }
+    return {"cpu": cpu, "cores": os.cpu_count() or 0, "python": platform.python_version(), "torch": torch.__version__,
+            "os": platform.platform(terse=True)}
 
 
 # --------------------------------------------------------------------------- one command's cost
@@ -219,15 +214,12 @@ def welch(a: list[float], b: list[float], level: float = 0.95) -> dict[str, floa
     gain = statistics.fmean(a) - statistics.fmean(b)
     if len(a) < 2 or len(b) < 2:
         return {"gain": gain, "ci_low": math.nan, "ci_high": math.nan, "df": math.nan, "t": math.nan, "p": math.nan}
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
+    if statistics.variance(a) == statistics.variance(b) == 0:
         return {"gain": gain, "ci_low": gain, "ci_high": gain, "df": math.inf, "t": math.nan, "p": math.nan}
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
-    t = gain / se
-    return {"gain": gain, "ci_low": gain - half, "ci_high": gain + half, "df": df, "t": t,
-            "p": float(2 * stats.t.sf(abs(t), df))}
+    test = stats.ttest_ind(a, b, equal_var=False)
+    ci = test.confidence_interval(level)
+    return {"gain": gain, "ci_low": float(ci.low), "ci_high": float(ci.high), "df": float(test.df),
+            "t": float(test.statistic), "p": float(test.pvalue)}
 
 
 def make_pair(size: str, vocab_size: int, seed: int = 0, attention_dropout: float | None = None):

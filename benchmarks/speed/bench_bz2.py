@@ -66,24 +66,24 @@ def indexed(path: Path, threads: int, start: int = 0) -> Iterator[bytes]:
             yield data
 
 
-def _measure(fn: Callable[[], Iterator[bytes]], conn) -> None:
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    digest = hashlib.sha256()
-    wall, cpu = time.perf_counter(), time.process_time()
-    size = 0
-    for data in fn():
-        digest.update(data)
-        size += len(data)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
-    conn.send({"wall": wall, "cpu": cpu, "rss_mb": peak / 1024, "bytes": size, "sha256": digest.hexdigest()})
-
-
 def measured(fn: Callable[[], Iterator[bytes]]) -> dict:
     """Run ``fn`` in a forked process; its times, extra peak RSS and output digest."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_measure, args=(fn, child))
+
+    def run() -> None:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        digest = hashlib.sha256()
+        wall, cpu = time.perf_counter(), time.process_time()
+        size = 0
+        for data in fn():
+            digest.update(data)
+            size += len(data)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+        child.send({"wall": wall, "cpu": cpu, "rss_mb": peak / 1024, "bytes": size, "sha256": digest.hexdigest()})
+
+    proc = ctx.Process(target=run)
     proc.start()
     result = parent.recv()
     proc.join()

@@ -1,18 +1,15 @@
 """Throughput on a Dask cluster: each Beam stage on the local runner and on a two-worker Dask
-cluster on this machine, on the same distinct text; wall time and CPU-seconds of every process.
+cluster on this machine, on the sample corpus; wall time and CPU-seconds of every process.
 
-    python -m benchmarks.speed.bench_dask                 # the sample corpus (x1)
-    python -m benchmarks.speed.bench_dask --size 3        # with distinct text (benchmarks.text.distinct_text)
+    python -m benchmarks.speed.bench_dask
 
-The inputs are bench_scale's at ``--size`` (no copies). Both runners must write the same shards
-(sha256 compared). CPU-seconds on the cluster add what the scheduler's and the workers' process
-trees spent during the stage; the cluster's start-up is reported on its own. Results:
-``bench-results/dask.json``.
+The inputs are bench_scale's at x1. Both runners must write the same shards (sha256 compared).
+CPU-seconds on the cluster add what the scheduler's and the workers' process trees spent during
+the stage; the cluster's start-up is reported on its own. Results: ``bench-results/dask.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -21,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, distinct_files, machine, measure, row, tree_cpu, write_rows
+from benchmarks.common import ROOT, machine, measure, row, tree_cpu, write_rows
 from benchmarks.common import samples as samples_dir
 from benchmarks.speed.bench_scale import raw_inputs, stage_argv
 
@@ -73,19 +70,13 @@ def shard_digests(work: Path, stage: str) -> dict[str, str]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", type=int, default=1, help="Input size, a multiple of the sample (distinct text).")
-    args = parser.parse_args(argv)
-    distinct = distinct_files() if args.size > 1 else []
+def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     info, load = machine(), os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-dask-") as tmp:
         tmp = Path(tmp)
-        inputs = raw_inputs(args.size, samples_dir(), distinct, tmp)
-        if inputs["input_mb"] > inputs["distinct_mb"] + 0.01:
-            parser.error(f"--size {args.size} needs copies: not enough distinct text")
+        inputs = raw_inputs(1, samples_dir(), [], tmp)
         local, cluster_work = tmp / "local", tmp / "dask"
         for stage in STAGES:
             local.mkdir(exist_ok=True)

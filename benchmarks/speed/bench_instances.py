@@ -78,12 +78,10 @@ def sample_documents() -> list[tuple[str, list[str]]]:
     from bert_core.corpus.sentences import split_sentences
 
     root = samples_dir()
-    docs: list[tuple[str, list[str]]] = []
-    for i, line in enumerate((root / "news" / "lee_background.cor").read_text("utf-8").splitlines()):
-        docs.append((f"news:{i}", split_sentences(line)))
-    for path in sorted([*(root / "books").glob("*.txt"), *(root / "plays").glob("*.md")]):
-        docs.append((f"book:{path.stem}", book_sentences(path)))
-    return sections(docs)
+    news = (root / "news" / "lee_background.cor").read_text("utf-8").splitlines()
+    books = sorted([*(root / "books").glob("*.txt"), *(root / "plays").glob("*.md")])
+    return sections([*((f"news:{i}", split_sentences(line)) for i, line in enumerate(news)),
+                     *((f"book:{path.stem}", book_sentences(path)) for path in books)])
 
 
 def text_bytes(docs: list[tuple[str, list[str]]]) -> int:

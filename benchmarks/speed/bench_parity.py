@@ -127,9 +127,7 @@ def train(kind: str, model: torch.nn.Module, train_rows: pa.Table, held_out: pa.
     for step in range(args.steps):
         if step % args.eval_every == 0:
             curve.append({"step": step, **evaluate(kind, model, held_out, args.seq)})
-        picks = order[(step * BATCH) % len(order):][:BATCH]
-        if len(picks) < BATCH:
-            picks = np.concatenate([picks, order[: BATCH - len(picks)]])
+        picks = np.take(order, np.arange(step * BATCH, (step + 1) * BATCH), mode="wrap")  # the epoch wraps round
         batch = to_tensors(collate(train_rows.take(pa.array(picks)), args.seq))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, LR, args.warmup, args.steps)

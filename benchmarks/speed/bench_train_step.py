@@ -25,7 +25,7 @@ from benchmarks.common import hf_labels, make_pair, row, samples, timed, write_r
 
 MAX_SEQ_LENGTH = 128
 MAX_PREDICTIONS = 20
-BASE_BATCH = 8  # sequences per step at the base and large sizes
+BATCH, BASE_BATCH = 16, 8  # sequences per step: at the tiny to small sizes, at base and large
 STEPS, WARMUP = 2, 1  # timed steps per model and size (the fastest counts), untimed steps first
 
 
@@ -130,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", default=None, help="Sample folder (default: benchmarks.common.samples()).")
     p.add_argument("--instances", help="An instances folder (with seq128/); default: built from Botchan.")
     p.add_argument("--sizes", default="tiny,base", help="Model sizes to time (config MODEL_SIZES names).")
-    p.add_argument("--batch-size", type=int, default=16, help="Sequences per step (tiny size).")
     p.add_argument("--mlm-loss-chunk", type=int, default=0,
                    help="Ours: the masked-LM loss this many rows at a time (pretrain.mlm_loss_chunk; 0 = all at once).")
     args = p.parse_args(argv)
@@ -145,13 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:
         instances = args.instances or build_instances(folder, Path(tmp))
         vocab_size = len((folder / "models" / "minilm" / "vocab.txt").read_text().splitlines())
-        loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=max(args.batch_size, BASE_BATCH), seed=1)
+        loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=max(BATCH, BASE_BATCH), seed=1)
         big = next(iter(loader))  # one real, padded micro-batch (padded to its longest, rounded to 8)
-        loader_sps = time_loader(instances, args.batch_size, batches=20)
+        loader_sps = time_loader(instances, BATCH, batches=20)
 
     results, rows = [], []
     for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        n = args.batch_size if size in ("tiny", "mini", "small") else BASE_BATCH
+        n = BATCH if size in ("tiny", "mini", "small") else BASE_BATCH
         batch = {k: big[k][:n].contiguous() for k in RAW_KEYS}
         # the unpadding indices the loader precomputes, for the rows kept
         batch |= pretraining_plan(batch["attention_mask"], batch["masked_lm_positions"],
