@@ -17,18 +17,17 @@ import argparse
 import contextlib
 import copy
 import gc
+import importlib
 import json
 import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-import traceback
 import warnings
 from collections import deque
 from pathlib import Path
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import ROOT, hf_labels, make_pair
+from benchmarks.common import ROOT, hf_labels, make_pair, process_tree, timed
 from bert_core import storage
 from bert_core.config import FinetuneConfig, InstanceConfig, ModelConfig, SequenceSpec, load_config
 from bert_core.device import peak_flops
@@ -48,7 +47,7 @@ from bert_core.instances.pairs import DocumentPool
 from bert_core.model.bert import BertForPreTraining, flops_per_token, pretraining_plan
 from bert_core.pretrain.data import PretrainingLoader, read_vocab, to_device, vocab_ids
 from bert_core.pretrain.ds_config import loop_clipping
-from bert_core.pretrain.launch import launch_pretraining
+from bert_core.pretrain.launch import free_port, launch_pretraining
 from bert_core.pretrain.loop import backward_and_step, build_engine
 from bert_core.pretrain.metrics import read_metrics, train_rows
 
@@ -148,26 +147,19 @@ def pretrain_config(work: Path, plan: Plan, size: str | None = None, micro_batch
     return load_config("bert-base-128", None, sets)
 
 
-def first_batch(instances: str, micro_batch: int) -> dict[str, Any]:
-    return next(iter(PretrainingLoader(instances, SEQ, micro_batch_size=micro_batch, seed=1)))
+def first_batch(instances: str, micro_batch: int, token_buckets: int = 0) -> dict[str, Any]:
+    return next(iter(PretrainingLoader(instances, SEQ, micro_batch, seed=1, token_buckets=token_buckets)))
 
 
 def stage_env(work: Path, plan: Plan) -> dict[str, Any]:
     row: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
                            "nvcc": shutil.which("nvcc"), "cpus": os.cpu_count()}
-    try:
-        import deepspeed
-
-        row["deepspeed"] = deepspeed.__version__
-    except Exception as err:  # reported, not fatal: the later stages say what it breaks
-        row["deepspeed"] = f"import failed: {err}"
-    try:
-        import transformers
-
-        row["transformers"] = transformers.__version__
-    except ImportError:
-        row["transformers"] = None
+    for package in ("deepspeed", "transformers"):
+        try:
+            row[package] = importlib.import_module(package).__version__
+        except Exception as err:  # reported, not fatal: the later stages say what it breaks
+            row[package] = f"import failed: {err}"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         row |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
@@ -183,18 +175,16 @@ def launch_and_measure(work: Path, plan: Plan, run: Path, config: Any) -> dict[s
     wall time between logged steps after the first (warm-up), checkpoint saves reported apart."""
     instances = build_data(work, plan)
     shutil.rmtree(run, ignore_errors=True)
-    t0 = time.perf_counter()
-    launch_pretraining(config, instances, str(run), on_line=print)
-    wall = time.perf_counter() - t0
+    _, wall = timed(lambda: launch_pretraining(config, instances, str(run), on_line=print), time.perf_counter)
     rows = train_rows(read_metrics(str(run)))
-    timed = [r for r in rows if r["step"] > rows[0]["step"]] or rows[-1:]
+    steady = [r for r in rows if r["step"] > rows[0]["step"]] or rows[-1:]
     phase = config.pretrain.phases[0]
     return {"model": config.model.size, "precision": config.pretrain.precision,
             "zero_stage": config.pretrain.zero_stage, "micro_batch": phase.micro_batch_size,
             "global_batch": phase.global_batch_size, "steps": rows[-1]["step"], "wall_s": round(wall, 1),
-            "tokens_per_s": round(statistics.fmean(r["tokens_per_s"] for r in timed)),
-            "seq_per_s": round(statistics.fmean(r["seq_per_s"] for r in timed), 1),
-            "mfu": round(statistics.fmean(r["mfu"] for r in timed), 4) if timed[0].get("mfu") else None,
+            "tokens_per_s": round(statistics.fmean(r["tokens_per_s"] for r in steady)),
+            "seq_per_s": round(statistics.fmean(r["seq_per_s"] for r in steady), 1),
+            "mfu": round(statistics.fmean(r["mfu"] for r in steady), 4) if steady[0].get("mfu") else None,
             "checkpoint_seconds": round(sum(r.get("checkpoint_seconds", 0.0) for r in rows), 2),
             "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
             "checkpoints": sorted(p.name for p in (run / "checkpoints" / "phase1").glob("step*")),
@@ -288,6 +278,28 @@ def training_step(engine: Any, batch: dict[str, Any], losses: list[Any], max_nor
     return step
 
 
+def time_steps(step, steps: tuple[int, int], device, cfg, tokens: int, micro: int,
+               peak: float | None) -> dict[str, Any]:
+    """Rates of ``step`` (``tokens`` real tokens in ``micro`` sequences) over the timed steps of
+    ``steps`` (warm-up, timed): tokens per second, step time, MFU and the device's peak memory."""
+    warmup, timed = steps
+    for _ in range(warmup):
+        step()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(timed):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - t0) / timed
+    return {"tokens_per_s": round(tokens / seconds), "step_ms": round(seconds * 1e3, 2),
+            "mfu": round(flops_per_token(cfg, round(tokens / micro)) * tokens / seconds / peak, 4) if peak else None,
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
+
+
 def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], ds: dict[str, Any]) -> dict[str, Any]:
     """The product's engine (``build_engine``) on the loader's first batch for ``variant_steps``."""
     micro = plan.variant_micro_batch  # one micro-batch an optimizer step
@@ -301,30 +313,18 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
     vocab_size = len(read_vocab(str(work / "vocab" / "vocab.txt")))
     engine, scheduler = build_engine(config, 0, vocab_size, ds_overrides=ds)
     device = engine.device
-    loader = PretrainingLoader(instances, SEQ, micro, seed=1, token_buckets=pre.token_buckets)
-    batch = to_device(next(iter(loader)), device)
+    batch = to_device(first_batch(instances, micro, pre.token_buckets), device)
     real_tokens = int(batch["attention_mask"].sum())
     scheduler.step()
     losses: list[Any] = []
     step = training_step(engine, batch, losses, loop_clipping(pre))
-    warmup, timed = plan.variant_steps
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    seconds = _time_steps(step, 0, timed, device)
+    peak = peak_flops(device, "bf16", pre.peak_flops_per_rank)
+    rates = time_steps(step, plan.variant_steps, device, engine.module.config, real_tokens, micro, peak)
     syncs = host_syncs(step, device)  # the step whose loss is reported
     last = len(losses) - 1
     shares = profile_shares(step, device, 1 if plan.dry_run else 3)
-    peak = peak_flops(device, "bf16", pre.peak_flops_per_rank)
-    mcfg = engine.module.config
     row = {
-        "tokens_per_s": round(real_tokens / seconds), "step_ms": round(seconds * 1e3, 2),
-        "mfu": round(flops_per_token(mcfg, round(real_tokens / micro)) * real_tokens / seconds / peak, 4)
-        if peak else None,
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
-        "loss_at_step": [last + 1, float(losses[last])], "host_syncs_per_step": syncs,
+        **rates, "loss_at_step": [last + 1, float(losses[last])], "host_syncs_per_step": syncs,
         "profile": shares, "real_tokens": real_tokens, "shape": list(batch["input_ids"].shape),
         "rows": int(batch["token_index"].numel()),
     }
@@ -338,10 +338,9 @@ def stage_variants(work: Path, plan: Plan, out: Path) -> dict[str, Any]:
     import deepspeed
 
     instances = build_data(work, plan)
-    with socket.socket() as sock:  # this process as rank 0 of a world of 1, as the engine expects
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # this process as rank 0 of a world of 1, as the engine expects
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     sets, ds = (), {}
     rows = []
@@ -363,19 +362,6 @@ def stage_variants(work: Path, plan: Plan, out: Path) -> dict[str, Any]:
         if "tokens_per_s" in row and "tokens_per_s" in rows[0]:
             row["speedup_vs_baseline"] = round(row["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
     return {"micro_batch": plan.variant_micro_batch, "steps": sum(plan.variant_steps) + 1, "rows": rows}
-
-
-def _time_steps(step, warmup: int, timed: int, device) -> float:
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(timed):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / timed
 
 
 def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
@@ -405,15 +391,8 @@ def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        seconds = _time_steps(step, *plan.compare_steps, device)
-        out[f"{name}_tokens_per_s"] = round(tokens / seconds)
-        out[f"{name}_step_ms"] = round(seconds * 1e3, 2)
-        out[f"{name}_mfu"] = (round(flops_per_token(cfg, round(tokens / micro)) * tokens / seconds / peak, 4)
-                              if peak else None)
-        out[f"{name}_peak_memory_gib"] = (round(torch.cuda.max_memory_allocated() / 2**30, 2)
-                                          if device.type == "cuda" else None)
+        rates = time_steps(step, plan.compare_steps, device, cfg, tokens, micro, peak)
+        out |= {f"{name}_{key}": value for key, value in rates.items()}
         model.to("cpu")
         del opt
         if device.type == "cuda":
@@ -567,16 +546,10 @@ def stage_finetune(work: Path, plan: Plan) -> dict[str, Any]:
         raise RuntimeError(f"{checkpoint}: stage e2e_large did not export a model")
     cfg = FinetuneConfig(tasks=["sst2"], learning_rates=[5e-5], batch_sizes=[16], epochs=[3.0],
                          accelerator=plan.accelerator, precision=plan.precision, threads=4)
-    t0 = time.perf_counter()
-    metrics = run_job("sst2", str(ROOT / "tests" / "fixtures" / "tasks"), str(checkpoint), cfg, 1,
-                      str(work / "finetune"), log=print)
-    return {"task": "sst2", "wall_s": round(time.perf_counter() - t0, 1), "main_metric": metrics["main_metric"],
+    metrics, wall = timed(lambda: run_job("sst2", str(ROOT / "tests" / "fixtures" / "tasks"), str(checkpoint),
+                                          cfg, 1, str(work / "finetune"), log=print), time.perf_counter)
+    return {"task": "sst2", "wall_s": round(wall, 1), "main_metric": metrics["main_metric"],
             "score": metrics["main"], "train": metrics["train"], "counts": metrics["counts"]}
-
-
-STAGE_FUNCTIONS = {"env": stage_env, "e2e": stage_e2e, "numerics": stage_numerics, "variants": stage_variants,
-                   "e2e_large": stage_e2e_large, "compare": stage_compare, "resume": stage_resume,
-                   "finetune": stage_finetune}
 
 
 def summary(stage: str, row: dict[str, Any]) -> str:
@@ -614,30 +587,12 @@ def append_row(out: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid``, from /proc (empty where there is none)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """End a stage: its process group and the group of every process below it (the launcher
     starts its ranks in a session of its own), SIGTERM first so the stage can stop its launcher,
     SIGKILL for whatever is left after ``grace`` seconds."""
     groups = set()
-    for pid in {proc.pid} | _descendants(proc.pid):
+    for pid in {proc.pid} | {p.pid for p in process_tree(proc.pid)}:
         with contextlib.suppress(ProcessLookupError):
             groups.add(os.getpgid(pid))
     groups.discard(os.getpgid(0))  # never this driver's own group
@@ -645,10 +600,8 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, sig)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace if sig == signal.SIGTERM else None)
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def start_stage(stage: str, work: Path, out: Path, plan: Plan) -> subprocess.Popen:
@@ -701,15 +654,6 @@ def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> 
     return row
 
 
-def call_budget(budget_s: float | None, gpu_left_s: float | None, call: int | None, dry_run: bool) -> float:
-    """The seconds this call may take: ``--budget-s``, else the call's share of the slot; never
-    more than the GPU time left less the reserve, nor (on a GPU) the command limit less a margin."""
-    budget = budget_s if budget_s is not None else (SLOT_CALLS[call][1] if call else COMMAND_LIMIT_S - 60)
-    if gpu_left_s is not None:
-        budget = min(budget, gpu_left_s - SLOT_RESERVE_S)
-    return budget if dry_run else min(budget, COMMAND_LIMIT_S - 30)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--out", required=True, help="Folder for gpu_check.jsonl and gpu_check.log.")
@@ -733,14 +677,10 @@ def main(argv: list[str] | None = None) -> int:
     # Stopped (SIGTERM), a stage raises SystemExit, so the launcher's own cleanup runs (run_launch),
     # and the call stops its stage too, keeping the rows written so far.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    if args.stage:  # the child process: one stage, its result as the last line of output
-        try:
-            function = STAGE_FUNCTIONS[args.stage]
-            result = function(work, plan, out) if args.stage == "variants" else function(work, plan)
-            print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
-        except Exception:
-            traceback.print_exc()
-            return 1
+    if args.stage:  # the child process: one stage, its result as the last line (or its traceback, exit 1)
+        function = globals()[f"stage_{args.stage}"]
+        result = function(work, plan, out) if args.stage == "variants" else function(work, plan)
+        print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
         return 0
     if plan.dry_run:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -751,7 +691,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"gpu_check: unknown stage(s) {unknown}; choose from {', '.join(STAGES)}", file=sys.stderr)
         return 2
-    budget = call_budget(args.budget_s, args.gpu_left_s, args.call, plan.dry_run)
+    # --budget-s, else the call's share of the slot; never more than the GPU time left less the
+    # reserve, nor (on a GPU) the command limit less a margin
+    budget = args.budget_s if args.budget_s is not None else (
+        SLOT_CALLS[args.call][1] if args.call else COMMAND_LIMIT_S - 60)
+    if args.gpu_left_s is not None:
+        budget = min(budget, args.gpu_left_s - SLOT_RESERVE_S)
+    if not plan.dry_run:
+        budget = min(budget, COMMAND_LIMIT_S - 30)
 
     def say(line: str) -> None:
         print(line, flush=True)
