@@ -12,6 +12,8 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.common import measure
@@ -60,38 +62,34 @@ def corpus_and_vocab(inputs: list[tuple[str, str]], work: Path) -> tuple[Path, P
 
 def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path:
     """The instances stage with the recipe's settings, built once per distinct setting."""
-    sets = recipe.instance_sets()
     key = "-".join([f"seq{recipe.seq}", "nsp" if recipe.next_sentence_prediction else "packed", recipe.masking,
                     "wwm" if recipe.whole_word_mask else "wordpiece"])
     out = work / f"instances-{key}"
     if not (out / "_MANIFEST.json").exists():
         cmd = ["instances", "--corpus", str(corpus), "--vocab", str(vocab), "--output", str(out)]
-        for s in sets:
+        for s in recipe.instance_sets():
             cmd += ["--set", s]
         bertpipe(cmd, work / f"instances-{key}.log")
     return out
 
 
-def pretrain_folder(work: Path, recipe: str, budget: float, ranks: int, seed: int, quick: bool = False) -> Path:
-    """Where arm A's run of ``recipe`` at ``budget`` CPU-minutes with ``seed`` lives under ``work``."""
-    return work / f"pretrain-{recipe}-{budget:g}-r{ranks}-seed{seed}{'-quick' if quick else ''}"
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``: another process doing the same work waits for it."""
+    import fcntl
 
-
-def baseline_folder(work: Path, recipe: str, seed: int, quick: bool = False) -> Path:
-    """Where arm B's random init of ``recipe`` with ``seed`` lives under ``work``."""
-    return work / f"random-init-{recipe}-seed{seed}{'-quick' if quick else ''}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int, seed: int = PRETRAIN_SEED) -> dict:
     """``bertpipe pretrain`` with the recipe's settings for ``steps``, resumed from the run's last
     checkpoint when a killed run left one: CPU minutes, final eval. ``run/done.json`` holds the
     result of a finished run, which is then not run again."""
-    import fcntl
-
     done_file = run / "done.json"
-    run.parent.mkdir(parents=True, exist_ok=True)
-    with open(run.parent / f"{run.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process pre-training this run: wait for it
+    with locked(run.parent / f"{run.name}.lock"):
         if done_file.exists() and (run / "hf" / "config.json").exists():
             return json.loads(done_file.read_text())
         cmd = ["pretrain", "--instances", str(instances), "--output", str(run)]

@@ -1,6 +1,6 @@
 """The quality protocol's corpora K1 and K2 (``docs/quality-protocol-v2.md``) as ``bertpipe corpus``
-inputs, their vocab and instances, and a checkpoint's measures per genre, built by the protocol's
-``--corpus k1|k2`` and the choice's ``prepare``.
+inputs, their vocab and instances (and those of version 1's tweets), and a checkpoint's measures
+per genre, built by the protocol's ``--corpus`` and the choice's ``prepare``.
 
 A document is a tweet, a Wikipedia article or a paragraph of a book file. Task texts leave by
 tweet, paragraph and whole article. A genre's pieces are its share of the training documents'
@@ -17,14 +17,14 @@ import json
 import math
 import shutil
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.quality import tasks as qt
+from benchmarks.quality.build import corpus_and_vocab, corpus_inputs, instances_for, locked
 from benchmarks.text import distinct_text
 from benchmarks.text.dumps import split_dump
 
@@ -56,7 +56,7 @@ class Prepared:
     corpus: str
     inputs: list[tuple[str, str]]
     genres: dict[str, str]
-    heldout: Path
+    heldout: Path | None  # None: version 1's corpus sets no text aside
     sizes: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -75,11 +75,6 @@ def set_aside(ids: list[str], seed: int = SET_ASIDE_SEED) -> set[str]:
 def genre_of(doc_id: str, genres: dict[str, str]) -> str | None:
     """The genre of a corpus document id (``book:...`` by name, ``wiki:`` and ``text:`` by prefix)."""
     return genres.get(doc_id) or genres.get(doc_id.split(":", 1)[0] + ":")
-
-
-def task_examples(parts_by_task: dict[str, dict[str, list]]) -> list:
-    """Every example of every task: training pool, dev and test."""
-    return [e for parts in parts_by_task.values() for split in parts.values() for e in split]
 
 
 # --------------------------------------------------------------------------- reading the inputs
@@ -132,10 +127,7 @@ def tweet_docs(samples: Path) -> list[Doc]:
 def book_files(corpus: str, samples: Path, distinct: Path | None, quick: bool) -> list[Path]:
     """The book files of a corpus: the sample's (Botchan, the plays), and for K2 every source of
     ``distinct`` (``distinct_text.text_files``); with ``quick`` the smallest few of each folder."""
-    from benchmarks.quality.build import corpus_inputs
-
-    files = sorted(Path(p) for flag, pattern in corpus_inputs(samples) if flag == "--books"
-                   for p in Path(pattern).parent.glob(Path(pattern).name))
+    files = sample_files(samples, "--books")
     if corpus == "k2" and distinct is not None:
         files += [p for p in distinct_text.text_files(distinct) if p.parent.name in distinct_text.GENRES]
     if quick:
@@ -147,10 +139,9 @@ def book_files(corpus: str, samples: Path, distinct: Path | None, quick: bool) -
     return files
 
 
-def dump_files(samples: Path) -> list[Path]:
-    from benchmarks.quality.build import corpus_inputs
-
-    return sorted(Path(p) for flag, pattern in corpus_inputs(samples) if flag == "--wikipedia"
+def sample_files(samples: Path, option: str) -> list[Path]:
+    """The files of the sample's demo corpus that one ``bertpipe corpus`` option names."""
+    return sorted(Path(p) for flag, pattern in corpus_inputs(samples) if flag == option
                   for p in Path(pattern).parent.glob(Path(pattern).name))
 
 
@@ -164,18 +155,15 @@ def prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Pa
     keys of ``examples``) dropped, each genre's set-aside documents (:func:`set_aside`) and any copy
     of their text dropped and written to ``work/heldout-genres/<genre>.jsonl``. Prepared once per
     content of the inputs and keys (``work/<corpus>/prepared.json``)."""
+    from bert_core.corpus.inputs import book_ids
+    from flows.tools.samples import tweet_records
+
     if corpus not in CORPORA:
         raise ValueError(f"corpus {corpus!r}: one of {CORPORA}")
-    with _locked(work / f"{corpus}.prepare.lock"):
-        return _prepare(corpus, work, samples, examples, distinct, quick, log)
-
-
-def _prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Path | None, quick: bool,
-             log: Callable[[str], None]) -> Prepared:
     folder = work / corpus
     folder.mkdir(parents=True, exist_ok=True)
     heldout = work / ("heldout-genres-quick" if quick else "heldout-genres")
-    books, dumps = book_files(corpus, samples, distinct, quick), dump_files(samples)
+    books, dumps = book_files(corpus, samples, distinct, quick), sample_files(samples, "--wikipedia")
     keys = qt.keys_of(examples)
     stamp = _digest(json.dumps({"version": VERSION, "corpus": corpus, "quick": quick, "keys": sorted(keys),
                                 "files": [[str(p), _file_sha(p)] for p in [*books, *dumps,
@@ -239,7 +227,8 @@ def _prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: P
         target = staging / "wikipedia" / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(bz2.compress(head + b"\n  ".join(kept_pages) + tail))
-    write_tweets([d.texts[0] for d in tweets if keep(d)], staging / "text" / "tweets.jsonl")
+    (staging / "text").mkdir(parents=True, exist_ok=True)
+    (staging / "text" / "tweets.jsonl").write_text(tweet_records([d.texts[0] for d in tweets if keep(d)]))
 
     digest = _digest("\n".join(f"{p.relative_to(staging)} {_file_sha(p)}" for p in sorted(staging.rglob("*"))
                                if p.is_file()))[:16]
@@ -254,7 +243,9 @@ def _prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: P
     inputs = [("--wikipedia", str(root / "wikipedia" / "*.xml.bz2")), ("--books", str(root / "books" / "*" / "*.txt")),
               ("--text", str(root / "text" / "tweets.jsonl"))]
     inputs = [(flag, p) for flag, p in inputs if glob.glob(p)]
-    genres = book_genres(sorted((root / "books").glob("*/*.txt"))) | PREFIX_GENRES
+    book_texts = sorted((root / "books").glob("*/*.txt"))
+    ids = book_ids([str(f) for f in book_texts])
+    genres = {ids[str(f)]: distinct_text.GENRES[f.parent.name] for f in book_texts} | PREFIX_GENRES
     write_heldout(heldout, [d for d in every if d.id in aside])
     sizes = {g: {k: round(v, 2) if k == "mb" else int(v) for k, v in s.items()} for g, s in sorted(sizes.items())}
     done.write_text(json.dumps({"stamp": stamp, "inputs": inputs, "genres": genres, "sizes": sizes}, indent=1))
@@ -262,22 +253,6 @@ def _prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: P
         log(f"{corpus} {genre}: {s['kept']} documents kept ({s['mb']} MB), {s['set_aside']} set aside, "
             f"{s['task_text_dropped']} with task text dropped, {s['copies_dropped']} copies of set-aside text dropped")
     return Prepared(corpus, inputs, genres, heldout, sizes)
-
-
-def book_genres(files: list[Path]) -> dict[str, str]:
-    """The genre of each book document id the corpus stage gives these files."""
-    from bert_core.corpus.inputs import book_ids
-
-    ids = book_ids([str(f) for f in files])
-    return {ids[str(f)]: distinct_text.GENRES[f.parent.name] for f in files}
-
-
-def write_tweets(tweets: list[str], target: Path) -> None:
-    """Tweets as ``samples fetch`` writes them: records of ``TWEETS_PER_RECORD``, one paragraph each."""
-    from flows.tools.samples import tweet_records
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(tweet_records(tweets))
 
 
 def write_heldout(folder: Path, docs: list[Doc]) -> None:
@@ -322,30 +297,26 @@ class Built:
 def build(corpus: str, recipe, work: Path, samples: Path, parts_by_task: dict[str, dict[str, list]],
           distinct: Path | None = None, quick: bool = False, log: Callable[[str], None] = print) -> Built:
     """Corpus ``k1`` or ``k2`` with its own vocab (demo preset) and the instances of ``recipe``
-    (a ``spec.Recipe``), built once under ``work/<corpus>/``; stops when a dev or test
-    example of a task is in the built corpus."""
-    from benchmarks.quality.build import corpus_and_vocab, instances_for
-
+    (a ``spec.Recipe``), built once under ``work/<corpus>/``, or ``v1``, the sample tweets less
+    the tasks' (``tasks.pretrain_tweets``), under ``work``; stops when a dev or test example of a
+    task is in the built corpus."""
     if corpus == "k2" and distinct is None and not quick:
         distinct = distinct_text.cached(log=log)
-    with _locked(work / f"{corpus}.build.lock"):  # another process building the same corpus: wait for it
-        prepared = prepare(corpus, work, samples, task_examples(parts_by_task), distinct, quick, log)
-        built, vocab = corpus_and_vocab(prepared.inputs, work / corpus)
+    folder = work if corpus == "v1" else work / corpus
+    with locked(work / f"{corpus}.build.lock"):  # another process building the same corpus: wait for it
+        if corpus == "v1":
+            tweets = parts_by_task["tweets3"]
+            text = qt.pretrain_tweets(samples, tweets["train"] + tweets["dev"] + tweets["test"], work / "pretrain-text")
+            prepared = Prepared(corpus, [("--text", str(text))], {}, None)
+        else:
+            examples = [e for parts in parts_by_task.values() for split in parts.values() for e in split]
+            prepared = prepare(corpus, work, samples, examples, distinct, quick, log)
+        built, vocab = corpus_and_vocab(prepared.inputs, folder)
         leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], built)
                   for name, parts in parts_by_task.items()}
         if any(leaked.values()):
             raise SystemExit(f"dev/test texts are in corpus {corpus} ({leaked}); the arms would not be fair")
-        return Built(prepared, built, vocab, instances_for(recipe, built, vocab, work / corpus))
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        return Built(prepared, built, vocab, instances_for(recipe, built, vocab, folder))
 
 
 # --------------------------------------------------------------------------- measures per genre
@@ -358,7 +329,7 @@ def heldout_sequences(path: Path, tokenizer, count: int = HELDOUT_SEQUENCES,
     alone, cut)."""
     out: list[list[int]] = []
     budget = length - 2
-    for doc in read_jsonl(path):
+    for doc in map(json.loads, filter(str.strip, path.read_text(encoding="utf-8").splitlines())):
         current: list[int] = []
         for ids in tokenizer.encode_batch(doc["sentences"]):
             ids = list(ids)
@@ -429,10 +400,3 @@ def epochs_seen(pieces: dict[str, dict[str, int]], instances: Path, sequences_dr
     manifest = storage.read_manifest(str(instances))
     count = sum(s["counts"]["instances"] for s in manifest["stats"].values())
     return {g: sequences_drawn / count for g in pieces}
-
-
-def read_jsonl(path: Path) -> Iterator[dict]:
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)

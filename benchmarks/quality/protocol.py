@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -29,13 +28,9 @@ from pathlib import Path
 from benchmarks.common import machine, samples, welch
 from benchmarks.quality.build import (
     baseline,
-    baseline_folder,
-    corpus_and_vocab,
     cpu_per_step,
     instances_digest,
-    instances_for,
     pretrain,
-    pretrain_folder,
     steps_in_budget,
 )
 from benchmarks.quality.cache import Cache, pack_cache
@@ -96,11 +91,6 @@ def endpoints(arms: list[dict], tasks: list[str], sizes: list[str]) -> list[dict
 def curve_draws(plan: dict) -> list[tuple[int | None, int]]:
     """The curve's (size, subsamples): the plan's subsamples at each size, its pool's at the whole pool."""
     return [(size, plan["pool_subsamples"] if size is None else plan["subsamples"]) for size in plan["sizes"]]
-
-
-def every_setting_draws(plan: dict) -> list[tuple[int, int]]:
-    """The every-setting endpoint's (size, subsamples)."""
-    return [(size, plan["every_setting_subsamples"]) for size in plan["every_setting_sizes"]]
 
 
 def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: dict,
@@ -186,10 +176,9 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
         c = best({c: d["macro_f1"] for c, d in zip(plan["tfidf_c"], dev, strict=True)})
         arm["settings"][name] = {"selected": {"C": c}}
         jobs = [({"arm": "tfidf", "task": name, "C": c, "size": size_name(size), "subsample": k, "split": "test",
-                  "quick": plan["quick"]}, tfidf_scores,
+                  "quick": plan["quick"], "seed": None}, tfidf_scores,
                  (subsample(parts["train"], size, name, k), parts["test"], task.labels, c))
                 for size, subsamples in curve_draws(plan) for k in range(subsamples)]
-        jobs = [(key | {"seed": None}, fn, a) for key, fn, a in jobs]
         arm["runs"][0].setdefault("curve", {})[name] = curve_of(cache.run(pool, jobs, f"TF-IDF {name}"), jobs)
     return arm
 
@@ -197,10 +186,10 @@ def tfidf_arm(cache, pool, tasks: dict, plan: dict) -> dict:
 def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_key: dict, tasks: dict,
                       plan: dict) -> None:
     """``run["every_setting"]["task/size/setting"]``: test scores at every grid setting (numbered
-    from 1) and :func:`every_setting_draws`; the arm's own setting's cells are its curve's jobs."""
+    from 1) at the every-setting sizes and subsamples; the arm's own setting's cells are its curve's jobs."""
     from benchmarks.quality.choice import cell
 
-    draws = every_setting_draws(plan)
+    draws = [(size, plan["every_setting_subsamples"]) for size in plan["every_setting_sizes"]]
     out = run.setdefault("every_setting", {})
     for name, (task, parts) in tasks.items():
         own = arm["settings"][name]["selected"]
@@ -316,7 +305,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.quality import tasks as qt
+    from benchmarks.quality import corpus as qc
 
     parser = argparse.ArgumentParser(prog="benchmarks.quality", description=__doc__.split("\n")[0])
     parser.add_argument("--samples", default=None, help="sample folder (default: benchmarks.common.samples())")
@@ -336,9 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pack-cache", action="store_true", help="write --work's finished jobs to --cache-archive")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
     parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
-                        help="v1: version 1's (--quick only); k1, k2: protocol version 2's (benchmarks.quality.corpus), each "
-                             "built under --work/<corpus> with its vocab, instances and runs (default: a version-2 "
-                             "recipe's own corpus, else v1)")
+                        help="v1: the sample tweets (--quick only); k1, k2: benchmarks.quality.corpus's, built under "
+                             "--work/<corpus> with its vocab, instances and runs (default: the recipe's own, else v1)")
     parser.add_argument("--choice", default=None,
                         help="a version-2 recipe's test phase starts only when this frozen choice names it (default: "
                              "the --protocol's, bench-results/quality-v<N>-choice.json; none with --quick)")
@@ -364,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                   args.protocol)
     if args.heldout_genres and args.corpus == "v1":
         parser.error("--heldout-genres needs --corpus k1 or k2 (version 1's corpus sets no text aside)")
-    plan = protocol(args.protocol, args.quick) | {"protocol": args.protocol}
+    plan = protocol(args.protocol, args.quick)
     args.budgets = args.budgets or plan["budgets"]
     if not plan["runs_here"] and not args.quick:
         print(f"protocol {args.protocol} needs {plan['needs']}", flush=True)
@@ -377,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cache_only and not (work / "cache").exists() and not (archive and archive.exists()):
         parser.error(f"--cache-only: neither {work / 'cache'} nor {archive} is there to read the jobs from")
+    if args.corpus == "v1" and not args.quick:
+        raise SystemExit("--corpus v1 (version 1's, the sample tweets) runs with --quick only: give k1 or k2")
     sample_dir = Path(args.samples) if args.samples else samples()
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -386,33 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     tasks = load_tasks(sample_dir, plan)
     for name, (_, parts) in tasks.items():
         print(f"{name}: " + " / ".join(f"{len(v)} {k}" for k, v in parts.items()), flush=True)
-    recipe = RECIPES[args.recipe]
-    if args.quick:
-        recipe = replace(recipe, global_batch=plan["global_batch"])
-    runs, built = work, None  # where the runs of arms A and B live
-    if args.corpus == "v1":
-        if not args.quick:
-            raise SystemExit("--corpus v1 (version 1's, the sample tweets) runs with --quick only: give k1 or k2")
-        _, tweets = tasks["tweets3"]
-        text = qt.pretrain_tweets(sample_dir, tweets["train"] + tweets["dev"] + tweets["test"], work / "pretrain-text")
-        inputs = [("--text", str(text))]
-        corpus, vocab = corpus_and_vocab(inputs, work)
-        leaked = {name: qt.held_out_in_corpus(parts["dev"] + parts["test"], corpus)
-                  for name, (_, parts) in tasks.items()}
-        print(f"pre-training corpus: {', '.join(p for _, p in inputs)}; dev/test texts in it: {leaked}", flush=True)
-        if any(leaked.values()):
-            raise SystemExit(f"dev/test texts are in the pre-training corpus ({leaked}); the arms would not be fair")
-        instances = instances_for(recipe, corpus, vocab, work)
-    else:
-        from benchmarks.quality import corpus as qc
-
-        distinct = Path(args.distinct_text) if args.distinct_text else None
-        built = qc.build(args.corpus, recipe, work, sample_dir, {n: p for n, (_, p) in tasks.items()}, distinct,
-                         args.quick)
-        inputs, corpus, vocab, instances = built.prepared.inputs, built.corpus, built.vocab, built.instances
-        runs = work / args.corpus
-        print(f"pre-training corpus {args.corpus}: {', '.join(p for _, p in inputs)}; no dev/test text in it",
-              flush=True)
+    recipe = replace(RECIPES[args.recipe], global_batch=plan["global_batch"]) if args.quick else RECIPES[args.recipe]
+    distinct = Path(args.distinct_text) if args.distinct_text else None
+    built = qc.build(args.corpus, recipe, work, sample_dir, {n: p for n, (_, p) in tasks.items()}, distinct, args.quick)
+    instances = built.instances
+    runs = instances.parent  # the runs of arms A and B live beside the instances
+    print(f"pre-training corpus {args.corpus}: {', '.join(p for _, p in built.prepared.inputs)}; no dev/test text in it",
+          flush=True)
     cache = Cache(work / "cache", args.reuse or args.cache_only, archive, only=args.cache_only)
     base_key = {"recipe": recipe.key(), "instances": instances_digest(instances), "quick": args.quick,
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
@@ -433,8 +403,14 @@ def main(argv: list[str] | None = None) -> int:
         steps[budget] = steps_in_budget(budget, per_step)
         print(f"budget {budget:g} CPU-min: {steps[budget]} steps ({per_step:.3f} CPU-s a step)", flush=True)
 
-    def pretrained(budget: float, seed: int) -> tuple[Path, dict, dict]:
-        folder = pretrain_folder(runs, args.recipe, budget, args.ranks, seed, args.quick)
+    def pretrained(budget: float | None, seed: int) -> tuple[Path, dict, dict | None]:
+        """Arm B's random init (``budget`` None) or arm A's run at ``budget``, with ``seed``: its
+        checkpoint, cache key and pre-training record."""
+        quick = "-quick" if args.quick else ""
+        if budget is None:
+            folder = baseline(recipe, instances, runs / f"random-init-{args.recipe}-seed{seed}{quick}", seed)
+            return folder, base_key | {"arm": "B", "pretrain_seed": seed}, None
+        folder = runs / f"pretrain-{args.recipe}-{budget:g}-r{args.ranks}-seed{seed}{quick}"
         key = base_key | {"arm": "A", "budget": budget, "steps": steps[budget], "ranks": args.ranks,
                           "pretrain_seed": seed}
         done = cache.lookup(key | {"pretrained": True})  # with it, jobs read from the cache need no checkpoint
@@ -467,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "every_setting_subsamples": plan["every_setting_subsamples"]},
               "tasks": {n: {"labels": t.labels, "files": t.files, "counts": {k: len(v) for k, v in p.items()}}
                         for n, (t, p) in tasks.items()},
-              "corpus_inputs": [p for _, p in inputs], "arms": arms}
+              "corpus_inputs": [p for _, p in built.prepared.inputs], "arms": arms}
     task_names = list(tasks)
     if args.corpus != "v1":
         result["protocol"]["corpus"] = args.corpus
@@ -475,8 +451,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def genre_measures(pool, run: dict, checkpoint: Path, key: dict, sequences_drawn: int) -> None:
         """The run's word pieces, epochs seen and set-aside MLM accuracy per genre."""
-        if not args.heldout_genres:
-            return
         heldout = built.prepared.heldout
         count = plan["heldout_sequences"] if args.quick else qc.HELDOUT_SEQUENCES
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(heldout.glob("*.jsonl")))).hexdigest()[:16]
@@ -488,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                              "epochs_seen": epochs.get(g, 0.0), "heldout_mlm_acc": accuracy.get(g)}
                          for g in sorted(set(pieces) | set(accuracy))}
 
-    pieces = qc.genre_pieces(corpus, vocab, instances, built.prepared.genres) if args.heldout_genres else {}
+    pieces = qc.genre_pieces(built.corpus, built.vocab, instances, built.prepared.genres) if args.heldout_genres else {}
 
     def write(final: bool = False) -> None:
         sizes = result["protocol"]["sizes"]
@@ -508,33 +482,24 @@ def main(argv: list[str] | None = None) -> int:
         if final and result["endpoints"] and args.plot:
             plot(result, Path(args.plot))
 
-    def score_run(pool, arm: dict, run: dict, checkpoint: Path, key: dict, sequences_drawn: int) -> None:
-        evaluate_run(cache, pool, arm, run, checkpoint, key, tasks, plan)
-        if args.every_setting:
-            every_setting_run(cache, pool, arm, run, checkpoint, key, tasks, plan)
-        genre_measures(pool, run, checkpoint, key, sequences_drawn)
-        write()
-
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         arms.append(tfidf_arm(cache, pool, tasks, plan))
         write()
-        b: dict = {"arm": "B", "budget_cpu_minutes": 0.0, "settings": {}, "runs": []}
-        arms.append(b)
-        for k in range(plan["runs"]):
-            seed = PRETRAIN_SEED + k
-            folder = baseline(recipe, instances, baseline_folder(runs, args.recipe, seed, args.quick), seed)
-            run = {"seed": seed, "checkpoint": str(folder)}
-            b["runs"].append(run)
-            score_run(pool, b, run, folder, base_key | {"arm": "B", "pretrain_seed": seed}, 0)
-        for budget in args.budgets:
-            a: dict = {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget], "settings": {},
-                       "runs": []}
-            arms.append(a)
-            for k in range(plan["runs"]):
-                checkpoint, key, done = pretrained(budget, PRETRAIN_SEED + k)
-                run = {"seed": PRETRAIN_SEED + k, "checkpoint": str(checkpoint), "pretrain": done}
-                a["runs"].append(run)
-                score_run(pool, a, run, checkpoint, key, steps[budget] * recipe.global_batch)
+        for budget in [None, *args.budgets]:  # arm B, then arm A at each budget
+            arm = ({"arm": "B", "budget_cpu_minutes": 0.0} if budget is None else
+                   {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget]})
+            arm |= {"settings": {}, "runs": []}
+            arms.append(arm)
+            for seed in range(PRETRAIN_SEED, PRETRAIN_SEED + plan["runs"]):
+                checkpoint, key, done = pretrained(budget, seed)
+                run = {"seed": seed, "checkpoint": str(checkpoint)} | ({} if done is None else {"pretrain": done})
+                arm["runs"].append(run)
+                evaluate_run(cache, pool, arm, run, checkpoint, key, tasks, plan)
+                if args.every_setting:
+                    every_setting_run(cache, pool, arm, run, checkpoint, key, tasks, plan)
+                if args.heldout_genres:
+                    genre_measures(pool, run, checkpoint, key, 0 if budget is None else steps[budget] * recipe.global_batch)
+                write()
         if plan["reference"] and not args.quick:
             minilm = sample_dir / "models" / "minilm"
             c: dict = {"arm": "C (MiniLM)", "budget_cpu_minutes": None,
@@ -602,6 +567,3 @@ def goal_figures(goal: dict) -> str:
 def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -161,11 +161,8 @@ def load_tasks(samples_dir: Path, plan: dict) -> dict:
     """Each task's definition and split; a quick ``plan`` shrinks them and skips the pins."""
     from dataclasses import replace
 
-    out = {}
-    for name, task in TASKS.items():
-        if plan["quick"]:
-            task = replace(task, dev_size=plan["dev"], test_size=plan["test"], pool_size=plan["pool"])
-            out[name] = (task, split(task, task.read(samples_dir)))
-        else:
-            out[name] = (task, load(task, samples_dir))
-    return out
+    if not plan["quick"]:
+        return {name: (task, load(task, samples_dir)) for name, task in TASKS.items()}
+    quick = {name: replace(task, dev_size=plan["dev"], test_size=plan["test"], pool_size=plan["pool"])
+             for name, task in TASKS.items()}
+    return {name: (task, split(task, task.read(samples_dir))) for name, task in quick.items()}
