@@ -120,20 +120,14 @@ def process_tree(pid: int) -> list:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
-    cmdlines: dict[int, list[str]] = {}
+    seen: dict[int, dict] = {}  # pid -> its cmdline (None where access is denied) and ppid
     for proc in procs:
         try:
-            cmdlines[proc.pid] = proc.cmdline()
+            seen[proc.pid] = proc.as_dict(["cmdline", "ppid"])
         except psutil.Error:
             continue
-    kept = []
-    for proc in procs:
-        try:
-            if proc.pid == pid or cmdlines.get(proc.pid) != cmdlines.get(proc.ppid()):
-                kept.append(proc)
-        except psutil.Error:
-            continue
-    return kept
+    return [proc for proc in procs if proc.pid in seen
+            and (proc.pid == pid or seen[proc.pid]["cmdline"] != seen.get(seen[proc.pid]["ppid"], {}).get("cmdline"))]
 
 
 def tree_cpu(pids: list[int]) -> float:

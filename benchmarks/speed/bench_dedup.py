@@ -117,15 +117,12 @@ def main() -> None:
         return hits / max(len(pairs), 1), hits / max(len(truth), 1)
 
     print(f"{n} documents of {WINDOW} words; {len(truth)} pairs with true Jaccard >= {THRESHOLD}")
-    print(f"signatures: ours {n / our_sig_s:,.0f} docs/CPU-s, datasketch {n / ref_sig_s:,.0f} "
-          f"docs/CPU-s ({ref_sig_s / our_sig_s:.1f}x)")
     for (side, (b, r)), (pairs, seconds) in found.items():
         p, rec = quality(pairs)
         print(f"{side:>10} LSH {b}x{r}: {n / seconds:,.0f} docs/CPU-s, {len(pairs)} pairs, "
               f"precision {p:.3f}, recall {rec:.3f}")
     same = [found["ours", our_bands][0], found["datasketch", our_bands][0]]
     agree = len(same[0] & same[1]) / max(len(same[0] | same[1]), 1)
-    print(f"with the same bands {our_bands[0]}x{our_bands[1]}: pairs found by both / by either {agree:.3f}")
 
     (our_p, our_r), (ref_p, ref_r) = quality(found["ours", our_bands][0]), quality(found["datasketch", ref_bands][0])
     (_, our_r_same), (_, ref_r_same) = (quality(s) for s in same)

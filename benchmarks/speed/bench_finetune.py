@@ -1,6 +1,6 @@
 """Fine-tuning: ours (bert_core.finetune) vs transformers' Trainer + BertForSequenceClassification.
 
-    OMP_NUM_THREADS=2 python -m benchmarks.speed.bench_finetune --samples samples
+    BERTPIPE_SAMPLES=samples OMP_NUM_THREADS=2 python -m benchmarks.speed.bench_finetune
 
 The sample MiniLM checkpoint fine-tuned on the real sentiment task by both, one after the other,
 with the same examples (encoded once by our tokenizer), hyper-parameters and torch threads.
@@ -10,10 +10,8 @@ Rows: ``bench-results/finetune.json``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
-from pathlib import Path
 
 from benchmarks.common import row, samples, write_rows
 
@@ -69,10 +67,7 @@ def run_transformers(checkpoint: str, train, dev, cfg, seed: int, pad_id: int, w
             "train_seconds": round(seconds, 3), "steps": total}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", default=None, help="Sample folder (default: benchmarks.common.samples()).")
-    args = parser.parse_args(argv)
+def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import tempfile
@@ -86,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     # 1 thread by default: on a shared, oversubscribed CPU two spinning OpenMP threads run slower than one.
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)
-    folder = Path(args.samples) if args.samples else samples()
+    folder = samples()
     checkpoint = str(folder / "models" / "minilm")
     tokenizer = load_tokenizer(checkpoint)
     # few steps here, so a learning rate above the paper's grid (tuned for thousands of steps)
@@ -100,10 +95,8 @@ def main(argv: list[str] | None = None) -> None:
           f"MiniLM, lr {cfg.learning_rate}, batch {cfg.batch_size}, {cfg.num_train_epochs} epoch(s), "
           f"{threads} threads", flush=True)
     ours = run_ours(checkpoint, train, dev, cfg, SEED, tokenizer.pad_id)
-    print(f"ours:         accuracy {ours['accuracy']:.4f}  {ours['train_examples_per_second']:.1f} examples/s", flush=True)
     with tempfile.TemporaryDirectory() as work:
         ref = run_transformers(checkpoint, train, dev, cfg, SEED, tokenizer.pad_id, work)
-    print(f"transformers: accuracy {ref['accuracy']:.4f}  {ref['train_examples_per_second']:.1f} examples/s")
     rows = [row("sentiment dev accuracy (MiniLM)", ours["accuracy"], ref["accuracy"], "accuracy",
                 ours["accuracy"] / max(ref["accuracy"], 1e-9), 4),
             row("fine-tune training throughput (MiniLM)", ours["train_examples_per_second"],

@@ -25,10 +25,8 @@ def same_batch(mine: dict, theirs: dict) -> bool:
     of the unpadding plan (``bert_core.model.bert.pretraining_plan``) by value."""
     import torch
 
-    if mine.keys() != theirs.keys():
-        return False
-    return all(torch.equal(a, theirs[k]) if isinstance(a, torch.Tensor) else a == theirs[k]
-               for k, a in mine.items())
+    return mine.keys() == theirs.keys() and all(
+        torch.equal(a, theirs[k]) if isinstance(a, torch.Tensor) else a == theirs[k] for k, a in mine.items())
 
 
 def best_of(fn, repeats: int = 3) -> tuple[float, dict]:
@@ -64,8 +62,6 @@ def main() -> None:
             (t_ours, mine), (t_ref, theirs) = best_of(resume), best_of(replay)
 
             assert same_batch(mine, theirs), "resume and replay disagree"
-            print(f"resume at batch {position}/{probe.batches_per_epoch}: ours {t_ours * 1e3:.1f} ms, "
-                  f"replay {t_ref * 1e3:.1f} ms, {t_ref / t_ours:.1f}x")
             rows.append(row(f"resume at {fraction:.0%} of an epoch ({position} batches of {MICRO_BATCH})", t_ours * 1e3,
                             t_ref * 1e3, "ms to the first batch (replay / ours)", t_ref / t_ours, 2))
     write_rows("loader_resume", rows, instances_per_epoch=probe.batches_per_epoch * MICRO_BATCH)

@@ -153,9 +153,7 @@ def twin_models(vocab_size: int, dropout: float, seed: int, work: Path) -> tuple
     folder = work / f"init-{seed}-{dropout}"
     save_pretrained(ours, str(folder))
     theirs = HFBertForPreTraining.from_pretrained(str(folder), attn_implementation="eager")
-    ours.train()
-    theirs.train()
-    return ours, theirs
+    return ours.train(), theirs.train()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,7 @@
 
     python -m benchmarks.speed.bench_scale                    # sizes 1,10,30 (long: run it alone)
     python -m benchmarks.speed.bench_scale --sizes 1,3        # a quick look
-    python -m benchmarks.speed.bench_scale --stages vocab,instances --keep DIR --reuse
-                                                        # later stages again on kept corpora
+    python -m benchmarks.speed.bench_scale --stages vocab,instances --keep DIR --reuse  # on kept corpora
 
 Each stage runs as the product runs it, demo preset, ``--workers 2`` on the local runner, on
 ``size`` x the sample corpus: the sample, then distinct text (:mod:`benchmarks.text.distinct_text`),
@@ -164,9 +163,8 @@ def topped_up(corpus: str, target_bytes: int, out: Path) -> tuple[str, int, int]
             if total >= target_bytes:
                 break
         copy += 1
-    manifest = storage.read_manifest(corpus)
-    storage.write_manifest(str(out), stage="corpus", config=manifest.get("config", {}), shards=shards,
-                           counts={"documents": documents})
+    storage.write_manifest(str(out), stage="corpus", config=storage.read_manifest(corpus).get("config", {}),
+                           shards=shards, counts={"documents": documents})
     return str(out), total, have
 
 

@@ -1,6 +1,6 @@
 """Pre-training step: ours (bert_core.model.bert) vs transformers.BertForPreTraining, side by side.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.speed.bench_train_step --samples samples
+    BERTPIPE_SAMPLES=samples OMP_NUM_THREADS=1 python -m benchmarks.speed.bench_train_step
     python -m benchmarks.speed.bench_train_step --instances bertpipe-data/instances/<version> --sizes base
     python -m benchmarks.speed.bench_train_step --sizes base --mlm-loss-chunk 64  # ours: the chunked masked-LM loss
 
@@ -72,15 +72,6 @@ RAW_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_position
             "masked_lm_weights", "next_sentence_label")
 
 
-def time_loader(instances: str, batch_size: int, batches: int) -> float:
-    """Sequences/s of the pre-training loader (in-process), first batch (shard read) included."""
-    from bert_core.pretrain.data import PretrainingLoader
-
-    it = iter(PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=batch_size, seed=1))
-    _, seconds = timed(lambda: [next(it) for _ in range(batches)], time.perf_counter)
-    return batches * batch_size / seconds
-
-
 def bench_size(size: str, batch, vocab_size: int, mlm_loss_chunk: int = 0) -> dict:
     import torch
 
@@ -127,7 +118,6 @@ def bench_size(size: str, batch, vocab_size: int, mlm_loss_chunk: int = 0) -> di
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--samples", default=None, help="Sample folder (default: benchmarks.common.samples()).")
     p.add_argument("--instances", help="An instances folder (with seq128/); default: built from Botchan.")
     p.add_argument("--sizes", default="tiny,base", help="Model sizes to time (config MODEL_SIZES names).")
     p.add_argument("--mlm-loss-chunk", type=int, default=0,
@@ -140,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     from bert_core.pretrain.data import PretrainingLoader
 
     torch.set_num_threads(1)  # CPU time = the step's cost; more threads spin-wait
-    folder = Path(args.samples) if args.samples else samples()
+    folder = samples()
     with tempfile.TemporaryDirectory(prefix="bench-train-step-") as tmp:
         instances = args.instances or build_instances(folder, Path(tmp))
         vocab_size = len((folder / "models" / "minilm" / "vocab.txt").read_text().splitlines())
         loader = PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=max(BATCH, BASE_BATCH), seed=1)
         big = next(iter(loader))  # one real, padded micro-batch (padded to its longest, rounded to 8)
-        loader_sps = time_loader(instances, BATCH, batches=20)
+        # the loader's sequences/s in-process, its first batch (a shard read) included
+        it = iter(PretrainingLoader(instances, MAX_SEQ_LENGTH, micro_batch_size=BATCH, seed=1))
+        _, seconds = timed(lambda: [next(it) for _ in range(20)], time.perf_counter)
+        loader_sps = 20 * BATCH / seconds
 
     results, rows = [], []
     for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
@@ -167,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
     consume = results[0]["sequences_per_s_ours"] if results else float("nan")
     rows.append(row(f"data loader vs {results[0]['size'] if results else '?'} train step", loader_sps, consume,
                     "sequences/s (loader / step consumes)", loader_sps / consume, 1))
-    print(f"loader: {loader_sps:.1f} sequences/s  (the {results[0]['size'] if results else '?'} step consumes {consume:.1f})")
     write_rows("train_step", rows, threads=1, details=results, torch=torch.__version__)
     return 0
 
