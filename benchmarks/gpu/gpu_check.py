@@ -44,10 +44,10 @@ from bert_core.device import peak_flops
 from bert_core.finetune.train import run_job
 from bert_core.instances.batch import create_instance_batch, write_instance_shards
 from bert_core.instances.pairs import DocumentPool
-from bert_core.model.bert import BertForPreTraining, flops_per_token, pretraining_plan
-from bert_core.pretrain.data import PretrainingLoader, read_vocab, to_device, vocab_ids
+from bert_core.model.bert import BertForPreTraining, flops_per_token
+from bert_core.pretrain.data import PretrainingLoader, model_inputs, to_device, vocab_ids
 from bert_core.pretrain.ds_config import loop_clipping
-from bert_core.pretrain.launch import free_port, launch_pretraining
+from bert_core.pretrain.launch import free_port, launch_pretraining, stop_group
 from bert_core.pretrain.loop import backward_and_step, build_engine
 from bert_core.pretrain.metrics import read_metrics, train_rows
 
@@ -76,12 +76,11 @@ class Plan:
         self.dry_run = dry_run
         self.accelerator, self.size = ("cpu", "tiny") if dry_run else ("gpu", "base")
         self.precision = precision or ("fp32" if dry_run else "bf16")
-        self.steps, self.checkpoint_at = (4, 2) if dry_run else (30, 15)
-        self.log_every = 1 if dry_run else 5
+        self.steps, self.checkpoint_at, self.log_every = (4, 2, 1) if dry_run else (30, 15, 5)
         # e2e and variants at the micro-batch of the fastest in-process row (one per step on GPU)
         self.micro_batch, self.global_batch = (8, 16) if dry_run else (256, 256)
         # the dry run's e2e_large takes one micro-batch a step (e2e covers gradient accumulation)
-        self.large_micro_batch, self.large_global_batch = (4, 4) if dry_run else (128, self.global_batch)
+        self.large_batch = (4, 4) if dry_run else (128, self.global_batch)  # micro, global
         self.variant_micro_batch = 2 if dry_run else 256  # bf16 matmuls are slow on a CPU
         # warm-up, timed; then one more for the syncs (the dry run: no warm-up, each path once)
         self.variant_steps = (0, 1) if dry_run else (5, 14)
@@ -132,12 +131,16 @@ def build_data(work: Path, plan: Plan) -> str:
     return str(out)
 
 
-def pretrain_config(work: Path, plan: Plan, size: str | None = None, micro_batch: int | None = None,
+def pretrain_config(work: Path, plan: Plan, large: bool = False, micro_batch: int | None = None,
                     global_batch: int | None = None, extra: tuple[str, ...] = ()) -> Any:
-    """The bert-base-128 preset on one GPU (or CPU), at this check's size, steps and batch."""
+    """The bert-base-128 preset on one GPU (or CPU), at this check's size (``large``: BERT-large, a
+    mini model in the dry run), steps and batch."""
+    size = plan.size
+    if large:
+        size, micro_batch, global_batch = "mini" if plan.dry_run else "large", *plan.large_batch
     phase = {"max_seq_length": SEQ, "max_steps": plan.steps, "global_batch_size": global_batch or plan.global_batch,
              "micro_batch_size": micro_batch or plan.micro_batch, "learning_rate": 1e-4, "warmup_steps": 3}
-    sets = [f"model.size={size or plan.size}", "model.pad_vocab_to_multiple=64",
+    sets = [f"model.size={size}", "model.pad_vocab_to_multiple=64",
             f"pretrain.accelerator={plan.accelerator}", "pretrain.nodes=1", "pretrain.procs_per_node=1",
             f"pretrain.precision={plan.precision}", f"pretrain.zero_stage={1 if plan.precision == 'bf16' else 0}",
             f"pretrain.phases=[{json.dumps(phase)}]", f"pretrain.checkpoint_every={plan.checkpoint_at}",
@@ -195,14 +198,9 @@ def stage_e2e(work: Path, plan: Plan) -> dict[str, Any]:
     return launch_and_measure(work, plan, work / "run", pretrain_config(work, plan))
 
 
-def large_config(work: Path, plan: Plan) -> Any:
-    return pretrain_config(work, plan, "mini" if plan.dry_run else "large", plan.large_micro_batch,
-                           plan.large_global_batch)
-
-
 def stage_e2e_large(work: Path, plan: Plan) -> dict[str, Any]:
     """BERT-large (NVIDIA's published figure is for it); ``resume`` and ``finetune`` read its run."""
-    return launch_and_measure(work, plan, work / "run-large", large_config(work, plan))
+    return launch_and_measure(work, plan, work / "run-large", pretrain_config(work, plan, large=True))
 
 
 # Each variant is the one before it plus one change: product settings, or a DeepSpeed section
@@ -239,11 +237,9 @@ def profile_shares(step, device, steps: int) -> dict[str, float]:
     busy = {"matmul": 0.0, "attention": 0.0, "elementwise": 0.0}
     for e in prof.key_averages():
         spent = e.self_device_time_total if cuda else (e.self_cpu_time_total if e.key.startswith("aten::") else 0)
-        if spent <= 0:
-            continue
-        name = e.key.lower()
-        kind = next((k for k, words in KERNEL_CLASSES if any(w in name for w in words)), "elementwise")
-        busy[kind] += spent
+        if spent > 0:
+            kind = next((k for k, words in KERNEL_CLASSES if any(w in e.key.lower() for w in words)), "elementwise")
+            busy[kind] += spent
     shares = {k: round(v / wall_us, 3) for k, v in busy.items()}
     shares["idle"] = round(max(0.0, 1 - sum(busy.values()) / wall_us), 3)
     return shares
@@ -310,8 +306,7 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
     if plan.dry_run:
         # the engine build's six gc.collect() calls (0.25 CPU-s each) skip the heap frozen here
         gc.freeze()
-    vocab_size = len(read_vocab(str(work / "vocab" / "vocab.txt")))
-    engine, scheduler = build_engine(config, 0, vocab_size, ds_overrides=ds)
+    engine, scheduler = build_engine(config, 0, plan.vocab_size, ds_overrides=ds)
     device = engine.device
     batch = to_device(first_batch(instances, micro, pre.token_buckets), device)
     real_tokens = int(batch["attention_mask"].sum())
@@ -346,21 +341,19 @@ def stage_variants(work: Path, plan: Plan, out: Path) -> dict[str, Any]:
     rows = []
     for name, more_sets, more_ds in VARIANTS:
         sets, ds = sets + more_sets, ds | more_ds
-        overrides = {k: v for k, v in ds.items() if v is not None}
         try:
-            row = run_variant(work, plan, instances, sets, overrides)
+            row = run_variant(work, plan, instances, sets, {k: v for k, v in ds.items() if v is not None})
         except Exception as err:  # one variant failing (a kernel, a compile) leaves the others
             row = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"}
         rows.append({"variant": name, **row})
         append_row(out, {"stage": "variants", "variant": name, "ok": "error" not in row, "dry_run": plan.dry_run,
                          "time": time.time(), "result": row})
         print(f"variant {name}: {row}", flush=True)
-    base = rows[0].get("loss_at_step")
+    base = rows[0]
     for row in rows:
-        if base is not None and "loss_at_step" in row:
-            row["loss_diff_vs_baseline"] = round(abs(row["loss_at_step"][1] - base[1]), 5)
-        if "tokens_per_s" in row and "tokens_per_s" in rows[0]:
-            row["speedup_vs_baseline"] = round(row["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+        if "tokens_per_s" in row and "tokens_per_s" in base:  # both ran
+            row["loss_diff_vs_baseline"] = round(abs(row["loss_at_step"][1] - base["loss_at_step"][1]), 5)
+            row["speedup_vs_baseline"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
     return {"micro_batch": plan.variant_micro_batch, "steps": sum(plan.variant_steps) + 1, "rows": rows}
 
 
@@ -374,7 +367,6 @@ def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
     hf_inputs = {key: batch[key] for key in ("input_ids", "token_type_ids", "attention_mask", "next_sentence_label")}
     hf_inputs["labels"] = hf_labels(batch)
     fused = device.type == "cuda"
-    dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float32
     out: dict[str, Any] = {"micro_batch": micro, "reference_attention": attn,
                            "attention_dropout": cfg.attention_probs_dropout_prob}
     tokens = batch["token_index"].numel()
@@ -385,7 +377,7 @@ def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6, fused=fused)
 
         def step(model=model, call=call, opt=opt) -> None:
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=plan.precision == "bf16"):
                 loss = call()
             loss.backward()
             opt.step()
@@ -450,8 +442,8 @@ def stage_numerics(work: Path, plan: Plan) -> dict[str, Any]:
     row["fp32_within_1e-4"] = row["fp32_loss_diff"] <= 1e-4
     row["bf16_within_1e-2"] = row["bf16_loss_diff"] <= 1e-2
     row["attention_kernels"] = attention_kernels(bf16, dev_batch, device)
-    del model, bf16
-    row["buckets"] = bucket_numerics(cpu_model, batch, device)
+    del model
+    row["buckets"] = bucket_numerics(bf16, batch, device)
     row["buckets_within_1e-2"] = all(b["loss_rel_diff"] <= 1e-2 and b["grad_norm_rel_diff"] <= 1e-2
                                      for b in row["buckets"])
     return row
@@ -480,18 +472,16 @@ def fill_bucket(batch: dict[str, Any], token_buckets: int) -> tuple[dict[str, An
                 input_ids=batch["input_ids"].reshape(-1).index_fill(0, free, 1000).view(B, T)), buckets
 
 
-def bucket_numerics(cpu_model: Any, batch: dict[str, Any], device: Any) -> list[dict[str, Any]]:
-    """Loss and gradient norm of a token-bucketed batch against the exact batch, eagerly in bf16 on
-    the device, for the loader's batch and one whose extra ``cu_seqlens`` entries are all empty: the
-    packed attention (varlen) sees these zero-length sequences here, before any compiled variant."""
-    model = copy.deepcopy(cpu_model).to(device, dtype=torch.bfloat16)
+def bucket_numerics(model: Any, batch: dict[str, Any], device: Any) -> list[dict[str, Any]]:
+    """Loss and gradient norm of a token-bucketed batch against the exact batch, eagerly on the
+    device (``model`` in bf16 there), for the loader's batch and one whose extra ``cu_seqlens``
+    entries are all empty: the packed attention (varlen) sees these zero-length sequences here,
+    before any compiled variant."""
     raw = {k: batch[k] for k in RAW_KEYS}
     rows = []
     for name, (inputs, buckets) in (("loader", (raw, BUCKETS)), ("extra_entries_empty", fill_bucket(raw, BUCKETS))):
-        plan_inputs = [inputs[k] for k in
-                       ("attention_mask", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")]
-        exact = inputs | pretraining_plan(*plan_inputs)
-        bucketed = inputs | pretraining_plan(*plan_inputs, buckets)
+        host = {k: v.numpy() for k, v in inputs.items()}
+        exact, bucketed = model_inputs(host), model_inputs(host, buckets)
         B = inputs["input_ids"].shape[0]
         cu = bucketed["cu_seqlens"]
         empty = int((cu[B + 1:] == cu[B:-1]).sum())
@@ -521,14 +511,11 @@ def stage_resume(work: Path, plan: Plan) -> dict[str, Any]:
         raise RuntimeError(f"{source}: stage e2e_large did not finish; nothing to resume")
     run = work / "run-resumed"
     shutil.rmtree(run, ignore_errors=True)
-    shutil.copytree(source, run, ignore=shutil.ignore_patterns("hf", "_MANIFEST.json"))
-    phase = run / "checkpoints" / "phase1"
-    for folder in phase.glob("step*"):
-        if folder.name != f"step{plan.checkpoint_at}":
-            shutil.rmtree(folder)
-    (phase / "latest").write_text(f"step{plan.checkpoint_at}")
+    later = [f"step{step}" for step in range(plan.checkpoint_at + 1, plan.steps + 1)]  # checkpoints after it
+    shutil.copytree(source, run, ignore=shutil.ignore_patterns("hf", "_MANIFEST.json", *later))
+    (run / "checkpoints" / "phase1" / "latest").write_text(f"step{plan.checkpoint_at}")
     lines: list[str] = []
-    launch_pretraining(large_config(work, plan), str(work / "instances"), str(run),
+    launch_pretraining(pretrain_config(work, plan, large=True), str(work / "instances"), str(run),
                        on_line=lambda line: (lines.append(line), print(line)))
     original = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(source)))}
     resumed = {r["step"]: r["loss"] for r in train_rows(read_metrics(str(run))) if r["step"] > plan.checkpoint_at}
@@ -588,20 +575,17 @@ def append_row(out: Path, row: dict[str, Any]) -> None:
 
 
 def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """End a stage: its process group and the group of every process below it (the launcher
-    starts its ranks in a session of its own), SIGTERM first so the stage can stop its launcher,
-    SIGKILL for whatever is left after ``grace`` seconds."""
+    """End a stage: its process group (SIGTERM, so that the stage stops its launcher, and SIGKILL
+    after ``grace`` seconds), then the group of every process that was below it (the launcher
+    starts its ranks in a session of its own)."""
     groups = set()
-    for pid in {proc.pid} | {p.pid for p in process_tree(proc.pid)}:
+    for p in process_tree(proc.pid):
         with contextlib.suppress(ProcessLookupError):
-            groups.add(os.getpgid(pid))
-    groups.discard(os.getpgid(0))  # never this driver's own group
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace if sig == signal.SIGTERM else None)
+            groups.add(os.getpgid(p.pid))
+    stop_group(proc, grace)
+    for group in groups - {os.getpgid(0)}:  # never this driver's own group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def start_stage(stage: str, work: Path, out: Path, plan: Plan) -> subprocess.Popen:
@@ -622,13 +606,11 @@ def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> 
     tail: deque[str] = deque(maxlen=12)
     results: list[str] = []
     with open(out / LOG, "a") as log, start_stage(stage, work, out, plan) as proc:
-        log.write(f"===== {stage} (timeout {timeout:.0f} s)\n")
-        log.flush()
+        print(f"===== {stage} (timeout {timeout:.0f} s)", file=log, flush=True)
 
         def pump() -> None:
             for line in proc.stdout:
-                log.write(line)
-                log.flush()
+                print(line, end="", file=log, flush=True)
                 if line.startswith(RESULT_PREFIX):
                     results.append(line[len(RESULT_PREFIX):])
                 elif line.strip():
