@@ -1,6 +1,5 @@
 """The quality protocol's recipe choice: its rule and freeze, the every-setting endpoint's cells
-and goal, the candidates' runs kept and skipped when finished, and the evaluation of the runs on
-dev (tiny, on CPU)."""
+and goal, and the choice's three steps end to end through the product path (tiny, on CPU)."""
 
 from __future__ import annotations
 
@@ -130,109 +129,79 @@ def test_every_setting_cells_have_welch_intervals_over_run_means_and_the_goal_li
     assert qc.every_setting_cells([{}], b_runs, TASKS)[0]["flag"] == "not run"
 
 
-def test_recipe_names_and_the_step_count_of_a_timing():
+def test_candidates_that_differ_in_optimizer_settings_only_share_a_calibration():
     from benchmarks.quality import search as qs
+    from benchmarks.quality.spec import RECIPES, candidates
 
-    assert qs.recipe_names("v2") == ["k2", "k2-lr1e-3", "k2-wd0.1", "k2-wwm", "k2-seq128", "k1"]
-    assert qs.recipe_names("k1,k2-wwm") == ["k1", "k2-wwm"]
-    with pytest.raises(SystemExit, match="unknown recipe k3"):
-        qs.recipe_names("k1,k3")
     # lr and weight decay do not change a step's cost; whole words, length and corpus do
-    keys = {n: qs.cost_key(v) for n, v in qs.CANDIDATES_V2.items()}
+    keys = {n: qs.cost_key(v) for n, v in candidates("v3").items()}
     assert keys["k2"] == keys["k2-lr1e-3"] == keys["k2-wd0.1"] and len(set(keys.values())) == 4
-    assert qs.cost_key(qs.CHOSEN_ON_K1) == keys["k1"]
-    seq128 = qs.CANDIDATES_V2["k2-seq128"]
+    assert qs.cost_key(RECIPES[qs.REFERENCE]) == keys["k1"]
+    seq128 = candidates("v3")["k2-seq128"]
     assert (seq128.seq, seq128.batch, seq128.corpus) == (128, 32, "k2")
 
 
-def fake_finetune(checkpoint: str, data: dict, split: str, num_labels: int, setting: dict, seed: int,
-                  pad_id: int = 0) -> dict[str, float]:
-    """Dev scores by checkpoint: random init 50, K1's runs 60, K2's 55 (plus the setting's rate)."""
-    name = Path(checkpoint).name
-    base = 50.0 if name.startswith("random-init") else 60.0 if name.startswith("k1-") else 55.0
-    return {"accuracy": base, "macro_f1": base + 1000 * setting["learning_rate"] + len(data["train"]) / 1000}
+def tiny_samples(folder: Path) -> None:
+    """K1's sources (a book, a play, a dump) and the tasks' files, small and in their real formats."""
+    import shutil
+
+    from tests.test_bench_quality import write_tiny_samples
+    from tests.test_quality_corpus import write_samples
+
+    write_samples(folder / "sources")
+    for part in ("books", "plays", "wikipedia"):
+        shutil.move(folder / "sources" / part, folder / part)
+    write_tiny_samples(folder)
 
 
-def failing_finetune(*args, **kwargs) -> dict[str, float]:
-    raise AssertionError("a finished job ran again")
+@pytest.mark.slow
+def test_the_choice_trains_through_bertpipe_pretrain_and_chooses_on_dev(tmp_path, capsys):
+    """prepare, pretrain --candidates and choose on tiny data through the product path: the
+    corpus, instances and a calibration run of ``bertpipe pretrain`` give the step counts; each run
+    is a ``bertpipe pretrain`` folder, not run again once finished; B is the product's random
+    init; every run and B are fine-tuned on dev, the choice written, and a second choose reads
+    every job from the cache. Wrong inputs stop in one line."""
+    from benchmarks.quality.__main__ import main
+    from benchmarks.quality.search import REFERENCE, read_plan
 
-
-def test_evaluate_every_setting_reads_the_stage_and_local_checkpoints_and_writes_the_choice(
-        tmp_path, samples_dir, monkeypatch):
-    """The choice's glue with a stand-in for fine-tuning: the plan and vocabs from ``--work``, the
-    runs from a folder of checkpoints, every run and B at each setting asked for, gains per cell
-    against B of the run's corpus, the choice written (jobs keyed by the accelerator), and a
-    second call reading every job from the cache."""
-    from benchmarks.quality import finetune as quality_finetune
-    from benchmarks.quality import search as qs
-    from bert_core.model.checkpoint import save_pretrained
-
-    work, out = tmp_path / "work", tmp_path / "out"
-    vocabs = {c: work / c / "vocab" / "vocab.txt" for c in ("k1", "k2")}
-    for vocab in vocabs.values():
-        vocab.parent.mkdir(parents=True)
-        vocab.write_text("\n".join((samples_dir / "models" / "minilm" / "vocab.txt").read_text().splitlines()[:2500]))
-    plan = {"steps": {"k2": 9, "k2-wwm": 9, "k1": 9}, "corpus": {"k2": "k2", "k2-wwm": "k2", "k1": "k1"},
-            "vocabs": {c: str(v) for c, v in vocabs.items()}}
-    (work / "search-v2").mkdir()
-    (work / "search-v2" / "plan.json").write_text(json.dumps(plan))
-    checkpoints = tmp_path / "runs"
-    for name, seed in (("k1", 42), ("k1", 43), ("k2", 42)):
-        save_pretrained(qs.model_for(qs.CANDIDATES_V2[name], 2500, seed), str(checkpoints / f"{name}-seed{seed}"),
-                        vocab_file=str(vocabs[name]))
-    monkeypatch.setattr(quality_finetune, "finetune", fake_finetune)
-    monkeypatch.setenv(quality_finetune.ACCELERATOR_VARIABLE, "gpu")
-    args = ["evaluate", "--work", str(work), "--samples", str(samples_dir), "--checkpoints", str(checkpoints),
-            "--sizes", "300", "--subsamples", "1", "--settings", "1,5", "--output", str(out / "search.json")]
-    assert qs.main([*args, "--choose", str(out / "choice.json")]) == 0
-    result = json.loads((out / "search.json").read_text())
-    assert sorted(result["arms"]) == ["B-k1-seed42", "B-k1-seed43", "B-k2-seed42", "B-k2-seed43",
-                                      "k1-seed42", "k1-seed43", "k2-seed42"]
-    assert sorted(result["arms"]["k1-seed43"]["dev_macro_f1"]) == [
-        "sentiment/300/1", "sentiment/300/5", "tweets3/300/1", "tweets3/300/5"]
-    assert result["plan"]["vocabs"]["k2"] == str(vocabs["k2"])
-    choice = json.loads((out / "choice.json").read_text())
-    assert (choice["name"], choice["corpus"], choice["not_run"]) == ("k1", "k1", ["k2-wwm"])
-    assert choice["cells"] == ["sentiment/300/1", "sentiment/300/5", "tweets3/300/1", "tweets3/300/5"]
-    rows = {r["name"]: r for r in choice["candidates"]}
-    assert list(rows) == ["k2", "k1"]
-    assert rows["k1"]["minimum"] == pytest.approx(10.0) and rows["k2"]["mean"] == pytest.approx(5.0)
-    assert qc.frozen_choice(out / "choice.json", "k1")["runs"] == {"k2": [42], "k1": [42, 43]}
-    jobs = sorted((work / "search-v2" / "cache").glob("*.json"))
-    assert len(jobs) == 7 * 4 and all(json.loads(j.read_text())["key"]["accelerator"] == "gpu" for j in jobs)
-    monkeypatch.setattr(quality_finetune, "finetune", failing_finetune)
-    assert qs.main(args) == 0
-    assert json.loads((out / "search.json").read_text())["choice"]["candidates"] == choice["candidates"]
-
-
-def test_run_jobs_reads_finished_ones_from_the_cache():
-    from benchmarks.quality import search as qs
-
-    class Cache(dict):
-        def lookup(self, key):
-            return self.get(json.dumps(key))
-
-        def store(self, key, value):
-            self[json.dumps(key)] = value
-
-    cache = Cache()
-    work_list = [({"n": n}, pow, (n, 2)) for n in range(5)]
-    cache.store({"n": 1}, "finished before")
-    assert qs.run_jobs(cache, work_list, 2) == [0, "finished before", 4, 9, 16]
-    assert len(cache) == 5
-
-
-def test_pretrain_keeps_the_runs_and_runs_only_what_is_missing(tmp_path):
-    """Runs already in ``--keep`` are not run again (here all are: nothing is trained), and a
-    recipe the plan has no step count for is refused."""
-    from benchmarks.quality import search as qs
-
-    work, keep = tmp_path / "work", tmp_path / "keep"
-    (work / "search-v2").mkdir(parents=True)
-    (work / "search-v2" / "plan.json").write_text(json.dumps({"steps": {"k1": 3}, "corpus": {"k1": "k1"}}))
+    samples, work, keep, out = tmp_path / "samples", tmp_path / "work", tmp_path / "runs", tmp_path / "out"
+    tiny_samples(samples)
+    common = ["--protocol", "v3", "--work", str(work), "--samples", str(samples)]
+    with pytest.raises(SystemExit, match=f"^{work / 'choice' / 'plan.json'} is missing: run benchmarks.quality "
+                                         "prepare"):
+        main(["pretrain", "--candidates", *common, "--keep", str(keep)])
+    assert main(["prepare", *common, "--quick", "--corpus", "k1"]) == 0
+    plan = read_plan(work, "v3")
+    assert list(plan["steps"]) == ["k1"] and plan["calibrated"] == {REFERENCE: [REFERENCE, "k1"]}
+    assert plan["steps"]["k1"] == plan["calibration_steps"] == 4  # K1 is the reference's cost class
+    assert (work / "choice" / f"calibration-{REFERENCE}-quick" / "done.json").exists()
+    with pytest.raises(SystemExit, match="^pretrain --candidates needs --keep"):
+        main(["pretrain", "--candidates", *common])
+    with pytest.raises(SystemExit, match="no finished run of a candidate"):
+        main(["choose", *common, "--checkpoints", str(tmp_path / "empty")])
+    assert main(["pretrain", "--candidates", *common, "--keep", str(keep), "--seeds", "42,43", "--scale", "0.5"]) == 0
     for seed in (42, 43):
-        (keep / f"k1-seed{seed}").mkdir(parents=True)
-        (keep / f"k1-seed{seed}" / "pretrain-log.json").write_text(json.dumps({"recipe": "k1", "seed": seed}))
-    assert qs.pretrain_all(work, keep, ["k1"], [42, 43]) == 0
-    with pytest.raises(SystemExit, match="prepared without k2"):
-        qs.pretrain_all(work, keep, ["k2"], [42])
+        done = json.loads((keep / f"k1-seed{seed}" / "done.json").read_text())
+        assert done["steps"] == 2 and done["last_loss"] > 0
+        assert (keep / f"k1-seed{seed}" / "hf" / "model.safetensors").exists()
+    capsys.readouterr()
+    assert main(["pretrain", "--candidates", *common, "--keep", str(keep), "--seeds", "42,43"]) == 0
+    assert "not run again: k1-seed42, k1-seed43" in capsys.readouterr().out
+    args = ["choose", *common, "--checkpoints", str(keep), "--sizes", "10", "--subsamples", "1",
+            "--output", str(out / "search.json")]
+    assert main([*args, "--choose", str(out / "choice.json")]) == 0
+    result = json.loads((out / "search.json").read_text())
+    assert sorted(result["arms"]) == ["B-k1-seed42", "B-k1-seed43", "k1-seed42", "k1-seed43"]
+    assert result["arms"]["k1-seed43"]["pretrain"]["steps"] == 2
+    cells = ["sentiment/10/1", "sentiment/10/2", "tweets3/10/1", "tweets3/10/2"]
+    assert sorted(result["arms"]["B-k1-seed42"]["dev_macro_f1"]) == cells
+    b = Path(result["arms"]["B-k1-seed42"]["checkpoint"])
+    for name in ("config.json", "vocab.txt"):  # B: the runs' model and vocab
+        assert (b / name).read_bytes() == (keep / "k1-seed42" / "hf" / name).read_bytes()
+    choice = json.loads((out / "choice.json").read_text())
+    assert (choice["name"], choice["corpus"], choice["cells"], choice["runs"]) == ("k1", "k1", cells, {"k1": [42, 43]})
+    assert len(list((work / "choice" / "cache").glob("*.json"))) == 4 * 4
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "16 of 16 jobs reused" in capsys.readouterr().out
+

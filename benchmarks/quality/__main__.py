@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from benchmarks.quality import protocol, search
-from benchmarks.quality.spec import protocol as data
 from benchmarks.quality.spec import versions
 
 
@@ -28,13 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", default="v3", choices=versions())
     parser.add_argument("--candidates", action="store_true", help="pretrain: the choice's candidates, not the test phase's runs")
     args, rest = parser.parse_known_args(argv)
-    plan = data(args.protocol)
-    if args.command == "prepare":
-        return search.main(["prepare", *rest])
-    if args.command == "pretrain" and args.candidates:
-        return search.main(["pretrain", "--recipes", ",".join(plan["candidates"]), *rest])
-    if args.command == "choose":
-        return search.main(["evaluate", *rest])
+    if args.command in ("prepare", "choose") or (args.command == "pretrain" and args.candidates):
+        return search.main([args.command, "--protocol", args.protocol, *rest])
     if args.command == "report":
         out = argparse.ArgumentParser(prog="report")
         out.add_argument("--output", required=True)

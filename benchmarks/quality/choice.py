@@ -1,9 +1,9 @@
-"""Version 2's recipe choice on dev gains and its every-setting endpoint on test scores: pure
+"""The protocol's recipe choice on dev gains and its every-setting endpoint on test scores: pure
 functions on scores (no torch), used by ``benchmarks.quality choose`` and the test phase.
 
     choice = choose({"k2": {"sentiment/300/1": 4.2, ...}, ...}, {"k2": "k2", ...})
-    write_choice(choice, Path("bench-results/quality-v2-choice.json"))
-    frozen_choice(Path("bench-results/quality-v2-choice.json"), "k2")   # the test phase's check
+    write_choice(choice, Path("bench-results/quality-v3-choice.json"))
+    frozen_choice(Path("bench-results/quality-v3-choice.json"), "k2")   # the test phase's check
 
 A cell is (task, size, setting), named ``task/size/setting`` with the setting numbered 1-8 as
 the protocol's grid table (the data's ``grid`` order).
@@ -91,7 +91,7 @@ def frozen_choice(path: Path, recipe: str) -> dict:
     path = Path(path)
     if not path.exists():
         raise ChoiceRefused(f"{path} is missing: the recipe choice is frozen (benchmarks.quality choose "
-                            f"{path}, committed) before any test score of a version-2 checkpoint")
+                            f"{path}, committed) before any test score of a candidate's checkpoint")
     try:
         choice = json.loads(path.read_text())
         name = choice["name"]
