@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 import warnings
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +43,10 @@ from bert_core.device import peak_flops
 from bert_core.finetune.train import run_job
 from bert_core.instances.batch import create_instance_batch, write_instance_shards
 from bert_core.instances.pairs import DocumentPool
-from bert_core.model.bert import BertForPreTraining, flops_per_token
+from bert_core.model.bert import flops_per_token
 from bert_core.pretrain.data import PretrainingLoader, model_inputs, to_device, vocab_ids
 from bert_core.pretrain.ds_config import loop_clipping
+from bert_core.pretrain.in_process import random_init
 from bert_core.pretrain.launch import free_port, launch_pretraining, stop_group
 from bert_core.pretrain.loop import backward_and_step, build_engine
 from bert_core.pretrain.metrics import read_metrics, train_rows
@@ -173,9 +173,11 @@ def stage_env(work: Path, plan: Plan) -> dict[str, Any]:
     return row
 
 
-def launch_and_measure(work: Path, plan: Plan, run: Path, config: Any) -> dict[str, Any]:
-    """Pre-train ``config`` through the real launcher into ``run``. Rates: real tokens over the
-    wall time between logged steps after the first (warm-up), checkpoint saves reported apart."""
+def stage_e2e(work: Path, plan: Plan, large: bool = False) -> dict[str, Any]:
+    """Pre-train BERT-base through the real launcher, or with ``large`` BERT-large (stage e2e_large).
+    Rates: real tokens over the wall time between logged steps after the first (warm-up),
+    checkpoint saves reported apart."""
+    config, run = pretrain_config(work, plan, large), work / ("run-large" if large else "run")
     instances = build_data(work, plan)
     shutil.rmtree(run, ignore_errors=True)
     _, wall = timed(lambda: launch_pretraining(config, instances, str(run), on_line=print), time.perf_counter)
@@ -194,13 +196,9 @@ def launch_and_measure(work: Path, plan: Plan, run: Path, config: Any) -> dict[s
             "exported": (run / "hf" / "model.safetensors").exists(), "losses": {r["step"]: r["loss"] for r in rows}}
 
 
-def stage_e2e(work: Path, plan: Plan) -> dict[str, Any]:
-    return launch_and_measure(work, plan, work / "run", pretrain_config(work, plan))
-
-
 def stage_e2e_large(work: Path, plan: Plan) -> dict[str, Any]:
     """BERT-large (NVIDIA's published figure is for it); ``resume`` and ``finetune`` read its run."""
-    return launch_and_measure(work, plan, work / "run-large", pretrain_config(work, plan, large=True))
+    return stage_e2e(work, plan, large=True)
 
 
 # Each variant is the one before it plus one change: product settings, or a DeepSpeed section
@@ -324,8 +322,7 @@ def run_variant(work: Path, plan: Plan, instances: str, sets: tuple[str, ...], d
         "rows": int(batch["token_index"].numel()),
     }
     engine.destroy()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # a no-op where CUDA never started
     return row
 
 
@@ -387,8 +384,7 @@ def _compare_one(plan: Plan, instances: str, vocab_size: int, micro: int,
         out |= {f"{name}_{key}": value for key, value in rates.items()}
         model.to("cpu")
         del opt
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     out["ratio"] = round(out["ours_tokens_per_s"] / out["reference_tokens_per_s"], 3)
     out["real_tokens"], out["padded_shape"] = tokens, list(batch["input_ids"].shape)
     return out
@@ -416,20 +412,17 @@ def _loss_and_grad_norm(model, batch) -> tuple[float, float]:
 def stage_numerics(work: Path, plan: Plan) -> dict[str, Any]:
     instances = build_data(work, plan)
     batch = first_batch(instances, 8 if plan.dry_run else 32)
-    torch.manual_seed(0)
     cfg = ModelConfig(size=plan.size, vocab_size=plan.vocab_size, hidden_dropout_prob=0.0,
                       attention_probs_dropout_prob=0.0, pad_vocab_to_multiple=64).for_vocab(plan.vocab_size)
-    cpu_model = BertForPreTraining(cfg)
+    cpu_model = random_init(cfg, seed=0)
     row: dict[str, Any] = {"batch": list(batch["input_ids"].shape), "padded": batch["padded"]}
     row["cpu_fp32"] = _loss_and_grad_norm(cpu_model, batch)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = copy.deepcopy(cpu_model).to(device)
     dev_batch = to_device(batch, device)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False  # torch's default; the later runs are in bf16
     torch.backends.cudnn.allow_tf32 = False
     row["device_fp32"] = _loss_and_grad_norm(model, dev_batch)
-    torch.backends.cuda.matmul.allow_tf32 = tf32
     with torch.autocast(device.type, dtype=torch.bfloat16):
         row["device_bf16_autocast"] = _loss_and_grad_norm(model, dev_batch)
     bf16 = copy.deepcopy(cpu_model).to(device, dtype=torch.bfloat16)  # as DeepSpeed's bf16 holds it
@@ -473,10 +466,9 @@ def fill_bucket(batch: dict[str, Any], token_buckets: int) -> tuple[dict[str, An
 
 
 def bucket_numerics(model: Any, batch: dict[str, Any], device: Any) -> list[dict[str, Any]]:
-    """Loss and gradient norm of a token-bucketed batch against the exact batch, eagerly on the
-    device (``model`` in bf16 there), for the loader's batch and one whose extra ``cu_seqlens``
-    entries are all empty: the packed attention (varlen) sees these zero-length sequences here,
-    before any compiled variant."""
+    """Loss and gradient norm of a token-bucketed batch against the exact batch, eagerly (``model``:
+    bf16 on the device), for the loader's batch and one whose extra ``cu_seqlens`` entries are all
+    empty: the packed attention (varlen) sees these zero-length sequences here, before any compile."""
     raw = {k: batch[k] for k in RAW_KEYS}
     rows = []
     for name, (inputs, buckets) in (("loader", (raw, BUCKETS)), ("extra_entries_empty", fill_bucket(raw, BUCKETS))):
@@ -569,8 +561,7 @@ def summary(stage: str, row: dict[str, Any]) -> str:
 def append_row(out: Path, row: dict[str, Any]) -> None:
     """One JSON line onto ``OUT/gpu_check.jsonl``, on disk before this returns."""
     with open(out / RESULTS, "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
-        f.flush()
+        print(json.dumps(row, default=str), file=f, flush=True)
         os.fsync(f.fileno())
 
 
@@ -603,18 +594,14 @@ def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> 
     this process is stopped, the stage and everything it started are stopped."""
     t0 = time.perf_counter()
     row: dict[str, Any] = {"stage": stage, "dry_run": plan.dry_run, "time": time.time()}
-    tail: deque[str] = deque(maxlen=12)
-    results: list[str] = []
+    lines: list[str] = []
     with open(out / LOG, "a") as log, start_stage(stage, work, out, plan) as proc:
         print(f"===== {stage} (timeout {timeout:.0f} s)", file=log, flush=True)
 
         def pump() -> None:
             for line in proc.stdout:
                 print(line, end="", file=log, flush=True)
-                if line.startswith(RESULT_PREFIX):
-                    results.append(line[len(RESULT_PREFIX):])
-                elif line.strip():
-                    tail.append(line.rstrip("\n"))
+                lines.append(line.rstrip("\n"))
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
@@ -628,10 +615,12 @@ def run_stage(stage: str, work: Path, out: Path, plan: Plan, timeout: float) -> 
             raise
         reader.join(30)
     row["seconds"] = round(time.perf_counter() - t0, 1)
+    results = [line.removeprefix(RESULT_PREFIX) for line in lines if line.startswith(RESULT_PREFIX)]
     if code == 0 and results:
         row |= {"ok": True, "result": json.loads(results[-1])}
     else:
         why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
+        tail = [line for line in lines if line.strip() and not line.startswith(RESULT_PREFIX)][-12:]
         row |= {"ok": False, "error": f"{why}: " + " | ".join(tail)}
     return row
 
