@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from benchmarks.common import measure
 from benchmarks.quality.spec import PRETRAIN_SEED, Recipe
+from bert_core.config import load_config
 from bert_core.pretrain.metrics import read_metrics
 from bert_core.storage import sha256
 
@@ -32,7 +34,6 @@ def bertpipe(args: list[str], log: Path) -> float:
 def corpus_inputs(sample_dir: Path | None = None) -> list[tuple[str, str]]:
     """The demo preset's corpus as ``bertpipe corpus`` options: (flag, glob) pairs, the globs as the
     preset names them, or under ``sample_dir`` when given."""
-    from bert_core.config import load_config
     from flows.demo import demo_config
 
     cfg = (demo_config(str(sample_dir), []) if sample_dir else load_config("demo")).corpus
@@ -76,8 +77,6 @@ def instances_for(recipe: Recipe, corpus: Path, vocab: Path, work: Path) -> Path
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path``: another process doing the same work waits for it."""
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -111,7 +110,6 @@ def pretrain(recipe: Recipe, instances: Path, run: Path, steps: int, ranks: int,
 def baseline(recipe: Recipe, instances: Path, folder: Path, seed: int = PRETRAIN_SEED) -> Path:
     """Arm B: the product's random init (``bert_core.pretrain.in_process.save_random_init``) of the
     model config pre-training would build for ``seed``, with the same vocab."""
-    from bert_core.config import load_config
     from bert_core.pretrain.data import read_vocab, vocab_file_of
     from bert_core.pretrain.in_process import save_random_init
     from bert_core.pretrain.run_folder import model_config

@@ -9,46 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 import shutil
+import tarfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-
-class Cache:
-    """With ``reuse``, a job whose file exists is read, not run again, and a missing folder starts
-    as ``archive`` holds it (:func:`pack_cache`); with ``only``, a job not there stops the run."""
-
-    def __init__(self, folder: Path, reuse: bool, archive: Path | None = None, only: bool = False) -> None:
-        self.folder, self.reuse, self.only = folder, reuse, only
-        self.hits = self.misses = 0
-        if reuse and archive is not None and archive.exists() and not folder.exists():
-            unpack_cache(archive, folder)
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def path(self, key: dict) -> Path:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-        return self.folder / f"{digest}.json"
-
-    def lookup(self, key: dict):
-        path = self.path(key)
-        if self.reuse and path.exists():
-            self.hits += 1
-            return json.loads(path.read_text())["value"]
-        return None
-
-    def store(self, key: dict, value) -> None:
-        self.misses += 1
-        path = self.path(key)
-        tmp = path.with_suffix(f".{os.getpid()}.part")  # two processes may finish the same job
-        tmp.write_text(json.dumps({"key": key, "value": value}, default=str))
-        tmp.replace(path)
-
-    def run(self, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str) -> list:
-        """Each job's value, from disk or computed in ``pool``; progress printed as they end."""
-        return run_cached(self, pool, jobs, label)
+from bert_core.storage import sha256
 
 
 def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable, tuple]], label: str,
@@ -81,11 +51,41 @@ def run_cached(cache, pool: ProcessPoolExecutor, jobs: list[tuple[dict, Callable
     return values
 
 
+class Cache:
+    """With ``reuse``, a job whose file exists is read, not run again, and a missing folder starts
+    as ``archive`` holds it (:func:`pack_cache`); with ``only``, a job not there stops the run."""
+
+    def __init__(self, folder: Path, reuse: bool, archive: Path | None = None, only: bool = False) -> None:
+        self.folder, self.reuse, self.only = folder, reuse, only
+        self.hits = self.misses = 0
+        if reuse and archive is not None and archive.exists() and not folder.exists():
+            unpack_cache(archive, folder)
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        return self.folder / f"{digest}.json"
+
+    def lookup(self, key: dict):
+        path = self.path(key)
+        if self.reuse and path.exists():
+            self.hits += 1
+            return json.loads(path.read_text())["value"]
+        return None
+
+    def store(self, key: dict, value) -> None:
+        self.misses += 1
+        path = self.path(key)
+        tmp = path.with_suffix(f".{os.getpid()}.part")  # two processes may finish the same job
+        tmp.write_text(json.dumps({"key": key, "value": value}, default=str))
+        tmp.replace(path)
+
+    run = run_cached  # cache.run(pool, jobs, label): each job's value, from disk or computed in ``pool``
+
+
 def pack_cache(folder: Path, archive: Path) -> int:
     """Every finished job of a :class:`Cache` folder into one ``.tar.xz``, in name order and
     without owners or times, so the same jobs give the same bytes; the number of jobs."""
-    import tarfile
-
     def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = 0, 0, 0, "", "", 0o644
         return info
@@ -102,9 +102,6 @@ def pack_cache(folder: Path, archive: Path) -> int:
 
 def unpack_cache(archive: Path, folder: Path) -> None:
     """The jobs of a :func:`pack_cache` archive as a :class:`Cache` folder (written whole, then renamed)."""
-    import lzma
-    import tarfile
-
     tmp = folder.with_name(f"{folder.name}.{os.getpid()}.part")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -118,6 +115,4 @@ def unpack_cache(archive: Path, folder: Path) -> None:
 
 
 def weights_digest(checkpoint: Path) -> str:
-    from bert_core.storage import sha256
-
     return sha256(str(checkpoint / "model.safetensors"))[:20]

@@ -15,6 +15,7 @@ import glob
 import hashlib
 import json
 import math
+import os
 import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -25,8 +26,15 @@ import numpy as np
 
 from benchmarks.quality import tasks as qt
 from benchmarks.quality.build import corpus_and_vocab, corpus_inputs, instances_for, locked
+from benchmarks.quality.measures import masked_lm_accuracy
 from benchmarks.text import distinct_text
 from benchmarks.text.dumps import split_dump
+from bert_core import storage
+from bert_core.corpus.books import book_paragraphs, book_stem, unwrap
+from bert_core.corpus.inputs import book_ids
+from bert_core.corpus.sentences import split_paragraphs, split_sentences
+from bert_core.corpus.wikitext import is_redirect, wikitext_to_paragraphs
+from flows.tools.samples import tweet_records, tweet_rows
 
 CORPORA = ("k1", "k2")
 SET_ASIDE_SEED = 20240601
@@ -83,9 +91,6 @@ def genre_of(doc_id: str, genres: dict[str, str]) -> str | None:
 def book_docs(path: Path, genre: str) -> list[Doc]:
     """The paragraphs of a book file as the corpus stage reads them (``book_paragraphs``), those a
     rewritten copy keeps (a heading line is not one); ids ``<folder>/<stem>#<n>``."""
-    from bert_core.corpus.books import book_paragraphs, book_stem, unwrap
-    from bert_core.corpus.sentences import split_sentences
-
     _, paragraphs = book_paragraphs(path.name, path.read_bytes())
     stem = f"{path.parent.name}/{book_stem(path.name)}"
     return [Doc(f"{stem}#{n:06d}", genre, [p], split_sentences(p))
@@ -101,9 +106,6 @@ def dump_pages(path: Path) -> tuple[bytes, list[bytes], bytes]:
 def article_doc(page: bytes) -> Doc | None:
     """An article page as a document (its text paragraphs as the corpus stage cleans them), or
     None for a redirect, another namespace or a page without text."""
-    from bert_core.corpus.sentences import split_paragraphs
-    from bert_core.corpus.wikitext import is_redirect, wikitext_to_paragraphs
-
     element = ET.fromstring(page)
     revision = element.find("revision")
     text = (revision.findtext("text") if revision is not None else None) or ""
@@ -116,10 +118,6 @@ def article_doc(page: bytes) -> Doc | None:
 
 def tweet_docs(samples: Path) -> list[Doc]:
     """Each tweet of the samples (as ``samples fetch`` reads them), ids ``tweet:<row>``."""
-    from bert_core.corpus.books import unwrap
-    from bert_core.corpus.sentences import split_paragraphs
-    from flows.tools.samples import tweet_rows
-
     return [Doc(f"tweet:{n:06d}", "tweets", [text], split_paragraphs(unwrap(text)))
             for n, (_, text) in enumerate(tweet_rows(samples))]
 
@@ -131,11 +129,9 @@ def book_files(corpus: str, samples: Path, distinct: Path | None, quick: bool) -
     if corpus == "k2" and distinct is not None:
         files += [p for p in distinct_text.text_files(distinct) if p.parent.name in distinct_text.GENRES]
     if quick:
-        by_folder: dict[str, list[Path]] = {}
-        for p in files:
-            by_folder.setdefault(p.parent.name, []).append(p)
-        files = sorted(p for group in by_folder.values()
-                       for p in sorted(group, key=lambda p: (p.stat().st_size, p.name))[:QUICK_FILES])
+        by_size = sorted(files, key=lambda p: (p.stat().st_size, p.name))
+        files = sorted(p for folder in {p.parent.name for p in files}
+                       for p in [q for q in by_size if q.parent.name == folder][:QUICK_FILES])
     return files
 
 
@@ -155,9 +151,6 @@ def prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Pa
     keys of ``examples``) dropped, each genre's set-aside documents (:func:`set_aside`) and any copy
     of their text dropped and written to ``work/heldout-genres/<genre>.jsonl``. Prepared once per
     content of the inputs and keys (``work/<corpus>/prepared.json``)."""
-    from bert_core.corpus.inputs import book_ids
-    from flows.tools.samples import tweet_records
-
     if corpus not in CORPORA:
         raise ValueError(f"corpus {corpus!r}: one of {CORPORA}")
     folder = work / corpus
@@ -219,16 +212,12 @@ def prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Pa
     for path, docs in by_book.items():
         kept = [d.texts[0] for d in docs if keep(d)]
         if kept:
-            target = staging / "books" / path.parent.name / (path.name.removesuffix(".md").removesuffix(".txt") + ".txt")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text("\n\n".join(kept) + "\n", encoding="utf-8")
+            name = path.name.removesuffix(".md").removesuffix(".txt") + ".txt"
+            _write(staging / "books" / path.parent.name / name, "\n\n".join(kept) + "\n")
     for path, (head, pages, tail) in by_dump.items():
         kept_pages = [page for page, d in pages if d is None or keep(d)]
-        target = staging / "wikipedia" / path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(bz2.compress(head + b"\n  ".join(kept_pages) + tail))
-    (staging / "text").mkdir(parents=True, exist_ok=True)
-    (staging / "text" / "tweets.jsonl").write_text(tweet_records([d.texts[0] for d in tweets if keep(d)]))
+        _write(staging / "wikipedia" / path.name, bz2.compress(head + b"\n  ".join(kept_pages) + tail))
+    _write(staging / "text" / "tweets.jsonl", tweet_records([d.texts[0] for d in tweets if keep(d)]))
 
     digest = _digest("\n".join(f"{p.relative_to(staging)} {_file_sha(p)}" for p in sorted(staging.rglob("*"))
                                if p.is_file()))[:16]
@@ -257,19 +246,17 @@ def prepare(corpus: str, work: Path, samples: Path, examples: list, distinct: Pa
 
 def write_heldout(folder: Path, docs: list[Doc]) -> None:
     """``<genre>.jsonl``: each set-aside document, ``{"id", "sentences"}``, in id order."""
-    folder.mkdir(parents=True, exist_ok=True)
     for genre in sorted({d.genre for d in docs}):
         rows = sorted((d for d in docs if d.genre == genre), key=lambda d: d.id)
         _write(folder / f"{genre}.jsonl", "".join(json.dumps({"id": d.id, "sentences": d.sentences}) + "\n"
                                                     for d in rows))
 
 
-def _write(path: Path, text: str) -> None:
-    """``text`` to ``path`` whole (written beside it, then renamed): a reader never sees half a file."""
-    import os
-
+def _write(path: Path, data: str | bytes) -> None:
+    """``data`` to ``path`` whole (written beside it, then renamed): a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
     tmp.replace(path)
 
 
@@ -278,9 +265,7 @@ def _digest(text: str) -> str:
 
 
 def _file_sha(path: Path) -> str:
-    from bert_core.storage import sha256
-
-    return sha256(str(path)) if path.exists() else "missing"
+    return storage.sha256(str(path)) if path.exists() else "missing"
 
 
 # --------------------------------------------------------------------------- corpus, vocab, instances
@@ -348,7 +333,6 @@ def genre_mlm_accuracy(checkpoint: str, heldout: Path, count: int = HELDOUT_SEQU
                        length: int = HELDOUT_LENGTH, seed: int = 0) -> dict[str, float]:
     """Held-out MLM accuracy of a checkpoint on each genre's set-aside documents (the masking of
     ``measures.masked_lm_accuracy``)."""
-    from benchmarks.quality.measures import masked_lm_accuracy
     from bert_core.vocab.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
@@ -362,7 +346,6 @@ def genre_pieces(corpus: Path, vocab: Path, instances: Path, genres: dict[str, s
     of the training instances. Counted once per instances (a JSON file beside them)."""
     import pyarrow.parquet as pq
 
-    from bert_core import storage
     from bert_core.instances.sharding import eval_threshold, is_eval_document
     from bert_core.vocab.tokenization import load_tokenizer
 
@@ -395,8 +378,6 @@ def epochs_seen(pieces: dict[str, dict[str, int]], instances: Path, sequences_dr
     """Per genre, its pieces in the sequences a run drew over its pieces in the instances: a run
     draws shuffled instances epoch after epoch, so in expectation every genre's share of the draws
     is its share of the instances, and the ratio is the run's sequences over the instances."""
-    from bert_core import storage
-
     manifest = storage.read_manifest(str(instances))
     count = sum(s["counts"]["instances"] for s in manifest["stats"].values())
     return {g: sequences_drawn / count for g in pieces}

@@ -16,6 +16,8 @@ import os
 import numpy as np
 
 from benchmarks.quality.spec import SETTING_DEFAULTS
+from bert_core.config import FinetuneConfig
+from bert_core.finetune.grid import Setting
 
 ACCELERATOR_VARIABLE = "QUALITY_ACCELERATOR"  # gpu: jobs run on cuda (a study on the device machine)
 
@@ -42,8 +44,6 @@ def scores(labels: list[int], pred: list[int]) -> dict[str, float]:
 
 def product_setting(setting: dict):
     """A protocol setting as the product's grid names it (``bert_core.finetune.grid.Setting``)."""
-    from bert_core.finetune.grid import Setting
-
     s = SETTING_DEFAULTS | setting
     return Setting(s["learning_rate"], s["batch_size"], s["epochs"], s["pooling"], s["layerwise_lr_decay"])
 
@@ -53,7 +53,6 @@ def finetune(checkpoint: str, data: dict[str, list], split: str, num_labels: int
     """Fine-tune on ``data["train"]`` (encoded features) at ``setting``; scores on ``data[split]``."""
     import torch
 
-    from bert_core.config import FinetuneConfig
     from bert_core.finetune.data import TaskData
     from bert_core.finetune.train import train_and_predict
 

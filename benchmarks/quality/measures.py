@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from benchmarks.quality.finetune import scores
+
 
 def mean_features(checkpoint: str, examples: list, max_seq_length: int = 64) -> list:
     """Frozen mean-pooled features of every layer (embeddings first): one [N, H] array per layer."""
@@ -41,8 +43,6 @@ def linear_probe(checkpoint: str, train: list, test: list, labels: tuple[str, ..
     """Test macro-F1 of a logistic regression on each layer's frozen mean-pooled features."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
-
-    from benchmarks.quality.finetune import scores
 
     y_train, y_test = [labels.index(e.label) for e in train], [labels.index(e.label) for e in test]
     out = []
@@ -80,8 +80,6 @@ def masked_lm_accuracy(checkpoint: str, sequences: list[list[int]], seed: int = 
 def tfidf_scores(train: list, evaluate: list, labels: tuple[str, ...], c: float) -> dict[str, float]:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
-
-    from benchmarks.quality.finetune import scores
 
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1)
     x = vectorizer.fit_transform([e.text_a for e in train])

@@ -34,6 +34,8 @@ from benchmarks.quality.build import (
     steps_in_budget,
 )
 from benchmarks.quality.cache import Cache, pack_cache
+from benchmarks.quality.choice import cell, every_setting_cells, frozen_choice, goal_every_setting
+from benchmarks.quality.finetune import finetune_examples, product_setting
 from benchmarks.quality.measures import heldout_mlm_accuracy, linear_probe, tfidf_scores
 from benchmarks.quality.spec import (
     CHOSEN,
@@ -45,7 +47,7 @@ from benchmarks.quality.spec import (
     versions,
 )
 from benchmarks.quality.tasks import load_tasks
-from bert_core.finetune.report import best
+from bert_core.finetune.report import best, seed_stats, select
 from bert_core.pretrain.metrics import read_metrics
 
 RESULTS = ROOT / "bench-results"
@@ -97,7 +99,6 @@ def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: 
                   draws: list[tuple[int | None, int]]) -> list:
     """The jobs of one checkpoint on one task at each (size, subsamples) of ``draws``: (cache key,
     function, arguments); subsample k is fine-tuned with seed 1 + k."""
-    from benchmarks.quality.finetune import finetune_examples
     from bert_core.finetune.data import subsample
 
     return [(ckpt_key | {"task": task.name, "size": size_name(size), "subsample": k, "seed": 1 + k,
@@ -109,9 +110,6 @@ def finetune_jobs(checkpoint: Path, ckpt_key: dict, task, parts: dict, setting: 
 
 def chosen_on_dev(task: str, grid: list[dict], scored: list[dict]) -> dict:
     """The setting of ``grid`` the product's choice on dev (``report.select``) takes by macro-F1."""
-    from benchmarks.quality.finetune import product_setting
-    from bert_core.finetune.report import seed_stats, select
-
     names = [product_setting(s).name for s in grid]
     results = [{"task": task, "setting": {"name": n}, "seed": 1, "ok": True, "metrics": {"flat": r}}
                for n, r in zip(names, scored, strict=True)]
@@ -122,8 +120,6 @@ def choose_setting(cache: Cache, pool, checkpoint: Path, ckpt_key: dict, task, p
                    label: str) -> dict:
     """The arm's setting for a task: the grid on the full pool, one seed, scored on dev, and the
     setting :func:`chosen_on_dev` selects."""
-    from benchmarks.quality.finetune import finetune_examples
-
     data = {"train": parts["train"], "dev": parts["dev"]}
     jobs = [(ckpt_key | {"task": task.name, "size": "all", "setting": s, "seed": 1, "split": "dev"},
              finetune_examples, (str(checkpoint), data, "dev", task.labels, s, 1)) for s in grid]
@@ -187,8 +183,6 @@ def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_
                       plan: dict) -> None:
     """``run["every_setting"]["task/size/setting"]``: test scores at every grid setting (numbered
     from 1) at the every-setting sizes and subsamples; the arm's own setting's cells are its curve's jobs."""
-    from benchmarks.quality.choice import cell
-
     draws = [(size, plan["every_setting_subsamples"]) for size in plan["every_setting_sizes"]]
     out = run.setdefault("every_setting", {})
     for name, (task, parts) in tasks.items():
@@ -206,8 +200,6 @@ def every_setting_run(cache, pool, arm: dict, run: dict, checkpoint: Path, ckpt_
 
 def every_setting_endpoint(arms: list[dict], tasks: list[str], plan: dict) -> dict[str, list[dict]]:
     """Per A arm, the secondary endpoint's cells against B (``choice.every_setting_cells``)."""
-    from benchmarks.quality.choice import every_setting_cells
-
     def scores(arm: dict) -> list[dict[str, list[float]]]:
         return [{c: [j["macro_f1"] for j in jobs] for c, jobs in r.get("every_setting", {}).items()}
                 for r in arm["runs"]]
@@ -224,8 +216,6 @@ def goals(arms: list[dict], endpoint_rows: list[dict], every_setting: dict[str, 
     at the goal sizes; 2, A above TF-IDF + LR at the last goal size on every task; 3, the primary
     gain at least +3 with its interval above 0; 4, held-out MLM accuracy of every run on each task
     and on each of ``genres``' set-aside documents (None: not measured)."""
-    from benchmarks.quality.choice import goal_every_setting
-
     sizes = plan["goal_sizes"]
     base = next(a for a in arms if a["arm"] == "B")
     tfidf = next(a for a in arms if a["arm"] == "TF-IDF + LR")["runs"][0]["curve"]
@@ -269,8 +259,6 @@ def _number(value) -> bool:
 def freeze_check(recipe: str, choice: str | None, quick: bool, version: str = "v2") -> dict | None:
     """A candidate's test phase starts only on its frozen choice (``--choice``, else the version's):
     the choice, or a one-line refusal; None for another recipe or ``--quick`` without ``--choice``."""
-    from benchmarks.quality.choice import frozen_choice
-
     if recipe not in candidates("v2") or (quick and choice is None):
         return None
     path = Path(choice) if choice else ROOT / protocol(version)["choice"]
@@ -317,27 +305,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="fine-tuning jobs side by side (one thread each); "
                         "with --pretrain-only, pre-training runs side by side")
     parser.add_argument("--reuse", action="store_true", help="read finished runs and jobs from --work")
-    parser.add_argument("--cache-archive", default=None,
-                        help="finished jobs as one file: --reuse starts --work's cache from it when the cache is "
-                             "missing; --pack-cache writes it (default: the protocol's cache_archive, none with --quick)")
+    parser.add_argument("--cache-archive", default=None, help="finished jobs as one file, which --reuse starts a "
+                        "missing cache from and --pack-cache writes (default: the protocol's; none with --quick)")
     parser.add_argument("--cache-only", action="store_true",
                         help="--reuse, and a job or pre-training run not in the cache stops the run (a reproduction)")
     parser.add_argument("--pack-cache", action="store_true", help="write --work's finished jobs to --cache-archive")
     parser.add_argument("--pretrain-only", action="store_true", help="only pre-train arm A's runs, then stop")
-    parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"],
-                        help="v1: the sample tweets (--quick only); k1, k2: benchmarks.quality.corpus's, built under "
-                             "--work/<corpus> with its vocab, instances and runs (default: the recipe's own, else v1)")
-    parser.add_argument("--choice", default=None,
-                        help="a version-2 recipe's test phase starts only when this frozen choice names it (default: "
-                             "the --protocol's, bench-results/quality-v<N>-choice.json; none with --quick)")
+    parser.add_argument("--corpus", default=None, choices=["v1", "k1", "k2"], help="v1: the sample tweets "
+                        "(--quick only); k1, k2: built under --work/<corpus> (default: the recipe's own, else v1)")
+    parser.add_argument("--choice", default=None, help="the frozen choice a candidate recipe's test phase needs "
+                        "(default: the --protocol's; none with --quick)")
     parser.add_argument("--protocol", default="v2", choices=versions(),
-                        help="the protocol version's draws, frozen choice and arms (docs/quality-protocol-v<N>.md; "
-                             "version 1 is v2 without --every-setting)")
-    parser.add_argument("--every-setting", action="store_true",
-                        help="A and B at every grid setting at each size but the whole pool: the 48 cells of A - B")
-    parser.add_argument("--distinct-text", default=None,
-                        help="k2's distinct text (default: benchmarks.text.distinct_text in the bertpipe cache, fetched "
-                             "once; none with --quick)")
+                        help="the version's draws, frozen choice and arms (docs/quality-protocol-v<N>.md)")
+    parser.add_argument("--every-setting", action="store_true", help="A and B at every grid setting at each size "
+                        "but the whole pool: the every-setting cells of A - B")
+    parser.add_argument("--distinct-text", default=None, help="k2's distinct text (default: benchmarks.text."
+                        "distinct_text's, fetched once; none with --quick)")
     parser.add_argument("--heldout-genres", action="store_true",
                         help="per genre and run: word pieces, epochs seen and MLM accuracy on the set-aside documents")
     parser.add_argument("--quick", action="store_true", help="tiny data and settings: checks the bookkeeping only")
@@ -387,11 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     base_key = {"recipe": recipe.key(), "instances": instances_digest(instances), "quick": args.quick,
                 "tasks": {n: [t.files, t.dev_size, t.test_size, t.pool_size] for n, (t, _) in tasks.items()}}
 
-    steps: dict[float, int] = {}
-    for budget in args.budgets:
-        if args.quick:
-            steps[budget] = plan["steps"]
-            continue
+    steps: dict[float, int] = dict.fromkeys(args.budgets, plan["steps"]) if args.quick else {}
+    for budget in [] if args.quick else args.budgets:  # the steps that fit each budget on this machine
         calibration = {"calibration": recipe.key(), "ranks": args.ranks, "steps": args.calibration_steps}
         calibration |= {} if args.corpus == "v1" else {"corpus": args.corpus}
         per_step = cache.lookup(calibration)
@@ -402,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             cache.store(calibration, per_step)
         steps[budget] = steps_in_budget(budget, per_step)
         print(f"budget {budget:g} CPU-min: {steps[budget]} steps ({per_step:.3f} CPU-s a step)", flush=True)
+
+    seeds = range(PRETRAIN_SEED, PRETRAIN_SEED + plan["runs"])  # run k of an arm: seed 42 + k
 
     def pretrained(budget: float | None, seed: int) -> tuple[Path, dict, dict | None]:
         """Arm B's random init (``budget`` None) or arm A's run at ``budget``, with ``seed``: its
@@ -427,8 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max(1, args.jobs)) as threads:
-            list(threads.map(lambda r: pretrained(*r), [(b, PRETRAIN_SEED + k) for b in args.budgets
-                                                         for k in range(plan["runs"])]))
+            list(threads.map(lambda r: pretrained(*r), [(b, s) for b in args.budgets for s in seeds]))
         return 0
 
     arms: list[dict] = []
@@ -490,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                    {"arm": f"A {budget:g}", "budget_cpu_minutes": budget, "steps": steps[budget]})
             arm |= {"settings": {}, "runs": []}
             arms.append(arm)
-            for seed in range(PRETRAIN_SEED, PRETRAIN_SEED + plan["runs"]):
+            for seed in seeds:
                 checkpoint, key, done = pretrained(budget, seed)
                 run = {"seed": seed, "checkpoint": str(checkpoint)} | ({} if done is None else {"pretrain": done})
                 arm["runs"].append(run)
@@ -523,12 +504,10 @@ def print_report(result: dict) -> None:
     print(f"{'arm':>14} | {'task':>9} | " + " | ".join(f"{s:>6}" for s in sizes))
     for arm in result["arms"]:
         for task in result["tasks"]:
-            cells = []
-            for s in sizes:
-                v = [statistics.fmean(j["macro_f1"] for j in r["curve"][task][s]) for r in arm["runs"]
-                     if s in r.get("curve", {}).get(task, {})]
-                cells.append(f"{statistics.fmean(v):6.1f}" if v else f"{'-':>6}")
-            print(f"{arm['arm']:>14} | {task:>9} | " + " | ".join(cells))
+            runs = {s: [statistics.fmean(j["macro_f1"] for j in r["curve"][task][s]) for r in arm["runs"]
+                        if s in r.get("curve", {}).get(task, {})] for s in sizes}
+            print(f"{arm['arm']:>14} | {task:>9} | "
+                  + " | ".join(f"{statistics.fmean(v):6.1f}" if v else f"{'-':>6}" for v in runs.values()))
     for e in result["endpoints"]:
         flag = f"  REGRESSION at 300 labels on {', '.join(e['regression'])}" if e["regression"] else ""
         name = f"A {e['budget_cpu_minutes']:g} CPU-min" if e["budget_cpu_minutes"] is not None else e["arm"]

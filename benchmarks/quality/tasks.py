@@ -17,10 +17,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from bert_core.corpus.sentences import split_sentences
+from bert_core.storage import sha256
+from flows.tools.samples import tweet_records, tweet_rows
 
 SPLIT_SEED = 20240601
 
@@ -48,7 +52,6 @@ def read_sentiment_all(samples: Path) -> list:
 def read_tweets3(samples: Path) -> list:
     """The labelled tweets, each distinct text once, in the file's order."""
     from bert_core.finetune.glue import Example
-    from flows.tools.samples import tweet_rows
 
     labels: dict[str, set[str]] = {}
     first: dict[str, tuple[int, str]] = {}
@@ -77,8 +80,6 @@ TASKS: dict[str, Task] = {
 
 def check_pins(task: Task, samples: Path) -> None:
     """Stop with one line when a task file is missing or is not the pinned one."""
-    from bert_core.storage import sha256
-
     for rel, pinned in task.files.items():
         path = samples / rel
         if not path.exists():
@@ -133,7 +134,6 @@ def keys_of(examples: list) -> set[str]:
 
 def holds_held_out(text: str, keys: set[str]) -> bool:
     """Whether the whole text or a sentence of it, as the corpus stage splits them, shares a key."""
-    from bert_core.corpus.sentences import split_sentences
     from bert_core.finetune.glue import Example
 
     return any(held_out_keys(Example("", piece, None, "")) & keys for piece in [text, *split_sentences(text)])
@@ -143,8 +143,6 @@ def pretrain_tweets(samples: Path, held_out: list, out: Path) -> Path:
     """The corpus's tweets text (as ``samples fetch`` writes it) without any tweet of which a
     sentence shares a key with a held-out example: ``out/tweets.jsonl``, written once per
     held-out set."""
-    from flows.tools.samples import tweet_records, tweet_rows
-
     keys = keys_of(held_out)
     stamp = hashlib.sha256("\n".join(["every sentence", *sorted(keys)]).encode()).hexdigest()
     target = out / "tweets.jsonl"
@@ -159,8 +157,6 @@ def pretrain_tweets(samples: Path, held_out: list, out: Path) -> Path:
 
 def load_tasks(samples_dir: Path, plan: dict) -> dict:
     """Each task's definition and split; a quick ``plan`` shrinks them and skips the pins."""
-    from dataclasses import replace
-
     if not plan["quick"]:
         return {name: (task, load(task, samples_dir)) for name, task in TASKS.items()}
     quick = {name: replace(task, dev_size=plan["dev"], test_size=plan["test"], pool_size=plan["pool"])
