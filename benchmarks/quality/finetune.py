@@ -11,15 +11,12 @@ enough. Scores are accuracy and macro-F1, 0-100.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from benchmarks.quality.spec import SETTING_DEFAULTS
 from bert_core.config import FinetuneConfig
 from bert_core.finetune.grid import Setting
-
-ACCELERATOR_VARIABLE = "QUALITY_ACCELERATOR"  # gpu: jobs run on cuda (a study on the device machine)
 
 
 def encoded(checkpoint: str, parts: dict[str, list], labels: tuple[str, ...], max_seq_length: int):
@@ -62,8 +59,7 @@ def finetune(checkpoint: str, data: dict[str, list], split: str, num_labels: int
     epochs = max(s["epochs"], s["min_steps"] / steps_per_epoch)
     cfg = FinetuneConfig(learning_rate=s["learning_rate"], num_train_epochs=epochs, batch_size=s["batch_size"],
                          max_seq_length=s["max_seq_length"], threads=1, pooling=s["pooling"],
-                         reinit_layers=s["reinit_layers"], layerwise_lr_decay=s["layerwise_lr_decay"],
-                         accelerator=os.environ.get(ACCELERATOR_VARIABLE, "cpu"))
+                         reinit_layers=s["reinit_layers"], layerwise_lr_decay=s["layerwise_lr_decay"])
     task = TaskData(kind="classification", num_labels=num_labels, train=data["train"], evals={split: data[split]},
                     finish=lambda s, o: ({}, {}))
     out = train_and_predict(task, str(checkpoint), cfg, seed, pad_id)

@@ -119,7 +119,7 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
 def train(kind: str, model: torch.nn.Module, train_rows: pa.Table, held_out: pa.Table, args: argparse.Namespace,
           seed: int) -> dict:
     """``args.steps`` steps of ``model``, ours or transformers': one plain loop that drives both
-    alike, so not the product's ``train_mlm`` (which drives ours only, with its own loader)."""
+    alike, on the same batches."""
     optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=LR, betas=(0.9, 0.999), eps=1e-6)
     order = np.random.default_rng(seed).permutation(train_rows.num_rows)
     curve, losses = [], []
