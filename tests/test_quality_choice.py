@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,7 +97,7 @@ def test_frozen_choice_refuses_a_missing_file_another_recipe_and_a_file_without_
     path.write_text("[1, 2]")
     with pytest.raises(qc.ChoiceRefused, match="holds no recipe choice"):
         qc.frozen_choice(path, "k2")
-    assert issubclass(qc.ChoiceRefused, SystemExit)  # uncaught: one line and status 1, no traceback
+    assert issubclass(qc.ChoiceRefused, SystemExit)  # the command line: one line and status 2, no traceback
 
 
 def test_every_setting_cells_have_welch_intervals_over_run_means_and_the_goal_lists_failing_cells():
@@ -205,3 +207,14 @@ def test_the_choice_trains_through_bertpipe_pretrain_and_chooses_on_dev(tmp_path
     assert main(args) == 0
     assert "16 of 16 jobs reused" in capsys.readouterr().out
 
+
+
+def test_a_refusal_on_the_command_line_is_one_line_and_status_2(tmp_path):
+    """A step that refuses its input ends the command in its one line, exit 2 as the product's
+    commands, with no traceback."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.quality", "choose", "--work", str(tmp_path),
+                           "--checkpoints", str(tmp_path)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [f"{tmp_path / 'choice' / 'plan.json'} is missing: run benchmarks.quality "
+                                        f"prepare --work {tmp_path} first"]

@@ -65,4 +65,10 @@ def reproduced(result: dict, expected: dict) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SystemExit as stop:
+        if not isinstance(stop.code, str):
+            raise
+        print(stop.code, file=sys.stderr)  # a refusal: its one line, and bad input's status, as the product's CLI
+        sys.exit(2)

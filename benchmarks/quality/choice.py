@@ -25,7 +25,7 @@ MEAN_TIE = 0.5  # candidates left whose mean gain is within this of the largest 
 
 class ChoiceRefused(SystemExit):
     """A choice that cannot be made or a frozen choice that does not allow the run: one line;
-    uncaught, Python prints it and exits with status 1, without a traceback."""
+    the command line prints it and exits with status 2, without a traceback."""
 
 
 def cell(task: str, size: str | int, setting: int) -> str:
