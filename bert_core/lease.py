@@ -138,8 +138,27 @@ def read(folder: str) -> Record | None:
 
 
 def _create(folder: str, record: Record, exclusive: bool) -> bool:
-    """Write the lease; False when an exclusive create finds one there."""
+    """Write the lease; False when an exclusive create finds one there. A reader sees the old
+    lease or the new one whole, never a file cut short (which counts as a dead holder's): on a
+    local disk the record is written beside it, then linked (exclusive) or renamed into place;
+    an object store's object appears whole when written."""
     uri = storage.join(folder, LEASE)
+    if storage.is_local(uri):
+        path = storage.split_protocol(uri)[1]
+        part = f"{path}.{uuid.uuid4().hex[:8]}.part"
+        with open(part, "wb") as f:
+            f.write(record.dumps())
+        try:
+            if not exclusive:
+                os.replace(part, path)
+                return True
+            os.link(part, path)
+        except FileExistsError:
+            return False
+        finally:
+            if os.path.exists(part):
+                os.remove(part)
+        return True
     try:
         with storage.open_file(uri, "xb" if exclusive else "wb") as f:
             f.write(record.dumps())

@@ -148,6 +148,27 @@ def hold_and_sleep(folder: str) -> None:
     time.sleep(600)
 
 
+def test_a_lease_being_renewed_is_never_read_half_written(tmp_path) -> None:
+    """A waiting run reads the lease while its holder rewrites it: it must see the old record or
+    the new one, never a file cut short, which it would take for a dead holder's and take over."""
+    held = lease.acquire(str(tmp_path / "out"), "corpus")
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.is_set():
+            held.renew()
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        seen = {lease.read(held.folder).attempt for _ in range(3000)}
+    finally:
+        stop.set()
+        renewer.join()
+    lease.release(held)
+    assert seen == {held.attempt}
+
+
 def test_a_killed_holder_is_taken_over_and_its_leftovers_cleared(tmp_path) -> None:
     folder = str(tmp_path / "out")
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from tests.test_concurrent_writers import "
