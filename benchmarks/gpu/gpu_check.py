@@ -276,7 +276,7 @@ def time_steps(step, steps: tuple[int, int], device, cfg, tokens: int, micro: in
                peak: float | None) -> dict[str, Any]:
     """Rates of ``step`` (``tokens`` real tokens in ``micro`` sequences) over the timed steps of
     ``steps`` (warm-up, timed): tokens per second, step time, MFU and the device's peak memory."""
-    warmup, timed = steps
+    warmup, counted = steps
     for _ in range(warmup):
         step()
     cuda = device.type == "cuda"
@@ -284,11 +284,11 @@ def time_steps(step, steps: tuple[int, int], device, cfg, tokens: int, micro: in
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    for _ in range(timed):
+    for _ in range(counted):
         step()
     if cuda:
         torch.cuda.synchronize()
-    seconds = (time.perf_counter() - t0) / timed
+    seconds = (time.perf_counter() - t0) / counted
     return {"tokens_per_s": round(tokens / seconds), "step_ms": round(seconds * 1e3, 2),
             "mfu": round(flops_per_token(cfg, round(tokens / micro)) * tokens / seconds / peak, 4) if peak else None,
             "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
@@ -568,7 +568,7 @@ def append_row(out: Path, row: dict[str, Any]) -> None:
 def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """End a stage: its process group (SIGTERM, so that the stage stops its launcher, and SIGKILL
     after ``grace`` seconds), then the group of every process that was below it (the launcher
-    starts its ranks in a session of its own)."""
+    starts its ranks in process groups of their own)."""
     groups = set()
     for p in process_tree(proc.pid):
         with contextlib.suppress(ProcessLookupError):
