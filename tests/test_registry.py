@@ -175,3 +175,24 @@ def test_records_name_the_roots_folders_by_their_place_in_it(two):
     assert moved.register({"version": "v2", "steps": 3})["model"] == f"{copy}/models/v2"
     assert json.loads(storage.read_text(moved.record_uri("v2")))["instances"] == "instances/i1"
 
+
+
+def test_task_models_are_listed_under_their_version_and_move_with_the_root(two):
+    import shutil
+
+    root, reg = two
+    sst2 = {"model": str(root / "finetune" / "v2" / "sst2" / "model"), "metric": "accuracy", "score": 91.25,
+            "split": "dev (also used for selection)", "setting": "lr3e-5-bs32-ep3", "seed": 2}
+    reg.register({"version": "v2", "task_models": {"sst2": sst2}})
+    stored = json.loads(storage.read_text(reg.record_uri("v2")))
+    assert stored["task_models"]["sst2"]["model"] == "finetune/v2/sst2/model"  # by its place in the root
+    listed = _cli(root, "models", "list")
+    assert listed.exit_code == 0, listed.output
+    lines = listed.output.splitlines()
+    row = next(i for i, line in enumerate(lines) if " v2 " in line)
+    assert "sst2" in lines[row + 1] and "accuracy 91.2" in lines[row + 1] and "seed 2" in lines[row + 1]
+    assert lines[row + 1].endswith(f"{root}/finetune/v2/sst2/model")
+    copy = root.parent / f"{root.name}-moved"
+    shutil.copytree(root, copy)
+    assert Registry(registry_root(str(copy))).get("v2")["task_models"]["sst2"]["model"] == \
+        f"{copy}/finetune/v2/sst2/model"

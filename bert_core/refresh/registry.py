@@ -70,6 +70,28 @@ def _read(uri: str) -> dict[str, Any]:
     return data
 
 
+def task_models(folder: str, tasks: list[str]) -> dict[str, dict[str, Any]]:
+    """The task models a checkpoint's fine-tuning folder holds: task -> its chosen model's folder,
+    the headline metric, its final score (0-100, mean over seeds), setting and seed. A task without
+    a published model (a feature-based one, or every job failed) is left out."""
+    from bert_core.finetune import get_task
+
+    found: dict[str, dict[str, Any]] = {}
+    for name in (get_task(t).name for t in tasks):
+        task_folder = storage.join(folder, name)
+        if not storage.has_manifest(task_folder):
+            continue
+        manifest = storage.read_manifest(task_folder)
+        chosen = manifest.get("model")
+        if not chosen:
+            continue
+        summary = manifest["stats"]["summary"][name]
+        found[name] = {"model": storage.join(task_folder, chosen["path"]), "metric": get_task(name).metric,
+                       "split": summary["final_label"], "score": (summary.get("final") or {}).get("mean"),
+                       "setting": chosen["setting"], "seed": chosen["seed"]}
+    return found
+
+
 def model_problems(model: str) -> list[str]:
     """Why a model folder is not whole (no manifest, a shard missing or changed); empty if whole."""
     if not storage.has_manifest(model):
@@ -103,17 +125,17 @@ class Registry:
     # ----------------------------------------------------------------- paths
 
     def _resolved(self, record: dict[str, Any]) -> dict[str, Any]:
-        """``record`` with every folder it names as a URI where that folder is now."""
-        out, old = dict(record), self._written_in(record)
-        for key in PATHS:
-            value = record.get(key)
-            if not value:
-                continue
+        """``record`` with every folder it names (its task models' too) as a URI where that folder is now."""
+        old = self._written_in(record)
+
+        def now(value: str) -> str:
             if "://" not in value and not os.path.isabs(value):
-                out[key] = storage.join(self.storage_root, value)
-            elif old and (value == old or value.startswith(old + "/")):
-                out[key] = self.storage_root + value[len(old):]
-        return out
+                return storage.join(self.storage_root, value)
+            if old and (value == old or value.startswith(old + "/")):
+                return self.storage_root + value[len(old):]
+            return value
+
+        return self._mapped(record, now)
 
     def _written_in(self, record: dict[str, Any]) -> str | None:
         """The storage root a record that names its model by URI was written in."""
@@ -122,11 +144,18 @@ class Registry:
 
     def _stored(self, record: dict[str, Any]) -> dict[str, Any]:
         """``record`` as written: folders inside the storage root by their path in it."""
-        out = dict(record)
-        for key in PATHS:
-            if record.get(key):
-                uri = storage.to_uri(record[key])
-                out[key] = uri[len(self.storage_root) + 1:] if uri.startswith(self.storage_root + "/") else uri
+        def inside(value: str) -> str:
+            uri = storage.to_uri(value)
+            return uri[len(self.storage_root) + 1:] if uri.startswith(self.storage_root + "/") else uri
+
+        return self._mapped(record, inside)
+
+    @staticmethod
+    def _mapped(record: dict[str, Any], fn: Any) -> dict[str, Any]:
+        """``record`` with ``fn`` applied to every folder it names: ``PATHS`` and each task model's."""
+        out = {**record, **{key: fn(record[key]) for key in PATHS if record.get(key)}}
+        if record.get("task_models"):
+            out["task_models"] = {t: {**e, "model": fn(e["model"])} for t, e in record["task_models"].items()}
         return out
 
     # ----------------------------------------------------------------- reading

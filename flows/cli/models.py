@@ -40,7 +40,8 @@ def _version(registry: Any, ref: str) -> str:
 
 
 def format_versions(records: list[dict[str, Any]], aliases: dict[str, Any]) -> str:
-    """One line per version: alias, version, parent, dump date, steps, tokens, gate decision."""
+    """One line per version: alias, version, parent, dump date, steps, tokens, gate decision; below
+    it, one line per task model fine-tuned from it: task, score, setting and seed, folder."""
     marks = {aliases.get(a): a for a in ("previous", "current") if aliases.get(a)}
     header = f"{'alias':<9} {'version':<14} {'parent':<14} {'dump':<9} {'steps':>7} {'tokens':>11}  gate"
     lines = [header]
@@ -49,6 +50,10 @@ def format_versions(records: list[dict[str, Any]], aliases: dict[str, Any]) -> s
         lines.append(f"{marks.get(r['version'], ''):<9} {r['version']:<14} {r.get('parent') or '-':<14} "
                      f"{r.get('dump_date') or '-':<9} {r.get('steps', 0):>7} {r.get('tokens_seen', 0):>11}  "
                      f"{gate.get('decision', '-')}")
+        for task, m in sorted((r.get("task_models") or {}).items()):
+            score = "-" if m.get("score") is None else f"{m['score']:.1f}"
+            lines.append(f"{'':<9} └ {task:<12} {m['metric']} {score} on {m['split']}, "
+                         f"{m['setting']} seed {m['seed']}: {m['model']}")
     return "\n".join(lines)
 
 
