@@ -6,7 +6,8 @@ setting per task chosen on dev and reported on the final split.
 Each (task, setting, seed) is a task run named by what it is, here or, with
 ``finetune.deployment`` set, as a child flow run on that deployment's work pool. The work is
 ``bert_core.finetune.train.run_job``; the ``finetune-progress`` artifact counts the jobs done
-while they run, and the ``finetune-results`` artifact shows the grid on 0-100.
+while they run, and the ``finetune-results`` artifact shows the grid on 0-100. Each job saves its
+model; ``write_results`` publishes the selected setting's best seed as ``<output>/<task>/model``.
 """
 
 from __future__ import annotations
@@ -74,10 +75,17 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
     one job into its folder under ``output`` and return its metrics."""
     from bert_core.finetune import get_task
     from bert_core.finetune.grid import checkpoint_name as name_of
-    from bert_core.refresh.registry import resolve_checkpoint
+    from bert_core.refresh.registry import (
+        Registry,
+        registered_version,
+        registry_root,
+        resolve_checkpoint,
+        task_models,
+    )
     from flows.versions import checkpoint_identity, finetune_version, is_done
 
     logger = get_run_logger()
+    registered = registered_version(checkpoint, config.storage_root)
     checkpoint = resolve_checkpoint(checkpoint, config.storage_root)
     cfg = config.finetune
     if not cfg.data_dir:
@@ -97,7 +105,10 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
         if all(is_done(storage.join(output, t), versions[t]) for t in tasks):
             logger.info("finetune: %s, finished at these versions; not redone", output)
             return output
-        return _fine_tune(config, checkpoint, output, label, tasks, versions, logger)
+        _fine_tune(config, checkpoint, output, label, tasks, versions, logger)
+    if registered:  # a registered model: the registry lists the task models fine-tuned from it
+        Registry(registry_root(config.storage_root)).add_task_models(registered, task_models(output, tasks))
+    return output
 
 
 def _fine_tune(config: PipelineConfig, checkpoint: str, output: str, label: str, tasks: list[str],

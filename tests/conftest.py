@@ -105,6 +105,33 @@ def prefect_api(tmp_path_factory) -> Iterator[Any]:
         yield server
 
 
+def save_tiny_bert(out: Path, samples: Path, **model: Any) -> str:
+    """A randomly initialised (seed 0) 2-layer BERT with the real bert-base-uncased vocab, saved
+    at ``out`` as transformers does; ``model`` sets ModelConfig fields (``pre_layer_norm=True``)."""
+    import torch
+
+    from bert_core.config import ModelConfig
+    from bert_core.model.bert import BertModel
+    from bert_core.model.checkpoint import save_pretrained
+
+    torch.manual_seed(0)
+    bert = BertModel(ModelConfig(**{"size": "tiny", "vocab_size": 30522, "max_position_embeddings": 128, **model}))
+    save_pretrained(bert, str(out), vocab_file=str(samples / "models" / "minilm" / "vocab.txt"))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, samples_dir) -> str:
+    """:func:`save_tiny_bert`: post-LN, as in the paper."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), samples_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_preln_checkpoint(tmp_path_factory, samples_dir) -> str:
+    """:func:`save_tiny_bert` with pre-LN layers."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-preln-bert"), samples_dir, pre_layer_norm=True)
+
+
 def sentiment_slice(samples: Path, folder: Path, lines: int = 200) -> Path:
     """A tasks folder whose ``sentiment`` holds the first ``lines`` lines of each real sample
     file: the same format and hashed splits, with a few dozen dev and test sentences to score

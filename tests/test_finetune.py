@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from bert_core.config import FinetuneConfig, ModelConfig
+from bert_core.config import FinetuneConfig
 from bert_core.finetune import TASKS, conlleval, squad_eval
 from bert_core.finetune.report import run_many, summarize
 from bert_core.finetune.train import run_job
@@ -22,21 +23,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 TINY = dict(num_train_epochs=1, batch_size=8, max_seq_length=64, squad_max_seq_length=96,
             doc_stride=24, max_query_length=24, learning_rate=1e-4, threads=1)
 SETTING = "lr1e-4-bs8-ep1"  # TINY's one setting, as its folder is named
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory, samples_dir):
-    """A randomly initialised 2-layer BERT with the real bert-base-uncased vocab, saved as transformers does."""
-    import torch
-
-    from bert_core.model.bert import BertModel
-    from bert_core.model.checkpoint import save_pretrained
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-bert")
-    model = BertModel(ModelConfig(size="tiny", vocab_size=30522, max_position_embeddings=128))
-    save_pretrained(model, str(out), vocab_file=str(samples_dir / "models" / "minilm" / "vocab.txt"))
-    return str(out)
 
 
 # Epochs and a rate at which the tiny random BERT learns each fixture's few dozen training
@@ -84,6 +70,16 @@ def test_every_task_learns_its_fixture(task, tiny_checkpoint, samples_dir, tmp_p
     for name in m["predictions"]:
         assert (job / name).stat().st_size > 0
     assert all(v == 0 for k, v in m["counts"].items() if k.endswith("_rejected"))
+    # the job's model: its task model folder (a feature-based task saves none)
+    assert (m["model"] is None) == (task == "ner_bilstm") and (job / "model" / "config.json").exists() == (
+        task != "ner_bilstm")
+    if m["model"]:
+        from bert_core.finetune.task_model import load_task_model
+
+        _, meta = load_task_model(str(job / m["model"]))
+        assert meta["task"] == task and meta["seed"] == 1 and meta["setting"]["name"] == setting
+        if task == "squad_v2":  # predict applies the threshold tuned on dev
+            assert meta["null_score_diff_threshold"] == m["metrics"]["dev"]["null_score_diff_threshold"]
     if task in ("squad", "squad_v2"):
         # the written predictions score the same with the official-rule evaluator
         dev = next((data / TASKS[task].folder).glob("dev-*.json"))
@@ -124,6 +120,13 @@ def test_deepspeed_engine_trains_like_the_plain_loop(tiny_checkpoint, tmp_path):
     for key in ("first_loss", "last_loss"):
         assert out["ds"]["train"][key] == pytest.approx(out["plain"]["train"][key], rel=1e-4)
     assert out["ds"]["main"] == out["plain"]["main"]
+    # the engine's job saves its model too, the same weights as the plain loop's (to float noise)
+    from bert_core.finetune.task_model import load_task_model
+
+    models = {name: load_task_model(str(tmp_path / name / "rte" / SETTING / "seed=3" / "model"))[0]
+              for name in ("plain", "ds")}
+    for (key, a), b in zip(models["plain"].state_dict().items(), models["ds"].state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3, msg=key)
 
 
 @pytest.mark.slow
@@ -196,8 +199,10 @@ def test_seeds_summary_keeps_every_value_and_failures(tiny_checkpoint, tmp_path)
     swag = index["stats"]["swag"]
     assert swag["failed_seeds"] == [1, 2] and swag["selected"] is None and swag["final"] is None
     assert index["stats"]["mrpc"]["selected"] == SETTING and index["stats"]["mrpc"]["version"] == "v1"
-    # one metrics.json per finished job, and report.md
-    assert len(storage.shard_uris(str(tmp_path / "o" / "mrpc"))) == 3
+    # one metrics.json per finished job, report.md and the published model's files
+    shards = [s["path"] for s in manifest["shards"]]
+    assert len([p for p in shards if not p.startswith("model/")]) == 3 and "model/config.json" in shards
+    assert manifest["model"]["setting"] == SETTING and manifest["model"]["seed"] in (1, 2)
     assert (tmp_path / "o" / "mrpc" / "report.md").exists()
     failed = summarize([r for r in (
         {"task": "swag", "setting": {"name": SETTING}, "seed": s, "ok": False, "error": "FileNotFoundError: swag"}

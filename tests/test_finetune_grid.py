@@ -192,8 +192,16 @@ def test_prefect_flow_runs_the_grid_and_selects_the_rate_that_learns(prefect_api
     assert names <= task_runs
     manifest = storage.read_manifest(f"{output}/sentiment")
     assert manifest["counts"] == {"jobs": 4, "succeeded": 4, "failed": 0}
+    model_files = {"config.json", "model.safetensors", "README.md", "vocab.txt", "tokenizer_config.json"}
+    model_files |= {"tokenizer.json"} if (Path(tiny_checkpoint) / "tokenizer.json").exists() else set()
     assert {s["path"] for s in manifest["shards"]} == {"report.md"} | {
-        f"{s}/seed={seed}/metrics.json" for s in (WINNER, LOSER) for seed in (1, 2)}
+        f"{s}/seed={seed}/metrics.json" for s in (WINNER, LOSER) for seed in (1, 2)} | {
+        f"model/{name}" for name in model_files}
+    # the chosen setting's best seed on dev is published; the jobs' own models are gone
+    dev_per_seed = manifest["stats"]["grid"]["sentiment"][WINNER]["metrics"]["dev/accuracy"]["values"]
+    assert manifest["model"] == manifest["stats"]["model"] == {
+        "setting": WINNER, "seed": int(best(dev_per_seed)), "path": "model"}
+    assert not list((tmp_path / "finetune").glob("tiny-bert/sentiment/*/seed=*/model"))
     index = storage.read_manifest(output)
     assert index["stage"] == "finetune-index" and list(index["stats"]) == ["sentiment"]
     assert index["stats"]["sentiment"]["selected"] == WINNER

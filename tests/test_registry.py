@@ -145,6 +145,24 @@ def test_features_and_finetune_take_models_current(two, tmp_path, samples_dir):
     assert "model version 'v9' is not in the registry" in unknown.output
 
 
+def test_fine_tuning_a_registered_model_records_its_task_model(two, tmp_path, samples_dir):
+    from conftest import sentiment_slice
+
+    root, reg = two
+    tasks = sentiment_slice(samples_dir, tmp_path / "tasks")
+    output = tmp_path / "ft"
+    done = CliRunner().invoke(app, ["finetune", "--task", "sentiment", "--data", str(tasks), "--checkpoint",
+                                    "models:current", "--output", str(output), "--seeds", "1",
+                                    "--learning-rates", "1e-3", "--batch-sizes", "16", "--epochs", "1",
+                                    "--set", "finetune.max_seq_length=16", "--set", f"storage_root={root}"])
+    assert done.exit_code == 0, done.output
+    entry = reg.get("v1")["task_models"]["sentiment"]
+    assert entry["model"] == f"{output}/sentiment/model" and entry["seed"] == 1 and entry["metric"] == "accuracy"
+    assert storage.read_manifest(str(output / "sentiment"))["model"]["path"] == "model"
+    listed = _cli(root, "models", "list").output
+    assert f"sentiment    accuracy {entry['score']:.1f}" in listed
+
+
 def test_a_decided_promotion_that_crashed_is_finished_and_a_rollback_is_not_undone(two):
     root, reg = two
     # the gate said promote, then the process died before the aliases moved

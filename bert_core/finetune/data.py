@@ -30,6 +30,7 @@ class TaskData:
     finish: Finish
     counts: dict[str, int] = field(default_factory=dict)  # examples read/kept/rejected per split
     rejects: list[dict[str, Any]] = field(default_factory=list)
+    labels: tuple[str, ...] = ()  # class / tag names by id (classification, token); empty otherwise
 
 
 SUBSAMPLE_SEED = 20240601

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bert_core import storage
@@ -46,9 +46,10 @@ class GlueSpec:
     labels: tuple[str, ...]  # empty = regression
     text_a: str | int
     text_b: str | int | None
-    label: str | int
+    label: str | int | None  # None: an unlabelled (test) file
     header: bool = True
     dev_files: tuple[str, ...] = ("dev.tsv",)
+    index: str | None = None  # the column that names a row (test files); else file-line
 
 
 GLUE: dict[str, GlueSpec] = {
@@ -89,7 +90,8 @@ def read_tsv(uri: str, spec: GlueSpec) -> tuple[list[Example], list[Reject]]:
         return header.index(key)
 
     cols = [column(spec.text_a), column(spec.text_b) if spec.text_b is not None else None,
-            column(spec.label)]
+            column(spec.label) if spec.label is not None else None,
+            column(spec.index) if spec.index is not None else None]
     first = 2 if spec.header else 1
     for n, line in enumerate(lines, first):
         if not line.strip():
@@ -101,22 +103,25 @@ def read_tsv(uri: str, spec: GlueSpec) -> tuple[list[Example], list[Reject]]:
         try:
             text_a = fields[cols[0]]
             text_b = fields[cols[1]] if cols[1] is not None else None
-            raw = fields[cols[2]].strip()
+            raw = fields[cols[2]].strip() if cols[2] is not None else None
+            guid = fields[cols[3]].strip() if cols[3] is not None else f"{uri.rsplit('/', 1)[-1]}-{n}"
         except IndexError:
             rejects.append(Reject(uri, n, "bad_columns", f"only {len(fields)} columns"))
             continue
-        if spec.labels:
+        if raw is None:
+            label: Any = None
+        elif spec.labels:
             if raw not in spec.labels:
                 rejects.append(Reject(uri, n, "unknown_label", f"{raw!r} not in {spec.labels}"))
                 continue
-            label: Any = raw
+            label = raw
         else:
             try:
                 label = float(raw)
             except ValueError:
                 rejects.append(Reject(uri, n, "bad_score", f"{raw!r} is not a number"))
                 continue
-        examples.append(Example(f"{uri.rsplit('/', 1)[-1]}-{n}", text_a, text_b, label))
+        examples.append(Example(guid, text_a, text_b, label))
     return examples, rejects
 
 
@@ -139,6 +144,31 @@ def glue_file(task: str, folder: str, split: str) -> str:
             f"{', '.join(spec.dev_files)}) in {folder}"
         )
     return uri
+
+
+# GLUE's test files (labels withheld): submission file name -> test file stem, per task. MNLI's
+# diagnostic set (AX) is GLUE's diagnostic/diagnostic.tsv, predicted by the MNLI model.
+TEST_FILES: dict[str, dict[str, str]] = {
+    "cola": {"CoLA": "test"}, "sst2": {"SST-2": "test"}, "mrpc": {"MRPC": "test"},
+    "stsb": {"STS-B": "test"}, "qqp": {"QQP": "test"},
+    "mnli": {"MNLI-m": "test_matched", "MNLI-mm": "test_mismatched"},
+    "qnli": {"QNLI": "test"}, "rte": {"RTE": "test"}, "wnli": {"WNLI": "test"},
+}
+
+
+def test_spec(task: str) -> GlueSpec:
+    """Where a task's test file keeps its columns: a header, the row's ``index`` (QQP: ``id``)
+    first, the texts named as in dev (CoLA's test file, unlike its dev file, has a header with
+    ``sentence``), no label. AX (``diagnostic.tsv``) reads with MNLI's."""
+    spec = GLUE[task]
+    text_a, text_b = ("sentence", None) if task == "cola" else (spec.text_a, spec.text_b)
+    return replace(spec, text_a=text_a, text_b=text_b, label=None, header=True,
+                   index="id" if task == "qqp" else "index")
+
+
+def read_test(task: str, uri: str) -> tuple[list[Example], list[Reject]]:
+    """A GLUE test file: examples whose ``guid`` is the file's index and ``label`` None."""
+    return read_tsv(uri, test_spec(task))
 
 
 # --------------------------------------------------------------------------- sentiment
@@ -305,4 +335,5 @@ def prepare(task: str, folder: str, tokenizer: Any, cfg: Any) -> Any:
         finish=finish,
         counts=counts,
         rejects=all_rejects,
+        labels=tuple(labels),
     )

@@ -85,6 +85,22 @@ def to_iob2(tags: list[str]) -> list[str]:
     return out
 
 
+def chunks(tags: list[str]) -> list[tuple[str, int, int]]:
+    """The entities one sentence's tags name: ``(type, first word, last word + 1)``, found as
+    conlleval.pl finds chunks (IOB1 or IOB2; an ``I-`` after ``O`` opens one)."""
+    out: list[tuple[str, int, int]] = []
+    start, prev_tag, prev_type = None, "O", ""
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, kind = tag.split("-", 1) if "-" in tag else (tag, "")
+        if start is not None and conlleval.end_of_chunk(prev_tag, prefix, prev_type, kind):
+            out.append((prev_type, start, i))
+            start = None
+        if conlleval.start_of_chunk(prev_tag, prefix, prev_type, kind):
+            start = i
+        prev_tag, prev_type = prefix, kind
+    return out
+
+
 def _find(folder: str, split: str) -> str:
     for name in FILE_NAMES.get(split, (f"{split}.txt",)):
         uri = storage.join(folder, name)
@@ -162,4 +178,4 @@ def prepare(folder: str, tokenizer: Any, cfg: Any, splits: tuple[str, ...] = ("v
     counts["iob1_input"] = int("IOB1" in schemes)
     return TaskData(kind="token", num_labels=len(labels), train=encoded["train"],
                     evals={s: encoded[s] for s in splits}, finish=finish,
-                    counts=counts, rejects=rejects)
+                    counts=counts, rejects=rejects, labels=tuple(labels))

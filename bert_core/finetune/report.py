@@ -1,5 +1,5 @@
-"""Many fine-tuning jobs (tasks x settings x seeds) -> the selected setting per task, the grid
-table, one manifest per task folder and an index over them.
+"""Many fine-tuning jobs (tasks x settings x seeds) -> the selected setting per task, its best
+seed's model published, the grid table, one manifest per task folder and an index over them.
 
     bertpipe finetune --task mrpc --task rte --seeds 1,2,3 --data glue_data         --checkpoint runs/demo/hf --output finetune/demo
     bertpipe stats finetune/demo          (the index: every task's selected setting and score)
@@ -30,6 +30,7 @@ from bert_core.progress import OnProgress, Update
 
 # Counts, not scores: left out of the mean ± sd table.
 _NOT_SCORES = ("total", "tokens", "phrases", "found", "correct", "null_score_diff_threshold")
+SUBMISSION_DIR = "submission"  # a task folder's leaderboard files
 SCALE_NOTE = ("Scores on a 0-100 scale: accuracy, F1, EM, Matthews corr. and Pearson/Spearman "
               "correlations x100.")
 
@@ -204,7 +205,9 @@ def write_results(
 
         <output>/_MANIFEST.json                             index (stage "finetune-index")
         <output>/<task>/_MANIFEST.json, report.md           the task (stage "finetune", its version)
-        <output>/<task>/<setting>/seed=<s>/metrics.json     one job (``grid.job_dir``)
+        <output>/<task>/model/                              the selected setting's best seed (publish_chosen)
+        <output>/<task>/<setting>/seed=<s>/metrics.json     one job (``grid.job_dir``); its model/
+                                                            is kept with ``finetune.save_every_job``
     """
     from bert_core.finetune.grid import checkpoint_name as name_of
 
@@ -238,25 +241,106 @@ def write_task_manifest(
     folder: str, task: str, cfg: FinetuneConfig, checkpoint: str, checkpoint_name: str, data_dir: str,
     results: list[dict[str, Any]], version: str | None,
 ) -> dict[str, Any]:
-    """``<folder>/report.md`` then ``<folder>/_MANIFEST.json`` for one task's jobs on one checkpoint."""
+    """``<folder>/report.md``, the chosen model (:func:`publish_chosen`: ``<folder>/model``) and its
+    leaderboard files (``<folder>/submission/``, with ``finetune.submission``), then
+    ``<folder>/_MANIFEST.json`` for one task's jobs on one checkpoint. The manifest lists their
+    files and names the model in ``stats.model``: ``{setting, seed, path}``."""
+    from bert_core.finetune.submission import write_submission
+    from bert_core.finetune.task_model import job_model_dir
+
     stats = summarize(results)
+    published = publish_chosen(folder, task, results, stats, keep_jobs=cfg.save_every_job)
+    stats["model"] = None if published is None else {k: published[k] for k in ("setting", "seed", "path")}
+    submission = storage.join(folder, SUBMISSION_DIR)
+    storage.remove(submission)  # what an earlier, unfinished attempt left
+    if published and cfg.submission:
+        written = write_submission(task, storage.join(folder, published["path"]), data_dir, submission)
+        published["files"] += [f"{SUBMISSION_DIR}/{uri.rsplit('/', 1)[-1]}" for uri in written]
     report_uri = storage.join(folder, "report.md")
     storage.write_text(report_uri, markdown(stats, f"Fine-tuning {storage.to_uri(checkpoint)} "
                                                    f"({checkpoint_name}) on {task}"))
     shards = [storage.shard_entry(report_uri) | {"path": "report.md"}]
+    shards += [storage.shard_entry(storage.join(folder, path)) | {"path": path}
+               for path in (published or {}).get("files", [])]
     for r in results:
         if r["ok"]:
-            path = f"{r['setting']['name']}/seed={r['seed']}/metrics.json"
-            shards.append(storage.shard_entry(storage.join(folder, path), task=task,
+            job = f"{r['setting']['name']}/seed={r['seed']}"
+            shards.append(storage.shard_entry(storage.join(folder, job, "metrics.json"), task=task,
                                               setting=r["setting"]["name"], seed=r["seed"])
-                          | {"path": path})
+                          | {"path": f"{job}/metrics.json"})
+            kept = job_model_dir(storage.join(folder, job))  # with finetune.save_every_job
+            shards += [storage.shard_entry(uri) | {"path": f"{job}/model/{uri.rsplit('/', 1)[-1]}"}
+                       for uri in storage.list_files(kept)]
     inputs = [storage.read_manifest(checkpoint)] if storage.has_manifest(checkpoint) else []
     return storage.write_manifest(
         folder, stage="finetune", config=cfg.model_copy(update={"tasks": [task]}), inputs=inputs,
         shards=shards, counts=_counts(results), stats=stats, task=task, version=version,
         checkpoint=storage.to_uri(checkpoint), checkpoint_name=checkpoint_name,
-        data_dir=storage.to_uri(data_dir), failures=_failures(results),
+        data_dir=storage.to_uri(data_dir), failures=_failures(results), model=stats["model"],
     )
+
+
+def publish_chosen(folder: str, task: str, results: list[dict[str, Any]], stats: dict[str, Any],
+                   keep_jobs: bool = False) -> dict[str, Any] | None:
+    """``<folder>/model`` (``folder`` = ``<output>/<task>``): a copy of the model of the selected
+    setting's best seed on the selection metric, its card rewritten with that setting's dev and
+    final-split scores over seeds, ``config.json`` copied last. Then, unless ``keep_jobs``, the
+    jobs' model folders are removed. Returns ``{setting, seed, path, files}`` (``files`` relative
+    to ``folder``), or None when no setting was selected or its job saved no model (a
+    feature-based task)."""
+    import json
+
+    from bert_core.finetune.grid import Setting, job_dir
+    from bert_core.finetune.task_model import MODEL_DIR, job_model_dir, task_card
+
+    spec, summary = get_task(task), stats["summary"][task]
+    chosen = summary["selected"]
+    folder = storage.to_uri(folder).rstrip("/")
+    output = folder.rsplit("/", 1)[0]
+
+    def model_of(r: dict[str, Any]) -> str:
+        return job_model_dir(job_dir(output, task, Setting.from_dict(r["setting"]), r["seed"]))
+
+    published = storage.join(folder, MODEL_DIR)
+    storage.remove(published)  # what an earlier, unfinished attempt left
+    jobs = [r for r in results if r["ok"] and r["task"] == task]
+    runs = {r["seed"]: r for r in jobs if r["setting"]["name"] == chosen}
+    seed = best({s: r["metrics"]["flat"][spec.selection_metric] for s, r in runs.items()
+                 if r["metrics"]["flat"].get(spec.selection_metric) is not None})
+    src = model_of(runs[seed]) if seed is not None else None
+    out = None
+    if src and storage.exists(storage.join(src, "config.json")):
+        storage.makedirs(published)
+        for uri in storage.list_files(src):
+            if uri.rsplit("/", 1)[-1] not in ("config.json", "README.md"):
+                _copy(uri, storage.join(published, uri.rsplit("/", 1)[-1]))
+        scores = [f"- the setting chosen on {spec.selection_metric} (the best mean over seeds "
+                  f"{', '.join(map(str, sorted(runs)))}); this model is its best seed there, {seed}"]
+        splits = [(spec.splits[0], spec.selection_metric)]
+        if spec.final_metric != spec.selection_metric:
+            splits.append((spec.final_label, spec.final_metric))
+        for label, name in splits:
+            if name in summary["metrics"]:
+                s = summary["metrics"][name]
+                scores.append(f"- {label} {spec.metric}: {_mean_sd(task, s)} over {s['n']} seeds; this seed "
+                              f"{percent(task, s['values'][str(seed)]):.1f}")
+        scores.append(f"- {SCALE_NOTE}")
+        hf = json.loads(storage.read_text(storage.join(src, "config.json")))
+        storage.write_text(storage.join(published, "README.md"), task_card(hf, scores))
+        _copy(storage.join(src, "config.json"), storage.join(published, "config.json"))  # last: finished
+        out = {"setting": chosen, "seed": seed, "path": MODEL_DIR,
+               "files": [f"{MODEL_DIR}/{u.rsplit('/', 1)[-1]}" for u in storage.list_files(published)]}
+    if not keep_jobs:
+        for r in jobs:
+            storage.remove(model_of(r))
+    return out
+
+
+def _copy(src: str, dst: str) -> None:
+    import shutil
+
+    with storage.open_file(src, "rb") as r, storage.open_file(dst, "wb") as w:
+        shutil.copyfileobj(r, w, 4 << 20)
 
 
 def index_entry(task: str, checkpoint_name: str, checkpoint: str, version: str | None,

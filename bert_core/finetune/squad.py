@@ -139,7 +139,7 @@ def _top(logits: np.ndarray, n: int) -> list[int]:
 
 def decode(
     examples: list[SquadExample], features: list[dict[str, Any]], outputs: list[np.ndarray],
-    n_best_size: int, max_answer_length: int, version_2: bool,
+    n_best_size: int, max_answer_length: int, version_2: bool, offsets: bool = False,
 ) -> tuple[dict[str, str], dict[str, float], dict[str, list[dict[str, Any]]]]:
     """Best non-null answer per question, null score diffs (v2.0) and the n-best lists.
 
@@ -147,7 +147,8 @@ def decode(
     ``max_answer_length`` tokens, start in the window where it has the most context) is mapped
     back to the original text through the tokenizer's character offsets. v2.0: the no-answer
     score is the ``[CLS]`` span; ``null_score_diff_threshold`` is tuned on dev (the official
-    script's best-F1 threshold) and the predictions apply it.
+    script's best-F1 threshold) and the predictions apply it. With ``offsets`` each n-best
+    answer also gives its ``start`` and ``end`` character offsets in the context.
     """
     by_example: dict[int, list[int]] = {}
     for i, f in enumerate(features):
@@ -177,7 +178,7 @@ def decode(
             if text in seen:
                 continue
             seen.add(text)
-            nbest.append({"text": text, "score": score})
+            nbest.append({"text": text, "score": score, **({"start": a, "end": b} if offsets else {})})
             if len(nbest) >= n_best_size:
                 break
         if version_2 and math.isfinite(score_null):

@@ -120,8 +120,8 @@ def train_and_predict(
     data: Any, checkpoint: str, cfg: FinetuneConfig, seed: int, pad_id: int, log=None,
     on_progress: OnProgress | None = None, job: str = "training",
 ) -> dict[str, Any]:
-    """Fine-tune all parameters on ``data.train``; return per-split outputs and training stats.
-    ``on_progress`` is told each optimizer step (of the job's, phase ``job``).
+    """Fine-tune all parameters on ``data.train``; return per-split outputs, the trained model (in
+    eval mode, on its device) and training stats. ``on_progress`` is told each optimizer step (of the job's, phase ``job``).
 
     The paper's recipe: all parameters trained, AdamW (no decay on biases and LayerNorm), linear
     warmup over ``warmup_proportion`` of the steps then linear decay to 0, gradient clipping at
@@ -205,6 +205,7 @@ def train_and_predict(
                 n_eval += len(chunk)
     return {
         "outputs": outputs,
+        "model": model,
         "train": {
             "steps": total_steps, "warmup_steps": warmup, "examples_seen": seen,
             "seconds": round(train_seconds, 3), "examples_per_second": round(seen / max(train_seconds, 1e-9), 2),
@@ -230,12 +231,13 @@ def run_job(
     task: str, data_dir: str, checkpoint: str, cfg: FinetuneConfig, seed: int, output: str, log=None,
     on_progress: OnProgress | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune + evaluate one (task, setting, seed); ``cfg`` holds one setting. Writes
-    metrics.json and predictions; returns the metrics. ``on_progress`` is told the training
+    """Fine-tune + evaluate one (task, setting, seed); ``cfg`` holds one setting. Writes the
+    model, predictions and metrics.json; returns the metrics. ``on_progress`` is told the training
     steps, in a phase named by the job (``sst2 lr3e-5-bs32-ep3 seed=2``).
 
-    The files: ``<output>/<task>/<setting>/seed=<seed>/metrics.json`` (``grid.job_dir``) and the
-    task's predictions (GLUE ``*_predictions.tsv``, SQuAD ``predictions.json`` +
+    The files: ``<output>/<task>/<setting>/seed=<seed>/metrics.json`` (``grid.job_dir``), written
+    last, the trained model in ``model/`` beside it (``task_model``; a feature-based task saves
+    none) and the task's predictions (GLUE ``*_predictions.tsv``, SQuAD ``predictions.json`` +
     ``null_odds.json``, NER ``*_predictions.txt`` in conlleval's input format, SWAG
     ``*_predictions.csv``).
     """
@@ -270,6 +272,18 @@ def run_job(
         train_stats = trained["train"]
     flat = {f"{split}/{k}": v for split, m in split_metrics.items() for k, v in m.items()
             if isinstance(v, (int, float))}
+    model_dir = None
+    if spec.kind != "token_features":
+        from bert_core.finetune.task_model import job_meta, job_model_dir, save_task_model
+
+        model_dir = job_model_dir(job_dir)
+        storage.remove(model_dir)  # an earlier attempt's, finished or not
+        meta = job_meta(spec.name, cfg, seed)
+        threshold = flat.get(f"{spec.splits[0]}/null_score_diff_threshold")  # SQuAD 2.0's, tuned on dev
+        if threshold is not None:
+            meta["null_score_diff_threshold"] = threshold
+        save_task_model(trained["model"], model_dir, task=spec.name, checkpoint=checkpoint, labels=data.labels,
+                        max_seq_length=meta["max_seq_length"], meta=meta)
     main_name = f"{spec.splits[0]}/{spec.metric}"
     metrics = {
         "task": spec.name, "setting": setting.as_dict(), "seed": seed,
@@ -278,6 +292,7 @@ def run_job(
         "metrics": split_metrics, "flat": flat, "counts": data.counts, "train": train_stats,
         "config": cfg.model_dump(mode="json"),
         "predictions": sorted(files),
+        "model": None if model_dir is None else "model",
     }
     _write_predictions(job_dir, files)
     if data.rejects:

@@ -42,12 +42,20 @@ _CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
 # weights (these two files of this package, which import torch and transformers only).
 PRELN_MODEL_TYPE = "bertpipe-preln-bert"
 PRELN_CODE_FILES = ("configuration_bertpipe_preln.py", "modeling_bertpipe_preln.py")
-_PRELN_ARCHITECTURES = {"BertForPreTraining": "BertpipePreLNForPreTraining", "BertModel": "BertpipePreLNModel"}
+_PRELN_ARCHITECTURES = {"BertForPreTraining": "BertpipePreLNForPreTraining", "BertModel": "BertpipePreLNModel",
+                        "BertForSequenceClassification": "BertpipePreLNForSequenceClassification",
+                        "BertForQuestionAnswering": "BertpipePreLNForQuestionAnswering",
+                        "BertForTokenClassification": "BertpipePreLNForTokenClassification",
+                        "BertForMultipleChoice": "BertpipePreLNForMultipleChoice"}
 _PRELN_AUTO_MAP = {
     "AutoConfig": "configuration_bertpipe_preln.BertpipePreLNConfig",
     "AutoModel": "modeling_bertpipe_preln.BertpipePreLNModel",
     "AutoModelForPreTraining": "modeling_bertpipe_preln.BertpipePreLNForPreTraining",
     "AutoModelForMaskedLM": "modeling_bertpipe_preln.BertpipePreLNForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_bertpipe_preln.BertpipePreLNForSequenceClassification",
+    "AutoModelForQuestionAnswering": "modeling_bertpipe_preln.BertpipePreLNForQuestionAnswering",
+    "AutoModelForTokenClassification": "modeling_bertpipe_preln.BertpipePreLNForTokenClassification",
+    "AutoModelForMultipleChoice": "modeling_bertpipe_preln.BertpipePreLNForMultipleChoice",
 }
 
 
@@ -295,8 +303,6 @@ def save_pretrained(
     tokenizer needs no code: ``AutoTokenizer.from_pretrained(path, trust_remote_code=False)``
     (transformers 5 reads config.json first and, with the argument left out, asks).
     """
-    from safetensors.torch import save as save_safetensors
-
     cfg: ModelConfig = model.config
     if any(hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters()):
         raise CheckpointError(
@@ -311,6 +317,21 @@ def save_pretrained(
         # safetensors refuses shared storage) so every version finds the one it looks for.
         state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()
     architecture = "BertModel" if is_encoder else type(model).__name__
+    return write_model_folder(path, cfg, state, architecture, vocab_file=vocab_file,
+                              tokenizer_file=tokenizer_file, lowercase=lowercase)
+
+
+def write_model_folder(
+    path: str, cfg: ModelConfig, state: dict[str, torch.Tensor], architecture: str, *,
+    vocab_file: str | None = None, tokenizer_file: str | None = None, lowercase: bool = True,
+    extra_config: dict[str, Any] | None = None, files: dict[str, str] | None = None,
+) -> str:
+    """The transformers folder of a state dict (transformers' key names): the pre-LN code when
+    the model is pre-LN, model.safetensors, the vocab files, ``files`` (name -> text, e.g. a model
+    card), then config.json (:func:`hf_config_from_model` for ``architecture``, updated by
+    ``extra_config``) last. Returns the folder's URI."""
+    from safetensors.torch import save as save_safetensors
+
     storage.makedirs(path)
     if cfg.pre_layer_norm:
         for name, source in preln_code().items():
@@ -328,7 +349,9 @@ def save_pretrained(
         tok_cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,
                    "model_max_length": cfg.max_position_embeddings}
         storage.write_text(storage.join(path, "tokenizer_config.json"), json.dumps(tok_cfg, indent=2))
+    for name, text in (files or {}).items():
+        storage.write_text(storage.join(path, name), text)
     # config.json last: a folder with a config is a finished export.
-    hf = hf_config_from_model(cfg, architecture)
+    hf = hf_config_from_model(cfg, architecture) | (extra_config or {})
     storage.write_text(storage.join(path, "config.json"), json.dumps(hf, indent=2, sort_keys=True))
     return storage.to_uri(path)

@@ -5,7 +5,9 @@ of a pre-LN model (``model.pre_layer_norm: true``), so that
 
     model = transformers.AutoModel.from_pretrained(folder, trust_remote_code=True)
 
-(or ``AutoModelForPreTraining`` / ``AutoModelForMaskedLM``) computes what bertpipe's own model
+(or ``AutoModelForPreTraining`` / ``AutoModelForMaskedLM``, and for a fine-tuned task model
+``AutoModelForSequenceClassification`` / ``...QuestionAnswering`` / ``...TokenClassification`` /
+``...MultipleChoice``, the same maths as transformers' ``Bert*`` heads) computes what bertpipe's own model
 (``bert_core/model/bert.py``) computes with the same weights: the same parameter names as
 transformers' BERT, each layer ``x = x + attn(LN(x)); x = x + ffn(LN(x))``, then one final
 LayerNorm (``bert.encoder.ln``). Hidden states at padding positions read 0, as in bertpipe.
@@ -18,7 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOutput
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.models.bert.modeling_bert import BertForPreTrainingOutput
 
 from .configuration_bertpipe_preln import BertpipePreLNConfig
@@ -192,11 +201,11 @@ class BertpipePreLNModel(BertpipePreLNPreTrainedModel):
 
     _keys_to_ignore_on_load_unexpected = [r"^cls\."]  # the pre-training heads of a full export
 
-    def __init__(self, config):
+    def __init__(self, config, add_pooling_layer=True):
         super().__init__(config)
         self.embeddings = BertpipePreLNEmbeddings(config)
         self.encoder = BertpipePreLNEncoder(config)
-        self.pooler = BertpipePreLNPooler(config)
+        self.pooler = BertpipePreLNPooler(config) if add_pooling_layer else None  # token/span heads: none
         self.post_init()
 
     def get_input_embeddings(self):
@@ -226,7 +235,8 @@ class BertpipePreLNModel(BertpipePreLNPreTrainedModel):
             x = x.masked_fill(pad, 0.0)
         if hidden is not None:
             hidden[-1] = x
-        out = BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=self.pooler(x),
+        pooled = self.pooler(x) if self.pooler is not None else None
+        out = BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=pooled,
                                          hidden_states=tuple(hidden) if hidden is not None else None)
         return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
@@ -282,3 +292,122 @@ class BertpipePreLNForMaskedLM(BertpipePreLNPreTrainedModel):
         loss = None if labels is None else F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
         result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
         return result if (self.config.return_dict if return_dict is None else return_dict) else result.to_tuple()
+
+
+def _dropout(config):
+    p = getattr(config, "classifier_dropout", None)
+    return nn.Dropout(config.hidden_dropout_prob if p is None else p)
+
+
+def _result(output, return_dict, config):
+    return output if (config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+
+class BertpipePreLNForSequenceClassification(BertpipePreLNPreTrainedModel):
+    """dropout + classifier on the pooled [CLS]; ``problem_type`` picks the loss, as in
+    transformers' ``BertForSequenceClassification``."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^cls\."]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertpipePreLNModel(config)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=None, return_dict=None):
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, return_dict=True)
+        logits = self.classifier(self.dropout(out.pooler_output))  # [B, num_labels]
+        loss = None
+        if labels is not None:
+            problem = self.config.problem_type or (
+                "regression" if self.num_labels == 1 else
+                "single_label_classification" if labels.dtype in (torch.long, torch.int) else
+                "multi_label_classification")
+            if problem == "regression":
+                loss = F.mse_loss(logits.squeeze(-1) if self.num_labels == 1 else logits,
+                                  labels.squeeze(-1) if self.num_labels == 1 else labels)
+            elif problem == "single_label_classification":
+                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels)
+        result = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        return _result(result, return_dict, self.config)
+
+
+class BertpipePreLNForMultipleChoice(BertpipePreLNPreTrainedModel):
+    """Inputs [B, choices, T]: dropout + a one-score classifier on each choice's pooled [CLS]."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^cls\."]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.bert = BertpipePreLNModel(config)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=None, return_dict=None):
+        choices = input_ids.shape[1]
+
+        def flat(x):
+            return None if x is None else x.view(-1, x.shape[-1])  # [B * choices, T]
+
+        out = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids), output_hidden_states,
+                        return_dict=True)
+        logits = self.classifier(self.dropout(out.pooler_output)).view(-1, choices)  # [B, choices]
+        loss = None if labels is None else F.cross_entropy(logits, labels)
+        result = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        return _result(result, return_dict, self.config)
+
+
+class BertpipePreLNForTokenClassification(BertpipePreLNPreTrainedModel):
+    """dropout + classifier on every token's last state."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^cls\."]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertpipePreLNModel(config, add_pooling_layer=False)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=None, return_dict=None):
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, return_dict=True)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # [B, T, num_labels]
+        loss = None if labels is None else F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+        result = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        return _result(result, return_dict, self.config)
+
+
+class BertpipePreLNForQuestionAnswering(BertpipePreLNPreTrainedModel):
+    """``qa_outputs`` on every token's last state: start and end logits (SQuAD)."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^cls\."]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.bert = BertpipePreLNModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None, output_hidden_states=None, return_dict=None):
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states, return_dict=True)
+        start, end = self.qa_outputs(out.last_hidden_state).split(1, dim=-1)  # each [B, T, 1]
+        start, end = start.squeeze(-1).contiguous(), end.squeeze(-1).contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            t = start.shape[1]
+            loss = (F.cross_entropy(start, start_positions.clamp(0, t), ignore_index=t)
+                    + F.cross_entropy(end, end_positions.clamp(0, t), ignore_index=t)) / 2
+        result = QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
+                                              hidden_states=out.hidden_states)
+        return _result(result, return_dict, self.config)

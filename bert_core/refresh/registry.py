@@ -250,6 +250,12 @@ class Registry:
         self._card({**record, "promoted": record.get("promoted") or moved["moved"]})
         return moved
 
+    def add_task_models(self, version: str, found: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Record the task models fine-tuned from ``version`` (:func:`task_models`), beside the
+        ones it already has (a task fine-tuned again replaces its entry)."""
+        old = self.get(version).get("task_models") or {}
+        return self.register({"version": version, "task_models": {**old, **found}})
+
     def settle(self, version: str) -> str:
         """Carry out the gate's recorded decision for ``version``: "promoted" or "kept". A promotion
         that crashed before the aliases moved is finished; one rolled back by hand is not redone."""
@@ -332,6 +338,15 @@ def _lock_holder(uri: str) -> dict[str, Any] | None:
         return json.loads(storage.read_text(uri))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def registered_version(checkpoint: str, storage_root: str) -> str | None:
+    """The registered version a checkpoint argument names (``models:current`` or
+    ``models:<version>``); None for a plain folder."""
+    if not str(checkpoint).startswith(PREFIX):
+        return None
+    ref = checkpoint[len(PREFIX):]
+    return Registry(registry_root(storage_root)).aliases().get(ref) if ref in ALIASES else ref
 
 
 def resolve_checkpoint(checkpoint: str, storage_root: str) -> str:

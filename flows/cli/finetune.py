@@ -39,7 +39,13 @@ def finetune(
     from bert_core.finetune import TASKS
     from bert_core.finetune.grid import checkpoint_name
     from bert_core.finetune.report import format_table, run_many, table_rows, task_stats
-    from bert_core.refresh.registry import resolve_checkpoint
+    from bert_core.refresh.registry import (
+        Registry,
+        registered_version,
+        registry_root,
+        resolve_checkpoint,
+        task_models,
+    )
     from flows.versions import checkpoint_identity, finetune_version
 
     tasks = [t.strip().lower() for item in task for t in item.split(",") if t.strip()]
@@ -48,6 +54,7 @@ def finetune(
         typer.secho(f"unknown task(s) {unknown}; choose from {', '.join(sorted(TASKS))}", fg="red", err=True)
         raise typer.Exit(2)
     cfg = resolve(preset, config, set_)
+    registered = registered_version(checkpoint, cfg.storage_root)
     checkpoint = resolve_checkpoint(checkpoint, cfg.storage_root)
     cfg.finetune.tasks = tasks
     cfg.finetune.data_dir = data
@@ -78,6 +85,8 @@ def finetune(
             index = run_many(tasks, cfg.finetune.seeds, data, checkpoint, cfg.finetune, output,
                              log=lambda m: typer.echo(m, err=True), checkpoint_name=checkpoint_name(checkpoint),
                              versions=versions, on_progress=on_progress)
+    if registered:  # a registered model: the registry lists the task models fine-tuned from it
+        Registry(registry_root(cfg.storage_root)).add_task_models(registered, task_models(output, tasks))
     typer.echo(format_table(table_rows(task_stats(output, tasks))))
     for f in index.get("failures", []):
         typer.secho(f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}", fg="red", err=True)
