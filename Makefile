@@ -12,10 +12,16 @@ export OMP_NUM_THREADS ?= 1
 
 setup: $(STAMP)
 
-# Reinstall only when the dependency list changes. pip (not uv) takes the CPU torch wheel on disk.
+# Reinstall only when the dependency list changes. torch comes from pip's own index (PyPI: the
+# CUDA build on Linux) unless TORCH_INDEX names PyTorch's index of one build, e.g.
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu      (CPU only, a smaller download)
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cu126    (CUDA 12.6)
+TORCH_INDEX ?=
+TORCH_SPEC := $(shell sed -n 's/^ *"\(torch[<>=][^"]*\)",*$$/\1/p' pyproject.toml)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(if $(TORCH_INDEX),$(BIN)/pip install -q --index-url $(TORCH_INDEX) '$(TORCH_SPEC)')
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -314,6 +314,13 @@ class PretrainConfig(_Model):
     # bookkeeping
     log_every: int = Field(10, ge=1, description="Steps between metrics.jsonl lines.")
     checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints.")
+    checkpoint_uri: str | None = Field(
+        None, description="Where each complete checkpoint is copied (gs://B/P, s3://B/P with "
+        "pip install 'bertpipe[s3]', any fsspec URI or a local folder): <checkpoint_uri>/<run folder's "
+        "name>/checkpoints/phase{i}/step{N}/ with its _MANIFEST.json. A run folder without the newest "
+        "of them (a new machine) resumes from the newest step there that has its manifest. Not part "
+        "of the version."
+    )
     eval_every: int = Field(
         0, ge=0, description="Steps between evaluations on the instances' eval split (seq{L}/eval); "
         "0 = only at the end of each phase, which always evaluates."
@@ -350,6 +357,12 @@ class PretrainConfig(_Model):
         "decoder matmul). The same loss and gradients to fp32 rounding."
     )
     threads_per_rank: int = Field(1, ge=1, description="OMP/torch threads per rank on CPU.")
+    deepspeed: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra=VERSIONED_WHEN_SET,
+        description="DeepSpeed settings bertpipe does not type (offload, activation checkpointing, "
+        "communication, profiling), merged over the rendered DeepSpeed config; a key DeepSpeed does not "
+        "read, or one a typed setting sets, is refused (bert_core/pretrain/ds_config.py)."
+    )
 
     @property
     def world_size(self) -> int:
@@ -465,6 +478,13 @@ class FinetuneConfig(_Model):
     )
     deepspeed: bool = Field(False, description="Run each job under DeepSpeed instead of one process.")
     max_train_examples: int | None = Field(None, ge=1, description="Cap for quick runs.")
+    save_every_job: bool = Field(
+        False, json_schema_extra=VERSIONED_WHEN_SET, description="Keep every job's model folder "
+        "(<task>/<setting>/seed=<s>/model), not only the chosen one published as <task>/model; "
+        "a bert-base model is about 440 MB a job.")
+    submission: bool = Field(
+        True, json_schema_extra=VERSIONED_WHEN_SET, description="Write leaderboard files for each task's "
+        "chosen model into <task>/submission/: GLUE's test-split TSVs, SQuAD's predictions.json on dev.")
     threads: int = Field(2, ge=1)
     max_parallel_jobs: int = Field(
         1, ge=1, description="Fine-tune jobs running at once in the finetune flow (in its process, "
@@ -622,12 +642,28 @@ class RefreshConfig(_Model):
 # --------------------------------------------------------------------------- pipeline
 
 
+STORAGE_ROOT = "{storage_root}"  # a setting naming it means the storage root (PipelineConfig)
+
+
+def _expand(value: Any, root: str) -> Any:
+    """``value`` with ``{storage_root}`` replaced by ``root`` in every string it holds."""
+    if isinstance(value, str):
+        return value.replace(STORAGE_ROOT, root)
+    if isinstance(value, dict):
+        return {k: _expand(v, root) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_expand(v, root) for v in value]
+    return value
+
+
 class PipelineConfig(_Model):
     """The whole DAG: clean -> vocab -> instances -> pre-train -> fine-tune."""
 
     name: str = Field("bert", description="Run name; runs/<name>/ under the storage root.")
     storage_root: str = Field(
-        "./bertpipe-data", description="Local folder or fsspec URL (gs://bucket/prefix) for all outputs."
+        "./bertpipe-data", description="Local folder or fsspec URL (gs://bucket/prefix) for all outputs. "
+        "Any other setting may name {storage_root}: it is replaced by this value when the config is "
+        "loaded (e.g. finetune.data_dir: '{storage_root}/tasks'); `config show` prints the result."
     )
     shared_storage: bool = Field(
         False, description="The storage_root (and every local path given to a job) is storage every Beam "
@@ -654,6 +690,17 @@ class PipelineConfig(_Model):
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_storage_root(cls, data: Any) -> Any:
+        """Every ``{storage_root}`` in a string setting becomes the storage root, once, here."""
+        if not isinstance(data, dict):
+            return data
+        root = data.get("storage_root", cls.model_fields["storage_root"].default)
+        if not isinstance(root, str) or STORAGE_ROOT in root:
+            return data
+        return _expand(data, root.rstrip("/") or root)
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:

@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 from bert_core import storage
 from bert_core.config import ConfigError, PipelineConfig
 from bert_core.corpus.inputs import expand_inputs, local_workers_for, text_bytes
-from bert_core.preflight import runs_base
 
 CACHED, WILL_RUN = "cached", "will run"
 
@@ -115,9 +114,13 @@ def parse_assumed(text: str) -> Assumed:
     return Assumed(pattern, int(float(m.group(1)) * _UNITS[m.group(2).upper()]))
 
 
-def corpus_inputs(config: PipelineConfig, assumed: list[Assumed] = ()) -> list[dict[str, Any]]:
+def corpus_inputs(config: PipelineConfig, assumed: list[Assumed] = (),
+                  declared: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Each input glob of the corpus stage: its source, files, bytes and bytes of text (compressed
-    files by their ratio), read from the files or taken from ``assumed``."""
+    files by their ratio), read from the files or taken from ``assumed``. A glob that matches
+    nothing is ``missing``: its size is the one ``declared`` for it (``assumed`` then), else 0."""
+    from bert_core.corpus.inputs import InputError
+
     given = {a.pattern: a.size for a in assumed}
     patterns = {p for source in TEXT_PER_INPUT_BYTE for p in getattr(config.corpus, source)}
     unused = sorted(set(given) - patterns)
@@ -132,7 +135,14 @@ def corpus_inputs(config: PipelineConfig, assumed: list[Assumed] = ()) -> list[d
                 rows.append({"source": source, "pattern": pattern, "files": None, "bytes": size,
                              "text_bytes": text_bytes(pattern, size), "assumed": True})
                 continue
-            files = expand_inputs([pattern], source)
+            try:
+                files = expand_inputs([pattern], source)
+            except InputError:
+                size = (declared or {}).get(pattern)
+                rows.append({"source": source, "pattern": pattern, "files": 0, "bytes": size or 0,
+                             "text_bytes": text_bytes(pattern, size or 0), "assumed": size is not None,
+                             "missing": True})
+                continue
             sizes = [storage.size(f) for f in files]
             rows.append({"source": source, "pattern": pattern, "files": len(files), "bytes": sum(sizes),
                          "text_bytes": sum(text_bytes(f, s) for f, s in zip(files, sizes, strict=True)),
@@ -213,7 +223,7 @@ class Folders(NamedTuple):
     corpus: Callable[[PipelineConfig], str]
     vocab: Callable[[PipelineConfig, str], str]
     instances: Callable[[PipelineConfig, str, str], str]
-    pretrain_version: Callable[[PipelineConfig, str, str], str]
+    pretrain: Callable[[PipelineConfig, str, str], str]
     done: Callable[[str], bool]
 
 
@@ -225,22 +235,24 @@ def _stage(name: str, output: str | None, done: bool, inputs: list[str], estimat
 
 
 def build_plan(config: PipelineConfig, folders: Folders, workers: int | None = None,
-               assumed: list[Assumed] = ()) -> dict[str, Any]:
-    """Every stage of ``bertpipe run`` for ``config``: status, version, output, inputs, estimate."""
+               assumed: list[Assumed] = (), declared: dict[str, int] | None = None) -> dict[str, Any]:
+    """Every stage of ``bertpipe run`` for ``config``: status, version, output, inputs, estimate;
+    ``declared``: the expected size of an input glob that matches nothing yet."""
     workers = workers or config.workers
     local = config.beam_runner in ("FnApiRunner", "local")
-    inputs = corpus_inputs(config, assumed)
+    inputs = corpus_inputs(config, assumed, declared)
     total_text = sum(r["text_bytes"] for r in inputs)
     stages = []
     unknown = "version unknown until {} has run"
 
     # corpus
-    corpus = None if assumed else folders.corpus(config)
+    absent = any(r["assumed"] or r.get("missing") for r in inputs)
+    corpus = None if absent else folders.corpus(config)
     corpus_done = corpus is not None and folders.done(corpus)
     n = local_workers_for(workers, total_text) if local else workers
     stages.append(_stage("corpus", corpus, corpus_done, [r["pattern"] for r in inputs],
                          data_estimate("corpus", total_text / 1e6, n),
-                         "" if corpus else "version unknown: input sizes assumed, files not read"))
+                         "" if corpus else "version unknown: inputs not here, their sizes assumed"))
 
     # the later stages read the corpus's text: counted by its manifest, else estimated by source
     if corpus_done:
@@ -267,7 +279,7 @@ def build_plan(config: PipelineConfig, folders: Folders, workers: int | None = N
 
     run = None
     if instances_done:
-        run = storage.join(runs_base(config), "pretrain", folders.pretrain_version(config, instances, vocab))
+        run = folders.pretrain(config, instances, vocab)
     vocab_size = config.model.vocab_size or config.vocab.vocab_size
     stages.append(_stage("pretrain", run, run is not None and folders.done(run),
                          [instances or "instances/<version>"], pretrain_estimate(config, vocab_size),

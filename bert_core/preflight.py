@@ -84,9 +84,14 @@ def _corpus(config: PipelineConfig, p: _Problems, dump_downloaded: bool = False)
 
     kinds = ("books", "text") if dump_downloaded else ("wikipedia", "books", "text")
     files: dict[str, list[str]] = {kind: [] for kind in kinds}
+    downloads = storage.join(config.storage_root, "downloads", "wikipedia")
     for kind in kinds:
         for pattern in getattr(config.corpus, kind):
-            files[kind] += p.check(expand_inputs, [pattern], kind) or []
+            found = p.check(expand_inputs, [pattern], kind)
+            if found is None and kind == "wikipedia" and storage.to_uri(pattern).startswith(downloads + "/"):
+                p.errors[-1] = InputError(f"{refusal(p.errors[-1])}; `bertpipe download wikipedia "
+                                          "--date YYYYMMDD` puts a dump there")
+            files[kind] += found or []
     if files["text"]:
         p.check(check_text_field, files["text"], config.corpus)
     if not dump_downloaded and not any(getattr(config.corpus, k) for k in kinds):
@@ -94,7 +99,10 @@ def _corpus(config: PipelineConfig, p: _Problems, dump_downloaded: bool = False)
 
 
 def _pretrain(config: PipelineConfig, p: _Problems) -> None:
+    from bert_core.pretrain.run_folder import check_checkpoint_uri
+
     p.check(runs_base, config)
+    p.check(check_checkpoint_uri, config)
     hostfile = config.pretrain.hostfile
     if config.pretrain.launcher == "hostfile" and hostfile and not storage.exists(hostfile):
         p.add(f"pretrain.hostfile {hostfile} does not exist; give a DeepSpeed hostfile "
@@ -102,7 +110,7 @@ def _pretrain(config: PipelineConfig, p: _Problems) -> None:
 
 
 def _tasks(config: PipelineConfig, p: _Problems) -> None:
-    from bert_core.finetune import get_task, task_files
+    from bert_core.finetune import get_task
 
     tasks = config.finetune.tasks
     if not tasks:
@@ -110,10 +118,30 @@ def _tasks(config: PipelineConfig, p: _Problems) -> None:
     known = [t for t in tasks if p.check(get_task, t) is not None]
     if not config.finetune.data_dir:
         p.add(f"finetune.data_dir is not set but finetune.tasks={tasks}; point it at a folder with "
-              "one sub-folder per task (`bertpipe samples fetch samples` gives samples/tasks)")
+              "one sub-folder per task (`bertpipe tasks fetch TASK` fills <storage_root>/tasks, "
+              "`bertpipe samples fetch samples` gives samples/tasks)")
         return
     for name in known:
-        p.check(task_files, config.finetune.data_dir, name)
+        p.check(task_data, config, name)
+
+
+def task_data(config: PipelineConfig, name: str) -> list[str]:
+    """The files task ``name`` reads under ``finetune.data_dir``; when they are not there, the
+    refusal names the command that fetches them (``bertpipe tasks fetch``) or where to put them."""
+    from bert_core.finetune import get_task, task_files
+    from bert_core.finetune.errors import TaskFileMissing
+    from bert_core.finetune.fetch import missing_hint
+
+    data_dir = config.finetune.data_dir or ""
+    try:
+        return task_files(data_dir, name)
+    except TaskFileMissing as err:
+        hint = missing_hint(name, data_dir, storage.join(config.storage_root, "tasks"))
+        if hint is None:
+            raise
+        folder = storage.join(data_dir, get_task(name).folder)
+        detail = err if storage.exists(folder) else f"{folder} does not exist"  # else a file is missing
+        raise TaskFileMissing(f"no data for task {name!r} under {data_dir}: {hint} ({detail})") from None
 
 
 def checkpoint_files(checkpoint: str, what: str) -> str:

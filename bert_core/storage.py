@@ -1,6 +1,7 @@
 """Storage seam: every read and write of the pipeline goes through here, over fsspec.
 
-Local paths, ``file://``, ``gs://`` (gcsfs) and ``memory://`` all work the same.
+Local paths, ``file://``, ``gs://`` (gcsfs), ``s3://`` (s3fs: ``pip install 'bertpipe[s3]'``) and
+``memory://`` all work the same.
 
 A folder is trusted only through its ``_MANIFEST.json``, which :func:`write_manifest` writes
 last. :func:`read_manifest` refuses a folder without one: its shards are an unfinished write.
@@ -56,6 +57,8 @@ class UnreachableError(InfrastructureError):
 BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
             "abfss": "adlfs", "hf": "huggingface_hub", "http": "aiohttp", "https": "aiohttp",
             "sftp": "paramiko", "ssh": "paramiko", "hdfs": "pyarrow", "webhdfs": "requests"}
+# Backends that bertpipe offers as an extra: pip install 'bertpipe[<extra>]'.
+EXTRAS = {"s3fs": "s3"}
 # Seconds the first contact with a remote store may take before it counts as unreachable.
 REACH_SECONDS = 30.0
 _REACHED: set[tuple[int, str]] = set()
@@ -99,9 +102,12 @@ def backend(uri: str) -> type[fsspec.AbstractFileSystem]:
         return fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as err:
         package = BACKENDS.get(protocol)
-        install = f"pip install {package}" if package else "install the fsspec backend for it"
-        raise SchemeError(f"{uri}: no storage backend for {protocol}:// is installed ({err}); "
-                          f"{install}, or use a local path or gs://") from None
+        if package is None:
+            raise SchemeError(f"{uri}: no storage backend for {protocol}:// is installed ({err}); install "
+                              "the fsspec backend for it, or use a local path or gs://") from None
+        extra = EXTRAS.get(package)
+        install = f"pip install 'bertpipe[{extra}]'" if extra else f"pip install {package}"
+        raise SchemeError(f"{uri}: {protocol}:// needs {package}: {install}") from None
 
 
 def reach(uri: str) -> None:

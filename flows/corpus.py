@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
-from flows.versions import finished_manifest, output_run_name
+from flows.versions import finished_manifest, output_run_name, stage_paths
 
 
 def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -31,9 +31,9 @@ def count_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @flow(name="corpus", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
-def clean_corpus(config: PipelineConfig, output: str) -> str:
+def clean_corpus(config: PipelineConfig, output: str | None = None) -> str:
     """Clean ``config.corpus.wikipedia`` dumps, ``config.corpus.books`` and ``config.corpus.text``
-    records into documents."""
+    records into documents, in ``output`` (default: the corpus version folder of ``config``)."""
     from beam_jobs import clean_corpus as job
     from flows.artifacts import (
         histogram,
@@ -43,6 +43,7 @@ def clean_corpus(config: PipelineConfig, output: str) -> str:
         stage_progress,
     )
 
+    output = stage_paths(config, "corpus", output=output)["output"]
     logger = get_run_logger()
     with stage_progress("corpus") as on_progress:
         manifest = finished_manifest("corpus", output, lambda: job.run(

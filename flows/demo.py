@@ -196,8 +196,10 @@ def main(argv: list[str] | None = None) -> None:
           flush=True)
 
     from flows.pipeline import bert_pipeline
+    from flows.tools.prefect_output import prefect_messages_to_log
 
-    summary = bert_pipeline(cfg)
+    with prefect_messages_to_log():
+        summary = bert_pipeline(cfg)
     minutes = (time.perf_counter() - start) / 60
     print("\n==================== bertpipe demo: summary ====================")
     for stage, info in summary["stages"].items():

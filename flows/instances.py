@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
-from flows.versions import finished_manifest, output_run_name
+from flows.versions import finished_manifest, output_run_name, stage_paths
 
 
 def stats_rows(manifest: dict[str, Any], nsp: bool = True) -> list[dict[str, Any]]:
@@ -34,9 +34,11 @@ def stats_rows(manifest: dict[str, Any], nsp: bool = True) -> list[dict[str, Any
 
 
 @flow(name="instances", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
-def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: str) -> str:
+def create_instances(config: PipelineConfig, corpus: str | None = None, vocab: str | None = None,
+                     output: str | None = None) -> str:
     """Masked-LM instances (with next-sentence pairs where configured) from the corpus stage's
-    documents and the vocab stage's vocab."""
+    documents and the vocab stage's vocab; the folders not given are the version folders of
+    ``config``."""
     from beam_jobs import create_instances as job
     from flows.artifacts import (
         histogram,
@@ -46,6 +48,8 @@ def create_instances(config: PipelineConfig, corpus: str, vocab: str, output: st
         stage_progress,
     )
 
+    corpus, vocab, output = stage_paths(config, "instances", corpus=corpus, vocab=vocab,
+                                        output=output).values()
     logger = get_run_logger()
     with stage_progress("instances") as on_progress:
         manifest = finished_manifest("instances", output, lambda: job.run(

@@ -3,8 +3,9 @@
     bertpipe run --preset demo --set pretrain.phases.0.max_steps=20
 
 Each stage is a task that runs the stage's flow into ``<storage_root>/<stage>/<version>``
-(flows/versions.py), skipped when that folder is finished, so a re-run resumes where a failed one
-stopped. What every stage reads is checked first (``bert_core.preflight``). Fine-tune jobs (one per checkpoint x task) are isolated: a failed one is reported and
+(pre-training: ``<runs_root or storage_root>/pretrain/<version>``), by the rule a stage's flow run
+alone uses too (``flows.versions.stage_paths``), skipped when that folder is finished, so a re-run
+resumes where a failed one stopped. What every stage reads is checked first (``bert_core.preflight``). Fine-tune jobs (one per checkpoint x task) are isolated: a failed one is reported and
 fails the run only after the others finish.
 """
 
@@ -18,21 +19,19 @@ from prefect.cache_policies import NO_CACHE
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
-from bert_core.preflight import check_run, extra_checkpoints, runs_base
+from bert_core.preflight import check_run, extra_checkpoints
 from flows.dispatch import run_on_deployment
 from flows.retry import retry_on_infrastructure
 from flows.versions import (
     SKIPPED,
     checkpoint_identity,
-    corpus_folder,
     finetune_folder,
     finetune_job_config,
     finetune_version,
-    instances_folder,
     pretrain_version,
     run_once,
+    stage_paths,
     unwrap,
-    vocab_folder,
 )
 
 # --------------------------------------------------------------------------- stages
@@ -198,12 +197,9 @@ def data_stages(config: PipelineConfig) -> dict[str, dict[str, Any]]:
     """The three Beam stages (corpus, vocab, instances) in their version folders, on
     ``config.beam_runner``: each stage's status and output."""
     stages: dict[str, dict[str, Any]] = {}
-    corpus = corpus_folder(config)
-    stages["corpus"] = stage_once("corpus", config, corpus, {})
-    vocab = vocab_folder(config, corpus)
-    stages["vocab"] = stage_once("vocab", config, vocab, {"corpus": corpus})
-    instances = instances_folder(config, corpus, vocab)
-    stages["instances"] = stage_once("instances", config, instances, {"corpus": corpus, "vocab": vocab})
+    for stage in ("corpus", "vocab", "instances"):
+        inputs = stage_paths(config, stage)
+        stages[stage] = stage_once(stage, config, inputs.pop("output"), inputs)
     return stages
 
 
@@ -213,13 +209,13 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     from flows.report import publish_pipeline_report
 
     check_run(config)  # a deployment's run checks too, not only `bertpipe run`
-    runs = runs_base(config)
     stages = data_stages(config)
     vocab, instances = stages["vocab"]["output"], stages["instances"]["output"]
 
     version = pretrain_version(config, instances, vocab)
-    run = storage.join(runs, "pretrain", version)
-    stages["pretrain"] = stage_once("pretrain", config, run, {"instances": instances})
+    inputs = stage_paths(config, "pretrain", instances=instances, vocab=vocab)
+    run = inputs.pop("output")
+    stages["pretrain"] = stage_once("pretrain", config, run, inputs)
 
     pretrained = storage.join(run, "hf")
     if config.runs_root:

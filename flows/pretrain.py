@@ -17,9 +17,10 @@ from prefect import flow, get_run_logger, task
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
+from bert_core.pretrain.extend import describe, extend_run, read_extended
 from bert_core.pretrain.run_folder import check_run_config, steps_done, total_steps
 from flows.retry import retry_on_infrastructure
-from flows.versions import SKIPPED, is_done, output_run_name
+from flows.versions import SKIPPED, is_done, output_run_name, stage_paths
 
 TABLE_EVERY_S = 30.0
 METRIC_COLUMNS = ("kind", "phase", "step", "loss", "mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "lr",
@@ -83,13 +84,24 @@ def launch(config: PipelineConfig, instances: str, output: str, init_checkpoint:
 
 
 @flow(name="pretrain", flow_run_name=output_run_name, log_prints=True, timeout_seconds=7 * 24 * 3600)
-def pretrain(config: PipelineConfig, instances: str, output: str, init_checkpoint: str | None = None,
-             node_rank: int | None = None) -> str:
-    """Pre-train BERT on the instances (every phase of ``config.pretrain``) into the run folder."""
+def pretrain(config: PipelineConfig, instances: str | None = None, output: str | None = None,
+             init_checkpoint: str | None = None, node_rank: int | None = None,
+             extend_to: int | None = None) -> str:
+    """Pre-train BERT on the instances (every phase of ``config.pretrain``) into the run folder;
+    the folders not given are the version folders of ``config``. ``extend_to`` continues the
+    finished run to that many steps of its last phase (``bert_core.pretrain.extend``)."""
     from flows.artifacts import markdown_image, publish_markdown
     from flows.report import objective, pretrain_curves
 
+    instances, output = stage_paths(config, "pretrain", instances=instances, output=output).values()
     logger = get_run_logger()
+    if extend_to is not None:  # refused in one line, never retried; node 0 makes the folder ready
+        from bert_core.pretrain.loop import check_instances
+
+        config = extend_run(config, output, extend_to, prepare=not node_rank,
+                            check=lambda c: check_instances(c, instances, init_checkpoint))
+        if not node_rank:
+            logger.info(describe(read_extended(output)[-1]))
     check_run_config(config, output)  # a run folder of another config: refused, never retried
     if is_done(output):
         logger.info("pretrain: %s, %s has a manifest; not redone", SKIPPED, output)

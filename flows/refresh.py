@@ -58,11 +58,9 @@ def find_dump(lang: str, dates: list[str], base_url: str | None) -> str:
 def download(lang: str, date: str, to: str, base_url: str | None) -> str:
     from bert_core.corpus.download import download_wikipedia
 
-    logger = get_run_logger()
-    if is_done(to):
-        logger.info("%s: %s, already downloaded and verified", to, SKIPPED)
-        return to
-    download_wikipedia(lang, date, to, base=base_url, log=logger.info)
+    # Two refreshes of one dump at once: the download holds the folder's lease, the second waits
+    # and reuses what the first verified.
+    download_wikipedia(lang, date, to, base=base_url, log=get_run_logger().info)
     return to
 
 
@@ -72,8 +70,9 @@ def with_dump(config: PipelineConfig, lang: str, date: str | None,
     whose corpus reads it (beside the configured books and text)."""
     dates = [date] if date else candidate_dates(dt.datetime.now(dt.timezone.utc).date())
     date = find_dump(lang, dates, base_url)
-    raw = download(lang, date, storage.join(config.storage_root, "raw", "wikipedia", f"{lang}wiki-{date}"),
-                   base_url)
+    from bert_core.corpus.download import wikipedia_folder
+
+    raw = download(lang, date, wikipedia_folder(config.storage_root, lang, date), base_url)
     corpus_cfg = config.corpus.model_copy(update={"wikipedia": [storage.join(raw, "*.bz2")]})
     return date, config.model_copy(update={"corpus": corpus_cfg})
 
@@ -174,8 +173,15 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
         gate,
         model_identity,
     )
+    from bert_core.refresh.registry import task_models
     from flows.pipeline import publish_model, stage_once
-    from flows.versions import instances_folder, pretrain_version, unwrap, vocab_folder
+    from flows.versions import (
+        finetune_folder,
+        instances_folder,
+        pretrain_version,
+        unwrap,
+        vocab_folder,
+    )
 
     check_refresh(config, date)  # a scheduled run checks too, not only `bertpipe refresh`
     logger = get_run_logger()
@@ -224,7 +230,8 @@ def refresh(config: PipelineConfig, date: str | None = None, base_url: str | Non
         })
         suite = run_suite(config, version, model, parent, instances, same_vocab)
         decision = gate(suite["new"], suite["current"], r)
-        registry.register({"version": version, "suite": suite, "gate": decision})
+        registry.register({"version": version, "suite": suite, "gate": decision,
+                           "task_models": task_models(finetune_folder(config, version), config.finetune.tasks)})
     else:
         logger.info("refresh: %s, %s was already judged for this dump", SKIPPED, version)
     record = registry.get(version)

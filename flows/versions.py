@@ -1,6 +1,6 @@
 """Where each stage writes and whether it already finished: one rule for every flow.
 
-    from flows.versions import corpus_folder, is_done, run_once
+    from flows.versions import corpus_folder, is_done, run_once, stage_paths
 
 A stage's ``version`` hashes its config and the manifests of its inputs. A folder is done when it
 holds its ``_MANIFEST.json`` (written last) and, where the folder is not named by its version, the
@@ -19,6 +19,7 @@ from prefect.states import Completed, State
 
 from bert_core import storage
 from bert_core.config import FAN_OUT_FIELDS, FinetuneConfig, PipelineConfig, config_hash, versioned
+from bert_core.preflight import runs_base
 
 SKIPPED = "skipped (cached)"
 
@@ -95,12 +96,70 @@ def instances_folder(config: PipelineConfig, corpus: str, vocab: str) -> str:
                         manifest_identity(corpus, root), manifest_identity(vocab, root))
 
 
-def pretrain_version(config: PipelineConfig, instances: str, vocab: str) -> str:
-    """The version of a pre-training run: its run folder and its published model share it."""
-    # How often a failed launch is retried does not change what is trained.
-    pretrain = versioned(config.pretrain, exclude=frozenset({"launch_retries"}))
+def pretrain_version(config: PipelineConfig, instances: str, vocab: str,
+                     extended: list[dict[str, Any]] | None = None) -> str:
+    """The version of a pre-training run: its run folder and its published model share it.
+
+    An extended run (its manifest's ``extended``, ``bertpipe pretrain --extend-to``) has the
+    version of a run set to its length from the start, with the re-stretches since its last
+    re-entry hashed in (``bert_core.pretrain.extend.version_extensions``): a re-entered run is
+    that run, a re-stretched one is not. Its folder keeps the name it had."""
+    from bert_core.pretrain.extend import version_extensions
+
+    # How often a failed launch is retried, and where checkpoints are copied, do not change
+    # what is trained.
+    pretrain = versioned(config.pretrain, exclude=frozenset({"launch_retries", "checkpoint_uri"}))
     root = config.storage_root
-    return config_hash(config.model, pretrain, manifest_identity(instances, root), manifest_identity(vocab, root))
+    stretched = version_extensions(extended or [])
+    return config_hash(config.model, pretrain, manifest_identity(instances, root), manifest_identity(vocab, root),
+                       *([stretched] if stretched else []))
+
+
+def pretrain_folder(config: PipelineConfig, instances: str, vocab: str) -> str:
+    """``<runs_root or storage_root>/pretrain/<version>``: where a pre-training run writes."""
+    return storage.join(runs_base(config), "pretrain", pretrain_version(config, instances, vocab))
+
+
+# The folders each stage flow reads, by parameter name, in the order the stages run.
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "corpus": (), "vocab": ("corpus",), "instances": ("corpus", "vocab"), "pretrain": ("instances",)}
+
+
+def stage_paths(config: PipelineConfig, stage: str, **given: str | None) -> dict[str, str]:
+    """The folders ``stage`` reads (by its flow's parameter names) and writes (``output``) for
+    ``config``: those ``given``, the rest by the pipeline's rule, each stage in its version folder.
+
+    A version after the corpus's hashes the manifests of the stages before it, so those must have
+    finished; an unfinished one is refused with the stage to run first."""
+    if stage not in STAGE_INPUTS:
+        raise ValueError(f"unknown stage {stage!r}; one of {', '.join(STAGE_INPUTS)}")
+    paths = {name: folder for name, folder in given.items() if folder}
+
+    def finished(name: str) -> str:
+        if name not in paths:
+            paths[name] = folder_of(name)
+        folder = paths[name]
+        if not is_done(folder):
+            given_instead = f", or give {name}=FOLDER" if name in STAGE_INPUTS[stage] else ""
+            raise storage.UnfinishedWriteError(
+                f"{stage}: {name} {storage.to_uri(folder)} has no {storage.MANIFEST} (not run yet, or "
+                f"unfinished); run the {name} stage first with this config (its {name}/local "
+                f"deployment, or `bertpipe run` for every stage){given_instead}")
+        return folder
+
+    def folder_of(name: str) -> str:
+        if name == "corpus":
+            return corpus_folder(config)
+        if name == "vocab":
+            return vocab_folder(config, finished("corpus"))
+        if name == "instances":
+            return instances_folder(config, finished("corpus"), finished("vocab"))
+        return pretrain_folder(config, finished("instances"), finished("vocab"))
+
+    for name in (*STAGE_INPUTS[stage], "output"):
+        if name not in paths:
+            paths[name] = folder_of(stage if name == "output" else name)
+    return {name: paths[name] for name in (*STAGE_INPUTS[stage], "output")}
 
 
 def finetune_job_config(config: PipelineConfig, task_name: str) -> PipelineConfig:

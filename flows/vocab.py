@@ -12,15 +12,17 @@ from prefect import flow, get_run_logger
 
 from bert_core.config import PipelineConfig
 from bert_core.vocab.training import report_markdown
-from flows.versions import finished_manifest, output_run_name
+from flows.versions import finished_manifest, output_run_name, stage_paths
 
 
 @flow(name="vocab", flow_run_name=output_run_name, log_prints=True, timeout_seconds=24 * 3600)
-def build_vocab(config: PipelineConfig, corpus: str, output: str) -> str:
-    """A WordPiece vocab trained on the corpus stage's documents (or ``config.vocab.vocab_file``)."""
+def build_vocab(config: PipelineConfig, corpus: str | None = None, output: str | None = None) -> str:
+    """A WordPiece vocab trained on the corpus stage's documents (or ``config.vocab.vocab_file``);
+    the folders not given are the version folders of ``config``."""
     from beam_jobs import build_vocab as job
     from flows.artifacts import histogram, markdown_image, publish_markdown, stage_progress
 
+    corpus, output = stage_paths(config, "vocab", corpus=corpus, output=output).values()
     logger = get_run_logger()
     with stage_progress("vocab") as on_progress:
         manifest = finished_manifest("vocab", output, lambda: job.run(

@@ -103,6 +103,20 @@ def _without_vocab(m: Made) -> str:
     return str(folder)
 
 
+def _task_model(m: Made) -> str:
+    """A task model (the sample MiniLM with a 2-label head, saved as fine-tuning saves one)."""
+    folder = m.tmp / "task-model"
+    if not (folder / "config.json").exists():
+        from bert_core.finetune.heads import BertForTask
+        from bert_core.finetune.task_model import save_task_model
+        from bert_core.model.bert import BertModel
+
+        minilm = str(m.samples / "models" / "minilm")
+        save_task_model(BertForTask(BertModel.from_pretrained(minilm), "classification", 2), str(folder),
+                        task="sst2", checkpoint=minilm, labels=["0", "1"], max_seq_length=64)
+    return str(folder)
+
+
 ROWS = [
     # corpus
     Row("corpus", "missing file", lambda m: ["--books", out(m, "nope.txt"), "--output", out(m)], 2,
@@ -118,7 +132,7 @@ ROWS = [
                                               "--workers", "1"], 1,
         lambda m: ["cut.jsonl.gz", "allow_truncated"]),
     Row("corpus", "a scheme with no backend", lambda m: ["--text", "s3://bucket/x.jsonl", "--output", out(m)], 2,
-        lambda m: ["s3://bucket/x.jsonl", "pip install s3fs"]),
+        lambda m: ["s3://bucket/x.jsonl", "s3:// needs s3fs: pip install 'bertpipe[s3]'"]),
     Row("corpus", "an unknown scheme", lambda m: ["--text", "nosuch://a/b.jsonl", "--output", out(m)], 2,
         lambda m: ["nosuch://a/b.jsonl", "no storage backend"]),
     Row("corpus", "a store that never answers", lambda m: ["--text", f"http://127.0.0.1:{m.silent_port}/x.jsonl",
@@ -166,6 +180,15 @@ ROWS = [
     Row("pretrain", "a missing init checkpoint", lambda m: ["--instances", m.instances, "--output", out(m),
                                                             "--init-checkpoint", out(m, "gone")], 2,
         lambda m: ["gone"]),
+    Row("pretrain", "a checkpoint_uri whose backend is not installed",
+        lambda m: ["--instances", m.instances, "--output", out(m), "--set", "pretrain.checkpoint_uri=s3://b/ckpt"], 2,
+        lambda m: ["pretrain.checkpoint_uri=s3://b/ckpt", "s3:// needs s3fs: pip install 'bertpipe[s3]'"]),
+    Row("pretrain", "--extend-to a missing run folder",
+        lambda m: ["--instances", m.instances, "--output", out(m), "--extend-to", "10"], 2,
+        lambda m: [out(m), "no such folder"]),
+    Row("pretrain", "--extend-to the corpus folder", lambda m: ["--instances", m.instances, "--output", m.corpus,
+                                                                "--extend-to", "10"], 2,
+        lambda m: [m.corpus, "corpus stage, not a pre-training run"], output=None),
     # export
     Row("export", "missing source", lambda m: [out(m, "nope"), "--output", out(m)], 1, lambda m: ["nope"]),
     Row("export", "an empty folder", lambda m: [out(m, "no-manifest"), "--output", out(m)], 1,
@@ -189,6 +212,20 @@ ROWS = [
     Row("features", "a missing input", lambda m: ["--checkpoint", str(m.samples / "models" / "minilm"),
                                                   "--input", out(m, "nope.txt"), "--output", out(m, "f.parquet")], 1,
         lambda m: ["nope.txt"], output=None),
+    # predict
+    Row("predict", "a missing input", lambda m: [_task_model(m), out(m, "nope.txt")], 1,
+        lambda m: ["nope.txt", "does not exist"], output=None),
+    Row("predict", "an empty input", lambda m: [_task_model(m), out(m, "empty.txt")], 1,
+        lambda m: ["empty.txt", "empty"], output=None),
+    Row("predict", "a cut input", lambda m: [_task_model(m), out(m, "cut.jsonl.gz")], 1,
+        lambda m: ["cut.jsonl.gz", "cut short"], output=None),
+    Row("predict", "records without the text field", lambda m: [_task_model(m), out(m, "body.jsonl")], 1,
+        lambda m: ["body.jsonl", "line 1", "'text'"], output=None),
+    Row("predict", "a missing model", lambda m: [out(m, "gone"), out(m, "body.jsonl")], 1,
+        lambda m: ["gone", "does not exist"], output=None),
+    Row("predict", "a pre-trained model, not a task model",
+        lambda m: [str(m.samples / "models" / "minilm"), out(m, "body.jsonl")], 1,
+        lambda m: ["minilm", "not a fine-tuned task model"], output=None),
     # verify, stats
     Row("verify", "a missing folder", lambda m: [out(m, "nope")], 1, lambda m: ["nope"], output=None),
     Row("verify", "a folder without a manifest", lambda m: [out(m, "no-manifest")], 1,
@@ -203,6 +240,16 @@ ROWS = [
                                                         "--base-url", f"http://127.0.0.1:{_dead_port()}",
                                                         "--retries", "0"], 3,
         lambda m: ["127.0.0.1"]),
+    Row("tasks", "no task named", lambda m: ["fetch", "--to", out(m)], 2, lambda m: ["glue", "squad", "ner"]),
+    Row("tasks", "an unknown task", lambda m: ["fetch", "glu", "--to", out(m)], 2,
+        lambda m: ["'glu'", "glue, cola"]),
+    Row("tasks", "--to a file", lambda m: ["fetch", "cola", "--to", out(m, "empty.txt")], 2,
+        lambda m: ["empty.txt", "is a file"], output=None),
+    Row("tasks", "an unreachable mirror", lambda m: ["fetch", "cola", "--to", out(m), "--retries", "0",
+                                                     "--url", f"cola=http://127.0.0.1:{_dead_port()}/glue"], 3,
+        lambda m: ["127.0.0.1", "CoLA.zip", "run the same command again"]),
+    Row("tasks", "CoNLL-2003, which has no public copy", lambda m: ["fetch", "ner", "--to", out(m)], 1,
+        lambda m: ["Reuters", f"{out(m)}/ner/{{train,valid,test}}.txt"]),
     Row("models", "a version that is not there", lambda m: ["show", "nosuch", "--set", f"storage_root={out(m)}"], 1,
         lambda m: ["nosuch"], output=None),
     Row("models", "import: a missing folder", lambda m: ["import", out(m, "nope"), "--set", f"storage_root={out(m)}"],
@@ -223,10 +270,7 @@ ROWS = [
                    "--set", f"finetune.data_dir={m.samples}/tasks",
                    "--set", f"finetune.extra_checkpoints=[{m.samples}/models/minilm]"], 2,
         lambda m: [f"{out(m, 'nope')}/*.txt"]),
-    Row("plan", "a book glob that matches nothing",
-        lambda m: ["--set", f"storage_root={out(m)}", "--set", f"corpus.books=[{out(m, 'nope')}/*.txt]",
-                   "--set", "corpus.wikipedia=[]", "--set", "corpus.text=[]"], 2,
-        lambda m: [f"{out(m, 'nope')}/*.txt", "matched no files"]),
+    # (`plan` on a glob that matches nothing prints the plan and names the input: tests/test_plan.py)
     Row("plan", "a size that is not a size",
         lambda m: ["--set", "corpus.wikipedia=[dumps/*.xml.bz2]", "--assume-size", "dumps/*.xml.bz2=lots"], 2,
         lambda m: ["--assume-size", "dumps/*.xml.bz2=lots"], output=None),
@@ -236,6 +280,14 @@ ROWS = [
     Row("config", "two errors at once", lambda m: ["show", "--set", "vocab.size=3", "--set",
                                                    "instances.masked_lm_prob=2"], 2,
         lambda m: ["vocab.size: unknown key; did you mean vocab.vocab_size?", "instances.masked_lm_prob"],
+        output=None),
+    Row("config", "a DeepSpeed key DeepSpeed does not read",
+        lambda m: ["show", "--set", 'pretrain.deepspeed={"zero_optimisation": {}}'], 2,
+        lambda m: ["pretrain.deepspeed.zero_optimisation", "did you mean pretrain.deepspeed.zero_optimization?"],
+        output=None),
+    Row("config", "a DeepSpeed key a typed setting sets",
+        lambda m: ["show", "--set", "pretrain.deepspeed.zero_optimization.stage=2"], 2,
+        lambda m: ["pretrain.deepspeed.zero_optimization.stage conflicts with pretrain.zero_stage"],
         output=None),
 ]
 
@@ -262,7 +314,7 @@ def test_a_bad_input_is_one_last_line_with_its_exit_code_and_nothing_done(row: R
 
 
 def test_every_command_that_takes_an_input_has_rows():
-    takes_input = {"corpus", "vocab", "instances", "pretrain", "export", "finetune", "features", "refresh",
-                   "models", "verify", "stats", "download", "run", "plan", "config"}
+    takes_input = {"corpus", "vocab", "instances", "pretrain", "export", "finetune", "features", "predict", "refresh",
+                   "models", "verify", "stats", "download", "run", "plan", "config", "tasks"}
     assert takes_input <= set(COMMANDS)
     assert {row.command for row in ROWS} == takes_input

@@ -126,11 +126,12 @@ def test_gpu_presets_pad_the_vocab_and_use_loader_workers():
 def test_a_setting_added_later_enters_a_version_only_when_set():
     cfg = load_config("demo")
     added = {"pad_vocab_to_multiple": 64, "compile": True, "compile_mode": "max-autotune", "token_buckets": 8,
-             "mlm_loss_chunk": 1024,
+             "mlm_loss_chunk": 1024, "deepspeed": {"activation_checkpointing": {"number_checkpoints": 2}},
              "compile_backend": "eager",
              "accelerator": "gpu", "precision": "bf16",
              "pooling": "mean", "reinit_layers": 1, "layerwise_lr_decay": 0.8,
-             "poolings": ["cls", "mean"], "layerwise_lr_decays": [1.0, 0.8]}
+             "poolings": ["cls", "mean"], "layerwise_lr_decays": [1.0, 0.8], "save_every_job": True,
+             "submission": False}
     for part in (cfg.model, cfg.pretrain, cfg.finetune):
         own = {k: v for k, v in added.items() if k in type(part).model_fields
                and type(part).model_fields[k].json_schema_extra}
@@ -138,3 +139,20 @@ def test_a_setting_added_later_enters_a_version_only_when_set():
         assert own and config_hash(part) == config_hash(before), own
         for name, value in own.items():
             assert config_hash(part.model_copy(update={name: value})) != config_hash(part), name
+
+
+def test_a_setting_may_name_the_storage_root():
+    """``{storage_root}`` in any string setting becomes the storage root once, where the config is
+    loaded: after every --set, and as `config show` prints it."""
+    from typer.testing import CliRunner
+
+    from flows.cli.main import app
+
+    cfg = load_config("bert-base-128", sets=["storage_root=gs://bucket/bert/"])
+    assert cfg.finetune.data_dir == "gs://bucket/bert/tasks"
+    assert cfg.corpus.wikipedia == ["gs://bucket/bert/downloads/wikipedia/*/enwiki-*-pages-articles*.xml*.bz2"]
+    mine = load_config("demo", sets=["storage_root=/data/x", "finetune.data_dir='{storage_root}/glue'"])
+    assert mine.finetune.data_dir == "/data/x/glue"
+    assert load_config("demo").finetune.data_dir == "samples/tasks"
+    shown = CliRunner().invoke(app, ["config", "show", "--preset", "bert-base-512", "--set", "storage_root=/srv/b"])
+    assert shown.exit_code == 0 and "data_dir: /srv/b/tasks" in shown.output and "{storage_root}" not in shown.output

@@ -1,4 +1,5 @@
-"""bert_core/corpus/download.py against a dump site on 127.0.0.1 serving the real sample enwiki dump."""
+"""bert_core/corpus/download.py against a dump site on 127.0.0.1 (tests/static_site.py) serving the
+real sample enwiki dump."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from static_site import StaticSite as DumpSite  # noqa: F401  (the `site` fixture's server)
 from typer.testing import CliRunner
 
 from bert_core import storage
@@ -25,58 +26,6 @@ from bert_core.corpus.download import (
 
 DATE = "20240601"
 NAME = f"enwiki-{DATE}-pages-articles1.xml-p10p30302.bz2"
-
-
-class DumpSite(ThreadingHTTPServer):
-    """Static files with HTTP Range, a request log, and transfers that can be cut short."""
-
-    daemon_threads = True
-
-    def __init__(self, root: Path):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.root = root
-        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
-        self.cut_after: int | None = None  # bytes sent before the connection drops
-        self.cuts_left = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: DumpSite
-
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-    def do_GET(self):
-        self.server.requests.append((self.path, self.headers.get("Range")))
-        path = self.server.root / self.path.lstrip("/")
-        if not path.is_file():
-            self.send_error(404)
-            return
-        data = path.read_bytes()
-        start, status = 0, 200
-        if rng := self.headers.get("Range"):
-            start = int(rng.removeprefix("bytes=").split("-")[0])
-            if start >= len(data):
-                self.send_error(416)
-                return
-            status = 206
-        body = data[start:]
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        self.end_headers()
-        if path.suffix == ".bz2" and self.server.cuts_left > 0:
-            self.server.cuts_left -= 1
-            self.wfile.write(body[: self.server.cut_after])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        self.wfile.write(body)
 
 
 def _site_tree(root: Path, dump: Path, *, sha1: str | None = None, status: str = "done") -> str:
@@ -193,3 +142,49 @@ def test_a_full_disk_is_not_retried(site, dump, tmp_path):
     assert "retry" not in done.stderr
     assert [p for p, _ in site.requests if p.endswith(".bz2")] == [f"/enwiki/{DATE}/{NAME}"]
     assert not storage.has_manifest(str(out))
+
+
+def test_cli_default_destination_is_the_storage_roots_downloads_folder(site, dump, tmp_path, monkeypatch):
+    """Without --to the dump lands where the bert-base presets' corpus.wikipedia glob reads it."""
+    from bert_core.config import load_config
+    from bert_core.corpus.inputs import expand_inputs
+    from flows.cli.main import app
+
+    _site_tree(site.root, dump)
+    monkeypatch.setenv("BERTPIPE_DUMPS_URL", site.url)
+    root = tmp_path / "data"
+    result = CliRunner().invoke(app, ["download", "wikipedia", "--date", DATE, "--preset", "bert-base-128",
+                                      "--set", f"storage_root={root}"])
+    assert result.exit_code == 0, result.output
+    folder = root / "downloads" / "wikipedia" / f"enwiki-{DATE}"
+    assert storage.read_manifest(str(folder))["shards"][0]["path"] == NAME
+    cfg = load_config("bert-base-128", sets=[f"storage_root={root}"])
+    assert expand_inputs(cfg.corpus.wikipedia, "wikipedia") == [storage.to_uri(str(folder / NAME))]
+
+
+def test_two_downloads_of_one_dump_at_once_fetch_it_once(site, dump, tmp_path):
+    """Two downloads into one folder at the same moment, each with its default staging: one
+    fetches, the other waits on the folder's lease and reuses the verified result."""
+    import threading
+
+    _site_tree(site.root, dump)
+    site.cut_after, site.cuts_left = 200_000, 1  # the first transfer breaks and resumes
+    out = str(tmp_path / "raw")
+    results, errors = [], []
+
+    def one() -> None:
+        try:
+            results.append(download_wikipedia("en", DATE, out, base=site.url, backoff=0.2))
+        except Exception as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(results) == 2
+    assert results[0]["shards"] == results[1]["shards"]
+    assert (tmp_path / "raw" / NAME).read_bytes() == dump.read_bytes()
+    assert [r for p, r in site.requests if p.endswith(".bz2")] == [None, "bytes=200000-"]
+    assert not (tmp_path / "raw" / "_LEASE.json").exists()

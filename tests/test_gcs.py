@@ -127,7 +127,7 @@ def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
 
 
 def test_pipeline_refuses_a_bucket_run_folder_before_any_work(gcs, tmp_path):
-    from flows.pipeline import runs_base
+    from bert_core.preflight import runs_base
 
     with pytest.raises(ConfigError, match="runs_root"):
         runs_base(load_config("demo", sets=[f"storage_root={gcs}/refused"]))

@@ -89,3 +89,38 @@ def test_assumed_sizes_stand_for_absent_inputs(samples_dir, make_pipeline_config
     assert many["data_prep"]["wall_hours"] < one["data_prep"]["wall_hours"] / 16
     pretrain = one["stages"][3]["estimate"]
     assert pretrain["tokens"] > 0 and pretrain["flops"] > 0 and pretrain["gpu"]["gpu_hours"]
+
+
+def test_the_demo_plan_before_the_samples_are_fetched_counts_them_at_their_size(samples_dir, tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the demo preset reads samples/..., not fetched here
+    before = CliRunner().invoke(app, ["plan", "--preset", "demo"], terminal_width=200)
+    assert before.exit_code == 0, before.output
+    assert "not here yet: samples/" in before.output and "`make samples`" in before.output
+    assert "Estimated at their expected size." in before.output
+    assert "GPU" not in before.output, "a CPU run shows no GPU time"
+    assert "210 steps" in before.output
+    assert not (tmp_path / "bertpipe-data").exists()
+    # the sizes it assumed are the sizes the fetch lays out
+    (tmp_path / "samples").symlink_to(samples_dir, target_is_directory=True)
+    after = CliRunner().invoke(app, ["plan", "--preset", "demo", "--json"])
+    assert after.exit_code == 0, after.output
+    fetched = {r["pattern"]: r["bytes"] for r in json.loads(after.output)["inputs"]}
+    assert not any(r.get("missing") for r in json.loads(after.output)["inputs"])
+    (tmp_path / "samples").unlink()
+    planned = json.loads(CliRunner().invoke(app, ["plan", "--preset", "demo", "--json"]).output)
+    assert {r["pattern"]: r["bytes"] for r in planned["inputs"]} == fetched
+    assert all(r["missing"] and r["assumed"] for r in planned["inputs"])
+
+
+def test_an_input_not_here_is_named_with_what_fetches_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shown = CliRunner().invoke(app, ["plan", "--preset", "demo", "--set", "corpus.books=[books/*.txt]",
+                                     "--set", "corpus.wikipedia=[dumps/enwiki-*.xml.bz2]",
+                                     "--set", "corpus.text=[]", "--set", "pretrain.accelerator=gpu"],
+                               terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert any("dumps/enwiki-*.xml.bz2" in line and "bertpipe download wikipedia" in line for line in lines)
+    assert any("books/*.txt" in line and "Counted as 0 MB" in line for line in lines)
+    assert "GPU-hours" in shown.output  # a GPU run shows its GPU time

@@ -166,3 +166,27 @@ def test_a_flow_that_fails_in_a_stage_ends_with_its_one_line(samples_dir, tmp_pa
     with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:
         logged = [m for (m,) in db.execute("SELECT message FROM log WHERE message LIKE '%Traceback%'")]
     assert any(lines[-1] in m for m in logged)
+
+
+def test_missing_task_data_names_the_command_that_fetches_it(tmp_path):
+    """The bert-base preset on a fresh machine: each GLUE task's refusal says `bertpipe tasks fetch`,
+    CoNLL-2003 says where its files go; files in place pass."""
+    from bert_core.preflight import task_data
+
+    root = tmp_path / "data"
+    cfg = load_config("bert-base-128", sets=[f"storage_root={root}", "finetune.tasks=[mrpc, ner, sentiment]"])
+    assert cfg.finetune.data_dir == f"{root}/tasks"
+    with pytest.raises(PreflightError) as caught:
+        check_run(cfg)
+    wiki, *_ = caught.value.problems
+    assert f"{root}/downloads/wikipedia/*/enwiki-" in wiki and "`bertpipe download wikipedia --date" in wiki
+    problems = [p for p in caught.value.problems if "for task" in p or "sentiment" in p]
+    assert problems[0].startswith(f"no data for task 'mrpc' under {root}/tasks: run 'bertpipe tasks fetch mrpc' (")
+    assert f"put the CoNLL-2003 files in {root}/tasks/ner/{{train,valid,test}}.txt" in problems[1]
+    assert "tasks fetch" not in problems[2]  # sentiment comes with the samples, not from tasks fetch
+    # another data_dir: the command says where to put it
+    other = load_config("bert-base-128", sets=[f"storage_root={root}", f"finetune.data_dir={tmp_path}/glue"])
+    with pytest.raises(Exception, match=f"run 'bertpipe tasks fetch mrpc --to {tmp_path}/glue'"):
+        task_data(other, "mrpc")
+    shutil.copytree(Path(__file__).parent / "fixtures" / "tasks" / "MRPC", root / "tasks" / "MRPC")
+    assert task_data(cfg, "mrpc") == [f"{root}/tasks/MRPC/train.tsv", f"{root}/tasks/MRPC/dev.tsv"]

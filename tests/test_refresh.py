@@ -105,7 +105,7 @@ def test_refresh_takes_the_newest_finished_dump_and_cleans_it(prefect_api, site,
     name = _publish(site.root, dump, finished, "done")
     cfg = load_config("demo", sets=[f"storage_root={tmp_path / 'data'}", "corpus.books=[]", "corpus.text=[]", "workers=1"])
     corpus = refresh_corpus(cfg, lang="en", base_url=site.url)
-    raw = storage.join(str(tmp_path / "data"), "raw", "wikipedia", f"enwiki-{finished}")
+    raw = storage.join(str(tmp_path / "data"), "downloads", "wikipedia", f"enwiki-{finished}")
     assert storage.read_manifest(raw)["shards"][0]["path"] == name
     manifest = storage.read_manifest(corpus)
     assert manifest["stage"] == "corpus" and manifest["counts"]["wikipedia"]["kept"] > 50
@@ -200,6 +200,12 @@ def test_the_monthly_refresh_continues_judges_and_promotes(prefect_api, site, re
     assert set(new["mlm"]) == set(cur["mlm"]) == {"new_dump", "previous_dump"}
     assert new["mlm"]["new_dump"]["instances"] == cur["mlm"]["new_dump"]["instances"] > 0
     assert set(new["finetune"]) == set(cur["finetune"]) == {"sentiment"} and new["finetune"]["sentiment"]["n"] == 2
+    # each version keeps the task model fine-tuned from it, which predict can run
+    for v in (v1, v2):
+        sentiment = v["task_models"]["sentiment"]
+        assert sentiment["score"] == new["finetune"]["sentiment"]["mean"] if v is v2 else sentiment["score"] > 0
+        assert sentiment["model"] == f"{root}/finetune/{v['version']}/sentiment/model"
+        assert storage.exists(f"{sentiment['model']}/config.json")
     # the gate follows the thresholds, and the alias moves with it
     rows = v2["gate"]["rows"]
     assert {r["metric"] for r in rows} == {"mlm_loss:new_dump", "mlm_loss:previous_dump", "finetune:sentiment"}

@@ -1,12 +1,18 @@
 """Download a Wikipedia dump from the Wikimedia dump site: resumable, sha1-verified, with a manifest.
 
-    bertpipe download wikipedia --date 20240601 --lang en --to gs://bucket/raw/enwiki/20240601
+    bertpipe download wikipedia --date 20240601 --lang en     (-> <storage_root>/downloads/wikipedia/enwiki-20240601/)
 
 Each file of one dump job is fetched with HTTP ``Range`` requests into a local ``.part`` file
 (a broken transfer or a killed process continues where it stopped) and moved to its destination
 (any fsspec URI) only after its sha1 matches and, for a ``.bz2``, it ends as a bz2 stream ends.
 The base URL is a setting (``base_url=`` or ``$BERTPIPE_DUMPS_URL``) so mirrors and tests (a
 server on 127.0.0.1) work the same.
+
+A dump lands in :func:`wikipedia_folder` unless told otherwise. One attempt at a time writes a
+destination (it holds :mod:`bert_core.lease` on it, and its ``.part`` files live in a staging
+folder of that destination's own, :func:`staging_dir`); a destination whose manifest lists every
+file as written is reused, not fetched again. :func:`fetch_resumable` and :func:`staging_dir` are
+the resumable machinery other downloads (``bert_core.finetune.fetch``) use too.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import ConfigError
 from bert_core.failures import InfrastructureError, Refusal, is_infrastructure_error
 
@@ -60,6 +66,44 @@ class DumpFile:
     url: str
     size: int | None
     sha1: str
+
+
+def wikipedia_folder(storage_root: str, lang: str, date: str) -> str:
+    """``<storage_root>/downloads/wikipedia/<lang>wiki-<date>``: where a dump lands by default and
+    where the bert-base presets' ``corpus.wikipedia`` globs read."""
+    return storage.join(storage_root, "downloads", "wikipedia", f"{lang}wiki-{date}")
+
+
+def staging_dir(dest: str, label: str) -> Path:
+    """The local folder of ``dest``'s ``.part`` files: one per destination (``label`` keeps it
+    readable), so running the same command again resumes them and no other destination's
+    download touches them."""
+    key = hashlib.sha256(storage.to_uri(dest).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / "bertpipe-download" / f"{label}-{key}"
+
+
+def drop_if_empty(folder: str | Path) -> None:
+    """Remove a local folder that holds nothing (a staging folder after its last part was moved,
+    a destination after a failed first attempt); anything else is left alone."""
+    path = Path(storage.to_uri(str(folder))) if storage.is_local(str(folder)) else None
+    if path is not None and path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+
+
+def reusable(folder: str, stage: str, wanted: dict) -> dict | None:
+    """The manifest of ``folder`` when it was written by ``stage`` with the ``wanted`` config
+    entries and every file it lists is there as written (sizes; sha256 up to
+    :data:`storage.CHECKSUM_BYTES`); None when the folder must be (re)fetched."""
+    if not storage.has_manifest(folder):
+        return None
+    try:
+        manifest = storage.read_manifest(folder)
+    except storage.ManifestError:
+        return None
+    config = manifest.get("config") or {}
+    if manifest.get("stage") != stage or any(config.get(k) != v for k, v in wanted.items()):
+        return None
+    return None if storage.shard_problems(folder, manifest) else manifest
 
 
 def base_url(explicit: str | None = None) -> str:
@@ -232,14 +276,44 @@ def download_wikipedia(
 ) -> dict:
     """Download and verify every file of a dump job into folder ``to``; returns the manifest.
 
-    Partial files live in ``staging`` (default: a fixed folder under the system temp dir for
-    this dump), so running the same command again resumes them.
+    Partial files live in ``staging`` (default: :func:`staging_dir` of ``to``), so running the
+    same command again resumes them. The attempt holds the lease of ``to`` while it writes: a
+    second download of the same destination waits, then reuses what the first one finished.
 
     A finished file is not fetched again. ``_MANIFEST.json`` (stage ``download``) is written last.
     """
+    wanted = {"source": "wikipedia", "lang": lang, "date": date, "job": job}
+    if (done := reusable(to, "download", wanted)) is not None:
+        log(f"{storage.to_uri(to)}: already downloaded and verified")
+        return done
     files = list_dump_files(lang, date, job=job, base=base)
-    stage_dir = Path(staging or Path(tempfile.gettempdir()) / f"bertpipe-download-{lang}wiki-{date}")
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    stage_dir = Path(staging) if staging else staging_dir(to, f"{lang}wiki-{date}")
+    try:
+        with lease.hold(to, "download") as held:
+            if (done := reusable(to, "download", wanted)) is not None:
+                log(f"{storage.to_uri(to)}: downloaded by another run meanwhile; verified")
+                return done
+            stage_dir.mkdir(parents=True, exist_ok=True)
+            shards = _fetch_dump_files(files, to, stage_dir, retries=retries, backoff=backoff, log=log)
+            held.check()
+            manifest = storage.write_manifest(
+                to,
+                stage="download",
+                config={**wanted, "base_url": base_url(base)},
+                shards=shards,
+                counts={"files": len(shards), "bytes": sum(s["bytes"] for s in shards)},
+            )
+    finally:
+        if not staging:  # a part kept for the next run keeps its folder
+            drop_if_empty(stage_dir)
+        if not storage.has_manifest(to):
+            drop_if_empty(to)
+    return manifest
+
+
+def _fetch_dump_files(files: list[DumpFile], to: str, stage_dir: Path, *, retries: int,
+                      backoff: float, log: Callable[[str], None]) -> list[dict]:
+    """Each file of ``files`` fetched, verified and moved into ``to``; their manifest rows."""
     shards = []
     for f in files:
         dest = storage.join(to, f.name)
@@ -264,20 +338,13 @@ def download_wikipedia(
         except CutFileError:
             part.unlink()
             raise
-        _publish(part, dest)
+        publish(part, dest)
         shards.append(storage.shard_entry(dest, sha1=f.sha1))
         log(f"{f.name}: verified (sha1 {f.sha1})")
-    return storage.write_manifest(
-        to,
-        stage="download",
-        config={"source": "wikipedia", "lang": lang, "date": date, "job": job,
-                "base_url": base_url(base)},
-        shards=shards,
-        counts={"files": len(shards), "bytes": sum(s["bytes"] for s in shards)},
-    )
+    return shards
 
 
-def _publish(part: Path, dest: str) -> None:
+def publish(part: Path, dest: str) -> None:
     """Move a verified file to its destination (rename locally, upload to object stores)."""
     if storage.is_local(dest):
         target = Path(storage.to_uri(dest))

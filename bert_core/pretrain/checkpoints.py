@@ -2,7 +2,8 @@
 
 Every rank writes its part of ``step{N}`` before rank 0 points ``latest`` at it; a resume tries
 the newest step that loads on every rank (read weights-only) and says why it passed over any
-other; a bf16 or fp16 run exports the optimizer's fp32 master weights.
+other; a bf16 or fp16 run exports the optimizer's fp32 master weights. With
+``pretrain.checkpoint_uri`` each complete step is also copied there (``checkpoint_mirror.py``).
 """
 
 from __future__ import annotations
@@ -10,11 +11,14 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert_core.failures import is_comm_error
 from bert_core.pretrain.errors import CheckpointWriteError, first_line
 from bert_core.pretrain.run_folder import checkpoint_dir, resume_candidates
+
+if TYPE_CHECKING:
+    from bert_core.pretrain.checkpoint_mirror import CheckpointMirror
 
 
 def _log(rank: int, message: str) -> None:
@@ -38,14 +42,19 @@ def _unreadable(err: BaseException) -> str:
     return f"cannot be read, damaged or truncated ({first_line(err)})"
 
 
-def save_checkpoint(engine: Any, ckpt: str, step: int, client_state: dict[str, Any], rank: int) -> None:
+def save_checkpoint(engine: Any, ckpt: str, step: int, client_state: dict[str, Any], rank: int,
+                    mirror: CheckpointMirror | None = None) -> None:
     """Every rank writes its part of ``step{N}``; then rank 0 points ``latest`` at it.
 
     DeepSpeed's ``save_checkpoint`` ends in a barrier, so when it returns every rank has written;
     ``latest`` goes through a temporary file and a rename, so it is never half written either.
-    A failed write on this rank is a :class:`CheckpointWriteError` naming the folder.
+    A failed write on this rank is a :class:`CheckpointWriteError` naming the folder. Rank 0's
+    ``mirror`` (``pretrain.checkpoint_uri``) first waits for the previous step's upload, then
+    starts this one's.
     """
     tag = f"step{step}"
+    if mirror is not None:
+        mirror.wait()
     try:
         engine.save_checkpoint(ckpt, tag=tag, client_state=client_state, save_latest=False)
         if rank == 0:
@@ -60,6 +69,8 @@ def save_checkpoint(engine: Any, ckpt: str, step: int, client_state: dict[str, A
             f"{ckpt}/{tag}: cannot write the checkpoint ({first_line(err)}; {_free_space(ckpt)}); free "
             "space or make the folder writable, then run again (it resumes from the last complete checkpoint)"
         ) from err
+    if mirror is not None:
+        mirror.upload(ckpt, step)
 
 
 def resume(engine: Any, run: str, phase_index: int, rank: int) -> dict[str, Any] | None:

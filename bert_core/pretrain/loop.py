@@ -20,7 +20,8 @@ from typing import Any
 
 from bert_core import storage
 from bert_core.config import PipelineConfig
-from bert_core.failures import is_comm_error, refusal
+from bert_core.failures import InfrastructureError, is_comm_error, refusal
+from bert_core.pretrain.checkpoint_mirror import CheckpointMirror, restore_run
 from bert_core.pretrain.checkpoints import (
     fp32_master_model,
     resume,
@@ -119,7 +120,7 @@ def build_engine(config: PipelineConfig, phase_index: int, vocab_size: int, init
 
 def run_phase(
     config: PipelineConfig, instances: str, run: str, phase_index: int, vocab_size: int,
-    init_checkpoint: str | None, rank: int, world_size: int,
+    init_checkpoint: str | None, rank: int, world_size: int, mirror: CheckpointMirror | None = None,
 ) -> dict[str, Any]:
     """Train one phase to its ``max_steps`` (resuming if it has checkpoints); returns its stats.
 
@@ -128,7 +129,7 @@ def run_phase(
     (``checkpoints.py``) with the loader's position, and dropout is reseeded from the position in
     training, so a resumed run computes the losses of an uninterrupted one. Rank 0 appends a
     train row every ``log_every`` steps and an eval row every ``eval_every`` steps and at the
-    phase's end.
+    phase's end. Rank 0's ``mirror`` copies each checkpoint to ``pretrain.checkpoint_uri``.
     """
     import torch
     import torch.distributed as dist
@@ -166,6 +167,10 @@ def run_phase(
     if client is not None:
         step = int(client["step"])
         loader.load_state_dict(client["loader"])
+        # The checkpoint holds the scheduler's iteration, not its length: the rate is set again
+        # from this config's schedule (the restored one on a plain resume; the schedule of the
+        # new length after `--extend-to`, bert_core/pretrain/extend.py).
+        scheduler.step(scheduler.last_batch_iteration)
         if metrics:
             metrics.truncate(phase_index + 1, step)
         _log(rank, f"phase {phase_index + 1}: resumed at step {step} from {ckpt}/step{step} "
@@ -260,7 +265,7 @@ def run_phase(
             # All ranks save: with ZeRO each holds its own optimizer shard.
             t_save = time.perf_counter()
             save_checkpoint(engine, ckpt, step, {"step": step, "loader": loader.state_dict(),
-                                                 "phase": phase_index + 1}, rank)
+                                                 "phase": phase_index + 1}, rank, mirror)
             saving = time.perf_counter() - t_save
             t0 += saving  # the rates are training's; the saves are reported apart
             save_seconds += saving
@@ -343,16 +348,20 @@ def main(argv: list[str] | None = None) -> int:
     stats = []
     engine = None
     try:
+        # A new machine takes the newest checkpoints from pretrain.checkpoint_uri before any load.
+        mirror = restore_run(config, args.output, rank)
         for i, phase in enumerate(pre.phases):
             if latest_step(args.output, i) == phase.max_steps and i < len(pre.phases) - 1:
                 _log(rank, f"phase {i + 1}: finished already (step {phase.max_steps})")
                 stats.append(_phase_stats_from_metrics(args.output, i, phase.global_batch_size))
                 continue
             result = run_phase(config, args.instances, args.output, i, vocab_size,
-                               args.init_checkpoint, rank, world_size)
+                               args.init_checkpoint, rank, world_size, mirror)
             engine = result.pop("engine")
             stats.append(result | _phase_stats_from_metrics(args.output, i, phase.global_batch_size,
                                                             prefer=result))
+        if mirror is not None:
+            mirror.wait()  # the last checkpoint is in the store before the run is called done
         model = fp32_master_model(engine)  # every rank: ZeRO gathers the partitions
         if rank == 0:
             export(config, args, model, vocab_file, stats)
@@ -387,13 +396,16 @@ def release_shm_buffer(rank: int) -> None:
 
 
 def _exit_on(err: Exception, rank: int) -> int:
-    """One line for the launcher and an exit code: a refusal (2: the failing rank's own message)
-    or a lost peer (1: its "connection closed" says infrastructure unless a peer refused);
-    anything else is a bug and keeps its traceback."""
+    """One line for the launcher and an exit code: a refusal (2: the failing rank's own message),
+    a lost peer (1: its "connection closed" says infrastructure unless a peer refused) or a failed
+    store (1: its line says infrastructure); anything else is a bug and keeps its traceback."""
     message = refusal(err)
     if message is not None:
         print(f"{CONFIG_ERROR_PREFIX} {message}", file=sys.stderr, flush=True)
         return CONFIG_ERROR_EXIT
+    if isinstance(err, InfrastructureError):  # a store's failure: its line says so, for the launcher
+        print(f"rank {rank} stopped: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        return 1
     if is_comm_error(err):
         print(f"rank {rank} stopped: {first_line(err)} (another rank failed or was stopped)",
               file=sys.stderr, flush=True)
@@ -428,6 +440,7 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
     from bert_core.card import write_card
     from bert_core.model.checkpoint import save_pretrained
     from bert_core.pretrain.data import check_vocab
+    from bert_core.pretrain.extend import manifest_fields as extension_fields
 
     instances = storage.read_manifest(args.instances)
     check_vocab(args.instances, vocab_file, instances)
@@ -444,7 +457,7 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
                 "sequences": sum(s.get("sequences", 0) for s in stats)},
         stats={"phases": stats, "first_loss": stats[0].get("first_loss"),
                "last_loss": stats[-1].get("last_loss"), "eval": stats[-1].get("eval")},
-        hf=hf, init_checkpoint=args.init_checkpoint,
+        hf=hf, init_checkpoint=args.init_checkpoint, **extension_fields(args.output),
     )
     write_card(hf)
     print(f"exported {hf} and wrote {storage.join(args.output, storage.MANIFEST)}", flush=True)

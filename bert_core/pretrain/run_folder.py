@@ -1,8 +1,10 @@
 """A pre-training run folder: its config, its checkpoint steps and what may resume in it.
 
 ``RUN/pretrain_config.json`` is the config the ranks read; ``RUN/checkpoints/phase{i}/step{N}``
-hold DeepSpeed checkpoints and ``latest`` names the newest complete one. A folder that holds a
-run of another config is refused, naming the settings that differ.
+hold DeepSpeed checkpoints and ``latest`` names the newest complete one; with
+``pretrain.checkpoint_uri`` the same layout is copied to ``<checkpoint_uri>/<run folder's name>/``
+(``checkpoint_mirror.py``). A folder that holds a run of another config is refused, naming the
+settings that differ.
 """
 
 from __future__ import annotations
@@ -20,11 +22,27 @@ CONFIG_FILE = "pretrain_config.json"
 
 _OPERATIONAL = {"launcher", "hostfile", "master_addr", "master_port", "monitor", "threads_per_rank",
                 "log_every", "checkpoint_every", "peak_flops_per_rank", "launch_retries", "compile",
-                "mlm_loss_chunk"}
+                "mlm_loss_chunk", "checkpoint_uri"}
 
 
 def checkpoint_dir(run: str, phase_index: int) -> str:
     return storage.join(run, "checkpoints", f"phase{phase_index + 1}")
+
+
+def mirror_folder(config: PipelineConfig, run: str) -> str:
+    """``<pretrain.checkpoint_uri>/<run folder's name>``: the run folder's copy of its checkpoints
+    (a pipeline run's folder is named by its version, so the copy is too)."""
+    return storage.join(str(config.pretrain.checkpoint_uri), storage.to_uri(run).rstrip("/").rsplit("/", 1)[-1])
+
+
+def check_checkpoint_uri(config: PipelineConfig) -> None:
+    """Refuse a ``pretrain.checkpoint_uri`` whose scheme no installed backend serves, in one line
+    saying what to install (:class:`~bert_core.storage.SchemeError`)."""
+    if config.pretrain.checkpoint_uri:
+        try:
+            storage.backend(config.pretrain.checkpoint_uri)
+        except storage.SchemeError as err:
+            raise storage.SchemeError(f"pretrain.checkpoint_uri={err}") from None
 
 
 def latest_step(run: str, phase_index: int) -> int | None:
@@ -102,7 +120,9 @@ def _short(value: Any) -> str:
 
 
 def check_run_config(config: PipelineConfig, run: str) -> None:
-    """Refuse a run folder that holds (or is half-way through) a run of another config."""
+    """Refuse a run folder that holds (or is half-way through) a run of another config, and a
+    ``pretrain.checkpoint_uri`` that no installed backend serves."""
+    check_checkpoint_uri(config)
     if storage.has_manifest(run):
         old, what = storage.read_manifest(run).get("config") or {}, "was pre-trained"
     elif storage.exists(storage.join(run, CONFIG_FILE)) and any(

@@ -1,6 +1,7 @@
 """``bertpipe config``: the resolved configuration and the presets.
 
     bertpipe config show --preset bert-base-128 --set pretrain.nodes=2
+    bertpipe config show --preset demo --deepspeed    (the DeepSpeed config of phase 1, RUN = the run folder)
     bertpipe config presets
 """
 
@@ -21,9 +22,18 @@ def config_show(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
+    deepspeed: Annotated[bool, typer.Option(
+        "--deepspeed", help="The DeepSpeed config of the first phase instead (pretrain.deepspeed merged in; "
+        "RUN stands for the run folder).")] = False,
 ) -> None:
     """Print the resolved configuration (preset + file + --set)."""
-    cfg = resolve(preset, config, set_).model_dump(mode="json")
+    resolved = resolve(preset, config, set_)
+    if deepspeed:
+        from bert_core.pretrain.ds_config import ds_config
+
+        cfg = ds_config(resolved.pretrain, 0, "RUN")
+    else:
+        cfg = resolved.model_dump(mode="json")
     typer.echo(json.dumps(cfg, indent=2) if as_json else yaml.safe_dump(cfg, sort_keys=False))
 
 

@@ -30,8 +30,9 @@ def instances(
     config: opt.ConfigOpt = None,
     set_: opt.SetOpt = None,
 ) -> None:
-    """Create masked-LM + next-sentence instances in balanced Parquet shards (Beam). Arguments
-    after `--` go to Beam."""
+    """Create masked-LM instances (+ next-sentence pairs when instances.next_sentence_prediction
+    is on; the demo preset has it off) in balanced Parquet shards (Beam). Arguments after `--` go
+    to Beam."""
     cfg = opt.resolve(preset, config, set_)
     from beam_jobs import create_instances
     from flows.cli.progress import progress_bars

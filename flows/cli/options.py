@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from bert_core.config import PipelineConfig, load_config, preset_names
+from bert_core.pretrain.ds_config import check_deepspeed
 
 PresetOpt = Annotated[str, typer.Option("--preset", "-p", help=f"Preset: {', '.join(preset_names())}.")]
 ConfigOpt = Annotated[
@@ -33,5 +34,8 @@ def beam_run(cfg: PipelineConfig, ctx: typer.Context, workers: int | None, runne
 
 
 def resolve(preset: str, config: str | None, sets: list[str] | None) -> PipelineConfig:
-    """The config of a command: the preset, then the file, then each ``--set``."""
-    return load_config(preset, config, sets or [])
+    """The config of a command: the preset, then the file, then each ``--set``; its
+    ``pretrain.deepspeed`` checked against DeepSpeed's keys and the typed settings."""
+    cfg = load_config(preset, config, sets or [])
+    check_deepspeed(cfg.pretrain)  # the config layer sits below the DeepSpeed rendering it checks against
+    return cfg

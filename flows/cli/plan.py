@@ -5,7 +5,9 @@
         --assume-size 'books/*.txt=4.6GB' --workers 32 [--json]
 
 Each stage: cached or will run, its version and folder, what it reads, and an estimate
-(``bert_core.plan``). Nothing is run, no Prefect server is started, nothing is written.
+(``bert_core.plan``). Nothing is run, no Prefect server is started, nothing is written. Inputs
+not fetched yet are named with the command that fetches them; the samples' are counted at the
+size they will have (``flows.tools.samples.LAID_OUT_BYTES``), others at 0 unless ``--assume-size``.
 """
 
 from __future__ import annotations
@@ -31,16 +33,28 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
 def make_plan(cfg: PipelineConfig, workers: int | None = None, assume: list[str] | None = None) -> dict[str, Any]:
     """The plan of ``cfg``, its versions by flows/versions.py's rules."""
     from bert_core.plan import Folders, build_plan, parse_assumed
+    from flows.tools.samples import declared_sizes
     from flows.versions import (
         corpus_folder,
         instances_folder,
         is_done,
-        pretrain_version,
+        pretrain_folder,
         vocab_folder,
     )
 
-    folders = Folders(corpus_folder, vocab_folder, instances_folder, pretrain_version, is_done)
-    return build_plan(cfg, folders, workers, [parse_assumed(a) for a in assume or []])
+    folders = Folders(corpus_folder, vocab_folder, instances_folder, pretrain_folder, is_done)
+    c = cfg.corpus
+    return build_plan(cfg, folders, workers, [parse_assumed(a) for a in assume or []],
+                      declared_sizes(c.wikipedia + c.books + c.text))
+
+
+def fetch_hint(row: dict[str, Any]) -> str:
+    """What puts a missing input glob's files in place: the command that fetches them, if any."""
+    if "samples/" in row["pattern"]:
+        return "fetch with `make samples` (or `bertpipe samples fetch samples`)"
+    if row["source"] == "wikipedia":
+        return "download with `bertpipe download wikipedia --date YYYYMMDD --lang en`"
+    return "put the files there"
 
 
 def _duration(hours: float) -> str:
@@ -71,7 +85,9 @@ def _estimate(stage: dict[str, Any]) -> str:
     cpu, gpu = e["cpu"], e["gpu"]
     lines.append(f"CPU: {_duration(cpu['cpu_hours'])} CPU, {_duration(cpu['wall_hours'])} wall on "
                  f"{e['ranks']} rank(s)")
-    if gpu["gpu_hours"] is None:
+    if e["accelerator"] == "cpu":  # a CPU run has no GPU time to show
+        pass
+    elif gpu["gpu_hours"] is None:
         lines.append(f"GPU: {gpu['note']}")
     else:
         mfu = "-".join(f"{m:.1%}" for m in gpu["mfu"])
@@ -101,6 +117,15 @@ def print_plan(plan: dict[str, Any], as_json: bool = False) -> None:
     console.print(table)
     sizes = ", ".join(f"{r['pattern']} {r['bytes'] / 1e6:,.1f} MB{' (assumed)' if r['assumed'] else ''}"
                       for r in plan["inputs"])
+    missing: dict[str, list[dict[str, Any]]] = {}
+    for r in plan["inputs"]:
+        if r.get("missing"):
+            missing.setdefault(fetch_hint(r), []).append(r)
+    for hint, rows in missing.items():  # one line per command that fetches inputs
+        sized = all(r["assumed"] for r in rows)
+        console.print(f"not here yet: {', '.join(r['pattern'] for r in rows)}; {hint}. "
+                      + ("Estimated at their expected size." if sized else
+                         "Counted as 0 MB below unless given by --assume-size GLOB=SIZE."))
     dp = plan["data_prep"]
     pre = next(s for s in plan["stages"] if s["stage"] == "pretrain")["estimate"]
     console.print(f"inputs: {sizes or 'none'}")
@@ -108,8 +133,9 @@ def print_plan(plan: dict[str, Any], as_json: bool = False) -> None:
                   f"wall on {plan['workers']} worker(s); per-MB costs measured on {dp['measured_on']}")
     console.print(f"pre-training CPU rate measured on {pre['cpu']['measured_on']}")
     gpu = pre["gpu"]
-    console.print(f"GPU MFU: {gpu['note']}" if gpu["gpu_hours"] is None
-                  else f"GPU MFU measured on {gpu['measured_on']}; {gpu['note']}")
+    if pre["accelerator"] != "cpu":
+        console.print(f"GPU MFU: {gpu['note']}" if gpu["gpu_hours"] is None
+                      else f"GPU MFU measured on {gpu['measured_on']}; {gpu['note']}")
 
 
 def plan(preset: PresetOpt = "demo", config: ConfigOpt = None, set_: SetOpt = None,

@@ -3,6 +3,7 @@
     bertpipe pretrain --preset demo --instances ./bertpipe-data/instances --output ./runs/demo
     bertpipe pretrain ... --nodes 4 --node-rank 0 --master-addr 10.0.0.2   (one launcher per node)
     bertpipe pretrain ... --nodes 4 --hostfile /job/hostfile               (one launcher, ssh)
+    bertpipe pretrain ... --extend-to 20000        (a finished run to 20000 steps of its last phase)
 
 Exit codes: 0 done, 2 the config or data was refused (fix it), 3 the infrastructure failed (run
 the same command again: it resumes from the last checkpoint), 1 anything else.
@@ -29,12 +30,21 @@ def pretrain(
     ] = None,
     master_addr: Annotated[str | None, typer.Option(help="Rank 0's address (pretrain.master_addr).")] = None,
     hostfile: Annotated[str | None, typer.Option(help="DeepSpeed hostfile: ssh launcher.")] = None,
+    extend_to: Annotated[int | None, typer.Option(
+        help="Continue the finished run in --output to N steps of its last phase, with its optimizer, "
+        "schedule, data order and RNG. The rate decays to 0 at max_steps, so: from its newest "
+        "checkpoint at or before step max(2, warmup_steps) + 1 (the rates agree up to there) it is "
+        "the run set to N from the start; without one it goes on from its last step at the rates of "
+        "a run set to N, which is not that run (docs/operations.md). Give the run's own settings.",
+        min=1)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print DeepSpeed's own lines.")] = False,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Pre-train BERT (MLM + NSP) with DeepSpeed on 1..N nodes; resumes an interrupted run."""
+    """Pre-train BERT (masked LM, + next-sentence prediction when
+    instances.next_sentence_prediction is on; the demo preset has it off) with DeepSpeed on 1..N
+    nodes; resumes an interrupted run."""
     sets = list(set_ or [])
     if nodes is not None:
         sets.append(f"pretrain.nodes={nodes}")
@@ -50,6 +60,14 @@ def pretrain(
 
     from bert_core.pretrain.run_folder import check_run_config
 
+    if extend_to is not None:  # node 0 (or the one launcher) makes the folder ready
+        from bert_core.pretrain.extend import describe, extend_run, read_extended
+        from bert_core.pretrain.loop import check_instances
+
+        cfg = extend_run(cfg, output, extend_to, prepare=not node_rank,
+                         check=lambda c: check_instances(c, instances, init_checkpoint))
+        if not node_rank:
+            typer.echo(describe(read_extended(output)[-1]))
     check_run_config(cfg, output)  # before the progress bar: a refusal is one line
 
     from rich.progress import (

@@ -5,6 +5,8 @@
 
 What every stage reads is checked before Prefect starts (``bert_core.preflight``). A flow that
 fails ends the command with the failure's one line, as any command does (flows/cli/main.py).
+The terminal shows our lines and the flow and task runs' log lines; Prefect's own warnings and
+its temporary server's output go to a log file (``flows.tools.prefect_output``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.tools.prefect_output import prefect_messages_to_log
 
 T = TypeVar("T")
 
@@ -72,7 +75,7 @@ def _stop_temporary_server() -> None:
 def run_flow(flow: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call ``flow`` from the terminal: its failure reaches the command line as the error it
     raised, with no traceback printed before it and nothing after it."""
-    with _console_without_tracebacks():
+    with prefect_messages_to_log(), _console_without_tracebacks():
         try:
             return flow(*args, **kwargs)
         except Exception:

@@ -200,8 +200,9 @@ def prefect_yaml(cfg: PipelineConfig, settings: InfraSettings = InfraSettings())
                     process, parameters=params),
         _deployment("local", "flows/vocab.py:build_vocab", "Stage 2: WordPiece vocab.", process,
                     parameters=params),
-        _deployment("local", "flows/instances.py:create_instances", "Stage 3: MLM + NSP instances.",
-                    process, parameters=params),
+        _deployment("local", "flows/instances.py:create_instances",
+                    "Stage 3: masked-LM instances (+ NSP pairs when instances.next_sentence_prediction "
+                    "is on).", process, parameters=params),
         _deployment("local", "flows/pretrain.py:pretrain", "Stage 4: DeepSpeed on local CPU ranks.",
                     process, parameters=params),
         _deployment("gpu", "flows/pretrain.py:pretrain",

