@@ -62,6 +62,13 @@ def samples_dir() -> Path:
     return fetch(samples_root(), log=lambda m: None)
 
 
+@pytest.fixture
+def dump(samples_dir) -> Path:
+    """The sample Wikipedia dump file (a real dump's first pages, bz2)."""
+    (path,) = sorted((samples_dir / "wikipedia").glob("*.xml.bz2"))
+    return path
+
+
 @pytest.fixture(scope="module")
 def vocab_tokens(samples_dir) -> list[str]:
     """The bert-base-uncased vocab of the sample MiniLM model, one token a line."""

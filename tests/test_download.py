@@ -26,27 +26,29 @@ from bert_core.corpus.download import (
 
 DATE = "20240601"
 NAME = f"enwiki-{DATE}-pages-articles1.xml-p10p30302.bz2"
+ONE_FILE = f"enwiki-{DATE}-pages-articles.xml.bz2"
 
 
-def _site_tree(root: Path, dump: Path, *, sha1: str | None = None, status: str = "done") -> str:
+def _site_tree(root: Path, dump: Path, *, sha1: str | None = None, status: str = "done", date: str = DATE) -> str:
+    """The dump site's folder of one date: the articles split (one file here) and recombined (the
+    same articles in one file), the sha1 list and dumpstatus.json."""
     data = dump.read_bytes()
     real = hashlib.sha1(data).hexdigest()
-    folder = root / "enwiki" / DATE
+    split, one = NAME.replace(DATE, date), ONE_FILE.replace(DATE, date)
+    folder = root / "enwiki" / date
     folder.mkdir(parents=True)
-    (folder / NAME).write_bytes(data)
-    (folder / f"enwiki-{DATE}-sha1sums.txt").write_text(
-        f"{sha1 or real}  {NAME}\n0000000000000000000000000000000000000000  enwiki-{DATE}-abstract.xml.gz\n")
+    (folder / split).write_bytes(data)
+    (folder / one).write_bytes(data)
+    (folder / f"enwiki-{date}-sha1sums.txt").write_text(
+        f"{sha1 or real}  {split}\n{real}  {one}\n"
+        f"0000000000000000000000000000000000000000  enwiki-{date}-abstract.xml.gz\n")
     (folder / "dumpstatus.json").write_text(json.dumps({"version": "0.8", "jobs": {
         "articlesdump": {"status": status, "updated": "2024-06-02 10:00:00", "files": {
-            NAME: {"size": len(data), "url": f"/enwiki/{DATE}/{NAME}", "sha1": sha1 or real}}},
+            split: {"size": len(data), "url": f"/enwiki/{date}/{split}", "sha1": sha1 or real}}},
+        "articlesdumprecombine": {"status": "done", "files": {
+            one: {"size": len(data), "url": f"/enwiki/{date}/{one}", "sha1": real}}},
         "abstractsdump": {"status": "done", "files": {}}}}))
     return real
-
-
-@pytest.fixture
-def dump(samples_dir) -> Path:
-    (path,) = sorted((samples_dir / "wikipedia").glob("*.xml.bz2"))
-    return path
 
 
 def test_full_download_verifies_and_writes_a_manifest(site, dump, tmp_path):
@@ -160,6 +162,13 @@ def test_cli_default_destination_is_the_storage_roots_downloads_folder(site, dum
     assert storage.read_manifest(str(folder))["shards"][0]["path"] == NAME
     cfg = load_config("bert-base-128", sets=[f"storage_root={root}"])
     assert expand_inputs(cfg.corpus.wikipedia, "wikipedia") == [storage.to_uri(str(folder / NAME))]
+    # the recombined form of another dump lands beside it, and the preset's glob matches it too
+    _site_tree(site.root, dump, date="20240701")
+    one = CliRunner().invoke(app, ["download", "wikipedia", "--date", "20240701", "--job", "articlesdumprecombine",
+                                   "--preset", "bert-base-128", "--set", f"storage_root={root}"])
+    assert one.exit_code == 0, one.output
+    assert expand_inputs(cfg.corpus.wikipedia, "wikipedia") == [storage.to_uri(str(folder / NAME)), storage.to_uri(
+        str(root / "downloads" / "wikipedia" / "enwiki-20240701" / "enwiki-20240701-pages-articles.xml.bz2"))]
 
 
 def test_two_downloads_of_one_dump_at_once_fetch_it_once(site, dump, tmp_path):

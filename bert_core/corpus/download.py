@@ -36,7 +36,10 @@ from bert_core.config import ConfigError
 from bert_core.failures import InfrastructureError, Refusal, is_infrastructure_error
 
 DEFAULT_BASE_URL = "https://dumps.wikimedia.org"
-JOBS = ("articlesdump", "articlesmultistreamdump")
+# The dump site's jobs with the articles: split into numbered files (``pages-articles1.xml-p1p41242.bz2``,
+# ...) or recombined into one (``pages-articles.xml.bz2``), plain or multistream. The presets' glob
+# reads any of them; download one form of a dump, not two.
+JOBS = ("articlesdump", "articlesdumprecombine", "articlesmultistreamdump", "articlesmultistreamdumprecombine")
 _CHUNK = 1 << 20
 
 
@@ -148,7 +151,8 @@ def list_dump_files(
     The dump site publishes, per wiki and date (``{base}/{lang}wiki/{date}/``),
     ``dumpstatus.json`` (every dump job with its status and files: name, url, size, sha1, md5) and
     ``{lang}wiki-{date}-sha1sums.txt`` (``<sha1>  <file name>`` per line). The job is
-    ``articlesdump`` (``pages-articles*.xml*.bz2``) or ``articlesmultistreamdump``; a job that is
+    one of ``JOBS`` (``articlesdump``: the split ``pages-articles<N>.xml-p<a>p<b>.bz2`` files; the
+    ``...recombine`` jobs: one file; a multistream form of each); a job that is
     not ``done`` is refused.
     """
     if job not in JOBS:
@@ -297,7 +301,7 @@ def download_wikipedia(
             shards = _fetch_dump_files(files, to, stage_dir, retries=retries, backoff=backoff, log=log)
             held.check()
             manifest = storage.write_manifest(
-                to,
+                to, fence=lease.fence(to, held.attempt),
                 stage="download",
                 config={**wanted, "base_url": base_url(base)},
                 shards=shards,

@@ -20,7 +20,8 @@ def download_wikipedia(
         help="Destination folder or URI (default: <storage_root>/downloads/wikipedia/<lang>wiki-<date>, "
              "where the bert-base presets read).")] = None,
     lang: Annotated[str, typer.Option(help="Wiki language code.")] = "en",
-    job: Annotated[str, typer.Option(help="articlesdump or articlesmultistreamdump.")] = "articlesdump",
+    job: Annotated[str, typer.Option(help="The dump site's job: articlesdump (split files), articlesdumprecombine (one file), "
+                                             "articlesmultistreamdump or articlesmultistreamdumprecombine.")] = "articlesdump",
     base_url: Annotated[
         str | None, typer.Option(help="Dump site or mirror (default $BERTPIPE_DUMPS_URL or Wikimedia).")
     ] = None,

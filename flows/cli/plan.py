@@ -1,8 +1,9 @@
 """``bertpipe plan``: what ``bertpipe run`` would do with this config and what it would cost.
 
     bertpipe plan --preset demo
-    bertpipe plan --preset bert-base-128 --assume-size 'wikipedia/enwiki-*-pages-articles*.xml.bz2=24GB' \
-        --assume-size 'books/*.txt=4.6GB' --workers 32 [--json]
+    bertpipe plan --preset bert-base-128 --workers 32 [--json] \
+        --assume-size '{storage_root}/downloads/wikipedia/*/enwiki-*-pages-articles*.xml*.bz2=24GB' \
+        --assume-size '{storage_root}/books/*.txt=4.6GB'
 
 Each stage: cached or will run, its version and folder, what it reads, and an estimate
 (``bert_core.plan``). Nothing is run, no Prefect server is started, nothing is written. Inputs
@@ -22,7 +23,7 @@ from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
 
 AssumeOpt = Annotated[
     list[str] | None,
-    typer.Option("--assume-size", help="GLOB=SIZE: an input glob of the config whose files are not here, "
+    typer.Option("--assume-size", help="GLOB=SIZE: an input glob of the config (it may name {storage_root}) whose files are not here, "
                                        "by its total size (e.g. 'wikipedia/*.xml.bz2=24GB'); repeatable."),
 ]
 PlanWorkersOpt = Annotated[int | None, typer.Option("--workers", min=1,
@@ -32,6 +33,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")
 
 def make_plan(cfg: PipelineConfig, workers: int | None = None, assume: list[str] | None = None) -> dict[str, Any]:
     """The plan of ``cfg``, its versions by flows/versions.py's rules."""
+    from bert_core.config import STORAGE_ROOT
     from bert_core.plan import Folders, build_plan, parse_assumed
     from flows.tools.samples import declared_sizes
     from flows.versions import (
@@ -44,7 +46,7 @@ def make_plan(cfg: PipelineConfig, workers: int | None = None, assume: list[str]
 
     folders = Folders(corpus_folder, vocab_folder, instances_folder, pretrain_folder, is_done)
     c = cfg.corpus
-    return build_plan(cfg, folders, workers, [parse_assumed(a) for a in assume or []],
+    return build_plan(cfg, folders, workers, [parse_assumed(a.replace(STORAGE_ROOT, cfg.storage_root)) for a in assume or []],
                       declared_sizes(c.wikipedia + c.books + c.text))
 
 
