@@ -15,7 +15,7 @@ from bert_core.pretrain.ds_config import ds_config, render
 from bert_core.pretrain.ds_keys import known_keys
 from bert_core.pretrain.errors import PretrainConfigError
 from flows.cli.main import app
-from tests.test_ds_config import one_rank, tiny_batch, tiny_engine  # noqa: F401 (one_rank is a fixture)
+from tests.test_ds_config import TINY_ONE_RANK, one_rank, tiny_batch, tiny_engine  # noqa: F401 (one_rank is a fixture)
 
 CHECKPOINTING = ("pretrain.deepspeed.activation_checkpointing="
                  "{partition_activations: false, number_checkpoints: 2}")
@@ -39,6 +39,26 @@ def test_a_valid_key_reaches_the_engine_config():
     assert engine._config.activation_checkpointing_config.partition_activations is False
     assert engine._config.zero_config.reduce_bucket_size == 1_000_000
     assert engine._config.zero_optimization_stage == 1  # the typed setting is still there
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_activation_checkpointing_recomputes_each_layer_and_leaves_the_gradients_as_they_were():
+    from bert_core.pretrain.loop import build_engine
+
+    runs = {}
+    for on in (False, True):
+        cfg = load_config("demo", None, [*TINY_ONE_RANK, "model.hidden_dropout_prob=0",
+                                         "model.attention_probs_dropout_prob=0", *([CHECKPOINTING] if on else [])])
+        engine, _ = build_engine(cfg, 0, 128)
+        calls = []
+        engine.module.bert.encoder.layer[0].register_forward_hook(lambda *_: calls.append(1))
+        loss = engine(**tiny_batch())["loss"]
+        engine.backward(loss)
+        runs[on] = loss.item(), len(calls), [p.grad.clone() for p in engine.module.parameters()]
+    (loss_off, calls_off, grads_off), (loss_on, calls_on, grads_on) = runs[False], runs[True]
+    assert (calls_off, calls_on) == (1, 2)  # the layer ran again in the backward pass
+    assert loss_on == pytest.approx(loss_off, abs=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_off, grads_on, strict=True))
 
 
 @pytest.mark.usefixtures("one_rank")

@@ -12,7 +12,7 @@ sequence, M = real masked positions of the batch, V = vocab size.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -389,7 +389,14 @@ class FromPretrained:
 
 
 class BertModel(FromPretrained, nn.Module):
-    """The encoder: ``forward(input_ids, token_type_ids, attention_mask) -> BertOutput``."""
+    """The encoder: ``forward(input_ids, token_type_ids, attention_mask) -> BertOutput``.
+
+    ``checkpoint_fn`` (``fn(layer, *args)``, e.g. ``deepspeed.checkpointing.checkpoint``), when set,
+    runs each encoder layer in training without keeping its activations: they are recomputed in
+    the backward pass (activation checkpointing).
+    """
+
+    checkpoint_fn: Any = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -424,7 +431,10 @@ class BertModel(FromPretrained, nn.Module):
         rows = plan.get("output_rows")  # [B + S] indices into N, or None
         last = len(self.encoder.layer) - 1
         for i, layer in enumerate(self.encoder.layer):
-            x = layer(x, tokens, rows if i == last else None)  # [N, H] ([B + S, H] after the last)
+            if self.checkpoint_fn is not None and self.training:  # recompute in backward, keep no activations
+                x = self.checkpoint_fn(layer, x, tokens, rows if i == last else None)
+            else:
+                x = layer(x, tokens, rows if i == last else None)  # [N, H] ([B + S, H] after the last)
             if hidden is not None and (rows is None or i < last):
                 hidden.append(tokens.pad(x))
         if self.encoder.ln is not None:

@@ -104,10 +104,12 @@ def build_engine(config: PipelineConfig, phase_index: int, vocab_size: int, init
     model.mlm_loss_chunk = pre.mlm_loss_chunk
     groups = param_groups(model, pre.weight_decay)
     optimizer = client_optimizer(pre, phase, groups) if uses_client_optimizer(pre) else None
+    rendered = ds_config(pre, phase_index, run) | (ds_overrides or {})
+    if "activation_checkpointing" in rendered:  # pretrain.deepspeed asks for it: the encoder's layers
+        deepspeed.checkpointing.configure(None, deepspeed_config=rendered)
+        model.bert.checkpoint_fn = deepspeed.checkpointing.checkpoint
     engine, _, _, scheduler = deepspeed.initialize(
-        model=model, model_parameters=groups, optimizer=optimizer,
-        config=ds_config(pre, phase_index, run) | (ds_overrides or {}),
-    )
+        model=model, model_parameters=groups, optimizer=optimizer, config=rendered)
     if pre.compile:
         # Without token buckets every batch has its own shapes (padded length, real tokens,
         # masked positions), so the graph is compiled for dynamic shapes.
