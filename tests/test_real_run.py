@@ -4,15 +4,13 @@ bert-base-128 --dry-run` on what they wrote: every stage finds its input."""
 
 from __future__ import annotations
 
-import hashlib
-
 from static_site import serving
 from test_download import DATE, _site_tree
-from test_tasks_fetch import _glue_zip, _mrpc_files, _on_site
+from test_tasks_fetch import _glue_zip, _mrpc_files, lay_out
 from typer.testing import CliRunner
 
 from bert_core.finetune import fetch
-from bert_core.finetune.fetch import SOURCES, Source, TaskData
+from bert_core.finetune.fetch import SOURCES
 from flows.cli.main import app
 
 
@@ -34,14 +32,8 @@ def test_download_and_tasks_fetch_feed_the_bert_base_preset(site, dump, tmp_path
     payloads = {"mrpc": _mrpc_files(), "sst2": {"SST-2.zip": _glue_zip("SST-2")},
                 "cola": {"CoLA.zip": _glue_zip("CoLA")}, "stsb": {"STS-B.zip": _glue_zip("STS-B")},
                 "rte": {"RTE.zip": _glue_zip("RTE")}}
-    hosts, table = tmp_path / "hosts", {}
-    for task, files in payloads.items():
-        sources = []
-        for source in SOURCES[task].sources:
-            data = files[source.name]
-            _on_site(hosts, source.url, data)
-            sources.append(Source(source.url, len(data), hashlib.sha256(data).hexdigest()))
-        table[task] = TaskData(tuple(sources), SOURCES[task].unpack)
+    hosts = tmp_path / "hosts"
+    table = lay_out(hosts, payloads)
     monkeypatch.setattr(fetch, "SOURCES", {**SOURCES, **table})
     with serving(hosts) as task_site:
         monkeypatch.setenv("BERTPIPE_TASKS_URL", task_site.url)

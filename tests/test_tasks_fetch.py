@@ -68,19 +68,26 @@ def _payloads() -> dict[str, dict[str, bytes]]:
     }
 
 
-@pytest.fixture
-def hosts(tmp_path):
-    """The official hosts' paths on 127.0.0.1, and the table of those files' sizes and sha256
-    (the pinned table with the tiny files' own checksums)."""
-    root = tmp_path / "hosts"
+def lay_out(root: Path, payloads: dict[str, dict[str, bytes]]) -> dict[str, TaskData]:
+    """Each task's files at their official URLs' paths under ``root``; returns the table of their
+    sources with these files' sizes and sha256 (what the pinned table says of the real ones)."""
     table: dict[str, TaskData] = {}
-    for task, files in _payloads().items():
+    for task, files in payloads.items():
         sources = []
         for source in SOURCES[task].sources:
             data = files[source.name]
             _on_site(root, source.url, data)
             sources.append(Source(source.url, len(data), hashlib.sha256(data).hexdigest()))
         table[task] = TaskData(tuple(sources), SOURCES[task].unpack)
+    return table
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """The official hosts' paths on 127.0.0.1, and the table of those files' sizes and sha256
+    (the pinned table with the tiny files' own checksums)."""
+    root = tmp_path / "hosts"
+    table = lay_out(root, _payloads())
     with serving(root) as site:
         yield site, table
 

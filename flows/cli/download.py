@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli.options import ConfigOpt, PresetOpt, RetriesOpt, SetOpt, StagingOpt, resolve
 
 
 def download_wikipedia(
@@ -25,8 +25,8 @@ def download_wikipedia(
     base_url: Annotated[
         str | None, typer.Option(help="Dump site or mirror (default $BERTPIPE_DUMPS_URL or Wikimedia).")
     ] = None,
-    staging: Annotated[str | None, typer.Option(help="Local folder for resumable .part files.")] = None,
-    retries: Annotated[int, typer.Option(help="Resume attempts per file.")] = 5,
+    staging: StagingOpt = None,
+    retries: RetriesOpt = 5,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,

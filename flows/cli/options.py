@@ -17,6 +17,9 @@ SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override one field, e.g. instances.dupe_factor=2 (repeatable)."),
 ]
+# Options of the resumable downloads (`download wikipedia`, `tasks fetch`).
+StagingOpt = Annotated[str | None, typer.Option(help="Local folder for resumable .part files.")]
+RetriesOpt = Annotated[int, typer.Option(help="Resume attempts per file.")]
 # Options of the Beam stages; Beam's own options go after `--`.
 WorkersOpt = Annotated[int | None, typer.Option(help="Beam worker processes (default: config workers).")]
 RunnerOpt = Annotated[

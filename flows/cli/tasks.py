@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.options import ConfigOpt, PresetOpt, SetOpt, resolve
+from flows.cli.options import ConfigOpt, PresetOpt, RetriesOpt, SetOpt, StagingOpt, resolve
 
 
 def tasks_fetch(
@@ -25,8 +25,8 @@ def tasks_fetch(
     url: Annotated[list[str] | None, typer.Option(
         "--url", help="NAME=URL: a folder holding that task's files under their official names "
                       "(ner: train.txt, valid.txt, test.txt); repeatable.")] = None,
-    staging: Annotated[str | None, typer.Option(help="Local folder for resumable .part files.")] = None,
-    retries: Annotated[int, typer.Option(help="Resume attempts per file.")] = 5,
+    staging: StagingOpt = None,
+    retries: RetriesOpt = 5,
     preset: PresetOpt = "demo",
     config: ConfigOpt = None,
     set_: SetOpt = None,
