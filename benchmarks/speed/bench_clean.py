@@ -5,7 +5,8 @@
 
 Inputs: the sample enwiki excerpt, and a multistream dump of it followed by distinct real text
 as pages (:mod:`benchmarks.text.distinct_text`). A one-page dump measures each tool's fixed
-start-up, which the "beyond start-up" rows take off. Each command runs ``--repeats`` times, the
+start-up, which the "beyond start-up" rows take off; on the distinct dump, our job with one worker
+also runs in turn with ``bzip2 -d`` of the same file, its floor. Each command runs ``--repeats`` times, the
 two tools in turn, so that a drift in the machine's speed reaches both sides of a pair alike.
 wikiextractor runs in its own venv under the bertpipe cache. Results: ``bench-results/clean.json``.
 """
@@ -93,7 +94,7 @@ def commands(python: Path, dump: Path, *extra: str) -> dict[str | int, Callable[
     """wikiextractor (``wx``) with ``--processes 2``, then our job with each of ``WORKERS`` on the
     local runner (``extra``: more of our options)."""
     def ours(workers: int) -> Callable[[Path], list[str]]:
-        return lambda out: [sys.executable, "-m", "beam_jobs.clean_corpus", "--wikipedia", str(dump),
+        return lambda out: [sys.executable, "-m", "flows.cli", "corpus", "--wikipedia", str(dump),
                             "--output", str(out), "--workers", str(workers), *extra]
 
     wikiextractor = [str(python), "-m", "wikiextractor.WikiExtractor", str(dump), "--json",
@@ -216,6 +217,17 @@ def main() -> None:
                                 per_mb[0] / per_mb[1] if None not in per_mb else None))
                 rows.append(row(f"peak RSS of the process tree, {case}", ours["peak_rss_mb"], ref["peak_rss_mb"],
                                 "MB", ours["peak_rss_mb"] / max(ref["peak_rss_mb"], 1), digits=1))
+            if name == "distinct":  # the floor: decoding the same dump alone, taken in turn with ours
+                floor = measured_in_turn(args.repeats, "bzip2", tmp, {
+                    "bzip2": lambda out, d=dump: ["bash", "-c", f"bzip2 -dc {d} > /dev/null"],
+                    1: commands(python, dump)[1]})
+                pairs = sorted((o["cpu_s"] - start[1]["cpu_s"]) / b["cpu_s"]
+                               for o, b in zip(floor[1], floor["bzip2"], strict=True))
+                beyond = statistics.median(o["cpu_s"] for o in floor[1]) - start[1]["cpu_s"]
+                bzip2_cpu = statistics.median(b["cpu_s"] for b in floor["bzip2"])
+                rows.append(row(f"CPU-s beyond start-up vs `bzip2 -d` of the same dump, {label}, 1 worker",
+                                beyond, bzip2_cpu, "CPU-s", statistics.median(pairs),
+                                ratio_range=[round(pairs[0], 3), round(pairs[-1], 3)]))
         ours_s = our_sentences(tmp / "1-1x-0")
         ref_s = wikiextractor_sentences(tmp / "wx-1x-0")
         ours_set = {normalize(s) for s in ours_s}

@@ -197,7 +197,7 @@ def compare(docs: list[tuple[str, list[str]]], label: str, tf_python: Path, work
                 "model.max_position_embeddings=512"]
         ours: dict[int, dict[str, float]] = {}
         for w in workers:
-            argv = [sys.executable, "-m", "beam_jobs.create_instances", "--corpus", str(corpus),
+            argv = [sys.executable, "-m", "flows.cli", "instances", "--corpus", str(corpus),
                     "--vocab", str(vocab), "--output", str(work / f"ours-w{w}"), "--preset", "demo",
                     *(arg for s in [f"workers={w}", *sets] for arg in ("--set", s))]
             ours[w] = measure(argv, work / f"ours-w{w}.log", {**ENV, "PYTHONPATH": str(ROOT)})

@@ -79,10 +79,10 @@ def stage_argv(stage: str, work: Path, inputs: dict, *extra: str, corpus: str | 
     the corpus stage on ``inputs`` (:func:`raw_inputs`), the others on ``corpus`` (default: the corpus
     stage's output); ``extra`` last (it may end with ``-- beam args``)."""
     corpus = corpus or str(work / "corpus")
-    job = {"clean": ["beam_jobs.clean_corpus", "--wikipedia", inputs.get("wikipedia"),
+    job = {"clean": ["flows.cli", "corpus", "--wikipedia", inputs.get("wikipedia"),
                      *[a for b in inputs.get("books", []) for a in ("--books", b)], "--output", str(work / "corpus")],
-           "vocab": ["beam_jobs.build_vocab", "--corpus", corpus, "--output", str(work / "vocab")],
-           "instances": ["beam_jobs.create_instances", "--corpus", corpus, "--vocab", str(work / "vocab"),
+           "vocab": ["flows.cli", "vocab", "--corpus", corpus, "--output", str(work / "vocab")],
+           "instances": ["flows.cli", "instances", "--corpus", corpus, "--vocab", str(work / "vocab"),
                          "--output", str(work / "instances")]}[stage]
     return [sys.executable, "-m", *job, "--preset", "demo", "--workers", str(WORKERS), *extra]
 
