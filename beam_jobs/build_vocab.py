@@ -270,7 +270,7 @@ def run(
     with lease.hold(output, "vocab", first_seen) as held:
         if held.finished:
             return storage.read_manifest(output)
-        storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
+        lease.remove_held(output, held.attempt, storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
         return _train(cfg, corpus, output, corpus_manifest, given, workers, runner, beam_args, held, on_progress)
 
 
@@ -320,7 +320,7 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
         else:
             stats = {}
     finally:
-        storage.remove(scratch)
+        lease.remove_if_held(output, held.attempt, scratch)  # a run that lost its lease removes nothing
     config = cfg.model_dump(mode="json") | {"strip_accents": cfg.do_strip_accents}
     files = [storage.shard_entry(storage.join(output, name)) for name in ("vocab.txt", "tokenizer.json")]
     counts = {"vocab_size": tokenizer.vocab_size, "vocab_size_requested": None if given else cfg.vocab_size,
@@ -328,7 +328,8 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
     held.check()
     return storage.write_manifest(output, stage="vocab", config=config,
                                   inputs=[corpus_manifest] if corpus_manifest else [],
-                                  shards=files, counts=counts, stats=stats)
+                                  shards=files, counts=counts, stats=stats,
+                                  fence=lease.fence(output, held.attempt))
 
 
 if __name__ == "__main__":

@@ -613,12 +613,11 @@ def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num
     """The manifest, written last and only by the attempt that holds the folder's lease: the
     summary is complete only once every shard is written. None when an input file was cut short
     (the driver names it: :func:`_checked_manifest`)."""
-    storage.remove(storage.join(output, SPILL_DIR))
+    if not lease.remove_if_held(output, attempt, storage.join(output, SPILL_DIR)):
+        lease.check(output, attempt or "")  # lost: one line, nothing removed or committed
     if D.truncated_inputs(summary) and not cfg.allow_truncated:
         return None
-    if attempt is not None:
-        lease.check(output, attempt)
-    return D.write_corpus_manifest(output, cfg, inputs, num_shards, summary)
+    return D.write_corpus_manifest(output, cfg, inputs, num_shards, summary, fence=lease.fence(output, attempt))
 
 
 # --------------------------------------------------------------------------- entry points
@@ -701,7 +700,7 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     with lease.hold(output, "corpus", first_seen) as held:
         if held.finished:
             return storage.read_manifest(output)
-        D.clear_output(output)
+        D.clear_output(output, held.attempt)
         watch = Watch(progress_folder(output), "corpus", {READ_PHASE: Phase("reading inputs", total_bytes, "bytes")},
                       on_progress)
         watch.clear()
@@ -711,7 +710,8 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
                                                            folder),
                                   workers, runner, beam_args, watch if on_progress else None)
         finally:
-            storage.remove(storage.join(output, SPILL_DIR))  # a failed run leaves no temporary files
+            # a failed run leaves no temporary files; a run that lost its lease removes none
+            lease.remove_if_held(output, held.attempt, storage.join(output, SPILL_DIR))
             watch.clear()
         if counters is not None:
             for name, n in (job_counters(result, NAMESPACE) or {}).items():

@@ -402,7 +402,7 @@ def run(
     with lease.hold(output, "instances", first_seen) as held:
         if held.finished:
             return storage.read_manifest(output)
-        prepare_output(output, config)
+        prepare_output(output, config, held.attempt)
         folder = progress_folder(output)
         watch = Watch(folder, "instances", {
             READ_PHASE: Phase("reading documents", count_documents(shards), "documents"),

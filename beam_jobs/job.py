@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineResult
 
-from bert_core import storage
+from bert_core import stopping, storage
 from bert_core.corpus.documents import read_sentences
 from bert_core.failures import Refusal
 from bert_core.progress import Watch
@@ -318,13 +318,33 @@ def watching(watch: Watch | None, every_s: float = POLL_S) -> Iterator[None]:
     poll()
 
 
+@contextmanager
+def workers_ended_on_stop() -> Iterator[None]:
+    """The processes a job starts on this machine (the local runner's workers, a local Dask
+    cluster) end when the job is stopped (a ``KeyboardInterrupt``, or the command's stop
+    signal, bert_core.stopping), before the job unwinds further: nothing works on after it."""
+    before = {p.pid for p in stopping.descendants()}
+
+    def end() -> None:
+        stopping.end_processes([p for p in stopping.descendants() if p.pid not in before], grace=3.0)
+
+    with stopping.on_stop(end):
+        try:
+            yield
+        except KeyboardInterrupt:
+            end()
+            raise
+
+
 def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: str = LOCAL_RUNNER,
                  beam_args: Iterable[str] = (), watch: Watch | None = None) -> PipelineResult:
     """Build the graph with ``build(pipeline)``, run it to the end, return the result; ``watch``
-    is polled while it runs (:func:`watching`)."""
+    is polled while it runs (:func:`watching`); a stop ends its workers
+    (:func:`workers_ended_on_stop`)."""
     runner, beam_args = resolve_runner(runner, beam_args)
     with fewer_gc_passes(), memory_returned(is_local(runner)), \
-            harness_chatter_dropped(is_local(runner) and workers > 1), watching(watch):
+            harness_chatter_dropped(is_local(runner) and workers > 1), watching(watch), \
+            workers_ended_on_stop():
         p = beam.Pipeline(options=pipeline_options(workers, runner, beam_args))
         build(p)
         result = p.run()

@@ -10,8 +10,11 @@ a problem reads the same here as where the stage would have met it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bert_core import storage
@@ -121,6 +124,8 @@ def _tasks(config: PipelineConfig, p: _Problems) -> None:
               "one sub-folder per task (`bertpipe tasks fetch TASK` fills <storage_root>/tasks, "
               "`bertpipe samples fetch samples` gives samples/tasks)")
         return
+    if storage.is_local(config.finetune.data_dir) and Path(storage.to_uri(config.finetune.data_dir)).is_file():
+        return  # said by _config_paths
     for name in known:
         p.check(task_data, config, name)
 
@@ -214,11 +219,142 @@ def _current_model(config: PipelineConfig, p: _Problems) -> None:
     p.check(check_init_vocab, model, vocab_file)
 
 
+def _config_paths(config: PipelineConfig, p: _Problems, dump_downloaded: bool = False) -> None:
+    """The paths the config names, each the kind its field takes (:func:`check_input`)."""
+    given = [("vocab.vocab_file", config.vocab.vocab_file, "file"), ("pretrain.hostfile", config.pretrain.hostfile, "file"),
+             ("finetune.data_dir", config.finetune.data_dir, "tasks"),
+             *((f"corpus.{kind}", pattern, "files") for kind in ("wikipedia", "books", "text")
+               if not (dump_downloaded and kind == "wikipedia") for pattern in getattr(config.corpus, kind)),
+             *(("finetune.extra_checkpoints", extra, "model") for extra in config.finetune.extra_checkpoints)]
+    for field, value, takes in given:
+        p.check(check_input, field, value, takes)
+
+
 def _vocab_file(config: PipelineConfig, p: _Problems) -> None:
     if config.vocab.vocab_file:
         from bert_core.vocab.tokenization import check_vocab_file
 
         p.check(check_vocab_file, config.vocab.vocab_file, config.vocab)
+
+
+# --------------------------------------------------------------------------- a path given to a command
+
+
+class InputKindError(ConfigError):
+    """A path given to an option that is not the kind of thing the option takes: a folder of
+    another stage, a file where a folder belongs, a folder where a file belongs."""
+
+
+# The command that makes each stage's folder, named when another kind of folder is given.
+MADE_BY = {"corpus": "bertpipe corpus --output ...", "vocab": "bertpipe vocab --output ...",
+           "instances": "bertpipe instances --output ...", "pretrain": "bertpipe pretrain --output ...",
+           "finetune": "bertpipe finetune --output ...", "model": "bertpipe export ... --output ...",
+           "download": "bertpipe download wikipedia --to ..."}
+_MODEL_FILES = "config.json, model.safetensors, vocab.txt"
+
+
+@dataclass(frozen=True)
+class Takes:
+    """What an option takes: ``folder`` True a folder, False a file, None either; ``stages`` the
+    stages whose folders it accepts (None: any folder; a folder of another stage is refused);
+    ``model`` also a transformers-layout folder (config.json)."""
+
+    what: str
+    folder: bool | None
+    stages: tuple[str, ...] | None = None
+    model: bool = False
+
+
+TAKES = {
+    "corpus": Takes(f"a corpus folder ({MADE_BY['corpus']})", True, ("corpus",)),
+    "vocab": Takes(f"a vocab folder ({MADE_BY['vocab']}) or a vocab.txt", None, ("vocab",)),
+    "instances": Takes(f"an instances folder ({MADE_BY['instances']})", True, ("instances",)),
+    "model": Takes(f"a transformers-layout model folder ({_MODEL_FILES})", True, (), model=True),
+    "checkpoint": Takes("a DeepSpeed checkpoint folder or a transformers-layout model folder", True,
+                        ("pretrain",), model=True),
+    "tasks": Takes("a folder with one sub-folder per task (bertpipe tasks fetch ...)", True, ()),
+    "stage": Takes(f"a stage's output folder (with {storage.MANIFEST})", True),
+    "files": Takes("files: a file, a glob of files (e.g. FOLDER/*.txt) or a folder of them", None, ()),
+    "file": Takes("a file", False),
+    "folder": Takes("a folder", True),
+}
+
+
+def _found(path: str) -> tuple[str, str] | None:
+    """What the local ``path`` is, as (kind, how a message names it): ("file", ...), ("model", ...)
+    for a folder with config.json, (its stage, ...) for a folder whose manifest names one,
+    ("folder", ...) otherwise; None when nothing is there."""
+    where = Path(storage.to_uri(path))
+    if not where.exists():
+        return None
+    if not where.is_dir():
+        return "file", "a file"
+    if (where / "config.json").is_file():
+        return "model", "a transformers model folder (it holds config.json)"
+    try:
+        stage = json.loads((where / storage.MANIFEST).read_text(encoding="utf-8")).get("stage")
+    except (OSError, ValueError, AttributeError):
+        stage = None  # no manifest, or a damaged one: the command that reads it says so
+    if isinstance(stage, str) and stage:
+        return stage, f'{"an" if stage[0] in "aeiou" else "a"} {stage} folder (its {storage.MANIFEST} says stage "{stage}")'
+    return "folder", "a folder"
+
+
+def check_input(option: str, value: str | None, takes: str) -> None:
+    """Refuse ``value`` given to ``option`` when it is not what ``TAKES[takes]`` says: a folder of
+    another stage names both stages, a file where a folder belongs and a folder where a file
+    belongs say so. A path that is not there, a glob, a remote URI or a ``models:`` reference is
+    left to the command, which says what it needed."""
+    if not value or value.startswith("models:") or any(c in value for c in "*?["):
+        return
+    if not storage.is_local(value):
+        return  # a bucket's listing can take seconds; the command reads it and says what it met
+    want, found = TAKES[takes], _found(value)
+    if found is None:
+        return
+    kind, named = found
+    if kind == "file":
+        if want.folder:
+            raise InputKindError(f"{option} {value} is a file; give "
+                                 f"{'the folder that holds config.json' if want.model else want.what}")
+        return
+    if want.folder is False:
+        raise InputKindError(f"{option} {value} is a folder; {option} takes {want.what}")
+    if want.stages is None or kind == "folder" or kind in want.stages or (kind == "model" and want.model):
+        return
+    hint = ""
+    if want.model and (Path(storage.to_uri(value)) / "hf" / "config.json").is_file():
+        hint = f", e.g. its export {storage.join(value, 'hf')}"
+    raise InputKindError(f"{option} {value}: that folder is {named}; {option} takes {want.what}{hint}")
+
+
+def check_inputs(given: list[tuple[str, str | list[str] | None, str]]) -> None:
+    """:func:`check_input` of each (option, value or values, what it takes), every problem at once
+    (:class:`PreflightConfigError`)."""
+    p = _Problems()
+    for option, value, takes in given:
+        for one in value if isinstance(value, list | tuple) else [value]:
+            p.check(check_input, option, one, takes)
+    if len(p.errors) == 1:
+        raise p.errors[0]  # one problem reads best alone
+    p.raise_any()
+
+
+def check_finetune(config: PipelineConfig, checkpoint: str, what: str = "--checkpoint") -> None:
+    """What every fine-tuning job of ``config.finetune.tasks`` reads, checked once before the first
+    starts (a problem here would fail each job alike): the checkpoint's config and weights, and each
+    task's files under ``finetune.data_dir``, there and not empty."""
+    from bert_core.finetune.errors import TaskDataError
+
+    p = _Problems()
+    if not checkpoint.startswith("models:"):
+        p.check(checkpoint_files, checkpoint, what)
+    for name in config.finetune.tasks:
+        for file in p.check(task_data, config, name) or []:
+            if p.check(storage.size, file) == 0:
+                p.errors.append(TaskDataError(f"{file} is empty: task {name!r} reads its examples there; "
+                                              "fetch it again or put the task's file there"))
+    p.raise_any()
 
 
 # --------------------------------------------------------------------------- the runs
@@ -229,6 +365,7 @@ def check_run(config: PipelineConfig) -> None:
     saves, the fine-tune tasks' files and the extra checkpoints. Raises :class:`PreflightError`
     listing every problem (:class:`PreflightConfigError` when all are the config's)."""
     p = _Problems()
+    _config_paths(config, p)
     _corpus(config, p)
     _vocab_file(config, p)
     _pretrain(config, p)
@@ -244,6 +381,7 @@ def check_refresh(config: PipelineConfig, date: str | None = None) -> None:
     p = _Problems()
     if date is not None and not re.fullmatch(r"\d{8}", date):
         p.add(f"--date {date!r}: give a dump date as YYYYMMDD, e.g. 20261201")
+    _config_paths(config, p, dump_downloaded=True)
     _corpus(config, p, dump_downloaded=True)
     _pretrain(config, p)
     _current_model(config, p)

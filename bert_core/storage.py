@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -326,9 +326,12 @@ def write_manifest(
     shards: Iterable[dict[str, Any]] = (),
     counts: dict[str, Any] | None = None,
     stats: dict[str, Any] | None = None,
+    fence: Callable[[str, str], None] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """Write ``_MANIFEST.json``: call it after every shard is closed; it marks the folder done.
+    """Write ``_MANIFEST.json``: call it after every shard is closed (and hashed); it marks the
+    folder done. ``fence(tmp, final)`` (``bert_core.lease.fence``) moves the manifest into place
+    only while the folder's lease is still the writer's; without it the move is plain.
 
     ``inputs`` are the manifests this stage read (from :func:`read_manifest`): each is named by
     its stage, place, counts and the sha256 of its manifest, so lineage can be followed and
@@ -349,11 +352,13 @@ def write_manifest(
         **extra,
     }
     manifest["uri"] = to_uri(folder)
-    tmp = join(folder, MANIFEST + ".tmp")
+    tmp = join(folder, f"{MANIFEST}.{uuid.uuid4().hex[:16]}.tmp")  # each writer's own name
     write_text(tmp, json.dumps(manifest, indent=2, sort_keys=True))
-    fs = filesystem(folder)
+    if fence is not None:  # the commit is the lease check
+        fence(tmp, join(folder, MANIFEST))
+        return manifest
     # A rename is atomic on a local disk; on object stores the final object appears whole.
-    fs.mv(split_protocol(tmp)[1], split_protocol(join(folder, MANIFEST))[1])
+    filesystem(folder).mv(split_protocol(tmp)[1], split_protocol(join(folder, MANIFEST))[1])
     return manifest
 
 

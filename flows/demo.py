@@ -226,4 +226,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from flows.tools import signals
+
+    signals.install()  # a stop signal ends it in order, as it does every bertpipe command
+    with signals.stopped_in_order():
+        main()

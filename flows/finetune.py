@@ -100,21 +100,21 @@ def finetune(config: PipelineConfig, checkpoint: str, output: str, checkpoint_na
         # One attempt at a time writes a task's folder (a schedule beside a manual run). Work
         # finished at these versions, by another run while this one waited or before it took the
         # leases, is never redone: the other run is reading it.
-        for t in sorted(tasks):
-            held.enter_context(lease.hold(storage.join(output, t), "finetune"))
+        attempts = {t: held.enter_context(lease.hold(storage.join(output, t), "finetune")).attempt
+                    for t in sorted(tasks)}
         if all(is_done(storage.join(output, t), versions[t]) for t in tasks):
             logger.info("finetune: %s, finished at these versions; not redone", output)
             return output
-        _fine_tune(config, checkpoint, output, label, tasks, versions, logger)
+        _fine_tune(config, checkpoint, output, label, tasks, versions, logger, attempts)
     if registered:  # a registered model: the registry lists the task models fine-tuned from it
         Registry(registry_root(config.storage_root)).add_task_models(registered, task_models(output, tasks))
     return output
 
 
 def _fine_tune(config: PipelineConfig, checkpoint: str, output: str, label: str, tasks: list[str],
-               versions: dict[str, str], logger: Any) -> str:
+               versions: dict[str, str], logger: Any, attempts: dict[str, str]) -> str:
     """Every job of ``tasks`` into ``output``, the selection per task and the index (the task
-    folders' leases held)."""
+    folders' leases held by ``attempts``, which fence each task's clearing and commit)."""
     from bert_core.finetune.grid import job_name, settings
     from bert_core.finetune.report import clear_task, summarize, table_rows, write_results
     from bert_core.progress import Update
@@ -122,7 +122,7 @@ def _fine_tune(config: PipelineConfig, checkpoint: str, output: str, label: str,
 
     cfg = config.finetune
     for t in tasks:
-        clear_task(storage.join(output, t))
+        clear_task(storage.join(output, t), attempts[t])
     jobs = {job_name(t, label, s, seed): {"task": t, "setting": s.as_dict(), "seed": seed}
             for t in tasks for s in settings(cfg) for seed in cfg.seeds}
     # The runner's workers are the concurrency limit: jobs beyond it wait for a free one.
@@ -143,7 +143,7 @@ def _fine_tune(config: PipelineConfig, checkpoint: str, output: str, label: str,
                 message = state.message or state.name
                 logger.warning("%s failed: %s", name, message)
                 results.append({**j, "ok": False, "error": message})
-    index = write_results(output, cfg, checkpoint, cfg.data_dir, results, label, versions)
+    index = write_results(output, cfg, checkpoint, cfg.data_dir, results, label, versions, attempts)
     publish_table("finetune-results", table_rows(summarize(results)),
                   f"Fine-tuning {storage.to_uri(checkpoint)} ({label}): dev mean ± sd over seeds "
                   f"{cfg.seeds} for every setting, the selected one (✓) on its final split; "

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import PipelineConfig
 from bert_core.preflight import check_run, extra_checkpoints
 from flows.dispatch import run_on_deployment
@@ -139,38 +139,46 @@ def fan_out_finetune(config: PipelineConfig, checkpoints: dict[str, str]) -> lis
 @task(retries=2, retry_delay_seconds=20, retry_condition_fn=retry_on_infrastructure,
       cache_policy=NO_CACHE, task_run_name="publish-model")
 def publish_model(run: str, output: str):
-    """Copy a finished run's ``hf/`` export to ``output`` (the bucket) with a manifest."""
+    """Copy a finished run's ``hf/`` export to ``output`` (the bucket) with a manifest, under the
+    folder's lease: two runs publishing one version take turns, the second finds it finished."""
     def work() -> None:
         from bert_core.card import CARD
 
-        run_manifest = storage.read_manifest(run)
-        files = storage.copy_files(storage.join(run, "hf"), output)
-        if not any(f.endswith(("model.safetensors", "pytorch_model.bin")) for f in files):
-            raise RuntimeError(f"{storage.join(run, 'hf')} holds no model weights; was the export written?")
-        storage.write_manifest(output, stage="model", config={"run": storage.to_uri(run)},
-                               inputs=[run_manifest],
-                               # the card is rewritten by the registry as the version is judged
-                               shards=[storage.shard_entry(f) for f in files if not f.endswith("/" + CARD)],
-                               counts={"files": len(files)})
+        with lease.hold(output, "model") as held:
+            if held.finished:
+                return
+            run_manifest = storage.read_manifest(run)
+            files = storage.copy_files(storage.join(run, "hf"), output)
+            if not any(f.endswith(("model.safetensors", "pytorch_model.bin")) for f in files):
+                raise RuntimeError(f"{storage.join(run, 'hf')} holds no model weights; was the export written?")
+            storage.write_manifest(output, stage="model", config={"run": storage.to_uri(run)},
+                                   inputs=[run_manifest],
+                                   # the card is rewritten by the registry as the version is judged
+                                   shards=[storage.shard_entry(f) for f in files if not f.endswith("/" + CARD)],
+                                   counts={"files": len(files)}, fence=lease.fence(output, held.attempt))
 
     return run_once("model", output, work)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="random-init-model")
 def save_random_init(config: PipelineConfig, vocab: str, output: str):
-    """The pre-trained model's architecture and vocab with the weights its run started from (the baseline)."""
+    """The pre-trained model's architecture and vocab with the weights its run started from (the
+    baseline), saved under the folder's lease."""
     def work() -> None:
         from bert_core.pretrain.in_process import save_random_init
         from bert_core.pretrain.run_folder import model_config
         from bert_core.vocab.tokenization import load_tokenizer
 
-        model = save_random_init(model_config(config, load_tokenizer(vocab).vocab_size), config.pretrain.seed,
-                                 output, storage.join(vocab, "vocab.txt"), config.vocab.lowercase)
-        files = storage.list_files(output)
-        storage.write_manifest(output, stage="model", config={"random_init_seed": config.pretrain.seed,
-                                                              **model.config.model_dump(mode="json")},
-                               inputs=[storage.read_manifest(vocab)],
-                               shards=[storage.shard_entry(f) for f in files], counts={"files": len(files)})
+        with lease.hold(output, "model") as held:
+            if held.finished:
+                return
+            model = save_random_init(model_config(config, load_tokenizer(vocab).vocab_size), config.pretrain.seed,
+                                     output, storage.join(vocab, "vocab.txt"), config.vocab.lowercase)
+            files = [f for f in storage.list_files(output) if f.rsplit("/", 1)[-1] not in (lease.LEASE, lease.LOCK)]
+            storage.write_manifest(output, stage="model", config={"random_init_seed": config.pretrain.seed,
+                                                                  **model.config.model_dump(mode="json")},
+                                   inputs=[storage.read_manifest(vocab)], fence=lease.fence(output, held.attempt),
+                                   shards=[storage.shard_entry(f) for f in files], counts={"files": len(files)})
 
     return run_once("random-init model", output, work)
 
@@ -234,9 +242,11 @@ def bert_pipeline(config: PipelineConfig) -> dict[str, Any]:
     summary = {"stages": stages, "finetune_jobs": results,
                "storage_root": storage.to_uri(config.storage_root)}
     publish_pipeline_report(config, summary, run=run, instances=instances)
-    failed = [f"{r['task']} on {r['checkpoint']}" for r in results if r["status"] == "failed"]
+    failed = [r for r in results if r["status"] == "failed"]
     if failed:
-        raise RuntimeError(f"fine-tune jobs failed: {', '.join(failed)} (every other job finished; "
+        from bert_core.finetune.report import failure_lines
+
+        raise RuntimeError(f"fine-tune jobs failed: {'; '.join(failure_lines(failed))} (every other job finished; "
                            "run the pipeline again to retry just these)")
     print(json.dumps({k: v["status"] for k, v in stages.items()}))
     return summary

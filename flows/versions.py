@@ -17,7 +17,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.states import Completed, State
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import FAN_OUT_FIELDS, FinetuneConfig, PipelineConfig, config_hash, versioned
 from bert_core.preflight import runs_base
 
@@ -206,17 +206,24 @@ def unwrap(out: Any) -> dict[str, Any]:
 def run_once(what: str, output: str, work: Callable[[], Any],
              version: str | None = None) -> State | dict[str, Any]:
     """Inside a task: skip ``work`` when ``output`` is done (at ``version``, when given), else run
-    it and check it finished. A finished ``output`` of another version is removed first: its
-    results belong to another config or checkpoint and must not be read as these."""
+    it and check it finished. A finished ``output`` of another version is emptied first, under
+    its lease (never while another run writes it): its results belong to another config or
+    checkpoint and must not be read as these."""
     logger = get_run_logger()
     if is_done(output, version):
         logger.info("%s: %s, %s has a manifest", what, SKIPPED, output)
         return cached(output)
     if version is not None and storage.has_manifest(output):
-        old = storage.read_manifest(output).get("version")
-        logger.info("%s: %s holds version %s, this config and checkpoint are %s; redoing",
-                    what, output, old, version)
-        storage.remove(output)
+        with lease.hold(output, "clear") as held:  # never under a live writer of the folder
+            if is_done(output, version):  # finished at this version while this run waited
+                logger.info("%s: %s, %s has a manifest", what, SKIPPED, output)
+                return cached(output)
+            if storage.has_manifest(output):
+                old = storage.read_manifest(output).get("version")
+                logger.info("%s: %s holds version %s, this config and checkpoint are %s; redoing",
+                            what, output, old, version)
+                if not lease.clear_if_held(output, held.attempt):
+                    held.check()
     logger.info("%s: running into %s", what, output)
     work()
     if not is_done(output, version):

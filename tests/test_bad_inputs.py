@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from typer.testing import CliRunner
 from beam_jobs import build_vocab, clean_corpus, create_instances
 from bert_core import storage
 from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec, VocabConfig
+from bert_core.finetune.report import failure_lines
+from bert_core.preflight import TAKES
+from flows.cli.inputs import COMMON, INPUTS, labels, takes
 from flows.cli.main import COMMANDS, app
 
 PROSE = ("The river runs through the old town. It was first mapped in 1820 by a surveyor, who "
@@ -117,6 +121,17 @@ def _task_model(m: Made) -> str:
     return str(folder)
 
 
+def _task_data(m: Made, name: str, text: str | None) -> str:
+    """A task data folder whose sentiment/ holds no files (``text`` None) or the sample's files,
+    each holding ``text``."""
+    folder = m.tmp / name / "sentiment"
+    folder.mkdir(parents=True, exist_ok=True)
+    if text is not None:
+        for real in (m.samples / "tasks" / "sentiment").glob("*.txt"):
+            (folder / real.name).write_text(text)
+    return str(m.tmp / name)
+
+
 ROWS = [
     # corpus
     Row("corpus", "missing file", lambda m: ["--books", out(m, "nope.txt"), "--output", out(m)], 2,
@@ -148,7 +163,7 @@ ROWS = [
         lambda m: ["no-manifest", storage.MANIFEST]),
     Row("vocab", "a manifest cut in half", lambda m: ["--corpus", out(m, "half-manifest"), "--output", out(m)], 1,
         lambda m: ["half-manifest"]),
-    Row("vocab", "the wrong kind of folder", lambda m: ["--corpus", m.instances, "--output", out(m)], 1,
+    Row("vocab", "the wrong kind of folder", lambda m: ["--corpus", m.instances, "--output", out(m)], 2,
         lambda m: [m.instances, "instances"]),
     Row("vocab", "an empty vocab file", lambda m: ["--corpus", m.corpus, "--vocab-file", out(m, "empty.txt"),
                                                    "--output", out(m)], 1,
@@ -158,7 +173,7 @@ ROWS = [
                                                  "--output", out(m)], 1,
         lambda m: ["nope"]),
     Row("instances", "the corpus given as the vocab", lambda m: ["--corpus", m.corpus, "--vocab", m.corpus,
-                                                                 "--output", out(m)], 1,
+                                                                 "--output", out(m)], 2,
         lambda m: [m.corpus, "vocab"]),
     Row("instances", "a corpus of no document", lambda m: ["--corpus", out(m, "empty-corpus"), "--vocab", m.vocab,
                                                            "--output", out(m)], 1,
@@ -203,8 +218,16 @@ ROWS = [
                                                   "--output", out(m)], 2,
         lambda m: ["nosuch"]),
     Row("finetune", "a missing checkpoint", lambda m: ["--task", "sentiment", "--data", str(m.samples / "tasks"),
-                                                       "--checkpoint", out(m, "gone"), "--output", out(m)], 1,
-        lambda m: ["gone"]),
+                                                       "--checkpoint", out(m, "gone"), "--output", out(m)], 2,
+        lambda m: ["gone", "does not exist"]),
+    Row("finetune", "a task folder without the task's files",
+        lambda m: ["--task", "sentiment", "--data", _task_data(m, "no-files", None),
+                   "--checkpoint", str(m.samples / "models" / "minilm"), "--output", out(m)], 1,
+        lambda m: [out(m, "no-files"), "sentiment"]),
+    Row("finetune", "a task file that is empty",
+        lambda m: ["--task", "sentiment", "--data", _task_data(m, "empty-files", ""),
+                   "--checkpoint", str(m.samples / "models" / "minilm"), "--output", out(m)], 1,
+        lambda m: [out(m, "empty-files"), "is empty", "sentiment"]),
     # features
     Row("features", "an empty input", lambda m: ["--checkpoint", str(m.samples / "models" / "minilm"),
                                                  "--input", out(m, "empty.txt"), "--output", out(m, "f.parquet")], 1,
@@ -292,7 +315,105 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[f"{r.command}: {r.case}" for r in ROWS])
+# ---------------------------------------------------------------- every input of every command, the wrong kind
+# The values a command needs to parse, besides the one input a row makes wrong (checked first, so
+# none of them is read).
+NEEDS: dict[str, Callable[[Made], dict[str, str | list[str]]]] = {
+    "corpus": lambda m: {"output": out(m)},
+    "vocab": lambda m: {"output": out(m)},
+    "instances": lambda m: {"corpus": m.corpus, "vocab": m.vocab, "output": out(m)},
+    "pretrain": lambda m: {"instances": m.instances, "output": out(m)},
+    "export": lambda m: {"source": out(m, "nope"), "output": out(m)},
+    "finetune": lambda m: {"task": ["sentiment"], "data": str(m.samples / "tasks"),
+                           "checkpoint": str(m.samples / "models" / "minilm"), "output": out(m)},
+    "features": lambda m: {"checkpoint": str(m.samples / "models" / "minilm"), "input_": out(m, "nope.txt"),
+                           "output": out(m, "f.parquet")},
+    "predict": lambda m: {"model": str(m.samples / "models" / "minilm"), "input_": out(m, "nope.txt")},
+    "stats": lambda m: {"uri": out(m, "nope")},
+    "verify": lambda m: {"uri": out(m, "nope")},
+    "download wikipedia": lambda m: {"date": "20261101"},
+    "models show": lambda m: {"version": "nosuch"},
+    "models promote": lambda m: {"version": "nosuch"},
+    "models import": lambda m: {"path": out(m, "nope")},
+}
+
+
+def _functions() -> dict[str, Callable[..., None]]:
+    """Command line (``tasks fetch``) -> the function it runs, for every command."""
+    found = {}
+    for name, entry in COMMANDS.items():
+        if isinstance(entry, tuple):
+            found |= {f"{name} {sub}": function for sub, function in entry[1].items()}
+        else:
+            found[name] = entry
+    return found
+
+
+def _text_params(function: Callable[..., None]) -> list[str]:
+    """The parameters of a command whose values are text: each may be a path."""
+    hints = typing.get_type_hints(function, include_extras=True)
+    return [name for name in labels(function)
+            if str in {typing.get_args(hints[name])[0], *typing.get_args(typing.get_args(hints[name])[0])}
+            or "list[str]" in str(typing.get_args(hints[name])[0])]
+
+
+def _argv(command: str, values: dict[str, str | list[str]]) -> tuple[str, list[str]]:
+    """``bertpipe <command> ...`` for ``values``: arguments in their order, then the options."""
+    function = _functions()[command]
+    spelled = labels(function)
+    head, *sub = command.split()
+    argv = list(sub)
+    for name in spelled:  # the signature's order
+        if name in values and not spelled[name].startswith("-"):
+            argv += values[name] if isinstance(values[name], list) else [values[name]]
+    for name, value in values.items():
+        if spelled[name].startswith("-"):
+            for one in value if isinstance(value, list) else [value]:
+                argv += [spelled[name], one]
+    return head, argv
+
+
+# (class, the wrong path, what the last line names) for what an input takes
+_ANOTHER_STAGE = {"corpus": "vocab"}  # the folder given where this stage's belongs; others get the corpus
+
+
+def _wrong(takes: str) -> list[tuple[str, Callable[[Made], str], Callable[[Made, str], list[str]]]]:
+    want = TAKES[takes]
+    cases = []
+    if want.folder is not False and want.stages is not None:
+        other = _ANOTHER_STAGE.get(takes, "corpus")
+        cases.append((f"a {other} folder", lambda m, o=other: getattr(m, o),
+                      lambda m, label, o=other: [getattr(m, o), f'says stage "{o}"', label, want.what]))
+    if want.folder:
+        cases.append(("a file", lambda m: out(m, "empty.txt"),
+                      lambda m, label: [label, out(m, "empty.txt"), "is a file", "folder"]))
+    if want.folder is False:
+        cases.append(("a folder", lambda m: out(m, "no-manifest"),
+                      lambda m, label: [label, out(m, "no-manifest"), "is a folder", want.what]))
+    return cases
+
+
+def _kind_rows() -> list[Row]:
+    rows = []
+    for command, function in _functions().items():
+        spelled = labels(function)
+        for name in _text_params(function):
+            kind = takes(command, name)
+            for case, bad, needles in ([] if kind is None else _wrong(kind)):
+                label = spelled[name]
+
+                def args(m: Made, command=command, name=name, bad=bad) -> list[str]:
+                    return _argv(command, {**NEEDS.get(command, lambda m: {})(m), name: bad(m)})[1]
+
+                rows.append(Row(command.split()[0], f"{' '.join(command.split()[1:])} {label} given {case}".strip(),
+                                args, 2, lambda m, needles=needles, label=label: needles(m, label), output=None))
+    return rows
+
+
+KIND_ROWS = _kind_rows()
+
+
+@pytest.mark.parametrize("row", ROWS + KIND_ROWS, ids=[f"{r.command}: {r.case}" for r in ROWS + KIND_ROWS])
 def test_a_bad_input_is_one_last_line_with_its_exit_code_and_nothing_done(row: Row, made: Made, monkeypatch):
     monkeypatch.setenv("BERTPIPE_STORAGE_TIMEOUT", "3")
     target = made.tmp / row.output if row.output else None
@@ -311,6 +432,32 @@ def test_a_bad_input_is_one_last_line_with_its_exit_code_and_nothing_done(row: R
         assert needle in lines[-1], (needle, lines[-1])
     if target is not None:
         assert not list(target.rglob(storage.MANIFEST)), f"{target} holds a manifest after a failed run"
+
+
+def test_every_text_option_of_every_command_says_what_it_takes():
+    """A new command or option fails here until flows/cli/inputs.py says what it takes (a kind of
+    path, or None for a value that is no path)."""
+    missing = [f"{command} {labels(function)[name]}" for command, function in _functions().items()
+               for name in _text_params(function) if name not in COMMON and name not in INPUTS.get(command, {})]
+    assert not missing, f"add to flows/cli/inputs.py INPUTS: {missing}"
+    kinds = {kind for command in INPUTS for kind in [*INPUTS[command].values(), *COMMON.values()]}
+    assert kinds - {None} <= set(TAKES)
+    assert set(INPUTS) == set(_functions())
+    # every kind of path is given the wrong kind of thing by some row, every command with a path by its rows
+    assert {row.command for row in KIND_ROWS} == {c.split()[0] for c, f in _functions().items()
+                                                  if any(takes(c, n) for n in _text_params(f))}
+
+
+def test_one_error_of_many_jobs_is_said_once_with_their_count():
+    failures = [{"task": "sst2", "setting": f"lr{lr}", "seed": seed, "error": "TaskFileMissing: no train.tsv"}
+                for lr in (1, 2, 3) for seed in (1, 2, 3, 4)] + [
+        {"task": "cola", "setting": "lr1", "seed": 1, "error": "ValueError: bad label 'x' on line 3"}]
+    lines = failure_lines(failures)
+    assert lines == ["finetune: 12 jobs failed with the same error: TaskFileMissing: no train.tsv (sst2 lr1 seed=1, "
+                     "sst2 lr1 seed=2, sst2 lr1 seed=3, and 9 more)",
+                     "cola lr1 seed=1: ValueError: bad label 'x' on line 3"]
+    pipeline = [{"task": "sst2", "checkpoint": c, "status": "failed", "error": "no weights"} for c in ("a", "b")]
+    assert failure_lines(pipeline) == ["finetune: 2 jobs failed with the same error: no weights (sst2 a, sst2 b)"]
 
 
 def test_every_command_that_takes_an_input_has_rows():

@@ -168,7 +168,7 @@ def test_a_refresh_of_a_cut_dump_stops_at_the_corpus_in_one_line(prefect_api, si
     assert name in last and "the XML ends inside a <page>" in last and "pages were read before the cut" in last
     assert "download the file again or drop it from the inputs" in last
     # nothing is marked done after the download: no corpus, no later stage, no model version
-    assert storage.has_manifest(str(data / "raw" / "wikipedia" / f"enwiki-{DATE}"))
+    assert storage.has_manifest(str(data / "downloads" / "wikipedia" / f"enwiki-{DATE}"))
     assert [p.parent.parent.name for p in data.glob(f"**/{storage.MANIFEST}")] == ["wikipedia"]
     registry = Registry(registry_root(str(data)))
     assert registry.current() is None and not registry.versions()

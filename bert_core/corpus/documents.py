@@ -180,22 +180,25 @@ def length_stats(doc: Document) -> dict[str, int]:
 OWN_FILES = ("docs-*-of-*.parquet", "rejects-*-of-*.jsonl", "text-*-of-*.txt")
 
 
-def clear_output(output: str) -> None:
+def clear_output(output: str, attempt: str | None = None) -> None:
     """Remove an earlier attempt's manifest, temporary files and shards (of any count) from a
-    corpus folder; other files are left alone. Called by the attempt that holds the lease."""
+    corpus folder; other files are left alone. Called by the attempt that holds the lease
+    (``attempt``): each removal is fenced by it (``lease.remove_held``)."""
+    from bert_core import lease
     from bert_core.sorted_runs import SPILL_DIR
 
-    storage.remove(storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
-    storage.remove(storage.join(output, SPILL_DIR))
+    lease.remove_held(output, attempt, storage.join(output, storage.MANIFEST))  # an old manifest must not bless new shards
+    lease.remove_held(output, attempt, storage.join(output, SPILL_DIR))
     for pattern in OWN_FILES:
         for uri in storage.glob(storage.join(output, pattern)):
-            storage.remove(uri, recursive=False)
+            lease.remove_held(output, attempt, uri)
 
 
 def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list[str]],
-                          num_shards: int, summary: dict[str, Any]) -> dict[str, Any]:
+                          num_shards: int, summary: dict[str, Any], fence: Any = None) -> dict[str, Any]:
     """``_MANIFEST.json`` of a corpus folder (call it last): counts per source and reason
-    (kept + rejected = read is checked), shard lists with sha256, length histograms.
+    (kept + rejected = read is checked), shard lists with sha256, length histograms; ``fence``
+    as for ``storage.write_manifest``.
     ``summary`` holds "read"/"kept" per source, "rejected" per "source/reason", and the
     "sentences"/"chars" counts by bin of :data:`LENGTH_EDGES` and "totals" of kept documents.
 
@@ -227,7 +230,7 @@ def write_corpus_manifest(output: str, cfg: CorpusConfig, inputs: dict[str, list
              for name, edges in LENGTH_EDGES.items()}
     return storage.write_manifest(
         output, stage="corpus", config=cfg, inputs=(), shards=shards, counts=counts, stats=stats,
-        input_files=inputs, **extra)
+        input_files=inputs, fence=fence, **extra)
 
 
 # --------------------------------------------------------------------------- cut inputs

@@ -229,7 +229,7 @@ def fetch_task(
             shards = [storage.shard_entry(storage.join(folder, f)) for f in written]
             held.check()
             manifest = storage.write_manifest(
-                folder, stage=STAGE, config={**wanted, "folder": TASKS[name].folder, "sources": fetched},
+                folder, fence=lease.fence(folder, held.attempt), stage=STAGE, config={**wanted, "folder": TASKS[name].folder, "sources": fetched},
                 shards=shards, counts={"files": len(shards), "bytes": sum(s["bytes"] for s in shards)})
     finally:
         if not staging:  # a part kept for the next run keeps its folder

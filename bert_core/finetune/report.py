@@ -8,12 +8,13 @@ seed's model published, the grid table, one manifest per task folder and an inde
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import FinetuneConfig
 from bert_core.finetune import get_task
 from bert_core.finetune.errors import AllJobsFailed
@@ -26,7 +27,10 @@ from bert_core.progress import OnProgress, Update
 # hidden or fatal to the rest. Scores are stored as the metric returns them and put on one 0-100
 # scale when reported (accuracy, F1, EM, Matthews corr. and correlations x100).
 # :func:`run_many` is the plain sequential loop (the CLI); ``flows/finetune.py`` runs the same jobs
-# as Prefect tasks and calls :func:`write_results` the same way.
+# as Prefect tasks and calls :func:`write_results` the same way. Both hold each task folder's lease
+# (``bert_core.lease``) and pass its attempt id: a task's clearing, its model and its manifest are
+# written only while the lease is that attempt's; the index, which several runs write, takes a
+# lease of its own for its write.
 
 # Counts, not scores: left out of the mean ± sd table.
 _NOT_SCORES = ("total", "tokens", "phrases", "found", "correct", "null_score_diff_threshold")
@@ -177,29 +181,30 @@ def job_result(task: str, setting: dict[str, Any], seed: int, fn: Callable[[], d
                 "traceback": traceback.format_exc()}
 
 
-def clear_task(folder: str) -> None:
+def clear_task(folder: str, attempt: str | None = None) -> None:
     """Before a task's jobs run into ``folder``: an older run's results there (vouched for as
     ours by a fine-tuning manifest) are removed, so the folder holds this run alone and a run
-    whose every job fails leaves no manifest behind."""
+    whose every job fails leaves no manifest behind. With ``attempt`` (the folder's lease) each
+    removal is fenced: an attempt that lost the lease removes nothing (:class:`LeaseLostError`)."""
     if storage.has_manifest(folder) and storage.read_manifest(folder).get("stage") == "finetune":
-        from bert_core.lease import LEASE
-
-        storage.remove(storage.join(folder, storage.MANIFEST))  # first: nothing vouches for the rest
-        fs, path = storage.filesystem(folder), storage.split_protocol(folder)[1]
-        for entry in fs.ls(path, detail=False):
-            if entry.rstrip("/").rsplit("/", 1)[-1] != LEASE:  # the lease of the attempt clearing it
-                fs.rm(entry, recursive=True)
+        if attempt is None:
+            storage.remove(storage.join(folder, storage.MANIFEST))  # first: nothing vouches for the rest
+            storage.remove(folder)
+        elif not lease.clear_if_held(folder, attempt):
+            lease.check(folder, attempt, lost=True)
 
 
 def write_results(
     output: str, cfg: FinetuneConfig, checkpoint: str, data_dir: str, results: list[dict[str, Any]],
     checkpoint_name: str | None = None, versions: dict[str, str] | None = None,
+    attempts: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Per task with a finished job, ``<output>/<task>/report.md`` then its ``_MANIFEST.json``
     (stage "finetune": the task's grid, selection, jobs and ``versions[task]``); then the index
     ``<output>/_MANIFEST.json`` (:func:`write_index`). A task whose every job failed gets no
     manifest (nothing finished to vouch for) and shows in the index as failed; with every job of
-    every task failed this raises instead. Returns the index.
+    every task failed this raises instead. ``attempts`` maps a task to the attempt holding its
+    folder's lease: its model and manifest are committed only while it still does. Returns the index.
 
     Folders, for a checkpoint's folder ``<output>`` (in the pipeline ``finetune/<checkpoint name>``)::
 
@@ -212,15 +217,14 @@ def write_results(
     from bert_core.finetune.grid import checkpoint_name as name_of
 
     if not any(r["ok"] for r in results):
-        raise AllJobsFailed("every fine-tuning job failed: " + "; ".join(
-            f"{r['task']} {r['setting']['name']} seed={r['seed']}: {r['error']}" for r in results))
+        raise AllJobsFailed("every fine-tuning job failed: " + "; ".join(failure_lines(_failures(results))))
     name = checkpoint_name or name_of(checkpoint)
     failed: dict[str, dict[str, Any]] = {}
     for task in dict.fromkeys(r["task"] for r in results):
         mine = [r for r in results if r["task"] == task]
         if any(r["ok"] for r in mine):
             write_task_manifest(storage.join(output, task), task, cfg, checkpoint, name, data_dir, mine,
-                                (versions or {}).get(task))
+                                (versions or {}).get(task), (attempts or {}).get(task))
         else:
             failed[task] = index_entry(task, name, storage.to_uri(checkpoint), None, summarize(mine),
                                        _counts(mine))
@@ -237,22 +241,42 @@ def _failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in results if not r["ok"]]
 
 
+def failure_lines(failures: list[dict[str, Any]], stage: str = "finetune") -> list[str]:
+    """One line per distinct error of failed jobs (``task``, ``error`` and ``setting`` / ``seed``
+    or ``checkpoint``): a job alone as ``<job>: <error>``, an error shared by several as
+    ``<stage>: N jobs failed with the same error: <error> (<first job>, ...)``."""
+    by_error: dict[str, list[str]] = {}
+    for f in failures:
+        job = " ".join(str(part) for part in (f.get("task"), f.get("setting") or f.get("checkpoint")) if part)
+        job += f" seed={f['seed']}" if f.get("seed") is not None else ""
+        by_error.setdefault(" ".join(str(f.get("error")).split()), []).append(job)
+    lines = []
+    for error, jobs in by_error.items():
+        if len(jobs) == 1:
+            lines.append(f"{jobs[0]}: {error}")
+        else:
+            named = ", ".join(jobs[:3]) + (f", and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+            lines.append(f"{stage}: {len(jobs)} jobs failed with the same error: {error} ({named})")
+    return lines
+
+
 def write_task_manifest(
     folder: str, task: str, cfg: FinetuneConfig, checkpoint: str, checkpoint_name: str, data_dir: str,
-    results: list[dict[str, Any]], version: str | None,
+    results: list[dict[str, Any]], version: str | None, attempt: str | None = None,
 ) -> dict[str, Any]:
     """``<folder>/report.md``, the chosen model (:func:`publish_chosen`: ``<folder>/model``) and its
     leaderboard files (``<folder>/submission/``, with ``finetune.submission``), then
     ``<folder>/_MANIFEST.json`` for one task's jobs on one checkpoint. The manifest lists their
-    files and names the model in ``stats.model``: ``{setting, seed, path}``."""
+    files and names the model in ``stats.model``: ``{setting, seed, path}``. With ``attempt`` (the
+    folder's lease) the removals and the manifest's commit are fenced (``bert_core.lease``)."""
     from bert_core.finetune.submission import write_submission
     from bert_core.finetune.task_model import job_model_dir
 
     stats = summarize(results)
-    published = publish_chosen(folder, task, results, stats, keep_jobs=cfg.save_every_job)
+    published = publish_chosen(folder, task, results, stats, keep_jobs=cfg.save_every_job, attempt=attempt)
     stats["model"] = None if published is None else {k: published[k] for k in ("setting", "seed", "path")}
     submission = storage.join(folder, SUBMISSION_DIR)
-    storage.remove(submission)  # what an earlier, unfinished attempt left
+    lease.remove_held(folder, attempt, submission)  # what an earlier, unfinished attempt left
     if published and cfg.submission:
         written = write_submission(task, storage.join(folder, published["path"]), data_dir, submission)
         published["files"] += [f"{SUBMISSION_DIR}/{uri.rsplit('/', 1)[-1]}" for uri in written]
@@ -277,17 +301,19 @@ def write_task_manifest(
         shards=shards, counts=_counts(results), stats=stats, task=task, version=version,
         checkpoint=storage.to_uri(checkpoint), checkpoint_name=checkpoint_name,
         data_dir=storage.to_uri(data_dir), failures=_failures(results), model=stats["model"],
+        fence=lease.fence(folder, attempt),
     )
 
 
 def publish_chosen(folder: str, task: str, results: list[dict[str, Any]], stats: dict[str, Any],
-                   keep_jobs: bool = False) -> dict[str, Any] | None:
+                   keep_jobs: bool = False, attempt: str | None = None) -> dict[str, Any] | None:
     """``<folder>/model`` (``folder`` = ``<output>/<task>``): a copy of the model of the selected
     setting's best seed on the selection metric, its card rewritten with that setting's dev and
     final-split scores over seeds, ``config.json`` copied last. Then, unless ``keep_jobs``, the
     jobs' model folders are removed. Returns ``{setting, seed, path, files}`` (``files`` relative
     to ``folder``), or None when no setting was selected or its job saved no model (a
-    feature-based task)."""
+    feature-based task). With ``attempt`` (the folder's lease) nothing is removed or copied once
+    the lease is another attempt's."""
     import json
 
     from bert_core.finetune.grid import Setting, job_dir
@@ -302,7 +328,7 @@ def publish_chosen(folder: str, task: str, results: list[dict[str, Any]], stats:
         return job_model_dir(job_dir(output, task, Setting.from_dict(r["setting"]), r["seed"]))
 
     published = storage.join(folder, MODEL_DIR)
-    storage.remove(published)  # what an earlier, unfinished attempt left
+    lease.remove_held(folder, attempt, published)  # what an earlier, unfinished attempt left
     jobs = [r for r in results if r["ok"] and r["task"] == task]
     runs = {r["seed"]: r for r in jobs if r["setting"]["name"] == chosen}
     seed = best({s: r["metrics"]["flat"][spec.selection_metric] for s, r in runs.items()
@@ -310,6 +336,8 @@ def publish_chosen(folder: str, task: str, results: list[dict[str, Any]], stats:
     src = model_of(runs[seed]) if seed is not None else None
     out = None
     if src and storage.exists(storage.join(src, "config.json")):
+        if attempt is not None:
+            lease.check(folder, attempt)
         storage.makedirs(published)
         for uri in storage.list_files(src):
             if uri.rsplit("/", 1)[-1] not in ("config.json", "README.md"):
@@ -332,7 +360,7 @@ def publish_chosen(folder: str, task: str, results: list[dict[str, Any]], stats:
                "files": [f"{MODEL_DIR}/{u.rsplit('/', 1)[-1]}" for u in storage.list_files(published)]}
     if not keep_jobs:
         for r in jobs:
-            storage.remove(model_of(r))
+            lease.remove_held(folder, attempt, model_of(r))
     return out
 
 
@@ -359,7 +387,16 @@ def write_index(folder: str, failed: dict[str, dict[str, Any]] | None = None,
     level down for a checkpoint's folder (``<task>``), two for the fine-tuning root
     (``<checkpoint>/<task>``). Its stats map each task folder's relative path to
     :func:`index_entry`; ``failed`` adds the entries of task folders whose every job failed in
-    this run. ``bertpipe stats <folder>`` prints it."""
+    this run. ``bertpipe stats <folder>`` prints it. Several runs write one index (each
+    checkpoint's fine-tuning, the pipeline's fan-out): each reads the task folders and commits
+    under the index folder's own lease, so the last to commit has read every task committed
+    before it."""
+    with lease.hold(folder, "finetune-index") as held:
+        return _write_index(folder, held.attempt, failed, failures)
+
+
+def _write_index(folder: str, attempt: str, failed: dict[str, dict[str, Any]] | None,
+                 failures: Iterable[dict[str, Any]]) -> dict[str, Any]:
     entries: dict[str, dict[str, Any]] = {}
     inputs = []
     for depth, pattern in ((1, "*"), (2, "*/*")):
@@ -378,7 +415,7 @@ def write_index(folder: str, failed: dict[str, dict[str, Any]] | None = None,
         counts[key] = sum(e["counts"][key] for e in entries.values())
     return storage.write_manifest(folder, stage="finetune-index", config={}, inputs=inputs,
                                   counts=counts, stats=dict(sorted(entries.items())),
-                                  failures=list(failures))
+                                  failures=list(failures), fence=lease.fence(folder, attempt))
 
 
 def task_stats(folder: str, tasks: Iterable[str]) -> dict[str, Any]:
@@ -421,8 +458,7 @@ def format_manifest(manifest: dict[str, Any]) -> str:
         return "\n".join([head, format_table(index_rows(manifest)), SCALE_NOTE])
     lines = [head, f"checkpoint {manifest.get('checkpoint_name')}: {manifest.get('checkpoint')}, "
                    f"version {manifest.get('version') or '-'}", format_table(table_rows(manifest["stats"]))]
-    lines += [f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}"
-              for f in manifest.get("failures", [])]
+    lines += [f"FAILED {line}" for line in failure_lines(manifest.get("failures", []))]
     return "\n".join(lines)
 
 
@@ -445,18 +481,21 @@ def run_many(
             on_progress(Update("finetune", "jobs", len(results), total, "jobs"))
 
     jobs_done()
-    for task in tasks:
-        clear_task(storage.join(output, task))
-        for setting in settings(cfg):
-            job_cfg = setting.job_config(cfg)
-            for seed in seeds:
-                what = f"finetune {task} {setting.name} seed={seed}"
-                if log:
-                    log(what)
-                r = job_result(task, setting.as_dict(), seed, lambda t=task, c=job_cfg, s=seed:
-                               run_job(t, data_dir, checkpoint, c, s, output, log=log, on_progress=on_progress))
-                if log and not r["ok"]:
-                    log(f"{what} FAILED: {r['error']}")
-                results.append(r)
-                jobs_done()
-    return write_results(output, cfg, checkpoint, data_dir, results, checkpoint_name, versions)
+    with contextlib.ExitStack() as stack:  # one attempt at a time writes a task's folder
+        attempts = {t: stack.enter_context(lease.hold(storage.join(output, t), "finetune")).attempt
+                    for t in sorted(tasks)}
+        for task in tasks:
+            clear_task(storage.join(output, task), attempts[task])
+            for setting in settings(cfg):
+                job_cfg = setting.job_config(cfg)
+                for seed in seeds:
+                    what = f"finetune {task} {setting.name} seed={seed}"
+                    if log:
+                        log(what)
+                    r = job_result(task, setting.as_dict(), seed, lambda t=task, c=job_cfg, s=seed:
+                                   run_job(t, data_dir, checkpoint, c, s, output, log=log, on_progress=on_progress))
+                    if log and not r["ok"]:
+                        log(f"{what} FAILED: {r['error']}")
+                    results.append(r)
+                    jobs_done()
+        return write_results(output, cfg, checkpoint, data_dir, results, checkpoint_name, versions, attempts)

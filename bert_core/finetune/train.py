@@ -12,14 +12,19 @@ import argparse
 import json
 import math
 import os
+import threading
 import time
 from typing import Any
 
-from bert_core import storage
+from bert_core import stopping, storage
 from bert_core.config import FinetuneConfig
 from bert_core.finetune.errors import TaskDataError
 from bert_core.model.schedule import linear_warmup_decay
 from bert_core.progress import OnProgress, Update
+
+
+class JobStopped(RuntimeError):
+    """The command running this job was stopped (SIGTERM, SIGINT): the job ends at its next step."""
 
 
 def prepare_task(task_name: str, data_dir: str, tokenizer: Any, cfg: FinetuneConfig) -> Any:
@@ -158,33 +163,37 @@ def train_and_predict(
     model.train()
     losses: list[Any] = []  # on the device: reading one waits for the GPU, so only log lines do
     step, seen, start = 0, 0, time.perf_counter()
-    while step < total_steps:
-        order = torch.randperm(len(data.train), generator=shuffle).tolist()
-        for i in range(0, len(order), cfg.batch_size):
-            if step >= total_steps:
-                break
-            batch = to_device(collate(data.kind, [data.train[j] for j in order[i : i + cfg.batch_size]], pad_id),
-                              device)
-            runner = engine if engine is not None else model
-            with autocast:
-                logits = runner(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                loss = task_loss(data.kind, logits, batch["labels"])
-            if engine is not None:
-                engine.backward(loss)
-                engine.step()  # clips, steps the optimizer and the scheduler
-            else:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-            seen += len(batch["input_ids"])
-            step += 1
-            if on_progress:
-                on_progress(Update("finetune", job, step, total_steps, "steps"))
-            if log and (step % 20 == 0 or step == total_steps):
-                log(f"step {step}/{total_steps} loss {losses[-1].item():.4f}")
+    stopped = threading.Event()
+    with stopping.on_stop(stopped.set):
+        while step < total_steps:
+            order = torch.randperm(len(data.train), generator=shuffle).tolist()
+            for i in range(0, len(order), cfg.batch_size):
+                if stopped.is_set():  # a stop signal: end here, so the command unwinds at once
+                    raise JobStopped(f"{job}: stopped at step {step} of {total_steps}")
+                if step >= total_steps:
+                    break
+                batch = to_device(collate(data.kind, [data.train[j] for j in order[i : i + cfg.batch_size]], pad_id),
+                                  device)
+                runner = engine if engine is not None else model
+                with autocast:
+                    logits = runner(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                    loss = task_loss(data.kind, logits, batch["labels"])
+                if engine is not None:
+                    engine.backward(loss)
+                    engine.step()  # clips, steps the optimizer and the scheduler
+                else:
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.detach())
+                seen += len(batch["input_ids"])
+                step += 1
+                if on_progress:
+                    on_progress(Update("finetune", job, step, total_steps, "steps"))
+                if log and (step % 20 == 0 or step == total_steps):
+                    log(f"step {step}/{total_steps} loss {losses[-1].item():.4f}")
     losses = torch.stack(losses).float().tolist() if losses else []
     train_seconds = time.perf_counter() - start  # after the read above, which waits for the device
 

@@ -22,19 +22,19 @@ from bert_core.instances.stats import InstanceStats
 from bert_core.sorted_runs import SPILL_DIR
 
 
-def prepare_output(output: str, config: InstanceConfig) -> None:
+def prepare_output(output: str, config: InstanceConfig, attempt: str | None = None) -> None:
     """Refuse another stage's folder; clear an older instances run of the same lengths (eval
     splits included), so no old manifest vouches for shards being rewritten and no stale shard
-    count is left behind."""
+    count is left behind; each removal only while ``attempt`` holds the lease."""
     if storage.has_manifest(output):
         stage = storage.read_manifest(output).get("stage")
         if stage != "instances":
             raise storage.OutputError(f"{output} holds the output of the {stage!r} stage; "
                              "give the instances their own --output folder")
-    storage.remove(storage.join(output, storage.MANIFEST))
-    storage.remove(storage.join(output, SPILL_DIR))
+    lease.remove_held(output, attempt, storage.join(output, storage.MANIFEST))
+    lease.remove_held(output, attempt, storage.join(output, SPILL_DIR))
     for spec in config.lengths:
-        storage.remove(storage.join(output, f"seq{spec.max_seq_length}"))
+        lease.remove_held(output, attempt, storage.join(output, f"seq{spec.max_seq_length}"))
 
 
 def vocab_record(vocab: str) -> dict[str, str]:
@@ -64,8 +64,9 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
     job's spill files of them and their counts), then the job's spill folder removed and the
     top-level manifest written (last: it marks done). ``layout`` has an eval set per length
     when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used; ``attempt`` is
-    the id of the lease the job holds on ``output`` (``bert_core.lease``), checked before any
-    manifest, so an attempt that lost its lease commits nothing.
+    the id of the lease the job holds on ``output`` (``bert_core.lease``): each manifest lands
+    only while the lease is still its own, and the spill folder is removed only then, so an
+    attempt that lost its lease commits and deletes nothing.
 
     The top-level counts include ``eval_documents`` and ``eval_instances_seq{L}``;
     ``rejects.jsonl`` is merged from the job's sorted spill files of them.
@@ -87,7 +88,7 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
             mine, stats = _set_stats(results, length, EVAL)
             eval_instances = stats.instances
             storage.write_manifest(
-                set_folder(output, (length, EVAL)), stage="instances",
+                set_folder(output, (length, EVAL)), stage="instances", fence=lease.fence(output, attempt),
                 config={**length_config, "dupe_factor": 1}, inputs=inputs, shards=[r["entry"] for r in mine],
                 counts={"instances": stats.instances, "tokens": stats.tokens, "documents": eval_documents,
                         "shards": layout[(length, EVAL)]["shards"]},
@@ -100,16 +101,16 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
         counts[f"eval_instances_seq{length}"] = eval_instances
         storage.write_manifest(
             set_folder(output, (length, TRAIN)), stage="instances", config=length_config,
+            fence=lease.fence(output, attempt),
             inputs=inputs, shards=[r["entry"] for r in mine],
             counts={"instances": stats.instances, "eval_instances": eval_instances, "tokens": stats.tokens,
                     "shards": layout[(length, TRAIN)]["shards"]},
             stats=summary,
         )
-    storage.remove(storage.join(output, SPILL_DIR))
-    if attempt is not None:
-        lease.check(output, attempt)
+    lease.remove_if_held(output, attempt, storage.join(output, SPILL_DIR))
     return storage.write_manifest(
         output, stage="instances", config=config, inputs=inputs, counts=counts,
+        fence=lease.fence(output, attempt),
         stats=stats_by_length, lengths={f"seq{s.max_seq_length}": f"seq{s.max_seq_length}"
                                         for s in config.lengths},
         **(vocab or {}),

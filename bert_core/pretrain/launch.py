@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from bert_core.failures import InfrastructureError, is_infrastructure_exit
 from bert_core.pretrain.errors import CONFIG_ERROR_EXIT, CONFIG_ERROR_PREFIX, PretrainConfigError
 from bert_core.pretrain.loop import check_instances
 from bert_core.pretrain.run_folder import CONFIG_FILE, check_run_config
+from bert_core.stopping import end_with_parent, on_stop, stop_group
 
 SCRIPT_MODULE = "bert_core.pretrain"
 DEFAULT_MASTER_PORT = 29500  # DeepSpeed's; the multi-node launchers use it unless one is set
@@ -198,35 +198,6 @@ def keep_niceness(pid: int) -> None:
             pass
 
 
-def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """End what is left of the launcher's process group (the launcher and its local ranks):
-    SIGTERM while the launcher runs, so its ranks are stopped through it, then SIGKILL."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(grace)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # the group is empty: every rank is gone
-        pass
-
-
-def _end_with_parent(parent: int) -> None:
-    """In the launcher, before it starts (Linux): SIGTERM when the process that started it dies,
-    by SIGKILL too, so that the launcher stops its ranks instead of training on beside the next
-    attempt. Elsewhere a no-op."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the line above took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def run_launch(
     argv: list[str],
     env: dict[str, str] | None = None,
@@ -246,7 +217,7 @@ def run_launch(
     config_error = None
     with subprocess.Popen(
         _resolve(argv), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, bufsize=1, start_new_session=True, preexec_fn=functools.partial(_end_with_parent, os.getpid()),
+        text=True, bufsize=1, start_new_session=True, preexec_fn=functools.partial(end_with_parent, os.getpid()),
     ) as proc:
         keep_niceness(proc.pid)
         failed: list[BaseException] = []
@@ -271,7 +242,8 @@ def run_launch(
         reader = threading.Thread(target=contextvars.copy_context().run, args=(read,), daemon=True)
         reader.start()
         try:
-            code = proc.wait()
+            with on_stop(functools.partial(stop_group, proc)):
+                code = proc.wait()
         finally:
             # The launcher's session is its own, so nothing ends it with this process: however
             # this one leaves (done, an exception, a stop signal), no rank keeps the device or port.
@@ -345,13 +317,15 @@ def launch_pretraining(
     # One launch at a time writes a run folder: a second waits on its lease (bert_core.lease)
     # and finds it finished, or takes it over and resumes when the first died. With one launcher
     # per node, the first node's holds it for all of them (the others wait for it at rendezvous).
-    with lease.hold(output, "pretrain") if not node_rank else nullcontext():
+    with lease.hold(output, "pretrain") if not node_rank else nullcontext() as held:
         if storage.has_manifest(output):
             on_line(f"{storage.to_uri(output)}: finished already ({storage.MANIFEST} present), nothing to do")
             return storage.to_uri(output)
         if config.pretrain.accelerator == "cpu":
             ensure_cpu_comm_op(on_line)
         argv, env = prepare_run(config, instances, output, init_checkpoint, node_rank)
+        if held is not None:  # rank 0 commits the run's manifest under this lease (lease.fence)
+            env = {**env, lease.ATTEMPT_ENV: held.attempt}
         on_line("$ " + " ".join(argv))
         run_launch(argv, env, on_line)
     return storage.to_uri(output)

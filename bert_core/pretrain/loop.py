@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bert_core import storage
+from bert_core import lease, storage
 from bert_core.config import PipelineConfig
 from bert_core.failures import InfrastructureError, is_comm_error, refusal
 from bert_core.pretrain.checkpoint_mirror import CheckpointMirror, restore_run
@@ -452,7 +452,7 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
     shards = [storage.shard_entry(storage.join(hf, name), path=f"hf/{name}")
               for name in ("config.json", "model.safetensors")]
     storage.write_manifest(
-        args.output, stage="pretrain", config=config,
+        args.output, stage="pretrain", config=config, fence=lease.fence(args.output, os.environ.get(lease.ATTEMPT_ENV)),
         inputs=[instances], shards=shards, vocab_file=storage.to_uri(vocab_file),
         vocab_sha256=storage.sha256(storage.join(hf, "vocab.txt")),
         counts={"phases": len(stats), "steps": sum(s.get("steps", 0) for s in stats),

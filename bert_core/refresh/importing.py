@@ -66,7 +66,8 @@ def import_vocab(path: str, storage_root: str) -> str:
         tokenizer.save(output)
         files = [storage.shard_entry(storage.join(output, name)) for name in ("vocab.txt", "tokenizer.json")]
         held.check()
-        storage.write_manifest(output, stage="vocab", config=cfg.model_dump(mode="json") | tokenizer.settings(),
+        storage.write_manifest(output, fence=lease.fence(output, held.attempt),
+                               stage="vocab", config=cfg.model_dump(mode="json") | tokenizer.settings(),
                                shards=files, counts={"vocab_size": tokenizer.vocab_size, "vocab_size_requested": None,
                                                      "trained": False},
                                imported_from=storage.to_uri(path))
@@ -100,9 +101,10 @@ def import_model(path: str, storage_root: str) -> dict[str, Any]:
                 raise ModelImportError(str(err)) from None
             save_pretrained(model, output, vocab_file=storage.join(vocab, "vocab.txt"),
                             lowercase=tokenizer.lowercase)
-            files = [f for f in storage.list_files(output) if f.rsplit("/", 1)[-1] not in (storage.MANIFEST, lease.LEASE)]
+            files = [f for f in storage.list_files(output) if f.rsplit("/", 1)[-1] not in (storage.MANIFEST, lease.LEASE, lease.LOCK)]
             held.check()
-            storage.write_manifest(output, stage="model", config={"imported_from": path, "head_seed": HEAD_SEED},
+            storage.write_manifest(output, fence=lease.fence(output, held.attempt),
+                                   stage="model", config={"imported_from": path, "head_seed": HEAD_SEED},
                                    inputs=[storage.read_manifest(vocab)],
                                    shards=[storage.shard_entry(f) for f in files], counts={"files": len(files)},
                                    source_config=json.loads(storage.read_text(storage.join(path, "config.json"))))

@@ -316,21 +316,11 @@ class Registry:
 
 
 def _create_exclusive(uri: str, text: str) -> bool:
-    """Create ``uri`` holding ``text`` unless it exists: atomic on a local disk (O_EXCL); on an
-    object store, write then read back (the last writer wins, and the loser sees it)."""
-    if storage.is_local(uri):
-        storage.makedirs(uri.rsplit("/", 1)[0])
-        try:
-            fd = os.open(uri, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return True
-    if storage.exists(uri):
-        return False
-    storage.write_text(uri, text)
-    return storage.read_text(uri) == text
+    """Create ``uri`` holding ``text`` unless it exists, in one conditional step
+    (:func:`bert_core.lease.create_exclusive`: ``O_EXCL`` locally, a generation precondition on GCS)."""
+    from bert_core.lease import create_exclusive
+
+    return create_exclusive(uri, text)
 
 
 def _lock_holder(uri: str) -> dict[str, Any] | None:

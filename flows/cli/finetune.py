@@ -38,7 +38,13 @@ def finetune(
     from bert_core import storage
     from bert_core.finetune import TASKS
     from bert_core.finetune.grid import checkpoint_name
-    from bert_core.finetune.report import format_table, run_many, table_rows, task_stats
+    from bert_core.finetune.report import (
+        failure_lines,
+        format_table,
+        run_many,
+        table_rows,
+        task_stats,
+    )
     from bert_core.refresh.registry import (
         Registry,
         registered_version,
@@ -70,7 +76,11 @@ def finetune(
             why = err.errors()[0]["msg"].removeprefix("Value error, ") if hasattr(err, "errors") else err
             typer.secho(f"{option} {value!r}: {why}", fg="red", err=True)
             raise typer.Exit(2) from None
-    # A bad task file or setting raises a Refusal (bert_core.finetune.errors): one line, exit 1.
+    # What every job reads is checked once, before the first starts; a bad task file or setting
+    # met later raises a Refusal (bert_core.finetune.errors): one line, exit 1.
+    from bert_core.preflight import check_finetune
+
+    check_finetune(cfg, checkpoint)
     if use_prefect:
         from flows.finetune import finetune as finetune_flow
 
@@ -88,8 +98,8 @@ def finetune(
     if registered:  # a registered model: the registry lists the task models fine-tuned from it
         Registry(registry_root(cfg.storage_root)).add_task_models(registered, task_models(output, tasks))
     typer.echo(format_table(table_rows(task_stats(output, tasks))))
-    for f in index.get("failures", []):
-        typer.secho(f"FAILED {f['task']} {f['setting']} seed={f['seed']}: {f['error']}", fg="red", err=True)
+    for line in failure_lines(index.get("failures", [])):
+        typer.secho(f"FAILED {line}", fg="red", err=True)
     typer.echo(f"wrote {', '.join(storage.join(output, t) for t in tasks)}; all of {output}: "
                f"bertpipe stats {output}")
 

@@ -25,6 +25,7 @@ from flows.cli.download import download_wikipedia
 from flows.cli.export import export
 from flows.cli.finetune import features, finetune
 from flows.cli.infra import infra_render
+from flows.cli.inputs import checked
 from flows.cli.instances import instances
 from flows.cli.manifests import stats, verify
 from flows.cli.models import (
@@ -44,6 +45,7 @@ from flows.cli.serve import serve
 from flows.cli.server import server
 from flows.cli.tasks import tasks_fetch
 from flows.cli.vocab import vocab
+from flows.tools import signals
 
 # name -> function, or a group: name -> (help, {name -> function})
 COMMANDS: dict[str, Callable[..., None] | tuple[str, dict[str, Callable[..., None]]]] = {
@@ -77,6 +79,8 @@ BEAM_COMMANDS = {"corpus", "vocab", "instances"}
 EXIT_REFUSED = 1  # the data: fix it
 EXIT_CONFIG = 2  # the config or the command's options: fix them
 EXIT_INFRASTRUCTURE = 3  # the machine or the network: run the same command again
+# 128 + the signal's number (143 SIGTERM, 130 SIGINT): stopped by a signal, run it again
+# (flows/tools/signals.py)
 
 
 def failure(err: BaseException) -> tuple[str, str, int] | None:
@@ -94,15 +98,16 @@ class _Commands(TyperGroup):
     """The top-level group: every command runs inside :func:`failure`'s rule."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except Exception as err:
-            said = failure(err)
-            if said is None:
-                raise
-            message, colour, code = said
-            typer.secho(message, fg=colour, err=True)
-            raise typer.Exit(code) from None
+        with signals.stopped_in_order():  # a stop signal's line, not the error it became, ends it
+            try:
+                return super().invoke(ctx)
+            except Exception as err:
+                said = None if signals.received() else failure(err)
+                if said is None:
+                    raise
+                message, colour, code = said
+                typer.secho(message, fg=colour, err=True)
+                raise typer.Exit(code) from None
 
 
 def _print_version(asked: bool) -> None:
@@ -137,11 +142,11 @@ def build_app(commands: dict = COMMANDS) -> typer.Typer:
             help_text, subcommands = entry
             group = typer.Typer(help=help_text, no_args_is_help=True)
             for sub, function in subcommands.items():
-                group.command(sub)(function)
+                group.command(sub)(checked(f"{name} {sub}", function))
             app.add_typer(group, name=name)
         else:
             extra = {"allow_extra_args": True} if name in BEAM_COMMANDS else None
-            app.command(name, context_settings=extra)(entry)
+            app.command(name, context_settings=extra)(checked(name, entry))
     return app
 
 
@@ -149,4 +154,5 @@ app = build_app()
 
 
 def main() -> None:
+    signals.install()
     app(prog_name="bertpipe")

@@ -1,0 +1,79 @@
+"""Fencing with real stage runs: a `bertpipe corpus`, `vocab` or `instances` on "another machine"
+(its own pid namespace) is paused with SIGSTOP past its lease while a second run takes the folder
+over and commits, then resumed: the first commits nothing, deletes nothing of the second's and
+exits non-zero with one line saying it lost its lease; `bertpipe verify` passes on the folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bert_core import lease, storage
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_concurrent_writers import (  # noqa: E402
+    bertpipe,
+    inputs,  # noqa: F401  (the fixture)
+    shard_bytes,
+    stage_args,
+    verify_all,
+)
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                                 reason="another machine is a pid namespace: needs root and unshare")]
+TTL = {"BERTPIPE_LEASE_SECONDS": "2"}
+
+
+def _tree(pid: int) -> list[int]:
+    import psutil
+
+    root = psutil.Process(pid)
+    return [root.pid, *(c.pid for c in root.children(recursive=True))]
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("stage", ["corpus", "vocab", "instances"])
+def test_a_paused_stage_run_commits_and_deletes_nothing_once_its_lease_is_taken(stage, inputs, tmp_path) -> None:  # noqa: F811
+    out = str(tmp_path / stage)
+    old = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m", "flows.cli",
+                            *stage_args(stage, inputs, out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **TTL})
+    deadline = time.monotonic() + 120
+    while lease.read(out) is None:  # the first run holds the folder: pause it there
+        assert old.poll() is None and time.monotonic() < deadline, old.stdout.read()
+        time.sleep(0.02)
+    first = lease.read(out).attempt
+    assert lease.read(out).machine != lease._machine()  # another machine: judged by its silence
+    paused = _tree(old.pid)
+    _signal(paused, signal.SIGSTOP)
+    try:
+        new = bertpipe(*stage_args(stage, inputs, out), env=TTL)
+        code, text = new.wait(600), new.stdout.read()
+        assert code == 0, text[-3000:]
+        assert f"attempt {first} " in text and "takes the folder over" in text, text[-3000:]
+        committed, manifest = shard_bytes(out), storage.read_text(storage.join(out, storage.MANIFEST))
+        assert committed and storage.read_manifest(out)["stage"] == stage
+    finally:
+        _signal(paused, signal.SIGCONT)
+    code, text = old.wait(300), old.stdout.read()
+    last = text.strip().splitlines()[-1]
+    assert code != 0, text[-3000:]
+    assert "lease went to another run" in last and len(last) < 400, text[-3000:]
+    assert storage.read_text(storage.join(out, storage.MANIFEST)) == manifest  # committed nothing
+    assert shard_bytes(out) == committed  # deleted or rewrote nothing of the second run's
+    verify_all(out)
