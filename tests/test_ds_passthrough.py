@@ -51,7 +51,7 @@ def test_activation_checkpointing_recomputes_each_layer_and_leaves_the_gradients
                                          "model.attention_probs_dropout_prob=0", *([CHECKPOINTING] if on else [])])
         engine, _ = build_engine(cfg, 0, 128)
         calls = []
-        engine.module.bert.encoder.layer[0].register_forward_hook(lambda *_: calls.append(1))
+        engine.module.bert.encoder.layer[0].register_forward_hook(lambda *_, calls=calls: calls.append(1))
         loss = engine(**tiny_batch())["loss"]
         engine.backward(loss)
         runs[on] = loss.item(), len(calls), [p.grad.clone() for p in engine.module.parameters()]
