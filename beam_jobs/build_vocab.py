@@ -258,7 +258,7 @@ def run(
     runner, beam_args = resolve_runner(runner, beam_args)
     check_shared_storage("vocab", runner, shared_storage, [("output", output), ("corpus", corpus)])
     output = storage.to_uri(output)
-    first_seen = lease.seen(output)
+    lease.refuse_finished(output, "vocab")  # before any work: a finished folder is never rewritten
     corpus = storage.to_uri(corpus) if corpus else None
     if corpus is None and cfg.vocab_file is None:
         raise ConfigError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
@@ -267,7 +267,7 @@ def run(
     if corpus_manifest:
         storage.check_shards(corpus, corpus_manifest)
     storage.check_writable(output)
-    with lease.hold(output, "vocab", first_seen) as held:
+    with lease.hold(output, "vocab", None) as held:
         if held.finished:
             return storage.read_manifest(output)
         lease.remove_held(output, held.attempt, storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files

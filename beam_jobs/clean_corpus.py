@@ -677,7 +677,7 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     """
     runner, beam_args = resolve_runner(runner, beam_args)
     output = storage.to_uri(output)
-    first_seen = lease.seen(output)
+    lease.refuse_finished(output, "corpus")  # before any work: a finished folder is never rewritten
     check_shared_storage("corpus", runner, shared_storage,
                          [("output", output), *((kind, g) for kind in ("wikipedia", "books", "text")
                                                 for g in getattr(cfg, kind))])
@@ -697,7 +697,7 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
         workers = local_workers(workers, wiki_files + book_files + text_files, bytes_per_worker)
     spread = workers > 1 or not is_local(runner)
 
-    with lease.hold(output, "corpus", first_seen) as held:
+    with lease.hold(output, "corpus", None) as held:
         if held.finished:
             return storage.read_manifest(output)
         D.clear_output(output, held.attempt)

@@ -383,7 +383,7 @@ def run(
                          [("output", output), ("corpus", corpus), ("vocab", vocab)])
     # resolved here, on the driver: a worker has another working directory, or is another machine
     corpus, vocab, output = storage.to_uri(corpus), storage.to_uri(vocab), storage.to_uri(output)
-    first_seen = lease.seen(output)
+    lease.refuse_finished(output, "instances")  # before any work: a finished folder is never rewritten
     corpus_manifest = storage.read_manifest(corpus)
     storage.check_shards(corpus, corpus_manifest)
     inputs = [corpus_manifest]
@@ -399,7 +399,7 @@ def run(
         raise EmptyResultError(f"{corpus} holds 0 documents: there is nothing to make instances from; "
                                "run corpus on inputs that keep documents (its rejects say why they did not)")
     storage.check_writable(output)
-    with lease.hold(output, "instances", first_seen) as held:
+    with lease.hold(output, "instances", None) as held:
         if held.finished:
             return storage.read_manifest(output)
         prepare_output(output, config, held.attempt)

@@ -31,6 +31,9 @@ the lease's lock, on GCS right after a conditional update of the lease. A lost a
 go through the same check (:func:`remove_if_held`). A renewal that finds the lease gone cancels
 the attempt: the processes it started are ended and its main thread is interrupted, and
 :func:`hold` turns what follows into :class:`LeaseLostError`.
+
+The rerun rule (:func:`refuse_finished`): a stage's folder that is finished when an attempt
+begins is never written again, so no reader of its shards sees them change.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert_core import storage
+from bert_core.config import ConfigError
 from bert_core.failures import InfrastructureError, Refusal
 
 LEASE = "_LEASE.json"
@@ -84,6 +88,10 @@ class LeaseLostError(RuntimeError, InfrastructureError):
 class LeaseCancelled(KeyboardInterrupt):
     """Raised in the main thread of an attempt whose lease a renewal found another's (not a stop
     signal: no signal handler runs); :func:`hold` turns it into :class:`LeaseLostError`."""
+
+
+class FinishedFolderError(ConfigError):
+    """A stage's output folder that is finished already (:func:`refuse_finished`)."""
 
 
 class LeaseUnsupportedError(OSError, Refusal):
@@ -514,6 +522,25 @@ def seen(folder: str) -> str | None:
     """The folder's manifest as this attempt first finds it (its sha256, None when there is
     none): a manifest that differs once the lease is held was written by another attempt."""
     return storage.manifest_sha256(folder) if storage.has_manifest(folder) else None
+
+
+def refuse_finished(folder: str, stage: str) -> None:
+    """The rerun rule: a stage's folder that already holds its manifest is never written again,
+    so no reader of it (a pre-training reading its shards) sees them change. Raises
+    :class:`FinishedFolderError` when ``folder`` is finished as this attempt begins; one that
+    another attempt finishes while this one waits on the lease is returned as it is
+    (``Held.finished``)."""
+    if not storage.has_manifest(folder):
+        return
+    try:
+        manifest = storage.read_manifest(folder)
+    except (OSError, ValueError):  # a damaged manifest still vouches for what a reader may hold
+        manifest = {}
+    written = manifest.get("created") or "at an unknown time"
+    raise FinishedFolderError(
+        f"{storage.to_uri(folder)} is finished (its {storage.MANIFEST}, stage "
+        f"\"{manifest.get('stage') or stage}\", written {written}); bertpipe never rewrites a finished "
+        f"folder a reader may hold: give a new --output, or remove {storage.to_uri(folder)} first")
 
 
 _UNSEEN = "unseen"

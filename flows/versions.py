@@ -208,7 +208,9 @@ def run_once(what: str, output: str, work: Callable[[], Any],
     """Inside a task: skip ``work`` when ``output`` is done (at ``version``, when given), else run
     it and check it finished. A finished ``output`` of another version is emptied first, under
     its lease (never while another run writes it): its results belong to another config or
-    checkpoint and must not be read as these."""
+    checkpoint and must not be read as these. Only a fine-tuning task's folder is given a
+    ``version`` here: every stage's folder is named by its version, so a finished one is never
+    written again (``lease.refuse_finished``)."""
     logger = get_run_logger()
     if is_done(output, version):
         logger.info("%s: %s, %s has a manifest", what, SKIPPED, output)
@@ -234,11 +236,16 @@ def run_once(what: str, output: str, work: Callable[[], Any],
 
 
 def finished_manifest(what: str, output: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Inside a stage flow: the manifest of ``output``, read when done, else written by ``work``."""
+    """Inside a stage flow: the manifest of ``output``, read when done, else written by ``work``
+    (which refuses a folder another run finished since: it is read then too)."""
     if is_done(output):
         get_run_logger().info("%s: %s, %s has a manifest; not redone", what, SKIPPED, output)
         return storage.read_manifest(output)
-    return work()
+    try:
+        return work()
+    except lease.FinishedFolderError:
+        get_run_logger().info("%s: %s, %s was finished by another run; not redone", what, SKIPPED, output)
+        return storage.read_manifest(output)
 
 
 # --------------------------------------------------------------------------- run names

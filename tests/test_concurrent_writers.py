@@ -214,10 +214,12 @@ def test_a_writer_killed_at_a_random_point_then_a_rerun(stage, inputs, tmp_path)
     first.wait()
     code, text = finish([second])[0]
     assert code == 0, text[-3000:]
-    code, text = finish([bertpipe(*stage_args(stage, inputs, out))])[0]  # the rerun
-    assert code == 0, text[-3000:]
     verify_all(out)
-    assert shard_bytes(out) == single_run(stage, inputs, str(tmp_path / "alone"))
+    committed = shard_bytes(out)
+    assert committed == single_run(stage, inputs, str(tmp_path / "alone"))
+    code, text = finish([bertpipe(*stage_args(stage, inputs, out))])[0]  # a rerun into the finished folder
+    assert code == 2 and "is finished" in text.splitlines()[-1], text[-3000:]
+    assert shard_bytes(out) == committed
 
 
 def test_pretraining_checks_the_eval_split_and_names_the_file(inputs, tmp_path) -> None:

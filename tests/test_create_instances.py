@@ -156,9 +156,13 @@ def test_cli_without_nsp_dynamic_masking_and_stats(corpus, vocab_file, tmp_path)
     missing = CliRunner().invoke(app, ["stats", str(tmp_path / "nothing")])
     assert missing.exit_code == 1 and "unfinished write" in missing.output
 
-    # a re-run with fewer shards leaves no stale shard behind
-    again = CliRunner().invoke(app, [*args, "--set", "instances.num_shards=1", "--set",
-                                     "instances.shard_multiple_of=1"])
+    # a finished folder is never rewritten; an unfinished one (its manifest gone) written again with
+    # fewer shards keeps no stale shard
+    fewer = [*args, "--set", "instances.num_shards=1", "--set", "instances.shard_multiple_of=1"]
+    refused = CliRunner().invoke(app, fewer)
+    assert refused.exit_code == 2 and "is finished" in refused.output, refused.output
+    (tmp_path / "packed" / storage.MANIFEST).unlink()
+    again = CliRunner().invoke(app, fewer)
     assert again.exit_code == 0, again.output
     assert sorted(p.name for p in (tmp_path / "packed" / "seq64").iterdir()) == [
         "_MANIFEST.json", "eval", "part-00000-of-00001.parquet"]
@@ -226,7 +230,7 @@ def test_a_vocab_without_specials_is_refused_before_any_work(corpus, tmp_path) -
 
 
 def test_output_of_another_stage_is_refused(corpus, vocab_file) -> None:
-    with pytest.raises(ValueError, match="holds the output of the 'corpus' stage"):
+    with pytest.raises(ValueError, match='is finished \\(its _MANIFEST.json, stage "corpus"'):
         create_instances.run(CONFIG, corpus, vocab_file, corpus, workers=1)
     assert storage.read_manifest(corpus)["stage"] == "corpus"  # left alone
 

@@ -4,6 +4,7 @@ holder is a real process; "another machine" is a process in its own pid namespac
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -343,3 +344,64 @@ def test_run_once_never_empties_a_folder_another_run_writes(prefect_api, tmp_pat
         assert storage.exists(storage.join(folder, "lr1e-4", "seed=1", "metrics.json"))
     finally:
         lease.release(other)
+
+
+STAGE_SETS = ["--set", "instances.lengths=[{max_seq_length: 64, max_predictions_per_seq: 10}]",
+              "--set", "instances.dupe_factor=1", "--set", "instances.num_shards=1",
+              "--set", "instances.shard_multiple_of=1",
+              "--set", "pretrain.phases=[{max_seq_length: 64, max_steps: 3, global_batch_size: 8, micro_batch_size: 4, warmup_steps: 1}]"]
+
+
+@pytest.fixture(scope="module")
+def finished_stages(samples_dir, tmp_path_factory) -> dict[str, list[str]]:
+    """A finished corpus, vocab and instances folder, each made by its `bertpipe` command: the
+    command lines, by stage."""
+    from typer.testing import CliRunner
+
+    from flows.cli.main import app
+
+    root = tmp_path_factory.mktemp("finished")
+    words = (samples_dir / "books" / "botchan.txt").read_text(encoding="utf-8").split()
+    with open(root / "records.jsonl", "w") as f:
+        for i in range(30):
+            f.write(json.dumps({"id": str(i), "text": " ".join(words[2000 + i * 300:2300 + i * 300])}) + "\n")
+    corpus, vocab_txt = str(root / "corpus"), str(samples_dir / "models" / "minilm" / "vocab.txt")
+    commands = {
+        "corpus": ["corpus", "--text", str(root / "records.jsonl"), "--output", corpus, "--workers", "1"],
+        "vocab": ["vocab", "--corpus", corpus, "--output", str(root / "vocab"), "--workers", "1",
+                  "--set", "vocab.vocab_size=300"],
+        "instances": ["instances", "--corpus", corpus, "--vocab", vocab_txt, "--output",
+                      str(root / "instances"), "--workers", "1", *STAGE_SETS],
+    }
+    for args in commands.values():
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    return commands
+
+
+def _files(folder: str) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("stage", ["corpus", "vocab", "instances"])
+def test_a_rerun_into_a_finished_folder_is_refused_and_rewrites_nothing(stage, finished_stages) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli.main import app
+
+    args = finished_stages[stage]
+    output = args[args.index("--output") + 1]
+    before = _files(output)
+    created = storage.read_manifest(output)["created"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last == (f'{output} is finished (its _MANIFEST.json, stage "{stage}", written {created}); '
+                    "bertpipe never rewrites a finished folder a reader may hold: give a new --output, "
+                    f"or remove {output} first"), result.output
+    assert _files(output) == before  # not a byte rewritten, not a file touched
+    assert not storage.exists(storage.join(output, lease.LEASE))
+    verified = CliRunner().invoke(app, ["verify", output])
+    assert verified.exit_code == 0, verified.output
