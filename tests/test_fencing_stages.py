@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,10 +49,10 @@ def _signal(pids: list[int], sig: int) -> None:
             pass
 
 
-def _pause_while_another_commits(args: list[str], leased: str) -> tuple[str, subprocess.Popen]:
+def _pause_while_another_commits(args: list[str], leased: str, committed: Callable[[], Any]) -> tuple[Any, subprocess.Popen]:
     """Start ``bertpipe *args`` on another machine, pause it once it holds ``leased``'s lease, run
-    ``bertpipe *args`` again here until it commits, then resume the first: (the second's output,
-    the first process, resumed)."""
+    ``bertpipe *args`` again here until it commits, read ``committed()`` while the first is still
+    paused, then resume the first: (what ``committed()`` read, the first process, resumed)."""
     old = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m", "flows.cli", *args],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1", **TTL})
@@ -67,9 +69,18 @@ def _pause_while_another_commits(args: list[str], leased: str) -> tuple[str, sub
         code, text = new.wait(600), new.stdout.read()
         assert code == 0, text[-3000:]
         assert f"attempt {first} " in text and "takes the folder over" in text, text[-3000:]
+        seen = committed()
     finally:
         _signal(paused, signal.SIGCONT)
-    return text, old
+    return seen, old
+
+
+def _lost_its_lease(old: subprocess.Popen) -> None:
+    """The resumed first run ends non-zero, its last line saying it lost its lease."""
+    code, text = old.wait(300), old.stdout.read()
+    last = text.strip().splitlines()[-1]
+    assert code != 0, text[-3000:]
+    assert "lease went to another run" in last and len(last) < 400, text[-3000:]
 
 
 def _files(folder: str) -> dict[str, bytes]:
@@ -92,14 +103,11 @@ def test_a_paused_finetune_run_commits_and_deletes_nothing_once_its_lease_is_tak
     args = ["finetune", "--task", "sst2", "--data", str(Path(__file__).parent / "fixtures" / "tasks"),
             "--checkpoint", checkpoint, "--output", out, "--seeds", "1,2", "--learning-rates", "1e-4",
             "--epochs", "1", "--set", "finetune.batch_size=8", "--set", "finetune.threads=1"]
-    _, old = _pause_while_another_commits(args, storage.join(out, "sst2"))
-    committed = _files(out)
-    manifest = storage.read_text(storage.join(out, "sst2", storage.MANIFEST))
-    assert storage.read_manifest(storage.join(out, "sst2"))["stage"] == "finetune"
-    code, text = old.wait(300), old.stdout.read()
-    last = text.strip().splitlines()[-1]
-    assert code != 0, text[-3000:]
-    assert "lease went to another run" in last and len(last) < 400, text[-3000:]
+    task = storage.join(out, "sst2")
+    (committed, manifest), old = _pause_while_another_commits(
+        args, task, lambda: (_files(out), storage.read_text(storage.join(task, storage.MANIFEST))))
+    assert storage.read_manifest(task)["stage"] == "finetune"
+    _lost_its_lease(old)
     assert storage.read_text(storage.join(out, "sst2", storage.MANIFEST)) == manifest  # committed nothing
     if _files(out) != committed:
         # The jobs write their results under their final names: a job of the lost attempt already
@@ -111,30 +119,11 @@ def test_a_paused_finetune_run_commits_and_deletes_nothing_once_its_lease_is_tak
 @pytest.mark.parametrize("stage", ["corpus", "vocab", "instances"])
 def test_a_paused_stage_run_commits_and_deletes_nothing_once_its_lease_is_taken(stage, inputs, tmp_path) -> None:  # noqa: F811
     out = str(tmp_path / stage)
-    old = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m", "flows.cli",
-                            *stage_args(stage, inputs, out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **TTL})
-    deadline = time.monotonic() + 120
-    while lease.read(out) is None:  # the first run holds the folder: pause it there
-        assert old.poll() is None and time.monotonic() < deadline, old.stdout.read()
-        time.sleep(0.02)
-    first = lease.read(out).attempt
-    assert lease.read(out).machine != lease._machine()  # another machine: judged by its silence
-    paused = _tree(old.pid)
-    _signal(paused, signal.SIGSTOP)
-    try:
-        new = bertpipe(*stage_args(stage, inputs, out), env=TTL)
-        code, text = new.wait(600), new.stdout.read()
-        assert code == 0, text[-3000:]
-        assert f"attempt {first} " in text and "takes the folder over" in text, text[-3000:]
-        committed, manifest = shard_bytes(out), storage.read_text(storage.join(out, storage.MANIFEST))
-        assert committed and storage.read_manifest(out)["stage"] == stage
-    finally:
-        _signal(paused, signal.SIGCONT)
-    code, text = old.wait(300), old.stdout.read()
-    last = text.strip().splitlines()[-1]
-    assert code != 0, text[-3000:]
-    assert "lease went to another run" in last and len(last) < 400, text[-3000:]
+    (committed, manifest), old = _pause_while_another_commits(
+        stage_args(stage, inputs, out), out,
+        lambda: (shard_bytes(out), storage.read_text(storage.join(out, storage.MANIFEST))))
+    assert committed and storage.read_manifest(out)["stage"] == stage
+    _lost_its_lease(old)
     assert storage.read_text(storage.join(out, storage.MANIFEST)) == manifest  # committed nothing
     assert shard_bytes(out) == committed  # deleted or rewrote nothing of the second run's
     verify_all(out)
