@@ -26,10 +26,9 @@ import pstats
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, measure, row, write_rows
+from benchmarks.common import ROOT, measure, row, timed, write_rows
 from benchmarks.common import samples as samples_dir
 
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
@@ -51,13 +50,6 @@ except SystemExit as stop:
 profile.dump_stats(out)
 sys.exit(code)
 """
-
-
-def cpu(fn) -> tuple[object, float]:
-    """``fn()`` and the CPU-seconds of this process it took (every thread)."""
-    start = time.process_time()
-    result = fn()
-    return result, time.process_time() - start
 
 
 def profiled(argv: list[str], prof: Path, log: Path, output: Path, flame: Path | None) -> dict:
@@ -163,16 +155,16 @@ def instances(large_mb: float, work: Path, out: Path) -> list[dict]:
             n += sum(len(e.ids) for e in backend.encode_batch(lines[i:i + 4096], add_special_tokens=False))
         return n
 
-    n_tokens, hf_s = cpu(hf_batch)
+    n_tokens, hf_s = timed(hf_batch)
     tok2 = Tokenizer.from_vocab_file(str(vocab))  # cold caches, as the job starts
-    _, ours_s = cpu(lambda: [tok2.encode_document_bytes([" ".join(s.split()) for s in ss]) for _, ss in docs])
+    _, ours_s = timed(lambda: [tok2.encode_document_bytes([" ".join(s.split()) for s in ss]) for _, ss in docs])
 
     import pyarrow.parquet as pq
 
     from bert_core import storage
 
     table = pq.read_table(str(output / f"seq{L}"))
-    _, write_s = cpu(lambda: pq.write_table(table, str(work / "alone.parquet"), compression="zstd"))
+    _, write_s = timed(lambda: pq.write_table(table, str(work / "alone.parquet"), compression="zstd"))
     manifest = storage.read_manifest(str(output))
     n_instances = manifest["counts"][f"instances_seq{L}"]
     floors = {"encode_batch": hf_s, "our tokenizer": ours_s, "Parquet write": write_s}
@@ -208,14 +200,14 @@ def corpus(work: Path, out: Path) -> list[dict]:
     def libbz2() -> int:  # a multistream dump: one decompressor per stream
         return len(bz2.decompress(data))
 
-    _, py_s = cpu(libbz2)
+    _, py_s = timed(libbz2)
     import pyarrow.parquet as pq
 
     shards = sorted(p for p in output.rglob("*.parquet") if "rejects" not in str(p))
     import pyarrow as pa
 
     table = pa.concat_tables([pq.read_table(str(p)) for p in shards]) if shards else None
-    _, write_s = cpu(lambda: pq.write_table(table, str(work / "docs-alone.parquet"), compression="zstd")) \
+    _, write_s = timed(lambda: pq.write_table(table, str(work / "docs-alone.parquet"), compression="zstd")) \
         if table is not None else (None, 0.0)
     floors = {"bzip2 -d": bzip2["cpu_s"], "libbz2 (Python bz2)": py_s, "Parquet write": write_s}
     picture(prof, f"corpus, {mb:.0f} MB of XML ({len(data) / 1e6:.1f} MB bz2), one worker", floors,
