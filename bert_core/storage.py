@@ -234,16 +234,21 @@ def list_files(uri: str) -> list[str]:
     return sorted(_with_protocol(uri, p) for p in fs.ls(path, detail=False) if fs.isfile(p))
 
 
+def copy_file(src: str, dst: str, chunk: int = 4 << 20) -> None:
+    """Copy file ``src`` to ``dst`` (any protocols, streamed)."""
+    import shutil
+
+    with open_file(src, "rb") as r, open_file(dst, "wb") as w:
+        shutil.copyfileobj(r, w, chunk)
+
+
 def copy_files(src: str, dst: str, chunk: int = 4 << 20) -> list[str]:
     """Copy the files directly inside folder ``src`` into folder ``dst`` (any protocols,
     streamed); returns the new URIs."""
-    import shutil
-
     out = []
     for uri in list_files(src):
         target = join(dst, uri.rsplit("/", 1)[-1])
-        with open_file(uri, "rb") as r, open_file(target, "wb") as w:
-            shutil.copyfileobj(r, w, chunk)
+        copy_file(uri, target, chunk)
         out.append(target)
     return out
 

@@ -22,7 +22,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 import urllib.error
@@ -355,6 +354,5 @@ def publish(part: Path, dest: str) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, target)
         return
-    with open(part, "rb") as src, storage.open_file(dest, "wb") as out:
-        shutil.copyfileobj(src, out, _CHUNK)
+    storage.copy_file(str(part), dest, _CHUNK)
     part.unlink()

@@ -341,7 +341,7 @@ def publish_chosen(folder: str, task: str, results: list[dict[str, Any]], stats:
         storage.makedirs(published)
         for uri in storage.list_files(src):
             if uri.rsplit("/", 1)[-1] not in ("config.json", "README.md"):
-                _copy(uri, storage.join(published, uri.rsplit("/", 1)[-1]))
+                storage.copy_file(uri, storage.join(published, uri.rsplit("/", 1)[-1]))
         scores = [f"- the setting chosen on {spec.selection_metric} (the best mean over seeds "
                   f"{', '.join(map(str, sorted(runs)))}); this model is its best seed there, {seed}"]
         splits = [(spec.splits[0], spec.selection_metric)]
@@ -355,20 +355,13 @@ def publish_chosen(folder: str, task: str, results: list[dict[str, Any]], stats:
         scores.append(f"- {SCALE_NOTE}")
         hf = json.loads(storage.read_text(storage.join(src, "config.json")))
         storage.write_text(storage.join(published, "README.md"), task_card(hf, scores))
-        _copy(storage.join(src, "config.json"), storage.join(published, "config.json"))  # last: finished
+        storage.copy_file(storage.join(src, "config.json"), storage.join(published, "config.json"))  # last: finished
         out = {"setting": chosen, "seed": seed, "path": MODEL_DIR,
                "files": [f"{MODEL_DIR}/{u.rsplit('/', 1)[-1]}" for u in storage.list_files(published)]}
     if not keep_jobs:
         for r in jobs:
             lease.remove_held(folder, attempt, model_of(r))
     return out
-
-
-def _copy(src: str, dst: str) -> None:
-    import shutil
-
-    with storage.open_file(src, "rb") as r, storage.open_file(dst, "wb") as w:
-        shutil.copyfileobj(r, w, 4 << 20)
 
 
 def index_entry(task: str, checkpoint_name: str, checkpoint: str, version: str | None,
