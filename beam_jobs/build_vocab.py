@@ -258,8 +258,10 @@ def run(
     runner, beam_args = resolve_runner(runner, beam_args)
     check_shared_storage("vocab", runner, shared_storage, [("output", output), ("corpus", corpus)])
     output = storage.to_uri(output)
-    lease.refuse_finished(output, "vocab")  # before any work: a finished folder is never rewritten
     corpus = storage.to_uri(corpus) if corpus else None
+    finished = lease.refuse_finished(output, "vocab", _settings(cfg), [corpus] if corpus else [])  # before any work
+    if finished is not None:
+        return finished
     if corpus is None and cfg.vocab_file is None:
         raise ConfigError("a vocab is trained from a corpus: give --corpus (or --vocab-file to use an existing vocab)")
     given = check_vocab_file(cfg.vocab_file, cfg) if cfg.vocab_file else None
@@ -272,6 +274,11 @@ def run(
             return storage.read_manifest(output)
         lease.remove_held(output, held.attempt, storage.join(output, storage.MANIFEST))  # an old manifest must not bless new files
         return _train(cfg, corpus, output, corpus_manifest, given, workers, runner, beam_args, held, on_progress)
+
+
+def _settings(cfg: VocabConfig) -> dict[str, Any]:
+    """The settings a vocab's manifest records: its config, with accent stripping resolved."""
+    return cfg.model_dump(mode="json") | {"strip_accents": cfg.do_strip_accents}
 
 
 def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: dict[str, Any] | None,
@@ -321,12 +328,11 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
             stats = {}
     finally:
         lease.remove_if_held(output, held.attempt, scratch)  # a run that lost its lease removes nothing
-    config = cfg.model_dump(mode="json") | {"strip_accents": cfg.do_strip_accents}
     files = [storage.shard_entry(storage.join(output, name)) for name in ("vocab.txt", "tokenizer.json")]
     counts = {"vocab_size": tokenizer.vocab_size, "vocab_size_requested": None if given else cfg.vocab_size,
               "trained": given is None, **counters}
     held.check()
-    return storage.write_manifest(output, stage="vocab", config=config,
+    return storage.write_manifest(output, stage="vocab", config=_settings(cfg),
                                   inputs=[corpus_manifest] if corpus_manifest else [],
                                   shards=files, counts=counts, stats=stats,
                                   fence=lease.fence(output, held.attempt))

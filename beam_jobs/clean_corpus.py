@@ -677,7 +677,9 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
     """
     runner, beam_args = resolve_runner(runner, beam_args)
     output = storage.to_uri(output)
-    lease.refuse_finished(output, "corpus")  # before any work: a finished folder is never rewritten
+    finished = lease.refuse_finished(output, "corpus", cfg)  # before any work: never rewritten
+    if finished is not None:
+        return finished
     check_shared_storage("corpus", runner, shared_storage,
                          [("output", output), *((kind, g) for kind in ("wikipedia", "books", "text")
                                                 for g in getattr(cfg, kind))])

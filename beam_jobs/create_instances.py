@@ -383,7 +383,11 @@ def run(
                          [("output", output), ("corpus", corpus), ("vocab", vocab)])
     # resolved here, on the driver: a worker has another working directory, or is another machine
     corpus, vocab, output = storage.to_uri(corpus), storage.to_uri(vocab), storage.to_uri(output)
-    lease.refuse_finished(output, "instances")  # before any work: a finished folder is never rewritten
+    finished = lease.refuse_finished(output, "instances", config,  # before any work: never rewritten
+                                     [corpus, *([] if vocab.endswith(".txt") else [vocab])],
+                                     {"vocab_sha256": vocab_record(vocab).get("vocab_sha256")})
+    if finished is not None:
+        return finished
     corpus_manifest = storage.read_manifest(corpus)
     storage.check_shards(corpus, corpus_manifest)
     inputs = [corpus_manifest]

@@ -33,7 +33,8 @@ the attempt: the processes it started are ended and its main thread is interrupt
 :func:`hold` turns what follows into :class:`LeaseLostError`.
 
 The rerun rule (:func:`refuse_finished`): a stage's folder that is finished when an attempt
-begins is never written again, so no reader of its shards sees them change.
+begins is never written again, so no reader of its shards sees them change; the same command run
+again finds it finished and has nothing to do.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,8 @@ POLL_SECONDS = 1.0
 SETTLE_SECONDS = {"file": 0.0, "default": 1.0}
 
 _LOG = logging.getLogger(__name__)
+_holding: dict[str, Held] = {}  # the leases this process holds, by attempt (release_all)
+_holding_lock = threading.Lock()
 _clock: Callable[[], float] = time.monotonic  # what expiry is judged on: this process's own clock
 
 
@@ -524,23 +527,54 @@ def seen(folder: str) -> str | None:
     return storage.manifest_sha256(folder) if storage.has_manifest(folder) else None
 
 
-def refuse_finished(folder: str, stage: str) -> None:
+def refuse_finished(folder: str, stage: str, config: Any, inputs: Iterable[str] = (),
+                    recorded: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The rerun rule: a stage's folder that already holds its manifest is never written again,
-    so no reader of it (a pre-training reading its shards) sees them change. Raises
-    :class:`FinishedFolderError` when ``folder`` is finished as this attempt begins; one that
-    another attempt finishes while this one waits on the lease is returned as it is
-    (``Held.finished``)."""
+    so no reader of it (a pre-training reading its shards) sees them change. The same command
+    run again finds nothing to do: a folder this ``stage`` finished with these settings (each
+    key of ``config`` as its manifest records it, and each of ``recorded`` among its manifest's
+    own keys) from these ``inputs`` (finished folders), none of them changed since, is returned
+    as it is. Any other finished folder raises :class:`FinishedFolderError`, saying how it
+    differs; None when ``folder`` is not finished. One that another attempt finishes while this
+    one waits on the lease is returned by :func:`hold` (``Held.finished``)."""
     if not storage.has_manifest(folder):
-        return
+        return None
     try:
         manifest = storage.read_manifest(folder)
     except (OSError, ValueError):  # a damaged manifest still vouches for what a reader may hold
         manifest = {}
+    differs = _how_it_differs(manifest, stage, config, inputs, recorded or {})
+    if differs is None:
+        _LOG.warning("%s is finished already with these settings (written %s): nothing to do",
+                     storage.to_uri(folder), manifest.get("created"))
+        return manifest
     written = manifest.get("created") or "at an unknown time"
     raise FinishedFolderError(
         f"{storage.to_uri(folder)} is finished (its {storage.MANIFEST}, stage "
-        f"\"{manifest.get('stage') or stage}\", written {written}); bertpipe never rewrites a finished "
-        f"folder a reader may hold: give a new --output, or remove {storage.to_uri(folder)} first")
+        f"\"{manifest.get('stage') or stage}\", written {written}{differs}); bertpipe never rewrites a "
+        f"finished folder a reader may hold: give a new --output, or remove {storage.to_uri(folder)} first")
+
+
+def _how_it_differs(manifest: dict[str, Any], stage: str, config: Any, inputs: Iterable[str],
+                    recorded: dict[str, Any]) -> str | None:
+    """None when ``manifest`` is what this run would write; else what differs, as a clause of
+    the refusal ("" where the stage itself differs: the stage's name says it)."""
+    if manifest.get("stage") != stage:
+        return ""
+    wanted = json.loads(json.dumps(config.model_dump(mode="json") if hasattr(config, "model_dump") else config))
+    settings = manifest.get("config") or {}
+    pairs = [*((f"{stage}.{k}", settings.get(k), v) for k, v in wanted.items()),
+             *((k, manifest.get(k), v) for k, v in recorded.items())]
+    for name, was, now in pairs:
+        if was != now:
+            return f", with {name}={json.dumps(was)} where this run has {json.dumps(now)}"
+    made_from = sorted(storage.to_uri(storage.relocated(manifest, e["uri"]))
+                       for e in manifest.get("inputs", []) if e.get("uri"))
+    if made_from != sorted(storage.to_uri(i) for i in inputs):
+        return f", made from {', '.join(made_from) or 'no finished folder'}"
+    for uri, what in storage.input_problems(manifest):
+        return f", whose input {uri} {what} since"
+    return None
 
 
 _UNSEEN = "unseen"
@@ -598,6 +632,8 @@ def acquire(folder: str, stage: str, first_seen: str | None = _UNSEEN) -> Held:
             held = Held(folder, record, ttl, finished=finished,
                         _main=threading.current_thread() is threading.main_thread())
             threading.Thread(target=held._heartbeat, daemon=True, name=f"lease-{attempt}").start()
+            with _holding_lock:
+                _holding[attempt] = held
             return held
         waited = True  # another attempt won the race: wait on it like on any holder
 
@@ -605,7 +641,22 @@ def acquire(folder: str, stage: str, first_seen: str | None = _UNSEEN) -> Held:
 def release(held: Held) -> None:
     """Stop renewing and remove the lease, if it is still this attempt's."""
     held._stop.set()
+    with _holding_lock:
+        _holding.pop(held.attempt, None)
     _swap(held.folder, None, _is(held.attempt))
+
+
+def release_all() -> None:
+    """Release every lease this process still holds: the last step of a stopped command, whose
+    jobs in other threads may not have unwound (each release is conditional, and what such a
+    job commits later is refused)."""
+    with _holding_lock:
+        held = list(_holding.values())
+    for h in held:
+        try:
+            release(h)
+        except Exception as err:  # the lease expires after its TTL instead
+            _LOG.warning("%s: could not release its lease: %s", h.folder, err)
 
 
 @contextmanager

@@ -384,8 +384,15 @@ def _files(folder: str) -> dict[str, tuple[bytes, int]]:
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
+OTHER_SETTING = {"corpus": ("corpus.min_chars_per_doc=7", "corpus.min_chars_per_doc", "50", "7"),
+                 "vocab": ("vocab.vocab_size=301", "vocab.vocab_size", "300", "301"),
+                 "instances": ("instances.dupe_factor=2", "instances.dupe_factor", "1", "2")}
+
+
 @pytest.mark.parametrize("stage", ["corpus", "vocab", "instances"])
-def test_a_rerun_into_a_finished_folder_is_refused_and_rewrites_nothing(stage, finished_stages) -> None:
+def test_a_rerun_into_a_finished_folder_rewrites_nothing(stage, finished_stages) -> None:
+    """The same command again has nothing to do (exit 0); other settings are refused (exit 2).
+    Neither touches a file."""
     from typer.testing import CliRunner
 
     from flows.cli.main import app
@@ -394,14 +401,19 @@ def test_a_rerun_into_a_finished_folder_is_refused_and_rewrites_nothing(stage, f
     output = args[args.index("--output") + 1]
     before = _files(output)
     created = storage.read_manifest(output)["created"]
-    result = CliRunner().invoke(app, args)
+    same = CliRunner().invoke(app, args)
+    assert same.exit_code == 0, same.output
+    assert _files(output) == before  # not a byte rewritten, not a file touched
+
+    setting, key, was, now = OTHER_SETTING[stage]
+    result = CliRunner().invoke(app, [*args, "--set", setting])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     last = result.output.strip().splitlines()[-1]
-    assert last == (f'{output} is finished (its _MANIFEST.json, stage "{stage}", written {created}); '
-                    "bertpipe never rewrites a finished folder a reader may hold: give a new --output, "
-                    f"or remove {output} first"), result.output
-    assert _files(output) == before  # not a byte rewritten, not a file touched
+    assert last == (f'{output} is finished (its _MANIFEST.json, stage "{stage}", written {created}, with '
+                    f'{key}={was} where this run has {now}); bertpipe never rewrites a finished folder a '
+                    f"reader may hold: give a new --output, or remove {output} first"), result.output
+    assert _files(output) == before
     assert not storage.exists(storage.join(output, lease.LEASE))
     verified = CliRunner().invoke(app, ["verify", output])
     assert verified.exit_code == 0, verified.output

@@ -6,7 +6,8 @@
 The first signal becomes :class:`bert_core.stopping.StopSignal` (a ``KeyboardInterrupt``)
 raised in the main thread, so the command unwinds as after Ctrl-C: Prefect records the runs as
 crashed, leases are released, no manifest is written, and each block ends the processes it
-started. Then :func:`finish` ends what is left (bert_core.stopping), prints the last line
+started. Then :func:`finish` ends what is left (bert_core.stopping), releases the leases of
+jobs in other threads that have not unwound (``lease.release_all``), prints the last line
 
     stopped by SIGTERM during instances; run the same command again to resume (finished stages are kept)
 
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any, NoReturn
 
+from bert_core import lease
 from bert_core.stopping import StopSignal, descendants, end_descendants, run_last, stop_work
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -183,6 +185,7 @@ def _end_the_rest(grace: float) -> None:
     stop_work()
     run_last()
     end_descendants(_seen, grace=grace)
+    lease.release_all()  # those of jobs in threads that have not unwound
 
 
 def finish() -> NoReturn:
@@ -201,6 +204,7 @@ def _force() -> None:
         _end_the_rest(1.0)
     else:
         end_descendants(_seen, grace=1.0)
+        lease.release_all()
     _say_and_exit(_stop)
 
 
