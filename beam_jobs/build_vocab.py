@@ -288,7 +288,8 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
     from bert_core.vocab.training import train_wordpiece, vocab_stats
 
     counters: dict[str, int] = {}
-    scratch = storage.join(output, SCRATCH)
+    staged = lease.staging(output, held.attempt)  # the attempt's own names until it publishes
+    scratch = storage.join(staged, SCRATCH)
     try:
         if corpus:
             documents = (corpus_manifest or {}).get("counts", {}).get("documents")
@@ -319,7 +320,7 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
 
             vocab = train_wordpiece(words, cfg.vocab_size, cfg.min_frequency, cfg.limit_alphabet, cfg.num_unused)
             tokenizer = Tokenizer(vocab, cfg.lowercase, cfg.do_strip_accents, cfg.max_input_chars_per_word)
-        tokenizer.save(output)
+        tokenizer.save(staged)
         if has_words:
             distinct = sum(read_count_of_counts(scratch).values())
             stats = vocab_stats(tokenizer, counted(iter_counts(scratch), on_progress, "vocab", "measuring the vocab",
@@ -327,7 +328,8 @@ def _train(cfg: VocabConfig, corpus: str | None, output: str, corpus_manifest: d
         else:
             stats = {}
     finally:
-        lease.remove_if_held(output, held.attempt, scratch)  # a run that lost its lease removes nothing
+        storage.remove(scratch)
+    lease.publish(output, held.attempt)  # lost: one line, nothing moved or committed
     files = [storage.shard_entry(storage.join(output, name)) for name in ("vocab.txt", "tokenizer.json")]
     counts = {"vocab_size": tokenizer.vocab_size, "vocab_size_requested": None if given else cfg.vocab_size,
               "trained": given is None, **counters}

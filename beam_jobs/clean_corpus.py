@@ -610,11 +610,12 @@ class SummaryFn(beam.CombineFn):
 
 def _finish(_, output: str, cfg: CorpusConfig, inputs: dict[str, list[str]], num_shards: int,
             attempt: str | None, summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The manifest, written last and only by the attempt that holds the folder's lease: the
-    summary is complete only once every shard is written. None when an input file was cut short
-    (the driver names it: :func:`_checked_manifest`)."""
-    if not lease.remove_if_held(output, attempt, storage.join(output, SPILL_DIR)):
-        lease.check(output, attempt or "")  # lost: one line, nothing removed or committed
+    """The shards moved into place, then the manifest, only by the attempt that holds the
+    folder's lease (``lease.publish``, ``lease.commit``): the summary is complete only once every
+    shard is written. None when an input file was cut short (the driver names it:
+    :func:`_checked_manifest`)."""
+    storage.remove(storage.join(lease.staging(output, attempt), SPILL_DIR))  # its own names
+    lease.publish(output, attempt)  # lost: one line, nothing moved or committed
     if D.truncated_inputs(summary) and not cfg.allow_truncated:
         return None
     return D.write_corpus_manifest(output, cfg, inputs, num_shards, summary, fence=lease.fence(output, attempt))
@@ -628,7 +629,9 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
     """The job's graph: read -> clean (each source alone) -> find duplicates -> write shards ->
     manifest. Between steps only run file names and small summaries travel. ``spread``: reshuffle
     the work items over the workers (needless with one worker process); ``progress``: the folder
-    the read steps write their progress to."""
+    the read steps write their progress to. Every file is written under the attempt's own names
+    (``lease.staging``) until :func:`_finish` publishes them."""
+    staged = lease.staging(output, attempt)
     wiki_files, book_files, text_files = inputs["wikipedia"], inputs["books"], inputs["text"]
     parts = []
     if wiki_files:
@@ -637,13 +640,13 @@ def build_pipeline(p, cfg: CorpusConfig, output: str, inputs: dict[str, list[str
         parts.append(("Books", p | "ReadBooksFiles" >> ReadBooks(book_files, spread, progress)))
     if text_files:
         parts.append(("Text", p | "ReadTextRecords" >> ReadTextRecords(text_files, cfg, spread, progress)))
-    runs = [part | f"Clean{name}" >> CleanDocuments(cfg, output, num_shards) for name, part in parts]
+    runs = [part | f"Clean{name}" >> CleanDocuments(cfg, staged, num_shards) for name, part in parts]
     by_kind = {kind: [r[kind] for r in runs] | f"All{kind.capitalize()}Runs" >> beam.Flatten()
                for kind in ("docs", "rejects", "exact", "bands")}
-    verdicts = by_kind | "FindDuplicates" >> FindDuplicates(cfg, output, num_shards)
+    verdicts = by_kind | "FindDuplicates" >> FindDuplicates(cfg, staged, num_shards)
     written = (
         {"docs": by_kind["docs"], "rejects": by_kind["rejects"], **verdicts}
-        | "WriteDocuments" >> WriteDocuments(output, num_shards, cfg.text_format)
+        | "WriteDocuments" >> WriteDocuments(staged, num_shards, cfg.text_format)
     )
     read = [part["read"] for _, part in parts] | "AllReadCounts" >> beam.Flatten()
     summary = (
@@ -707,13 +710,11 @@ def run(cfg: CorpusConfig, output: str, workers: int = 1, runner: str = LOCAL_RU
                       on_progress)
         watch.clear()
         folder = progress_folder(output) if on_progress else None
-        try:
+        try:  # a failed run leaves no temporary files: lease.hold removes what it staged
             result = run_pipeline(lambda p: build_pipeline(p, cfg, output, inputs, num_shards, spread, held.attempt,
                                                            folder),
                                   workers, runner, beam_args, watch if on_progress else None)
         finally:
-            # a failed run leaves no temporary files; a run that lost its lease removes none
-            lease.remove_if_held(output, held.attempt, storage.join(output, SPILL_DIR))
             watch.clear()
         if counters is not None:
             for name, n in (job_counters(result, NAMESPACE) or {}).items():

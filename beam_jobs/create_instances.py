@@ -339,12 +339,13 @@ def build_pipeline(p: beam.Pipeline, shards: list[str], output: str, config: Ins
                    progress: str | None = None) -> None:
     """The job's graph on ``p``: documents shards -> instance shards, rejects and manifests in
     ``output`` (prepared by the caller; ``attempt``: the id of the lease it holds on ``output``,
-    checked before the manifests; ``progress``: the folder the steps write their progress to)."""
+    whose own names the shards are written under until they are published; ``progress``: the
+    folder the steps write their progress to)."""
     docs = (p
             | "ListParts" >> beam.Create(read_parts(shards, workers))
             | "ReadSentences" >> beam.ParDo(ReadPart(progress)))
     out = docs | "CreateInstanceShards" >> CreateInstanceShards(
-        config, vocab, vocab_ids, output, count_documents(shards), lowercase, min_docs_per_bucket,
+        config, vocab, vocab_ids, lease.staging(output, attempt), count_documents(shards), lowercase, min_docs_per_bucket,
         estimated_tokens(shards), progress)
     _ = (
         out["results"]

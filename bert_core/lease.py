@@ -61,6 +61,7 @@ from bert_core.failures import InfrastructureError, Refusal
 LEASE = "_LEASE.json"
 ATTEMPT_ENV = "BERTPIPE_LEASE_ATTEMPT"  # the attempt id, for the processes a holder starts
 LOCK = "_LEASE.lock"  # on a local disk: flocked for each read-compare-write of the lease
+STAGING = "_attempt-"  # <folder>/_attempt-<id>: where an attempt writes until it publishes
 # A live holder renews its lease a few times per TTL; a holder that stops renewing (killed, cut
 # off, paused) is presumed dead once its lease has not changed for a TTL.
 TTL_SECONDS = 60.0
@@ -403,6 +404,67 @@ def fence(folder: str, attempt: str | None) -> Callable[[str, str], None] | None
     return None if attempt is None else functools.partial(commit, storage.to_uri(folder), attempt)
 
 
+def staging(folder: str, attempt: str | None) -> str:
+    """Where ``attempt`` writes ``folder``'s files, under names of its own, until :func:`publish`
+    moves them into place: ``<folder>/_attempt-<id>``. A late write of a lost attempt lands
+    there, never on a committed name. Without a lease (None) the folder itself."""
+    return storage.to_uri(folder) if attempt is None else storage.join(folder, f"{STAGING}{attempt}")
+
+
+def publish(folder: str, attempt: str | None, part: str = "") -> None:
+    """Move every file ``attempt`` wrote under :func:`staging` (``part``: one subfolder of it) to
+    the same name in ``folder``, only while ``folder``'s lease is ``attempt``'s; otherwise
+    :class:`LeaseLostError`, nothing moved. On a local disk the moves happen under the lease's
+    lock, on GCS right after a conditional update of the lease (as :func:`commit`). The
+    manifest is committed afterwards, by :func:`commit`."""
+    if attempt is None:
+        return
+    folder = storage.to_uri(folder)
+    fs = storage.filesystem(folder)
+    source = storage.split_protocol(storage.join(staging(folder, attempt), part) if part else staging(folder, attempt))[1]
+    target = storage.split_protocol(storage.join(folder, part) if part else folder)[1]
+    files = fs.find(source) if fs.exists(source) else []
+
+    def move_all() -> None:
+        for path in files:
+            dst = target + "/" + path[len(source):].lstrip("/")
+            if kind == "local":
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.replace(path, dst)
+            else:
+                fs.mv(path, dst)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(source, recursive=True)
+
+    kind = _kind(folder)
+    if kind == "local":
+        with _locked(folder):
+            current = read(folder)
+            if current is not None and current.attempt == attempt:
+                return move_all()
+    else:
+        current = read(folder)
+        if current is not None and current.attempt == attempt:
+            touched = Record(**{**current.__dict__, "renewals": current.renewals + 1})
+            if _swap(folder, touched, _is(attempt)):  # the fence: a generation precondition
+                return move_all()
+            current = read(folder)
+    raise LeaseLostError(_lost_message(folder, current))
+
+
+def clear_other_attempts(folder: str, attempt: str) -> None:
+    """Remove what other attempts staged in ``folder`` (:func:`staging`), only while its lease is
+    ``attempt``'s: no manifest lists those names."""
+    folder = storage.to_uri(folder)
+    fs, path = storage.filesystem(folder), storage.split_protocol(folder)[1]
+    if not fs.exists(path):
+        return
+    for entry in fs.ls(path, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith(STAGING) and name != f"{STAGING}{attempt}":
+            remove_held(folder, attempt, storage.join(folder, name))
+
+
 def remove_if_held(folder: str, attempt: str | None, uri: str) -> bool:
     """Remove ``uri`` (recursively) only while ``folder``'s lease is ``attempt``'s (None: no lease
     is used); False, nothing removed, once it went to another attempt."""
@@ -438,7 +500,7 @@ def clear_if_held(folder: str, attempt: str) -> bool:
         return False
     protocol = storage.split_protocol(folder)[0]
     for entry in fs.ls(path, detail=False):
-        if entry.rstrip("/").rsplit("/", 1)[-1] in (LEASE, LOCK):
+        if entry.rstrip("/").rsplit("/", 1)[-1] in (LEASE, LOCK, f"{STAGING}{attempt}"):
             continue
         uri = entry if protocol == "file" else fs.unstrip_protocol(entry)
         if not remove_if_held(folder, attempt, uri):
@@ -665,12 +727,16 @@ def hold(folder: str, stage: str, first_seen: str | None = _UNSEEN) -> Iterator[
     a block that fails after its lease was lost fails with :class:`LeaseLostError`."""
     held = acquire(folder, stage, first_seen)
     try:
+        if not held.finished:
+            clear_other_attempts(folder, held.attempt)
         yield held
     except BaseException as err:
         if held.lost and not isinstance(err, LeaseLostError):
             raise LeaseLostError(_lost_message(held.folder, read(held.folder))) from err
         raise
     finally:
+        with contextlib.suppress(OSError):  # what it staged and did not publish: its own names
+            storage.remove(staging(folder, held.attempt))
         release(held)
 
 

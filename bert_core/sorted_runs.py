@@ -5,8 +5,9 @@ a bounded number of open files, so that a Beam shuffle carries file names, never
     for record in merge_runs(uris, key): ...      # all runs in key order, one record per open run
 
 A merge holds one record per open run and reads at most ``MERGE_FAN_IN`` runs at once
-(:func:`fewer_runs`). The runs are a job's temporary files under ``<output>/_spill/``, removed
-before its manifest is written.
+(:func:`fewer_runs`). The runs are a job's temporary files under ``_spill/`` in the folder the
+attempt writes (``<output>/_attempt-<id>``: ``lease.staging``), removed before its manifest is
+written.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ def _run_here(job: dict[str, Any], data_dir: str, checkpoint: str, cfg: Finetune
     from bert_core.finetune.train import run_job
 
     job_cfg = Setting.from_dict(job["setting"]).job_config(cfg)
-    return run_job(job["task"], data_dir, checkpoint, job_cfg, job["seed"], output, log=log)
+    return run_job(job["task"], data_dir, checkpoint, job_cfg, job["seed"], output, log=log,
+                   attempt=job.get("attempt"))
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{name}")
@@ -128,8 +129,8 @@ def _fine_tune(config: PipelineConfig, checkpoint: str, output: str, label: str,
     # The runner's workers are the concurrency limit: jobs beyond it wait for a free one.
     with ThreadPoolTaskRunner(max_workers=cfg.max_parallel_jobs) as runner, \
             stage_progress("finetune") as on_progress:
-        futures = [runner.submit(finetune_one, parameters={
-            "name": name, "job": j, "config": config, "checkpoint": checkpoint, "output": output,
+        futures = [runner.submit(finetune_one, parameters={  # each job writes under its task's attempt
+            "name": name, "job": {**j, "attempt": attempts[j["task"]]}, "config": config, "checkpoint": checkpoint, "output": output,
             "checkpoint_name": label}) for name, j in jobs.items()]
         results = []
         on_progress(Update("finetune", "jobs", 0, len(jobs), "jobs"))

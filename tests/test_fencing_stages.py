@@ -1,7 +1,8 @@
 """Fencing with real stage runs: a `bertpipe corpus`, `vocab`, `instances` or `finetune` on "another
 machine" (its own pid namespace) is paused with SIGSTOP past its lease while a second run takes the
-folder over and commits, then resumed: the first commits nothing, deletes nothing of the second's
-and exits non-zero with one line saying it lost its lease; `bertpipe verify` passes on the folder."""
+folder over and commits, then resumed: the first commits nothing, deletes nothing of the second's,
+leaves nothing of its own (it wrote under its own names, ``lease.staging``) and exits non-zero
+with one line saying it lost its lease; `bertpipe verify` passes on the folder."""
 
 from __future__ import annotations
 
@@ -109,10 +110,8 @@ def test_a_paused_finetune_run_commits_and_deletes_nothing_once_its_lease_is_tak
     assert storage.read_manifest(task)["stage"] == "finetune"
     _lost_its_lease(old)
     assert storage.read_text(storage.join(out, "sst2", storage.MANIFEST)) == manifest  # committed nothing
-    if _files(out) != committed:
-        # The jobs write their results under their final names: a job of the lost attempt already
-        # under way when it resumes can rewrite one before the cancel reaches it (docs/faults.md).
-        pytest.xfail("a resumed lost fine-tuning attempt rewrote a job's files before its cancel")
+    assert _files(out) == committed  # its jobs wrote under its own names, and moved none into place
+    assert not list(Path(out).rglob(f"{lease.STAGING}*"))  # what it staged, it removed as it ended
     verify_all(out)
 
 
@@ -126,4 +125,5 @@ def test_a_paused_stage_run_commits_and_deletes_nothing_once_its_lease_is_taken(
     _lost_its_lease(old)
     assert storage.read_text(storage.join(out, storage.MANIFEST)) == manifest  # committed nothing
     assert shard_bytes(out) == committed  # deleted or rewrote nothing of the second run's
+    assert not list(Path(out).rglob(f"{lease.STAGING}*"))  # what it staged, it removed as it ended
     verify_all(out)

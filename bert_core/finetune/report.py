@@ -486,7 +486,8 @@ def run_many(
                     if log:
                         log(what)
                     r = job_result(task, setting.as_dict(), seed, lambda t=task, c=job_cfg, s=seed:
-                                   run_job(t, data_dir, checkpoint, c, s, output, log=log, on_progress=on_progress))
+                                   run_job(t, data_dir, checkpoint, c, s, output, log=log, on_progress=on_progress,
+                                           attempt=attempts[t]))
                     if log and not r["ok"]:
                         log(f"{what} FAILED: {r['error']}")
                     results.append(r)

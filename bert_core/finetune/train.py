@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from bert_core import stopping, storage
+from bert_core import lease, stopping, storage
 from bert_core.config import FinetuneConfig
 from bert_core.finetune.errors import TaskDataError
 from bert_core.model.schedule import linear_warmup_decay
@@ -238,7 +238,7 @@ def _write_predictions(job_dir: str, files: dict[str, Any]) -> list[str]:
 
 def run_job(
     task: str, data_dir: str, checkpoint: str, cfg: FinetuneConfig, seed: int, output: str, log=None,
-    on_progress: OnProgress | None = None,
+    on_progress: OnProgress | None = None, attempt: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune + evaluate one (task, setting, seed); ``cfg`` holds one setting. Writes the
     model, predictions and metrics.json; returns the metrics. ``on_progress`` is told the training
@@ -248,7 +248,9 @@ def run_job(
     last, the trained model in ``model/`` beside it (``task_model``; a feature-based task saves
     none) and the task's predictions (GLUE ``*_predictions.tsv``, SQuAD ``predictions.json`` +
     ``null_odds.json``, NER ``*_predictions.txt`` in conlleval's input format, SWAG
-    ``*_predictions.csv``).
+    ``*_predictions.csv``). ``attempt``: the id of the lease held on the task's folder; the job
+    then writes under the attempt's own names (``lease.staging``) and its folder moves into
+    place only while the lease is still the attempt's (``lease.publish``).
     """
     import torch
 
@@ -259,7 +261,10 @@ def run_job(
     spec = get_task(task)
     setting = Setting.of(cfg)
     torch.set_num_threads(cfg.threads)
+    task_folder, own = storage.join(output, spec.name), f"{setting.name}/seed={seed}"
     job_dir = folder_of(output, spec.name, setting, seed)
+    if attempt is not None:
+        job_dir = storage.join(lease.staging(task_folder, attempt), own)
     from bert_core.vocab.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
@@ -308,6 +313,7 @@ def run_job(
         storage.write_text(storage.join(job_dir, "rejects.jsonl"),
                            "".join(json.dumps(r) + "\n" for r in data.rejects))
     storage.write_text(storage.join(job_dir, "metrics.json"), json.dumps(metrics, indent=2, default=float))
+    lease.publish(task_folder, attempt, own)  # lost: one line, nothing moved
     return metrics
 
 

@@ -60,20 +60,24 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
                     config: InstanceConfig, inputs: list[dict], documents_used: int,
                     eval_documents: int = 0, vocab: dict[str, str] | None = None,
                     attempt: str | None = None) -> dict:
-    """Per-length manifests (each eval split's first), the rejects file (from ``rejects``, the
-    job's spill files of them and their counts), then the job's spill folder removed and the
-    top-level manifest written (last: it marks done). ``layout`` has an eval set per length
-    when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used; ``attempt`` is
-    the id of the lease the job holds on ``output`` (``bert_core.lease``): each manifest lands
-    only while the lease is still its own, and the spill folder is removed only then, so an
-    attempt that lost its lease commits and deletes nothing.
+    """The rejects file (from ``rejects``, the job's spill files of them and their counts), the
+    job's spill folder removed, the shards published, then the per-length manifests (each eval
+    split's first) and the top-level manifest (last: it marks done). ``layout`` has an eval set
+    per length when the split is on; ``vocab`` is :func:`vocab_record` of the vocab used;
+    ``attempt`` is the id of the lease the job holds on ``output`` (``bert_core.lease``): the
+    job wrote under the attempt's own names (``lease.staging``), which move into place, and each
+    manifest lands, only while the lease is still its own, so an attempt that lost its lease
+    commits and deletes nothing.
 
     The top-level counts include ``eval_documents`` and ``eval_instances_seq{L}``;
     ``rejects.jsonl`` is merged from the job's sorted spill files of them.
     """
     if attempt is not None:
         lease.check(output, attempt)
-    n_rejected = merge_rejects([uri for uri, _ in rejects], storage.join(output, "rejects.jsonl"))
+    staged = lease.staging(output, attempt)  # where the attempt wrote, under names of its own
+    n_rejected = merge_rejects([uri for uri, _ in rejects], storage.join(staged, "rejects.jsonl"))
+    storage.remove(storage.join(staged, SPILL_DIR))
+    lease.publish(output, attempt)  # lost: one line, nothing moved or committed
     stats_by_length: dict[str, Any] = {}
     counts: dict[str, Any] = {"documents_read": documents_used + n_rejected,
                               "documents_used": documents_used,
@@ -107,7 +111,6 @@ def write_manifests(results: list[dict], rejects: list[tuple[str, int]], layout:
                     "shards": layout[(length, TRAIN)]["shards"]},
             stats=summary,
         )
-    lease.remove_if_held(output, attempt, storage.join(output, SPILL_DIR))
     return storage.write_manifest(
         output, stage="instances", config=config, inputs=inputs, counts=counts,
         fence=lease.fence(output, attempt),
