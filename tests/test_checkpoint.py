@@ -42,7 +42,7 @@ def test_bf16_checkpoint_resumes_and_exports_weights_only(zero_stage, tmp_path: 
     assert isinstance(first.optimizer, BF16_Optimizer) == (zero_stage == 1)
     for _ in range(2):
         optimizer_step(first, batch)
-    save_checkpoint(first, checkpoint_dir(run, 0), 2, {"step": 2, "loader": {"position": 8}}, rank=0)
+    save_checkpoint(first, run, 0, 2, {"step": 2, "loader": {"position": 8}}, rank=0)
 
     # everything DeepSpeed pickled into the step's files is on the allow-list
     allowed = {f"{t.__module__}.{t.__qualname__}" for t in _deepspeed_checkpoint_types()}

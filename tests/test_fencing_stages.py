@@ -1,4 +1,4 @@
-"""Fencing with real stage runs: a `bertpipe corpus`, `vocab`, `instances` or `finetune` on "another
+"""Fencing with real stage runs: a `bertpipe corpus`, `vocab`, `instances`, `pretrain` or `finetune` on "another
 machine" (its own pid namespace) is paused with SIGSTOP past its lease while a second run takes the
 folder over and commits, then resumed: the first commits nothing, deletes nothing of the second's,
 leaves nothing of its own (it wrote under its own names, ``lease.staging``) and exits non-zero
@@ -50,15 +50,17 @@ def _signal(pids: list[int], sig: int) -> None:
             pass
 
 
-def _pause_while_another_commits(args: list[str], leased: str, committed: Callable[[], Any]) -> tuple[Any, subprocess.Popen]:
-    """Start ``bertpipe *args`` on another machine, pause it once it holds ``leased``'s lease, run
-    ``bertpipe *args`` again here until it commits, read ``committed()`` while the first is still
-    paused, then resume the first: (what ``committed()`` read, the first process, resumed)."""
+def _pause_while_another_commits(args: list[str], leased: str, committed: Callable[[], Any],
+                                 ready: Callable[[], bool] = lambda: True) -> tuple[Any, subprocess.Popen]:
+    """Start ``bertpipe *args`` on another machine, pause it once it holds ``leased``'s lease and
+    ``ready()`` holds, run ``bertpipe *args`` again here until it commits, read ``committed()``
+    while the first is still paused, then resume the first: (what ``committed()`` read, the first
+    process, resumed)."""
     old = subprocess.Popen(["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m", "flows.cli", *args],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1", **TTL})
     deadline = time.monotonic() + 180
-    while lease.read(leased) is None:  # the first run holds the folder: pause it there
+    while lease.read(leased) is None or not ready():  # the first run holds the folder: pause it there
         assert old.poll() is None and time.monotonic() < deadline, old.stdout.read()
         time.sleep(0.02)
     first = lease.read(leased).attempt
@@ -127,3 +129,33 @@ def test_a_paused_stage_run_commits_and_deletes_nothing_once_its_lease_is_taken(
     assert shard_bytes(out) == committed  # deleted or rewrote nothing of the second run's
     assert not list(Path(out).rglob(f"{lease.STAGING}*"))  # what it staged, it removed as it ended
     verify_all(out)
+
+
+def test_a_paused_pretraining_publishes_and_commits_nothing_once_its_lease_is_taken(inputs, tmp_path) -> None:  # noqa: F811
+    """Paused once its first checkpoint is in place; the second run takes over, resumes from that
+    checkpoint and commits; the first, resumed, moves no checkpoint, export or ``latest`` into
+    place and leaves nothing of its own."""
+    from test_concurrent_writers import PRETRAIN_SETS, SETS
+
+    instances = str(tmp_path / "instances")
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *stage_args("instances", inputs, instances)],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = str(tmp_path / "run")
+    args = ["pretrain", "--instances", instances, "--output", run, *SETS[2:],
+            *(a for s in PRETRAIN_SETS for a in ("--set", s)), "--set", "pretrain.phases.0.max_steps=8",
+            "--set", "pretrain.checkpoint_every=2"]
+    latest = Path(run, "checkpoints", "phase1", "latest")
+
+    def kept() -> dict[str, bytes]:  # what the manifest vouches for and a resume reads
+        return {k: v for k, v in _files(run).items() if k.startswith(("checkpoints/", "hf/", storage.MANIFEST))}
+
+    (committed, manifest), old = _pause_while_another_commits(
+        args, run, lambda: (kept(), storage.read_text(storage.join(run, storage.MANIFEST))), latest.exists)
+    assert storage.read_manifest(run)["stage"] == "pretrain"
+    assert latest.read_text() == "step8"
+    _lost_its_lease(old)
+    assert storage.read_text(storage.join(run, storage.MANIFEST)) == manifest  # committed nothing
+    assert kept() == committed  # moved no checkpoint, export or latest into place
+    assert not list(Path(run).rglob(f"{lease.STAGING}*"))  # what it staged, it removed as it ended
+    verify_all(run)

@@ -1,6 +1,7 @@
 """Saving and resuming a run's DeepSpeed checkpoints, and the fp32 weights a run exports.
 
-Every rank writes its part of ``step{N}`` before rank 0 points ``latest`` at it; a resume tries
+Every rank writes its part of ``step{N}`` (under the attempt's own names, moved into place by
+rank 0 under the run folder's lease) before rank 0 points ``latest`` at it; a resume tries
 the newest step that loads on every rank (read weights-only) and says why it passed over any
 other; a bf16 or fp16 run exports the optimizer's fp32 master weights. With
 ``pretrain.checkpoint_uri`` each complete step is also copied there (``checkpoint_mirror.py``).
@@ -42,9 +43,11 @@ def _unreadable(err: BaseException) -> str:
     return f"cannot be read, damaged or truncated ({first_line(err)})"
 
 
-def save_checkpoint(engine: Any, ckpt: str, step: int, client_state: dict[str, Any], rank: int,
-                    mirror: CheckpointMirror | None = None) -> None:
-    """Every rank writes its part of ``step{N}``; then rank 0 points ``latest`` at it.
+def save_checkpoint(engine: Any, run: str, phase_index: int, step: int, client_state: dict[str, Any],
+                    rank: int, mirror: CheckpointMirror | None = None) -> None:
+    """Every rank writes its part of ``step{N}`` under the launcher's attempt's own names
+    (``lease.staging``); then rank 0 moves it into place and points ``latest`` at it, both only
+    while the run folder's lease is still the attempt's (``lease.publish``, ``lease.commit``).
 
     DeepSpeed's ``save_checkpoint`` ends in a barrier, so when it returns every rank has written;
     ``latest`` goes through a temporary file and a rename, so it is never half written either.
@@ -52,23 +55,33 @@ def save_checkpoint(engine: Any, ckpt: str, step: int, client_state: dict[str, A
     ``mirror`` (``pretrain.checkpoint_uri``) first waits for the previous step's upload, then
     starts this one's.
     """
-    tag = f"step{step}"
+    from bert_core import lease
+
+    tag, ckpt = f"step{step}", checkpoint_dir(run, phase_index)
+    attempt = os.environ.get(lease.ATTEMPT_ENV)  # None: a run without a lease writes in place
+    part = os.path.relpath(ckpt, run)
+    staged = os.path.join(lease.staging(run, attempt), part)
     if mirror is not None:
         mirror.wait()
     try:
-        engine.save_checkpoint(ckpt, tag=tag, client_state=client_state, save_latest=False)
+        engine.save_checkpoint(staged, tag=tag, client_state=client_state, save_latest=False)
         if rank == 0:
-            tmp = os.path.join(ckpt, "latest.tmp")
+            tmp = os.path.join(staged, "latest.tmp")
             with open(tmp, "w") as f:
                 f.write(tag)
-            os.replace(tmp, os.path.join(ckpt, "latest"))
     except Exception as err:
         if is_comm_error(err):
             raise
         raise CheckpointWriteError(
-            f"{ckpt}/{tag}: cannot write the checkpoint ({first_line(err)}; {_free_space(ckpt)}); free "
+            f"{ckpt}/{tag}: cannot write the checkpoint ({first_line(err)}; {_free_space(staged)}); free "
             "space or make the folder writable, then run again (it resumes from the last complete checkpoint)"
         ) from err
+    if rank == 0:  # a lost attempt: one line, nothing moved
+        lease.publish(run, attempt, f"{part}/{tag}")
+        if attempt:
+            lease.commit(run, attempt, tmp, os.path.join(ckpt, "latest"))
+        else:
+            os.replace(tmp, os.path.join(ckpt, "latest"))
     if mirror is not None:
         mirror.upload(ckpt, step)
 

@@ -266,8 +266,8 @@ def run_phase(
         if step % pre.checkpoint_every == 0 or step == phase.max_steps:
             # All ranks save: with ZeRO each holds its own optimizer shard.
             t_save = time.perf_counter()
-            save_checkpoint(engine, ckpt, step, {"step": step, "loader": loader.state_dict(),
-                                                 "phase": phase_index + 1}, rank, mirror)
+            save_checkpoint(engine, run, phase_index, step, {"step": step, "loader": loader.state_dict(),
+                                                             "phase": phase_index + 1}, rank, mirror)
             saving = time.perf_counter() - t_save
             t0 += saving  # the rates are training's; the saves are reported apart
             save_seconds += saving
@@ -446,13 +446,16 @@ def export(config: PipelineConfig, args: argparse.Namespace, model: Any, vocab_f
 
     instances = storage.read_manifest(args.instances)
     check_vocab(args.instances, vocab_file, instances)
-    hf = storage.join(args.output, "hf")
-    save_pretrained(model, hf, vocab_file=vocab_file, lowercase=config.vocab.lowercase)
+    hf, attempt = storage.join(args.output, "hf"), os.environ.get(lease.ATTEMPT_ENV)
+    # written under the attempt's own names, moved into place only while it holds the lease
+    save_pretrained(model, storage.join(lease.staging(args.output, attempt), "hf"), vocab_file=vocab_file,
+                    lowercase=config.vocab.lowercase)
+    lease.publish(args.output, attempt, "hf")
     # named by their place in the run folder, so that `bertpipe verify RUN` finds them in hf/
     shards = [storage.shard_entry(storage.join(hf, name), path=f"hf/{name}")
               for name in ("config.json", "model.safetensors")]
     storage.write_manifest(
-        args.output, stage="pretrain", config=config, fence=lease.fence(args.output, os.environ.get(lease.ATTEMPT_ENV)),
+        args.output, stage="pretrain", config=config, fence=lease.fence(args.output, attempt),
         inputs=[instances], shards=shards, vocab_file=storage.to_uri(vocab_file),
         vocab_sha256=storage.sha256(storage.join(hf, "vocab.txt")),
         counts={"phases": len(stats), "steps": sum(s.get("steps", 0) for s in stats),
