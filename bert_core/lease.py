@@ -423,6 +423,7 @@ def publish(folder: str, attempt: str | None, part: str = "") -> None:
     fs = storage.filesystem(folder)
     source = storage.split_protocol(storage.join(staging(folder, attempt), part) if part else staging(folder, attempt))[1]
     target = storage.split_protocol(storage.join(folder, part) if part else folder)[1]
+    fs.invalidate_cache(target)  # other processes (Beam workers, ranks) wrote; a listing is read fresh
     files = fs.find(source) if fs.exists(source) else []
 
     def move_all() -> None:
@@ -435,6 +436,7 @@ def publish(folder: str, attempt: str | None, part: str = "") -> None:
                 fs.mv(path, dst)
         with contextlib.suppress(FileNotFoundError):
             fs.rm(source, recursive=True)
+        fs.invalidate_cache(target)  # no listing of before the moves stays behind
 
     kind = _kind(folder)
     if kind == "local":
@@ -459,7 +461,9 @@ def clear_other_attempts(folder: str, attempt: str) -> None:
     fs, path = storage.filesystem(folder), storage.split_protocol(folder)[1]
     if not fs.exists(path):
         return
-    for entry in fs.ls(path, detail=False):
+    entries = fs.ls(path, detail=False, refresh=True)
+    fs.invalidate_cache(path)  # a cached listing would hide what other processes write there next
+    for entry in entries:
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         if name.startswith(STAGING) and name != f"{STAGING}{attempt}":
             remove_held(folder, attempt, storage.join(folder, name))
@@ -499,7 +503,9 @@ def clear_if_held(folder: str, attempt: str) -> bool:
     if not remove_if_held(folder, attempt, storage.join(folder, storage.MANIFEST)):
         return False
     protocol = storage.split_protocol(folder)[0]
-    for entry in fs.ls(path, detail=False):
+    entries = fs.ls(path, detail=False, refresh=True)
+    fs.invalidate_cache(path)  # a cached listing would hide what other processes write there next
+    for entry in entries:
         if entry.rstrip("/").rsplit("/", 1)[-1] in (LEASE, LOCK, f"{STAGING}{attempt}"):
             continue
         uri = entry if protocol == "file" else fs.unstrip_protocol(entry)
@@ -628,6 +634,8 @@ def _how_it_differs(manifest: dict[str, Any], stage: str, config: Any, inputs: I
     pairs = [*((f"{stage}.{k}", settings.get(k), v) for k, v in wanted.items()),
              *((k, manifest.get(k), v) for k, v in recorded.items())]
     for name, was, now in pairs:
+        if was != now and name.endswith("_sha256"):
+            return f", made from another {name[:-len('_sha256')]} (sha256 {str(was)[:12]}, this run's {str(now)[:12]})"
         if was != now:
             return f", with {name}={json.dumps(was)} where this run has {json.dumps(now)}"
     made_from = sorted(storage.to_uri(storage.relocated(manifest, e["uri"]))

@@ -14,6 +14,8 @@ import shutil
 import string
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -388,11 +390,27 @@ def test_no_checkpoint_that_loads_is_one_line(pretrain_instances, finished_run, 
 
 @pytest.mark.slow
 def test_full_disk_at_a_checkpoint_fails_once_and_never_becomes_latest(pretrain_instances, tmp_path) -> None:
+    from bert_core import lease
+
     run = tmp_path / "run"
-    step2 = run / "checkpoints" / "phase1" / "step2"
-    step2.mkdir(parents=True)
-    (step2 / "mp_rank_00_model_states.pt").symlink_to("/dev/full")  # this file's disk is full
+    planted = threading.Event()
+
+    def fill_the_disk() -> None:  # under the names the run's attempt writes step2 with, once it has them
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            held = lease.read(str(run)) if run.exists() else None
+            if held is not None:
+                step2 = Path(lease.staging(str(run), held.attempt), "checkpoints", "phase1", "step2")
+                step2.mkdir(parents=True, exist_ok=True)
+                (step2 / "mp_rank_00_model_states.pt").symlink_to("/dev/full")  # this file's disk is full
+                planted.set()
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=fill_the_disk, daemon=True).start()
     result = pretrain(pretrain_instances, run)
+    assert planted.is_set()
+    step2 = run / "checkpoints" / "phase1" / "step2"
     assert_stopped(result, 2, f"{step2}: cannot write the checkpoint", "free space")
     assert "run the same command again" not in result.output  # not an infrastructure retry
     assert (run / "checkpoints" / "phase1" / "latest").read_text() == "step1"

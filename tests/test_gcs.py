@@ -99,13 +99,13 @@ def test_storage_round_trip_and_manifest(gcs):
         "_MANIFEST.json", "part-00000-of-00001.txt"]
 
 
-def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
-    """The real Beam corpus and vocab stages, reading a local book and writing gs://."""
+def test_data_stages_write_to_the_bucket(gcs, samples_dir):
+    """The real Beam corpus, vocab and instances stages, reading a local book and writing gs://."""
     import pyarrow.parquet as pq
 
-    from beam_jobs import build_vocab, clean_corpus
+    from beam_jobs import build_vocab, clean_corpus, create_instances
     from bert_core import storage
-    from bert_core.config import CorpusConfig, VocabConfig
+    from bert_core.config import CorpusConfig, InstanceConfig, SequenceSpec, VocabConfig
     from bert_core.vocab.tokenization import load_tokenizer
 
     corpus = storage.join(gcs, "corpus", "v1")
@@ -124,6 +124,17 @@ def test_corpus_and_vocab_stages_write_to_the_bucket(gcs, samples_dir):
     tokenizer = load_tokenizer(vocab)
     assert tokenizer.vocab_size == 600
     assert storage.read_manifest(vocab)["inputs"][0]["uri"] == corpus
+
+    # instances on two worker processes: what they wrote under the attempt's names moves into place
+    instances = storage.join(gcs, "instances", "v1")
+    config = InstanceConfig(lengths=[SequenceSpec(max_seq_length=64, max_predictions_per_seq=10)],
+                            dupe_factor=1, num_shards=2, shard_multiple_of=1)
+    made = create_instances.run(config, corpus, vocab, instances, workers=2)
+    assert storage.read_manifest(instances)["counts"] == made["counts"]
+    seq64 = storage.read_manifest(storage.join(instances, "seq64"))
+    assert seq64["counts"]["instances"] > 0
+    storage.check_shards(storage.join(instances, "seq64"), seq64, checksums=True)
+    assert not storage.filesystem(instances).glob(storage.split_protocol(instances)[1] + "/_attempt-*")
 
 
 def test_pipeline_refuses_a_bucket_run_folder_before_any_work(gcs, tmp_path):
