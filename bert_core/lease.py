@@ -368,34 +368,43 @@ def check(folder: str, attempt: str, lost: bool = False) -> None:
         raise LeaseLostError(_lost_message(folder, current))
 
 
+def _fenced(folder: str, attempt: str, action: Callable[[], None]) -> bool:
+    """Run ``action`` only while ``folder``'s lease is ``attempt``'s: on a local disk under the
+    lease's lock, on GCS right after a conditional update of the lease (a generation
+    precondition). False, nothing done, once the lease is another's."""
+    if _kind(folder) == "local":
+        with _locked(folder):
+            if not _is(attempt)(read(folder)):
+                return False
+            action()
+            return True
+    current = read(folder)
+    if current is None or current.attempt != attempt:
+        return False
+    touched = Record(**{**current.__dict__, "renewals": current.renewals + 1})
+    if not _swap(folder, touched, _is(attempt)):
+        return False
+    action()
+    return True
+
+
 def commit(folder: str, attempt: str, tmp: str, final: str) -> None:
     """Move ``tmp`` (a name of ``attempt``'s own) to ``final`` if and only if ``folder``'s lease
-    is still ``attempt``'s, in one step; otherwise remove ``tmp`` and raise
+    is still ``attempt``'s, in one step (:func:`_fenced`); otherwise remove ``tmp`` and raise
     :class:`LeaseLostError`. Callable from any process that knows the attempt id."""
     folder = storage.to_uri(folder)
     fs = storage.filesystem(folder)
     src, dst = storage.split_protocol(tmp)[1], storage.split_protocol(final)[1]
+    move = functools.partial(os.replace, src, dst) if _kind(folder) == "local" else functools.partial(fs.mv, src, dst)
     try:
-        if _kind(folder) == "local":
-            with _locked(folder):
-                current = read(folder)
-                if current is not None and current.attempt == attempt:
-                    os.replace(src, dst)
-                    return
-        else:
-            current = read(folder)
-            if current is not None and current.attempt == attempt:
-                touched = Record(**{**current.__dict__, "renewals": current.renewals + 1})
-                if _swap(folder, touched, _is(attempt)):  # the fence: a generation precondition
-                    fs.mv(src, dst)
-                    return
-                current = read(folder)
+        if _fenced(folder, attempt, move):
+            return
     except BaseException:
         with contextlib.suppress(OSError):
             storage.remove(tmp, recursive=False)
         raise
     storage.remove(tmp, recursive=False)
-    raise LeaseLostError(_lost_message(folder, current))
+    raise LeaseLostError(_lost_message(folder, read(folder)))
 
 
 def fence(folder: str, attempt: str | None) -> Callable[[str, str], None] | None:
@@ -414,9 +423,8 @@ def staging(folder: str, attempt: str | None) -> str:
 def publish(folder: str, attempt: str | None, part: str = "") -> None:
     """Move every file ``attempt`` wrote under :func:`staging` (``part``: one subfolder of it) to
     the same name in ``folder``, only while ``folder``'s lease is ``attempt``'s; otherwise
-    :class:`LeaseLostError`, nothing moved. On a local disk the moves happen under the lease's
-    lock, on GCS right after a conditional update of the lease (as :func:`commit`). The
-    manifest is committed afterwards, by :func:`commit`."""
+    :class:`LeaseLostError`, nothing moved (:func:`_fenced`). The manifest is committed
+    afterwards, by :func:`commit`."""
     if attempt is None:
         return
     folder = storage.to_uri(folder)
@@ -439,19 +447,8 @@ def publish(folder: str, attempt: str | None, part: str = "") -> None:
         fs.invalidate_cache(target)  # no listing of before the moves stays behind
 
     kind = _kind(folder)
-    if kind == "local":
-        with _locked(folder):
-            current = read(folder)
-            if current is not None and current.attempt == attempt:
-                return move_all()
-    else:
-        current = read(folder)
-        if current is not None and current.attempt == attempt:
-            touched = Record(**{**current.__dict__, "renewals": current.renewals + 1})
-            if _swap(folder, touched, _is(attempt)):  # the fence: a generation precondition
-                return move_all()
-            current = read(folder)
-    raise LeaseLostError(_lost_message(folder, current))
+    if not _fenced(folder, attempt, move_all):
+        raise LeaseLostError(_lost_message(folder, read(folder)))
 
 
 def clear_other_attempts(folder: str, attempt: str) -> None:

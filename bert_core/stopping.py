@@ -10,7 +10,7 @@ A block whose unwinding would wait on its processes (the local Beam runner joins
 ends them at once through :func:`on_stop`; what the unwinding leaves, or cannot reach in time,
 ends afterwards: the clean-ups of :func:`at_last`, then every process this one started
 (:func:`end_descendants`). A child that runs on its own (the DeepSpeed launcher, Prefect's
-temporary server) starts in a process session of its own (setsid), so a terminal's Ctrl-C reaches this process
+temporary server) starts detached from the terminal (setsid), so a terminal's Ctrl-C reaches this process
 first and the child is stopped in order, and ends with this process if it is killed
 (:func:`end_with_parent`).
 """

@@ -129,9 +129,10 @@ def _fine_tune(config: PipelineConfig, checkpoint: str, output: str, label: str,
     # The runner's workers are the concurrency limit: jobs beyond it wait for a free one.
     with ThreadPoolTaskRunner(max_workers=cfg.max_parallel_jobs) as runner, \
             stage_progress("finetune") as on_progress:
-        futures = [runner.submit(finetune_one, parameters={  # each job writes under its task's attempt
-            "name": name, "job": {**j, "attempt": attempts[j["task"]]}, "config": config, "checkpoint": checkpoint, "output": output,
-            "checkpoint_name": label}) for name, j in jobs.items()]
+        futures = [runner.submit(finetune_one, parameters={
+            "name": name, "job": {**j, "attempt": attempts[j["task"]]},  # it writes under its task's attempt
+            "config": config, "checkpoint": checkpoint, "output": output, "checkpoint_name": label})
+            for name, j in jobs.items()]
         results = []
         on_progress(Update("finetune", "jobs", 0, len(jobs), "jobs"))
         for (name, j), future in zip(jobs.items(), futures, strict=True):

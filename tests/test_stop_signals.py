@@ -4,7 +4,7 @@ every process the command started (Prefect's temporary server, Beam's workers, t
 launcher and its ranks, fine-tuning jobs), leaves no manifest in the stopped stage's folder, and
 a rerun finishes (``bertpipe verify`` passes on every folder).
 
-Real processes on the samples: each command runs in a process session of its own (setsid) with a mark in its
+Real processes on the samples: each command runs detached from the terminal (setsid) with a mark in its
 environment, which every process it starts inherits, so a process left behind is found even
 after it lost its parent.
 """

@@ -14,6 +14,7 @@ import pickle
 import shutil
 from typing import TYPE_CHECKING, Any
 
+from bert_core import lease
 from bert_core.failures import is_comm_error
 from bert_core.pretrain.errors import CheckpointWriteError, first_line
 from bert_core.pretrain.run_folder import checkpoint_dir, resume_candidates
@@ -55,8 +56,6 @@ def save_checkpoint(engine: Any, run: str, phase_index: int, step: int, client_s
     ``mirror`` (``pretrain.checkpoint_uri``) first waits for the previous step's upload, then
     starts this one's.
     """
-    from bert_core import lease
-
     tag, ckpt = f"step{step}", checkpoint_dir(run, phase_index)
     attempt = os.environ.get(lease.ATTEMPT_ENV)  # None: a run without a lease writes in place
     part = os.path.relpath(ckpt, run)

@@ -8,7 +8,7 @@ lets it write to the terminal, its own tracebacks included. Started here first, 
 names the file. Warnings raised inside Prefect's package go to the same file; everything else
 (our lines, the flow and task runs' log lines) stays where it was.
 
-The server runs in a process session of its own (setsid) and ends with this process; a stop signal stops it once
+The server runs detached from the terminal (setsid) and ends with this process; a stop signal stops it once
 the stopped runs are recorded (:func:`stop_temporary_server`, ``bert_core.stopping``).
 """
 
@@ -56,7 +56,7 @@ def _fds_to(log: Path) -> Iterator[None]:
 
 class _OwnSession:
     """``subprocess`` as Prefect's server module sees it while it starts the temporary server:
-    the server runs in a process session of its own (setsid), so a terminal's Ctrl-C reaches this process first,
+    the server runs detached from the terminal (setsid), so a terminal's Ctrl-C reaches this process first,
     and it ends if this process is killed (bert_core.stopping)."""
 
     @staticmethod
