@@ -2,5 +2,8 @@
 
 import logging
 
+from beam_jobs.beam_import import import_beam
+
 # Beam's GCP IO warns about a missing optional client at import time; it says nothing to a user.
 logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
+import_beam()

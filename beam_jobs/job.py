@@ -23,6 +23,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineResult
 
+from beam_jobs.beam_import import connectors_restored
 from bert_core import stopping, storage
 from bert_core.corpus.documents import read_sentences
 from bert_core.failures import Refusal
@@ -342,6 +343,8 @@ def run_pipeline(build: Callable[[beam.Pipeline], Any], workers: int, runner: st
     is polled while it runs (:func:`watching`); a stop ends its workers
     (:func:`workers_ended_on_stop`)."""
     runner, beam_args = resolve_runner(runner, beam_args)
+    if runner not in ONE_MACHINE_RUNNERS:
+        connectors_restored()
     with fewer_gc_passes(), memory_returned(is_local(runner)), \
             harness_chatter_dropped(is_local(runner) and workers > 1), watching(watch), \
             workers_ended_on_stop():
