@@ -102,8 +102,10 @@ def strip_gutenberg(text: str) -> str:
 
 def _is_heading(line: str) -> bool:
     """Chapter titles and the like: short, no sentence punctuation, mostly capitals."""
+    if len(line) >= 60:
+        return False
     letters = [c for c in line if c.isalpha()]
-    return len(line) < 60 and bool(letters) and sum(c.isupper() for c in letters) > 0.6 * len(letters)
+    return bool(letters) and sum(c.isupper() for c in letters) > 0.6 * len(letters)
 
 
 def unwrap(text: str) -> list[str]:
