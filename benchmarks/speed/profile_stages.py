@@ -1,6 +1,6 @@
 """Where each data-prep stage's CPU-seconds go, and the floor of each stage on the same input.
 
-    python -m benchmarks.speed.profile_stages                       # instances and corpus
+    python -m benchmarks.speed.profile_stages                       # instances, a dump, books and JSON lines
     python -m benchmarks.speed.profile_stages --stages instances --large-mb 44
     python -m benchmarks.speed.profile_stages --out docs/profiles --py-spy "$(which py-spy)"
 
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import ROOT, measure, row, timed, write_rows
+from benchmarks.common import ROOT, distinct_files, measure, row, timed, write_rows
 from benchmarks.common import samples as samples_dir
 
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
@@ -221,9 +221,73 @@ def corpus(work: Path, out: Path) -> list[dict]:
             row("corpus: the documents' Parquet written alone", write_s, None, "CPU-s")]
 
 
+# --------------------------------------------------------------------------- books and text records
+
+
+def text_sources(large_mb: float, work: Path) -> list[dict]:
+    """The corpus stage on the distinct text as books (``.txt``) and as JSON lines, each beyond its
+    start-up (one book, one record), against reading the same files alone: the lines decoded for
+    books, each record parsed for JSON lines; and the documents' sentence splitting alone."""
+    import json
+
+    from bert_core.corpus.sentences import split_sentences
+
+    books, records, tiny = work / "books", work / "records", work / "tiny"
+    for folder in (books, records, tiny):
+        folder.mkdir(exist_ok=True)
+    size = 0
+    with (records / "docs.jsonl").open("w", encoding="utf-8") as out:
+        for i, path in enumerate(distinct_files()):
+            if size >= large_mb * 1e6:
+                break
+            text = path.read_text("utf-8")
+            (books / f"{i:05d}.txt").write_text(text, "utf-8")
+            out.write(json.dumps({"id": f"d{i}", "text": text}) + "\n")
+            size += len(text.encode())
+    first = sorted(books.glob("*.txt"))[0]
+    shutil.copy(first, tiny / "one.txt")
+    (tiny / "one.jsonl").write_text(json.dumps({"id": "d0", "text": first.read_text("utf-8")}) + "\n", "utf-8")
+    mb = size / 1e6
+
+    def stage(kind: str, pattern: Path, name: str) -> dict:
+        output = work / f"out-{name}"
+        shutil.rmtree(output, ignore_errors=True)
+        return measure([sys.executable, "-m", "flows.cli", "corpus", f"--{kind}", str(pattern), "--output",
+                        str(output), "--workers", "1"], work / f"{name}.log", ENV)
+
+    def read_books() -> int:
+        return sum(len(p.read_text("utf-8").splitlines()) for p in sorted(books.glob("*.txt")))
+
+    def read_records() -> int:
+        with (records / "docs.jsonl").open(encoding="utf-8") as lines:
+            return sum(len(json.loads(line)["text"]) for line in lines)
+
+    def split_alone() -> int:
+        return sum(len(split_sentences(paragraph)) for p in sorted(books.glob("*.txt"))
+                   for paragraph in p.read_text("utf-8").split("\n\n") if paragraph.strip())
+
+    rows = []
+    _, split_s = timed(split_alone)
+    for kind, name, pattern, one, read in (("books", "books", books / "*.txt", tiny / "one.txt", read_books),
+                                           ("text", "jsonl", records / "*.jsonl", tiny / "one.jsonl", read_records)):
+        whole, start = stage(kind, pattern, name), stage(kind, one, f"{name}-tiny")
+        _, read_s = timed(read)
+        beyond = whole["cpu_s"] - start["cpu_s"]
+        print(f"{name}: {whole['cpu_s']} CPU-s, start-up {start['cpu_s']}; read alone {read_s:.2f}, "
+              f"sentences alone {split_s:.2f}", file=sys.stderr)
+        rows += [row(f"corpus stage, {mb:.0f} MB as {name}: CPU-s beyond start-up vs reading alone", beyond, read_s,
+                     "CPU-s", beyond / read_s, 3),
+                 row(f"corpus stage, {mb:.0f} MB as {name}: CPU-s beyond start-up vs splitting its sentences alone",
+                     beyond, split_s, "CPU-s", beyond / split_s, 3),
+                 row(f"corpus stage, one {name[:-1] if name == 'books' else 'record'}: start-up CPU-s",
+                     start["cpu_s"], None, "CPU-s")]
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stages", default="instances,corpus", help="instances, corpus or both (comma-separated)")
+    parser.add_argument("--stages", default="instances,corpus,text",
+                        help="instances, corpus (a dump), text (books and JSON lines), comma-separated")
     parser.add_argument("--large-mb", type=float, default=44.0, help="text of the instances input (MB)")
     parser.add_argument("--out", type=Path, default=Path("bench-results") / "profiles",
                         help="folder of the pictures (docs/profiles for the docs)")
@@ -234,8 +298,8 @@ def main() -> None:
     PY_SPY = args.py_spy and shutil.which(args.py_spy) or ""
     if args.py_spy and not PY_SPY:
         sys.exit(f"--py-spy {args.py_spy}: no such program; pip install py-spy, or leave --py-spy out")
-    if set(args.stages.split(",")) - {"instances", "corpus"}:
-        sys.exit(f"--stages {args.stages}: each stage is instances or corpus")
+    if set(args.stages.split(",")) - {"instances", "corpus", "text"}:
+        sys.exit(f"--stages {args.stages}: each stage is instances, corpus or text")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="profile-stages-") as tmp:
         work = args.keep or Path(tmp)
@@ -247,6 +311,9 @@ def main() -> None:
         if "corpus" in stages:
             (work / "c").mkdir(exist_ok=True)
             rows += corpus(work / "c", args.out)
+        if "text" in stages:
+            (work / "t").mkdir(exist_ok=True)
+            rows += text_sources(args.large_mb, work / "t")
     write_rows("profile", rows, load=os.getloadavg())
 
 
