@@ -131,14 +131,15 @@ class ReadPart(beam.DoFn):
 class TokenizeDocuments(beam.DoFn):
     """(doc_id, sentences) -> ((split, pool), (spill file, documents)): each document's ids as
     the bytes of a C int array, each sentence's ids followed by an end mark
-    (``Tokenizer.encode_document_bytes``), gathered by random-next pool (of the document's
-    split: ``bert_core.instances.sharding.pool_of``) and written to a spill file of its pool
-    when SPILL_BYTES are buffered (the largest pool first) and at the end of the bundle.
-    Documents without a token go to the 'rejects' output, as a spill file of them per bundle;
-    sentences without tokens are dropped later, with the marks (as the reference drops empty
-    lines)."""
+    (``Tokenizer.encode_documents_bytes``, TOKENIZE_CHARS of text at a time), gathered by
+    random-next pool (of the document's split: ``bert_core.instances.sharding.pool_of``) and
+    written to a spill file of its pool when SPILL_BYTES are buffered (the largest pool first)
+    and at the end of the bundle. Documents without a token go to the 'rejects' output, as a
+    spill file of them per bundle; sentences without tokens are dropped later, with the marks
+    (as the reference drops empty lines)."""
 
     SPILL_BYTES = 4 << 20
+    TOKENIZE_CHARS = 4 << 20  # text tokenized at once: each distinct chunk of it is looked up once
     REJECTS_PER_FILE = 100_000
 
     def __init__(self, vocab: str, lowercase: bool, seed: int, threshold: float, pools: dict[str, int],
@@ -152,6 +153,8 @@ class TokenizeDocuments(beam.DoFn):
         self.tokenizer = load_tokenizer(self.vocab, self.lowercase)
 
     def start_bundle(self) -> None:
+        self.pending: list[tuple[str, list[str]]] = []  # documents not tokenized yet
+        self.pending_chars = 0
         self.buffers: dict[tuple[str, int], list[tuple[str, bytes]]] = {}
         self.sizes: dict[tuple[str, int], int] = {}
         self.buffered = 0
@@ -162,23 +165,32 @@ class TokenizeDocuments(beam.DoFn):
         sentences = sentences or []
         if None in sentences:
             sentences = [s for s in sentences if isinstance(s, str)]  # a null sentence is no text
-        marked = self.tokenizer.encode_document_bytes(sentences)
-        if len(marked) // 4 == len(sentences):  # nothing but the end marks
-            self.rejected.inc()
-            self.rejects.append({
-                "source": "documents", "id": doc_id, "reason": "no_tokens",
-                "detail": f"{len(sentences)} sentences, none with a token in this vocab",
-            })
-            if len(self.rejects) >= self.REJECTS_PER_FILE:
-                yield self.spill_rejects()
-            return
-        self.documents.inc()
-        pool = pool_of(doc_id, self.seed, self.threshold, self.pools)
-        self.buffers.setdefault(pool, []).append((doc_id, marked))
-        self.sizes[pool] = self.sizes.get(pool, 0) + len(marked)
-        self.buffered += len(marked)
-        if self.buffered >= self.SPILL_BYTES:
-            yield self.spill(max(self.sizes, key=self.sizes.__getitem__))
+        self.pending.append((doc_id, sentences))
+        self.pending_chars += sum(map(len, sentences))
+        if self.pending_chars >= self.TOKENIZE_CHARS:
+            yield from self.tokenize_pending()
+
+    def tokenize_pending(self) -> Iterator[Any]:
+        """The pending documents tokenized at once, each buffered in its pool or rejected."""
+        docs, self.pending, self.pending_chars = self.pending, [], 0
+        marked_docs = self.tokenizer.encode_documents_bytes([sentences for _, sentences in docs])
+        for (doc_id, sentences), marked in zip(docs, marked_docs, strict=True):
+            if len(marked) // 4 == len(sentences):  # nothing but the end marks
+                self.rejected.inc()
+                self.rejects.append({
+                    "source": "documents", "id": doc_id, "reason": "no_tokens",
+                    "detail": f"{len(sentences)} sentences, none with a token in this vocab",
+                })
+                if len(self.rejects) >= self.REJECTS_PER_FILE:
+                    yield self.spill_rejects()
+                continue
+            self.documents.inc()
+            pool = pool_of(doc_id, self.seed, self.threshold, self.pools)
+            self.buffers.setdefault(pool, []).append((doc_id, marked))
+            self.sizes[pool] = self.sizes.get(pool, 0) + len(marked)
+            self.buffered += len(marked)
+            if self.buffered >= self.SPILL_BYTES:
+                yield self.spill(max(self.sizes, key=self.sizes.__getitem__))
 
     def spill(self, pool: tuple[str, int]) -> tuple[tuple[str, int], tuple[str, int]]:
         docs = self.buffers.pop(pool)
@@ -197,6 +209,11 @@ class TokenizeDocuments(beam.DoFn):
     def finish_bundle(self) -> Iterator[Any]:
         from apache_beam.transforms.window import GlobalWindows
 
+        for out in self.tokenize_pending():
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(out.tag, GlobalWindows.windowed_value(out.value))
+            else:
+                yield GlobalWindows.windowed_value(out)
         for pool in sorted(self.buffers):
             yield GlobalWindows.windowed_value(self.spill(pool))
         if self.rejects:

@@ -240,16 +240,20 @@ def assemble(pool: DocumentPool, spans: np.ndarray, keys: np.ndarray, vocab: Voc
     la = a1 - a0
     lb = np.where(has_b, b1 - b0, 0)
     len_a = la + 2
-    offsets = _offsets(len_a + np.where(has_b, lb + 1, 0))
-    out = np.empty(int(offsets[-1]), dtype=np.int32)
+    len_b = np.where(has_b, lb + 1, 0)  # B and its [SEP]
+    offsets = _offsets(len_a + len_b)
     start = offsets[:-1]
     # A job's pool keeps its tokens as uint16 when the vocab fits (half the memory): read as they are.
     tokens = pool.tokens if isinstance(pool.tokens, np.ndarray) else np.asarray(pool.tokens, dtype=np.int32)
+    # One gather: position p of "[CLS] A [SEP]" reads token a0 - 1 + p, position p of "B [SEP]"
+    # reads b0 + p (a [CLS]/[SEP] reads a neighbour, clipped to the pool, then is overwritten).
+    shift = np.stack([a0 - 1 - start, b0 - start - len_a], axis=1).ravel()
+    source = np.repeat(shift, np.stack([len_a, len_b], axis=1).ravel())
+    source += np.arange(len(source))
+    out = tokens.take(source, mode="clip").astype(np.int32)
     out[start] = vocab.cls_id
     out[start + la + 1] = vocab.sep_id
     out[(offsets[1:] - 1)[has_b]] = vocab.sep_id
-    out[_ranges(start + 1, la)] = tokens[_ranges(a0, la)]
-    out[_ranges(start + la + 2, lb)] = tokens[_ranges(b0, lb)]
     z32, zo = np.zeros(0, np.int32), np.zeros(len(spans) + 1, np.int64)
     return InstanceBatch(np.asarray(keys, dtype=np.uint64), out, offsets, len_a.astype(np.int32),
                          z32, z32, zo, label.astype(np.int8))

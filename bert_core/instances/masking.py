@@ -171,23 +171,26 @@ def _choose_by_draws(keys: np.ndarray, a_tokens: np.ndarray, n_candidates: np.nd
     n = len(keys)
     counters = (np.arange(1, width + 1, dtype=np.uint64) * GAMMA)[None, :]
     draws = splitmix64(keys[:, None] + counters)
-    picks = (((draws & np.uint64(0xFFFFFFFF)) * n_candidates.astype(np.uint64)[:, None])
-             >> np.uint64(32)).astype(np.int64)  # uniform in [0, n_candidates) to within 2**-32
-    order = np.argsort(picks, axis=1, kind="stable")
-    ranked = np.take_along_axis(picks, order, axis=1)
-    first = np.ones_like(ranked, dtype=bool)
-    first[:, 1:] = ranked[:, 1:] != ranked[:, :-1]  # first draw of each value (stable sort)
-    distinct = np.empty_like(first)
-    np.put_along_axis(distinct, order, first, axis=1)
+    picks = ((draws & np.uint64(0xFFFFFFFF)) * n_candidates.astype(np.uint64)[:, None]) \
+        >> np.uint64(32)  # uniform in [0, n_candidates) to within 2**-32
+    # Each row's draws sorted by (value, draw number) in one sort of value * 2**bits + draw number.
+    bits = np.uint64(int(width - 1).bit_length())
+    ranked = (picks << bits) | np.arange(width, dtype=np.uint64)[None, :]
+    ranked.sort(axis=1)
+    draw = (ranked & ((np.uint64(1) << bits) - np.uint64(1))).astype(np.intp)
+    value = (ranked >> bits).astype(np.int64)
+    first = np.ones(value.shape, dtype=bool)
+    first[:, 1:] = value[:, 1:] != value[:, :-1]  # the first draw of each value
+    distinct = np.empty_like(first)  # in draw order
+    np.put_along_axis(distinct, draw, first, axis=1)
     seen = np.cumsum(distinct, axis=1)
-    chosen = distinct & (seen <= budget[:, None])
     ok = seen[:, -1] >= budget
-    positions = picks + 1 + (picks >= a_tokens[:, None])
-    big = np.iinfo(np.int64).max
-    positions = np.where(chosen, positions, big)
-    positions.sort(axis=1)
-    valid = positions != big
-    return np.repeat(np.arange(n), valid.sum(axis=1)), positions[valid], ok
+    # back in value order, so the chosen candidates (and their positions) come out sorted
+    chosen = np.take_along_axis(distinct & (seen <= budget[:, None]), draw, axis=1)
+    rows = np.repeat(np.arange(n), chosen.sum(axis=1))
+    positions = value[chosen]
+    positions += 1 + (positions >= a_tokens[rows])
+    return rows, positions, ok
 
 
 def _choose_by_groups(keys: np.ndarray, offsets: np.ndarray, budget: np.ndarray,

@@ -106,7 +106,7 @@ def _front_removals(removed: int, rng: random.Random) -> int:
     """Of ``removed`` tokens, how many the loop took from the front: each one independently with
     probability 0.5, i.e. Binomial(removed, 1/2), drawn as the popcount of ``removed`` random
     bits (one draw instead of one per token)."""
-    return bin(rng.getrandbits(removed)).count("1") if removed else 0
+    return rng.getrandbits(removed).bit_count() if removed else 0
 
 
 def truncate_spans(a0: int, a1: int, b0: int, b1: int, max_num_tokens: int,
@@ -233,8 +233,8 @@ def pair_spans(
             b0, b1 = a1, off[i + 1]
         if a1 - a0 + b1 - b0 > max_num_tokens:  # truncate_spans, inline (it runs for most pairs)
             removed_a, removed_b = trim_counts(a1 - a0, b1 - b0, max_num_tokens)
-            front_a = bin(random_bits(removed_a)).count("1") if removed_a else 0
-            front_b = bin(random_bits(removed_b)).count("1") if removed_b else 0
+            front_a = random_bits(removed_a).bit_count() if removed_a else 0
+            front_b = random_bits(removed_b).bit_count() if removed_b else 0
             a0, a1 = a0 + front_a, a1 - (removed_a - front_a)
             b0, b1 = b0 + front_b, b1 - (removed_b - front_b)
         if a1 <= a0 or b1 <= b0:  # the reference asserts; only an empty sentence gets here

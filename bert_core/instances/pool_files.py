@@ -95,10 +95,20 @@ def _write_ipc(uri: str, table: pa.Table) -> None:
         writer.write_table(table)
 
 
+def _open_spill(uri: str) -> Any:
+    """A spill file to read: memory-mapped when local (its record batches are then read in
+    place, not copied), else through fsspec."""
+    import pyarrow as pa
+
+    if storage.is_local(uri):
+        return pa.memory_map(storage.split_protocol(uri)[1], "r")
+    return storage.open_file(uri, "rb")
+
+
 def _read_columns(uri: str, columns: list[str]) -> pa.Table:
     import pyarrow as pa
 
-    with storage.open_file(uri, "rb") as f:
+    with _open_spill(uri) as f:
         return pa.ipc.open_file(f).read_all().select(columns)
 
 
@@ -205,7 +215,7 @@ def read_rows(uri: str, start: int, stop: int) -> Iterator[InstanceBatch]:
     batches that hold them are read)."""
     import pyarrow as pa
 
-    with storage.open_file(uri, "rb") as f:
+    with _open_spill(uri) as f:
         spill = pa.ipc.open_file(f)
         per_batch = int(spill.schema.metadata[b"rows_per_batch"])
         for i in range(start // per_batch, min(spill.num_record_batches, -(-stop // per_batch))):

@@ -15,6 +15,7 @@ import json
 import re
 from array import array
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from typing import Any
 
 from bert_core import storage
@@ -63,6 +64,15 @@ from bert_core.failures import Refusal
 # whitespace than the space, and no normalization step looks across one). The parity tests run
 # every path (every book/news line is ASCII; the Wikipedia lines are not).
 #
+# **Many documents at once** (:meth:`Tokenizer.encode_documents_bytes`, the instance job's call):
+# the same chunks and caches, with pyarrow's string kernels doing the cutting and the gathering
+# instead of one Python ``str`` per chunk. The printable documents of a batch are cut at spaces
+# and their distinct chunks found (``dictionary_encode``); only the distinct chunks reach Python:
+# an ASCII one is lowercased (uncased) and cut around each punctuation character (RE2, the
+# punctuation of :data:`_ASCII_WORDS`) into the word cache's words, any other is looked up in the
+# printable chunk cache. Each distinct chunk's ids are then gathered for every occurrence by
+# ``take`` on a list array.
+#
 # Offsets (:meth:`Tokenizer.encode_with_offsets`) are character offsets into the original text,
 # through all of the normalization above (for SQuAD answer spans).
 
@@ -88,6 +98,8 @@ _ASCII_CONTROL = str.maketrans("", "", "".join(
     chr(c) for c in (*range(0, 9), 11, 12, *range(14, 32), 127)))
 _ASCII_PUNCT = r"!-/:-@\[-`{-~"
 _ASCII_WORDS = re.compile(rf"[^ \t\n\r{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]", re.ASCII)
+# The same cut in pyarrow's RE2 (encode_documents_bytes): spaces around each punctuation char.
+_SPACED_PUNCT = (rf"([{_ASCII_PUNCT}])", r" \1 ")
 SENTENCE_END = -1  # marks the end of a sentence in encode_document_bytes (never a vocab id)
 WORD_CACHE_SIZE = 1 << 19  # words remembered (Zipf: the first ones seen are the frequent ones)
 CHUNK_CACHE_SIZE = 1 << 17  # chunks remembered: a chunk costs more than a word, and misses fall back on words
@@ -153,6 +165,35 @@ class _PrintableChunkCache(dict):
         if len(self) < self._limit:
             self[chunk] = packed
         return packed
+
+
+def _packed_ids(strings: Any, ids_of: dict[str, bytes]) -> tuple[Any, Any]:
+    """Each string of a pyarrow string array looked up in ``ids_of`` (a cache of packed ids):
+    how many ids each has (numpy int64) and all of them end to end (a pyarrow int32 array)."""
+    import numpy as np
+    import pyarrow as pa
+
+    packed = list(map(ids_of.__getitem__, strings.to_pylist()))
+    lengths = np.fromiter(map(len, packed), np.int64, len(packed)) // 4
+    values = pa.Array.from_buffers(pa.int32(), int(lengths.sum()), [None, pa.py_buffer(b"".join(packed))])
+    return lengths, values
+
+
+def _take_ids(lengths: Any, values: Any, indices: Any) -> tuple[Any, Any]:
+    """Row ``i`` holding ``lengths[i]`` of ``values`` (end to end), the rows at ``indices``: their
+    lengths and their values end to end."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    rows = pa.LargeListArray.from_arrays(pa.array(offsets), values)
+    return lengths[indices], rows.take(pa.array(indices)).flatten()
+
+
+def _marked_text(sentences: Sequence[str]) -> str:
+    """A document's sentences as one text, each followed by the NUL chunk that marks its end."""
+    return " \x00 ".join(sentences) + " \x00"
 
 
 class VocabError(ValueError, Refusal):
@@ -256,10 +297,11 @@ class Tokenizer:
             if token.isascii() and token.isalnum() and len(token) <= limit and (
                     not self.lowercase or token == token.lower()):
                 words[token] = array("i", [token_id]).tobytes()
+        self._words = words
         self._chunks = _ChunkCache(words)
-        self._chunks["\x00"] = array("i", [SENTENCE_END]).tobytes()  # see encode_document; never real text
         self._printable_chunks = _PrintableChunkCache(self._chunks, self._backend, self.lowercase)
-        self._printable_chunks["\x00"] = self._chunks["\x00"]
+        for cache in (words, self._chunks, self._printable_chunks):  # see encode_document; never real text
+            cache["\x00"] = array("i", [SENTENCE_END]).tobytes()
 
     # ------------------------------------------------------------------ construction
 
@@ -376,17 +418,76 @@ class Tokenizer:
         marking each sentence's end: the ASCII chunk cache after one ``lower`` when the document
         is ASCII, else the printable chunk cache (:class:`_PrintableChunkCache`, whose misses on
         non-ASCII chunks run the full pipeline on the chunk). Anything else goes sentence by
-        sentence.
+        sentence. Many documents at once: :meth:`encode_documents_bytes`.
         """
-        if all(map(str.isprintable, sentences)):
-            if not sentences:
-                return b""
-            text = " \x00 ".join(sentences) + " \x00"
-            if not text.isascii():
-                return b"".join(map(self._printable_chunks.__getitem__, text.split()))
-            if self.lowercase:
-                text = text.lower()
-            return b"".join(map(self._chunks.__getitem__, text.split()))
+        if not all(map(str.isprintable, sentences)):
+            return self._sentences_bytes(sentences)
+        if not sentences:
+            return b""
+        text = _marked_text(sentences)
+        if not text.isascii():
+            return b"".join(map(self._printable_chunks.__getitem__, text.split()))
+        if self.lowercase:
+            text = text.lower()
+        return b"".join(map(self._chunks.__getitem__, text.split()))
+
+    def encode_documents_bytes(self, documents: Sequence[Sequence[str]]) -> list[bytes]:
+        """:meth:`encode_document_bytes` of each document (the same bytes), many at once: the
+        printable documents through :meth:`_printable_texts_bytes`, the others sentence by
+        sentence."""
+        out: list[bytes] = [b""] * len(documents)
+        rows, texts = [], []
+        for i, sentences in enumerate(documents):
+            if not all(map(str.isprintable, sentences)):
+                out[i] = self._sentences_bytes(sentences)
+            elif sentences:
+                rows.append(i)
+                texts.append(_marked_text(sentences))
+        for i, packed in zip(rows, self._printable_texts_bytes(texts), strict=True):
+            out[i] = packed
+        return out
+
+    def _printable_texts_bytes(self, texts: list[str]) -> list[bytes]:
+        """Printable texts -> each one's ids as the bytes of a C int array, chunk by chunk
+        (chunks between spaces) like :class:`_PrintableChunkCache`, each distinct chunk of the
+        batch once: an ASCII chunk lowercased (uncased) and cut into words at punctuation, the
+        words' ids from the word cache; any other chunk's from the printable chunk cache."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not texts:
+            return []
+        # an empty chunk (a run of spaces; beside a punctuation char once it is spaced) has no ids,
+        # as str.split() would leave it out
+        chunks = pc.ascii_split_whitespace(pa.array(texts, pa.large_string()))
+        encoded = pc.dictionary_encode(chunks.flatten())
+        distinct = encoded.dictionary
+        is_ascii = pc.string_is_ascii(distinct).to_numpy(zero_copy_only=False)
+        ascii_chunks = distinct.filter(is_ascii)
+        if self.lowercase:
+            ascii_chunks = pc.ascii_lower(ascii_chunks)
+        words = pc.ascii_split_whitespace(pc.replace_substring_regex(ascii_chunks, *_SPACED_PUNCT))
+        word_of = pc.dictionary_encode(words.flatten())
+        word_lengths, word_ids = _take_ids(*_packed_ids(word_of.dictionary, self._words),
+                                           word_of.indices.to_numpy())
+        word_ends = np.concatenate([[0], np.cumsum(word_lengths)])  # ids before each word
+        ascii_lengths = np.diff(word_ends[words.offsets.to_numpy()])
+        other_lengths, other_ids = _packed_ids(distinct.filter(~is_ascii), self._printable_chunks)
+        # the distinct chunks, ASCII ones first: where each one's ids are
+        order = np.concatenate([np.flatnonzero(is_ascii), np.flatnonzero(~is_ascii)])
+        place = np.empty(len(order), np.int64)
+        place[order] = np.arange(len(order))
+        lengths, ids = _take_ids(np.concatenate([ascii_lengths, other_lengths]),
+                                 pa.concat_arrays([word_ids, other_ids]), place[encoded.indices.to_numpy()])
+        before = np.zeros(len(lengths) + 1, np.int64)  # ids before each chunk (and after the last)
+        np.cumsum(lengths, out=before[1:])
+        bounds = (4 * before[chunks.offsets.to_numpy()]).tolist()  # each text's bytes
+        data = np.asarray(ids).tobytes()
+        return [data[a:b] for a, b in pairwise(bounds)]
+
+    def _sentences_bytes(self, sentences: Sequence[str]) -> bytes:
+        """A document sentence by sentence (:meth:`encode_batch`), each followed by SENTENCE_END."""
         out = array("i")
         for ids in self.encode_batch(sentences):
             out.extend(ids)
