@@ -69,7 +69,8 @@ def make_reject(source: str, record_id: str, reason: str, detail: str, duplicate
 
 def apply_filters(doc: Document, cfg: CorpusConfig) -> Document | Reject:
     """The document with too-short sentences removed, or a reject naming the filter."""
-    sentences = [s for s in doc["sentences"] if len(s) >= cfg.min_chars_per_sentence]
+    shortest = cfg.min_chars_per_sentence
+    sentences = [s for s in doc["sentences"] if len(s) >= shortest]
     chars = sum(map(len, sentences))
     if not sentences:
         return make_reject(doc["source"], doc["doc_id"], NO_TEXT,

@@ -349,8 +349,9 @@ def read_pages(item: WorkItem) -> Iterator[tuple[str, dict | Cut]]:
                         yield from _corrupt_blocks(feed)
                         return  # the next range (or the item of the next blocks) owns this page
                     end = buf.find(_PAGE_CLOSE, start)
-                    nested = buf.find(_PAGE_OPEN, start + 1)
-                    if 0 <= nested < (end if end >= 0 else len(buf)):
+                    # (searched up to the "</page>" only: a "<page>" cannot straddle it)
+                    nested = buf.find(_PAGE_OPEN, start + 1, end if end >= 0 else len(buf))
+                    if nested >= 0:
                         # "<page>" again before "</page>": the first page never closed
                         seen_page = True
                         pages += 1

@@ -10,6 +10,7 @@ Used by ``beam_jobs/clean_corpus.py`` on every paragraph of every document.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 # Never end a sentence: titles before a name, and abbreviations inside a sentence.
 _ABBREVIATIONS = frozenset(
@@ -28,41 +29,40 @@ _NUMBER_ABBREVIATIONS = frozenset("no nos vol vols p pp ch chap sec fig figs eq 
 
 # The spaces are taken whole (possessive) so that the look-ahead, which skips a lowercase ASCII
 # letter or a ",;:" after them in the regex engine, cannot match fewer spaces instead.
-_BOUNDARY = re.compile(r"([.!?\u2026]+)([\"'\u201d\u2019)\]]*)(\s++)(?![a-z,;:])")
+_MARKS = r"[.!?\u2026]+"
+_AFTER_MARKS = r"([\"'\u201d\u2019)\]]*)(\s++)(?![a-z,;:])"
+_BOUNDARY = re.compile(f"({_MARKS}){_AFTER_MARKS}")
+# The same where periods are the only marks (most paragraphs), written to start with a literal
+# (``\.\.*``, not ``\.+``): such a pattern is found by the regex engine's fast search, one that
+# starts with a set of characters or a repeat is tried at every character.
+_PERIOD_BOUNDARY = re.compile(rf"(\.\.*){_AFTER_MARKS}")
 _INITIAL = re.compile(r"^[A-Z]$")
 _DOTTED = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # U.S, e.g, a.m (final period not included)
+# Each abbreviation's list, as one lookup.
+_NEVER, _SOFT, _NUMBER = range(3)
+_KIND = {**dict.fromkeys(_ABBREVIATIONS, _NEVER), **dict.fromkeys(_SOFT_ABBREVIATIONS, _SOFT),
+         **dict.fromkeys(_NUMBER_ABBREVIATIONS, _NUMBER)}
 
 
-def _is_abbreviation(word: str, next_word: str) -> bool:
+def _is_abbreviation(word: str, next_first: str) -> bool:
+    """Whether ``word`` before a period is an abbreviation there; ``next_first`` is the first
+    character of the word after the space."""
     word = word.lstrip("\"'(\u201c\u2018[")
-    low = word.lower()
-    if low in _SOFT_ABBREVIATIONS:
-        return not next_word[:1].isupper()
-    if low in _NUMBER_ABBREVIATIONS:
-        return next_word[:1].isdigit()
-    return (low in _ABBREVIATIONS
+    kind = _KIND.get(word.lower())
+    if kind == _SOFT:
+        return not next_first.isupper()
+    if kind == _NUMBER:
+        return next_first.isdigit()
+    return (kind == _NEVER
             or (len(word) <= 2 and _INITIAL.match(word) is not None)
             or ("." in word and _DOTTED.match(word) is not None))
 
 
-def _boundaries(text: str) -> list[re.Match[str]]:
-    """:data:`_BOUNDARY` matches in ``text``, as ``finditer`` gives them. A boundary starts at a
-    mark, so where periods are the only marks (most paragraphs) it is checked only at each period,
-    found by ``str.find``: a regex scan of every character costs several times more."""
+def _boundaries(text: str) -> Iterator[re.Match[str]]:
+    """:data:`_BOUNDARY` matches in ``text``, in order."""
     if "!" in text or "?" in text or "\u2026" in text:
-        return list(_BOUNDARY.finditer(text))
-    found = []
-    match = _BOUNDARY.match
-    last = len(text) - 1  # a match needs a character after the mark
-    i = text.find(".", 0, last)
-    while i >= 0:
-        m = match(text, i)
-        if m is None:
-            i = text.find(".", i + 1, last)
-        else:
-            found.append(m)
-            i = text.find(".", m.end(), last)
-    return found
+        return _BOUNDARY.finditer(text)
+    return _PERIOD_BOUNDARY.finditer(text)
 
 
 # Why not a library: benchmarks/speed/bench_sentences.py scores this splitter, pysbd and blingfire
@@ -90,11 +90,11 @@ def split_sentences(paragraph: str) -> list[str]:
         if first.islower() or first in ",;:":
             continue  # '"Stop!" he said' / 'e.g., x': the sentence goes on
         if m.group(1) == ".":
-            # the word before the period and the word after the space (no slicing of the rest)
-            word = text[max(text.rfind(" ", start, m.start()) + 1, start) : m.start()]
-            next_end = text.find(" ", after)
-            next_word = text[after : next_end if next_end >= 0 else size]
-            if word and _is_abbreviation(word, next_word):
+            # the word before the period (no slicing of the rest); the word after the space
+            # starts with ``first``, as the space is taken whole
+            mark = m.start()
+            word = text[(text.rfind(" ", start, mark) + 1) or start : mark]
+            if word and _is_abbreviation(word, first):
                 continue
         sentence = text[start : m.end(2)].strip()
         if sentence:

@@ -10,7 +10,9 @@ reaches the corpus. Used by ``beam_jobs/clean_corpus.py`` (``bertpipe corpus``).
 
 from __future__ import annotations
 
+import bisect
 import html
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,6 +47,9 @@ _HEADING = re.compile(r"^=+.*=+\s*$")
 # table, a link, a list, or the "}}" that closes a template spanning lines (" }}</ref> The
 # text goes on": the space is inside the template's call, and the prose after it is no code).
 _PRE_LINE = re.compile(r"^ (?![ \t]*(?:[{<\[|:*#]|\}\})).*$", re.M)
+# Whether a line starts with a space: the regex engine finds this literal faster than
+# ``str.find``, which checks its last character, a space, first.
+_NEWLINE_SPACE = re.compile("\n ")
 _MAGIC = re.compile(r"__[A-Z]+__")
 _EXT_LINK = re.compile(r"\[(?:https?:|ftp:|//|mailto:)[^\s\]]*\s*([^\]]*)\]")
 _BARE_URL = re.compile(r"\bhttps?://\S+")
@@ -56,6 +61,23 @@ _SPACE_BEFORE_MARK = re.compile(r" (?=[,.;:!?])")
 # What "markup" means for the residue check.
 MARKUP = ("{{", "}}", "[[", "]]", "<ref", "{|", "|-", "==", "''")
 _MARKUP_RE = re.compile("|".join(map(re.escape, MARKUP)))
+
+# Where a paragraph may hold something for :func:`_inline` to change or :func:`has_markup` to
+# find: a paragraph with none of these is its own text (most paragraphs of an article). Each is
+# searched for over all of a page's paragraphs at once, by the fastest search there is for it
+# (a character by ``memchr``, a literal by ``str.find``, a pattern with a literal prefix by the
+# regex engine's prefix search): one regex of them all would try every alternative at every
+# character, and one search per paragraph costs more in calls than in characters. A character
+# stands for every token that holds it ("{" for "{{" and "{|"), which only sends more
+# paragraphs to the exact path.
+_BUSY_LITERALS = ("[", "]", "<", "&", "{", "}", "|", "__", "://", "''", "==")
+_BUSY_PATTERNS = (
+    re.compile(r" [ ,.;:!?]"),  # double spaces, a space before a mark (_SPACE_BEFORE_MARK)
+    re.compile(r"\(\s*[,;]?\s*\)"),  # empty brackets (_EMPTY_BRACKETS; "[" is a literal above)
+)
+# Joins a page's paragraphs for those searches: printable (a paragraph with whitespace other
+# than single spaces is found as not printable) and in no token, so no match spans two paragraphs.
+_JOIN = "#"
 
 
 @dataclass
@@ -172,8 +194,8 @@ def _link_text(inner: str) -> str | None:
 def _replace_links(text: str) -> str:
     """``[[a|b]]`` -> b, ``[[a]]`` -> a; file/category/interlanguage links removed whole
     (their captions may hold nested links, hence the balanced scan)."""
-    if "[[" not in text and "]]" not in text:
-        return text
+    if ("[" not in text or "[[" not in text) and ("]" not in text or "]]" not in text):
+        return text  # (a character is found faster than two)
     out: list[str] = []
     starts: list[int] = []
     pieces: list[list[str]] = [out]
@@ -201,8 +223,8 @@ def _replace_links(text: str) -> str:
 def prescan(wikitext: str) -> str:
     """The fast cut: comments, preformatted lines, dropped elements, templates, tables,
     non-text links."""
-    text = _COMMENT.sub("", wikitext)
-    if "\n " in text or text.startswith(" "):
+    text = _COMMENT.sub("", wikitext) if "<" in wikitext else wikitext
+    if text.startswith(" ") or _NEWLINE_SPACE.search(text):
         # judged on the raw text, as removals later leave harmless spaces at line starts
         text = _PRE_LINE.sub("", text)
     if "<" in text:
@@ -221,23 +243,32 @@ def _paragraph_lines(text: str) -> list[str]:
     current: list[str] = []
     for line in text.split("\n"):
         stripped = line.strip()
-        indented = stripped.startswith(":")
-        is_text = bool(stripped) and not (
-            stripped[0] in "*#:;|!"
-            or (stripped[0] == "=" and _HEADING.match(stripped))
-            or stripped.startswith("----")
-        )
-        if is_text:
+        if stripped and (stripped[0] not in _LINE_MARKS or _is_text_line(stripped)):
             current.append(stripped)
             continue
         if current:
             paragraphs.append(" ".join(current))
             current = []
-        if indented and stripped.lstrip(":").strip():
+        if stripped[:1] == ":" and stripped.lstrip(":").strip():
             paragraphs.append(stripped.lstrip(":").strip())
     if current:
         paragraphs.append(" ".join(current))
     return paragraphs
+
+
+# The first characters of the lines that may not be text (:func:`_is_text_line`): a line
+# that starts with none of them is text.
+_LINE_MARKS = "*#:;|!=-"
+
+
+def _is_text_line(stripped: str) -> bool:
+    """Whether a stripped, non-empty line is text: not a list item, an indented line, a
+    table row, a heading or a rule."""
+    return not (
+        stripped[0] in "*#:;|!"
+        or (stripped[0] == "=" and _HEADING.match(stripped))
+        or stripped.startswith("----")
+    )
 
 
 def _inline(paragraph: str) -> str:
@@ -328,17 +359,46 @@ def wikitext_to_paragraphs(wikitext: str, stats: CleanStats | None = None) -> li
     counted (``CleanStats.dropped_markup_sentences``), so no markup reaches the corpus.
     """
     stats = stats if stats is not None else CleanStats()
-    paragraphs = []
-    for raw in _paragraph_lines(prescan(wikitext)):
+    paragraphs = _paragraph_lines(prescan(wikitext))
+    for i in _busy_paragraphs(paragraphs):
+        raw = paragraphs[i]
         text = _inline(raw)
         if has_markup(text):
             stats.slow_paragraphs += 1
             text = _slow_paragraph(raw)
             if has_markup(text):
                 text = _without_markup_sentences(text, stats)
-        if text:
-            paragraphs.append(text)
-    return paragraphs
+        paragraphs[i] = text
+    return [text for text in paragraphs if text]
+
+
+def _busy_paragraphs(paragraphs: list[str]) -> list[int]:
+    """Indices (ascending) of the paragraphs that may hold something for :func:`_inline` or
+    :func:`has_markup` (:data:`_BUSY_LITERALS`, :data:`_BUSY_PATTERNS`, or whitespace other than
+    single spaces); every other paragraph is its own text. The paragraphs are stripped
+    (:func:`_paragraph_lines`), so none has a space at either end."""
+    joined = _JOIN.join(paragraphs)
+    # ends[i]: the offset just after paragraph i and its separator (where paragraph i + 1 starts)
+    ends = list(itertools.accumulate(len(p) + 1 for p in paragraphs))
+    busy: set[int] = set()
+
+    def busy_at(at: int) -> int:
+        """Marks the paragraph that holds offset ``at``; returns where the next one starts."""
+        i = bisect.bisect_right(ends, at)
+        busy.add(i)
+        return ends[i]
+
+    for literal in _BUSY_LITERALS:
+        at = joined.find(literal)
+        while at >= 0:
+            at = joined.find(literal, busy_at(at))
+    for pattern in _BUSY_PATTERNS:
+        m = pattern.search(joined)
+        while m:
+            m = pattern.search(joined, busy_at(m.start()))
+    if not joined.isprintable():
+        busy.update(i for i, p in enumerate(paragraphs) if not p.isprintable())
+    return sorted(busy)
 
 
 def is_redirect(wikitext: str) -> bool:
