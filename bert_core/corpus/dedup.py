@@ -68,7 +68,8 @@ def normalized_hash(normalized: str) -> str:
 
 
 def shingle_hashes(text: str, k: int = 5, normalized: bool = False) -> np.ndarray:
-    """32-bit hashes of the distinct k-word shingles of the normalized text.
+    """32-bit hashes of the k-word shingles of the normalized text, in order, a shingle that
+    recurs as often as it does (no minimum of a signature depends on how often).
 
     Each word is hashed once (CRC-32); a shingle's hash mixes its k word hashes with fixed odd
     multipliers in numpy, instead of building and hashing k-word strings in Python.
@@ -82,7 +83,7 @@ def shingle_hashes(text: str, k: int = 5, normalized: bool = False) -> np.ndarra
     mixed = np.zeros(n, dtype=np.uint64)
     for j in range(min(k, len(words))):
         mixed = mixed * _MIX + word_hashes[j : j + n]  # wraps mod 2**64, as intended
-    return np.unique(mixed % np.uint64(1 << 32))
+    return mixed % np.uint64(1 << 32)
 
 
 def choose_bands(num_perm: int, threshold: float) -> tuple[int, int]:
