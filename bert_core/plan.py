@@ -34,7 +34,7 @@ CACHED, WILL_RUN = "cached", "will run"
 
 # --------------------------------------------------------------------------- measured costs
 
-DATA_MACHINE = "2-core AMD EPYC VM (AVX2), Python 3.11, 2026-11-23/24 (docs/benchmarks.md)"
+DATA_MACHINE = "2-core AMD EPYC VM (AVX2), Python 3.11, 2026-12-06 (docs/benchmarks.md)"
 
 
 @dataclass(frozen=True)
@@ -50,26 +50,30 @@ class StageCost:
     rows: str  # the benchmark rows these come from
 
 
+# Every stage's worker_startup_s, worker_startup_cpu_s and multi_worker_cpu are bench_clean's of
+# 2026-11-23/24 (2.28 s, 1.155 CPU-s, 9.81 / 7.08): its two runs of 2026-12-06 gave 1.23 and 0.90
+# for the CPU per MB with two workers against one, too far apart on the busy VM to replace them.
 DATA_COSTS: dict[str, StageCost] = {
-    # bench_clean: "start-up: a 1-page dump, ours 1 / 2 worker(s)" (2.11 / 4.39 s, 1.98 / 4.29
-    # CPU-s) and "CPU throughput beyond start-up, distinct, 1 / 2 worker(s)" (9.81 / 7.08 MB of
-    # XML per CPU-second).
-    "corpus": StageCost(2.11, 1.98, 2.28, 1.155, 1 / 9.81, 9.81 / 7.08,
+    # bench_clean, 2026-12-06, the quieter of two runs: "start-up: a 1-page dump, ours 1
+    # worker(s)" (1.66 s, 1.64 CPU-s) and "CPU throughput beyond start-up, distinct, 1 worker(s)"
+    # (10.02 MB of XML per CPU-second; 9.86 in the other run).
+    "corpus": StageCost(1.66, 1.64, 2.28, 1.155, 1 / 10.02, 9.81 / 7.08,
                         "bench_clean: start-up of a 1-page dump; CPU throughput beyond start-up, distinct"),
-    # bench_scale: vocab CPU-seconds 10.1 -> 127 from x1 to x30 (7.2 -> 216 MB of text); its
-    # start-up is the job skeleton's, as measured by bench_clean.
-    "vocab": StageCost(2.11, 1.98, 2.28, 1.155, (127 - 10.1) / (216 - 7.2), 1.0,
+    # bench_scale (2026-11-23/24): vocab CPU-seconds 10.1 -> 127 from x1 to x30 (7.2 -> 216 MB of
+    # text); its start-up is the job skeleton's, as measured by bench_clean.
+    "vocab": StageCost(1.66, 1.64, 2.28, 1.155, (127 - 10.1) / (216 - 7.2), 1.0,
                        "bench_scale: vocab CPU-s x1 -> x30; start-up from bench_clean"),
-    # bench_instances: "start-up CPU time (20 documents)" 1.87 and "MB of text per CPU-second
-    # beyond start-up (44 MB distinct text)" 7.82, at dupe_factor 2, one process.
-    "instances": StageCost(1.87, 1.87, 2.28, 1.155, 1 / 7.82, 9.81 / 7.08,
+    # bench_instances, 2026-12-06, medians of three runs: "start-up CPU time (20 documents)" 1.72
+    # and "MB of text per CPU-second beyond start-up (44 MB distinct text)" 8.98, at dupe_factor
+    # 2, one process.
+    "instances": StageCost(1.72, 1.72, 2.28, 1.155, 1 / 8.98, 9.81 / 7.08,
                            "bench_instances: start-up CPU time (20 documents); MB of text per CPU-second "
                            "beyond start-up, dupe_factor 2"),
 }
 # Of the instance stage's CPU beyond start-up at dupe_factor 2, the share that grows with the
-# passes over the corpus (making and writing instances, 1.9 of about 7 CPU-s on the 44 MB); the
-# rest (reading, tokenizing) is paid once (bench_instances, docs/benchmarks.md).
-INSTANCES_DUPE_SHARE, INSTANCES_BENCH_DUPE = 0.27, 2
+# passes over the corpus (pairs, masking, assembling and writing instances, 1.8 of about 4.9
+# CPU-s on the 44 MB); the rest (reading, tokenizing) is paid once (docs/benchmarks.md).
+INSTANCES_DUPE_SHARE, INSTANCES_BENCH_DUPE = 0.37, 2
 # Characters of clean text per byte of (uncompressed) input, by source: the corpus stage on the
 # samples (the enwiki excerpt's XML, botchan.txt, tweets.jsonl), 2026-11-28, same VM. Used for the
 # later stages' input until the corpus manifest counts the real characters.
@@ -77,7 +81,7 @@ TEXT_PER_INPUT_BYTE = {"wikipedia": 0.42, "books": 0.90, "text": 0.91}
 
 # bench_train_step, one thread, 30,522-token vocab, seq 128: real tokens per CPU-second
 # (tiny L2/H128: summary table, 2026-11-23/24; base L12/H768: 2026-11-27, docs/benchmarks.md).
-CPU_TRAIN_MACHINE = DATA_MACHINE.replace("2026-11-23/24", "2026-11-23/24 and 2026-11-27")
+CPU_TRAIN_MACHINE = DATA_MACHINE.replace("2026-12-06", "2026-11-23/24 and 2026-11-27")
 CPU_TRAIN_RATES: dict[str, float] = {"tiny": 3796.0, "base": 109.7}
 CPU_TRAIN_SEQ, CPU_TRAIN_VOCAB = 128, 30522
 
