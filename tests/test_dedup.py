@@ -15,6 +15,7 @@ from bert_core.corpus.dedup import (
     exact_losers,
     near_duplicates_in_bucket,
     normalize,
+    shingle_hashes,
 )
 
 
@@ -90,3 +91,14 @@ def test_normalize_is_the_casefolded_words_joined_by_spaces() -> None:
                  "plain ASCII, with-dashes_and (brackets)", "", "  __  ", "ﬁne ﬂow ｆｕｌｌ ①"]:
         expected = " ".join(words.findall(unicodedata.normalize("NFKC", text).casefold()))
         assert normalize(text) == expected
+
+
+def test_a_signature_does_not_depend_on_how_often_a_shingle_recurs() -> None:
+    hasher = MinHasher(num_perm=64)
+    text = " ".join(["the cat sat on the mat"] * 40 + ["and then a dog came by"] * 3)
+    shingles = shingle_hashes(text)
+    distinct = np.unique(shingles)
+    assert len(distinct) < len(shingles)  # the text repeats its shingles
+    # the minimum of each permutation over the distinct shingles only
+    values = hasher.a[:, None] * distinct[None, :] + hasher.b[:, None]  # wraps mod 2**64
+    assert (hasher.signature(text) == values.min(axis=1) >> np.uint64(32)).all()

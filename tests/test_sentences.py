@@ -47,3 +47,15 @@ def test_real_book_sentences_look_like_sentences(samples_dir) -> None:
     # most sentences start with a capital or an opening quote
     starts = sum(s[0].isupper() or s[0] in "\"'(" for s in sentences)
     assert starts / len(sentences) > 0.95
+
+
+def test_the_period_only_search_finds_what_the_general_one_does(samples_dir) -> None:
+    from bert_core.corpus.sentences import _BOUNDARY, _PERIOD_BOUNDARY
+
+    lines = [line for path in sorted((samples_dir / "books").glob("*.txt"))
+             for line in path.read_text("utf-8").splitlines()]
+    lines += ["a.b. C", "x ... Y", "end.", ". Start", "e.g.  Z", "U.S.A.) The", 'him." She', "a..  b. C"]
+    periods = [line for line in lines if not any(mark in line for mark in "!?\u2026")]
+    assert len(periods) > 1000
+    for line in periods:
+        assert [m.span() for m in _PERIOD_BOUNDARY.finditer(line)] == [m.span() for m in _BOUNDARY.finditer(line)]

@@ -9,6 +9,10 @@ import pytest
 from bert_core.corpus.wikitext import (
     MARKUP,
     CleanStats,
+    _inline,
+    _paragraph_lines,
+    _slow_paragraph,
+    _without_markup_sentences,
     has_markup,
     is_redirect,
     prescan,
@@ -114,3 +118,34 @@ def test_prose_after_a_template_closed_on_a_line_starting_with_a_space() -> None
             "with the IWA.\n code line\nNext.")
     assert wikitext_to_paragraphs(text) == ["War. The CNT was affiliated with the IWA.", "Next."]
     assert wikitext_to_paragraphs("A fact.{{sfn|Smith\n  }} More prose.") == ["A fact. More prose."]
+
+
+def _every_paragraph_cleaned(wikitext: str, stats: CleanStats) -> list[str]:
+    """wikitext_to_paragraphs without its screen: every paragraph through the cleaning."""
+    out = []
+    for raw in _paragraph_lines(prescan(wikitext)):
+        text = _inline(raw)
+        if has_markup(text):
+            stats.slow_paragraphs += 1
+            text = _slow_paragraph(raw)
+            if has_markup(text):
+                text = _without_markup_sentences(text, stats)
+        if text:
+            out.append(text)
+    return out
+
+
+TRICKY = ["[[a|b]] c", "x  y", "x , y", "a (  ) b", "a ( ; ) b", "''it''", "== H ==", "a & b",
+          "&amp; x", "__TOC__ y", "see http://x.org/a b", "{{t}} x", "a | b", "a } b", "a ] b",
+          "x\u00a0y", "x\ty", "tail #", "# head", "a ==b", "a:/b", "'' ", "a <b> c", "ok. Fine!"]
+
+
+def test_the_paragraph_screen_sends_every_paragraph_the_cleaning_changes(articles) -> None:
+    # the real excerpt, and paragraphs built of every trigger alone and in pairs, joined or apart
+    pages = [text for _, text in articles]
+    pages += ["\n\n".join(TRICKY)] + [f"Some text {a}{b} more.\n\nPlain line.\n\n{b} end" for a in TRICKY
+                                      for b in TRICKY]
+    for page in pages:
+        fast, exact = CleanStats(), CleanStats()
+        assert wikitext_to_paragraphs(page, fast) == _every_paragraph_cleaned(page, exact)
+        assert fast.dropped_markup_sentences == exact.dropped_markup_sentences
