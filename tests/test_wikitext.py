@@ -9,10 +9,8 @@ import pytest
 from bert_core.corpus.wikitext import (
     MARKUP,
     CleanStats,
-    _inline,
+    _clean_paragraph,
     _paragraph_lines,
-    _slow_paragraph,
-    _without_markup_sentences,
     has_markup,
     is_redirect,
     prescan,
@@ -122,17 +120,8 @@ def test_prose_after_a_template_closed_on_a_line_starting_with_a_space() -> None
 
 def _every_paragraph_cleaned(wikitext: str, stats: CleanStats) -> list[str]:
     """wikitext_to_paragraphs without its screen: every paragraph through the cleaning."""
-    out = []
-    for raw in _paragraph_lines(prescan(wikitext)):
-        text = _inline(raw)
-        if has_markup(text):
-            stats.slow_paragraphs += 1
-            text = _slow_paragraph(raw)
-            if has_markup(text):
-                text = _without_markup_sentences(text, stats)
-        if text:
-            out.append(text)
-    return out
+    cleaned = (_clean_paragraph(raw, stats) for raw in _paragraph_lines(prescan(wikitext)))
+    return [text for text in cleaned if text]
 
 
 TRICKY = ["[[a|b]] c", "x  y", "x , y", "a (  ) b", "a ( ; ) b", "''it''", "== H ==", "a & b",

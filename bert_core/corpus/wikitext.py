@@ -361,15 +361,19 @@ def wikitext_to_paragraphs(wikitext: str, stats: CleanStats | None = None) -> li
     stats = stats if stats is not None else CleanStats()
     paragraphs = _paragraph_lines(prescan(wikitext))
     for i in _busy_paragraphs(paragraphs):
-        raw = paragraphs[i]
-        text = _inline(raw)
-        if has_markup(text):
-            stats.slow_paragraphs += 1
-            text = _slow_paragraph(raw)
-            if has_markup(text):
-                text = _without_markup_sentences(text, stats)
-        paragraphs[i] = text
+        paragraphs[i] = _clean_paragraph(paragraphs[i], stats)
     return [text for text in paragraphs if text]
+
+
+def _clean_paragraph(raw: str, stats: CleanStats) -> str:
+    """One paragraph's text: the light pass, then the slow path where markup is left."""
+    text = _inline(raw)
+    if has_markup(text):
+        stats.slow_paragraphs += 1
+        text = _slow_paragraph(raw)
+        if has_markup(text):
+            text = _without_markup_sentences(text, stats)
+    return text
 
 
 def _busy_paragraphs(paragraphs: list[str]) -> list[int]:
